@@ -1,0 +1,101 @@
+import { randomBytes } from "node:crypto";
+import { dirname, isAbsolute, resolve } from "node:path";
+import type { Db } from "./store/db.ts";
+import { insertRun, loadRunRow } from "./store/run-facts.ts";
+import { listTrainSteps } from "./store/train-facts.ts";
+import { insertRunRequest, type RunRequestKind } from "./store/run-requests.ts";
+import { applyOverrides, readConfigFile } from "./config/load.ts";
+import { parseRunConfig, type RunConfig } from "./config/run-config.ts";
+import { loadJsonlDataset } from "./data/dataset.ts";
+import { fingerprintPlugins, pluginKeys } from "./controller/fingerprints.ts";
+import type { Queues } from "./queue/queues.ts";
+import { RlqError } from "./lib/errors.ts";
+
+/** Relative paths in a config file are relative to the file, not to the shell's directory. */
+function resolvePaths(raw: Record<string, unknown>, baseDir: string): Record<string, unknown> {
+  const out = { ...raw };
+  const fix = (key: string) => {
+    const v = out[key];
+    if (typeof v === "string" && v.length > 0 && !isAbsolute(v) && (v.startsWith(".") || v.includes("/"))) out[key] = resolve(baseDir, v);
+  };
+  for (const key of ["prompt_data", "ref_load", ...pluginKeys]) fix(key);
+  return out;
+}
+
+export function newRunId(): string {
+  return `r${Date.now().toString(36)}${randomBytes(3).toString("hex")}`;
+}
+
+export interface StartRunOptions {
+  /** A config file path, or an already-built config object. */
+  config: string | Record<string, unknown>;
+  set?: readonly string[];
+  name?: string;
+  /** Base directory for relative paths when `config` is an object. */
+  baseDir?: string;
+}
+
+/** Validate a config, fingerprint its dataset and plugins, and record the run. Returns the run id. */
+export async function startRun(db: Db, options: StartRunOptions): Promise<{ runId: string; config: RunConfig; datasetErrors: string[] }> {
+  const raw = typeof options.config === "string" ? await readConfigFile(options.config) : options.config;
+  const baseDir = typeof options.config === "string" ? dirname(resolve(options.config)) : (options.baseDir ?? process.cwd());
+  const source = typeof options.config === "string" ? options.config : "config";
+  const config = parseRunConfig(resolvePaths(applyOverrides(raw, options.set ?? []), baseDir), source);
+  const dataset = await loadJsonlDataset(config.prompt_data, config);
+  const pluginFingerprints = await fingerprintPlugins(config);
+  const runId = newRunId();
+  await insertRun(db, {
+    runId,
+    name: options.name ?? runId,
+    config: config as unknown as Record<string, unknown>,
+    datasetFingerprint: dataset.fingerprint,
+    datasetSize: dataset.rows.length,
+    datasetErrors: dataset.errors,
+    pluginFingerprints,
+  });
+  return { runId, config, datasetErrors: dataset.errors };
+}
+
+export interface RunStatusReport {
+  runId: string;
+  name: string;
+  status: string;
+  step: number;
+  numRollout: number | null;
+  weightVersion: number;
+  lastError: string | null;
+  trainSteps: number;
+  lastMetrics: Record<string, number>;
+  queues: Record<string, Record<string, number>> | null;
+  updatedAt: string;
+}
+
+export async function runStatus(db: Db, runId: string, queues?: Queues): Promise<RunStatusReport> {
+  const row = await loadRunRow(db, runId);
+  if (!row) throw new RlqError("run_not_found", `run ${runId} does not exist`);
+  const config = row.config as { num_rollout?: number | null };
+  const steps = await listTrainSteps(db, runId);
+  const { rows } = await db.pool.query<{ key: string; value: number }>(
+    "SELECT key, value FROM train_metrics WHERE run_id = $1 AND step = (SELECT max(step) FROM train_steps WHERE run_id = $1)",
+    [runId],
+  );
+  return {
+    runId,
+    name: row.name,
+    status: row.status,
+    step: row.step,
+    numRollout: config.num_rollout ?? null,
+    weightVersion: row.weightVersion,
+    lastError: row.lastError,
+    trainSteps: steps.length,
+    lastMetrics: Object.fromEntries(rows.map((r) => [r.key, r.value])),
+    queues: queues ? await queues.depths() : null,
+    updatedAt: row.updatedAt.toISOString(),
+  };
+}
+
+/** Ask the run's controller to pause, resume, cancel or amend (it records the decision). */
+export async function requestRunChange(db: Db, runId: string, kind: RunRequestKind, payload: Record<string, unknown> = {}): Promise<number> {
+  if (!(await loadRunRow(db, runId))) throw new RlqError("run_not_found", `run ${runId} does not exist`);
+  return insertRunRequest(db, runId, kind, payload);
+}

@@ -1,0 +1,192 @@
+import { z } from "zod";
+
+/**
+ * The run config: one YAML or JSON file, slime's flag names in snake_case
+ * (see ../shared/reference/slime-semantics.md §1g), validated here. A run
+ * stores the validated result; workers read it from the run, never from disk.
+ * Defaults follow slime unless a comment says otherwise.
+ */
+const engineSchema = z.discriminatedUnion("kind", [
+  z.object({ kind: z.literal("embedded") }).strict(),
+  z
+    .object({
+      kind: z.literal("sglang"),
+      /** One or more SGLang servers (or a router). */
+      urls: z.array(z.string().url()).min(1),
+      request_timeout_s: z.number().positive().default(600),
+    })
+    .strict(),
+]);
+
+const trainerSchema = z.discriminatedUnion("kind", [
+  z.object({ kind: z.literal("embedded") }).strict(),
+  z.object({ kind: z.literal("remote"), url: z.string().url() }).strict(),
+]);
+
+const pathOrNull = z.string().min(1).nullable().default(null);
+
+export const runConfigSchema = z
+  .object({
+    // data
+    prompt_data: z.string().min(1),
+    input_key: z.string().default("input"),
+    label_key: z.string().nullable().default("label"),
+    metadata_key: z.string().default("metadata"),
+    rollout_max_prompt_len: z.number().int().positive().nullable().default(null),
+    /** bytes: UTF-8 bytes + BOS/EOS (what the test engines speak); model: the embedded model's tokenizer. */
+    tokenizer: z.enum(["bytes", "model"]).default("bytes"),
+    // batch
+    rollout_batch_size: z.number().int().positive(),
+    n_samples_per_prompt: z.number().int().positive().default(1),
+    over_sampling_batch_size: z.number().int().positive().nullable().default(null),
+    num_rollout: z.number().int().positive().nullable().default(null),
+    num_epoch: z.number().int().positive().nullable().default(null),
+    global_batch_size: z.number().int().positive().nullable().default(null),
+    num_steps_per_rollout: z.number().int().positive().default(1),
+    // sampling
+    rollout_max_response_len: z.number().int().positive(),
+    rollout_max_context_len: z.number().int().positive().nullable().default(null),
+    rollout_temperature: z.number().positive().default(1.0),
+    rollout_top_p: z.number().gt(0).max(1).default(1.0),
+    rollout_top_k: z.number().int().default(-1),
+    rollout_stop_token_ids: z.array(z.number().int().nonnegative()).default([]),
+    rollout_shuffle: z.boolean().default(false),
+    rollout_seed: z.number().int().nonnegative().default(42),
+    // partial rollouts and filters
+    partial_rollout: z.boolean().default(false),
+    mask_offpolicy_in_partial_rollout: z.boolean().default(false),
+    dynamic_sampling_filter_path: pathOrNull,
+    buffer_filter_path: pathOrNull,
+    // reward
+    rm_type: z.string().nullable().default(null),
+    custom_rm_path: pathOrNull,
+    reward_key: z.string().nullable().default(null),
+    group_rm: z.boolean().default(false),
+    // algorithm (consumed by the trainer; see docs/algorithms.md)
+    advantage_estimator: z
+      .enum(["grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"])
+      .default("grpo"),
+    eps_clip: z.number().positive().default(0.2),
+    eps_clip_high: z.number().positive().nullable().default(null),
+    eps_clip_c: z.number().gt(1).nullable().default(null),
+    use_kl_loss: z.boolean().default(false),
+    kl_loss_coef: z.number().nonnegative().default(0),
+    kl_loss_type: z.enum(["k1", "k2", "k3", "low_var_kl"]).default("k1"),
+    entropy_coef: z.number().default(0),
+    use_tis: z.boolean().default(false),
+    tis_clip: z.number().positive().default(2.0),
+    tis_clip_low: z.number().nonnegative().default(0),
+    use_rollout_logprobs: z.boolean().default(false),
+    calculate_per_token_loss: z.boolean().default(false),
+    lr: z.number().positive().default(1e-6),
+    lr_decay_style: z.enum(["constant", "linear", "cosine"]).default("constant"),
+    lr_warmup_iters: z.number().int().nonnegative().default(0),
+    weight_decay: z.number().nonnegative().default(0),
+    clip_grad: z.number().positive().default(1.0),
+    seed: z.number().int().nonnegative().default(1234),
+    /** Initial checkpoint (slime: --load falls back to --ref-load). Null: initialise from `seed`. */
+    ref_load: pathOrNull,
+    loss_mask_type: z.enum(["qwen", "qwen3", "qwen3_5", "distill_qwen"]).default("qwen"),
+    update_weights_interval: z.number().int().positive().default(1),
+    // eval and save
+    eval_interval: z.number().int().positive().nullable().default(null),
+    skip_eval_before_train: z.boolean().default(false),
+    save_interval: z.number().int().positive().nullable().default(null),
+    // rlq
+    engine: engineSchema.default({ kind: "embedded" }),
+    trainer: trainerSchema.default({ kind: "embedded" }),
+    /** Where attempt-scoped and committed checkpoints live (relative to RLQ_HOME when relative). */
+    checkpoint_dir: z.string().default("checkpoints"),
+    /**
+     * Deterministic mode: every dispatched group runs to completion (no aborts)
+     * and the kept set is the first rollout_batch_size passing groups by draw
+     * ordinal, so a restarted run's facts equal an uninterrupted one's.
+     */
+    deterministic: z.boolean().default(false),
+    train_stall_timeout_s: z.number().positive().default(120),
+    max_attempts: z.number().int().positive().default(3),
+    /** Async mode / staleness bound (issue 7). null = slime's behaviour. */
+    max_staleness: z.number().int().nonnegative().nullable().default(null),
+    staleness_policy: z.enum(["keep", "mask", "drop"]).default("keep"),
+  })
+  .strict()
+  .superRefine((c, ctx) => {
+    if (c.num_rollout === null && c.num_epoch === null) {
+      ctx.addIssue({ code: "custom", path: ["num_rollout"], message: "one of num_rollout or num_epoch is required" });
+    }
+    if (c.over_sampling_batch_size !== null && c.over_sampling_batch_size < c.rollout_batch_size) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["over_sampling_batch_size"],
+        message: `must be >= rollout_batch_size (${c.rollout_batch_size})`,
+      });
+    }
+    if (c.mask_offpolicy_in_partial_rollout && !c.partial_rollout) {
+      ctx.addIssue({ code: "custom", path: ["mask_offpolicy_in_partial_rollout"], message: "requires partial_rollout: true" });
+    }
+    if (c.use_rollout_logprobs && c.use_tis) {
+      ctx.addIssue({ code: "custom", path: ["use_tis"], message: "cannot be combined with use_rollout_logprobs (slime)" });
+    }
+    if (c.rm_type === null && c.custom_rm_path === null) {
+      ctx.addIssue({ code: "custom", path: ["rm_type"], message: "set rm_type or custom_rm_path" });
+    }
+    const samples = c.rollout_batch_size * c.n_samples_per_prompt;
+    const gbs = c.global_batch_size ?? samples / c.num_steps_per_rollout;
+    if (!Number.isInteger(gbs) || samples % gbs !== 0) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["global_batch_size"],
+        message: `rollout_batch_size x n_samples_per_prompt (${samples}) must split into whole global batches (got ${gbs})`,
+      });
+    }
+  });
+
+export type RunConfigInput = z.input<typeof runConfigSchema>;
+export type RunConfig = z.infer<typeof runConfigSchema>;
+
+/** Keys `rlq run amend` may change on a live run, and why each is safe. */
+export const amendableKeys = {
+  num_rollout: "extends or shortens the run; already committed steps stay",
+  eval_interval: "only changes when evals are scheduled",
+  save_interval: "only changes when checkpoints are kept",
+  train_stall_timeout_s: "only changes fault detection",
+  max_attempts: "only changes fault handling",
+} as const;
+
+export class ConfigError extends Error {
+  readonly code = "config_invalid";
+  constructor(message: string) {
+    super(message);
+    this.name = "ConfigError";
+  }
+}
+
+/** Validate, naming the key, the value and what was expected. */
+export function parseRunConfig(raw: unknown, source = "config"): RunConfig {
+  const parsed = runConfigSchema.safeParse(raw);
+  if (parsed.success) return parsed.data;
+  const lines = parsed.error.issues.map((issue) => {
+    const key = issue.path.join(".");
+    const value = lookup(raw, issue.path);
+    const shown = value === undefined ? "(missing)" : JSON.stringify(value);
+    if (issue.code === "unrecognized_keys") {
+      return `${source}: unknown key(s) ${issue.keys.map((k) => `'${[...issue.path, k].join(".")}'`).join(", ")}`;
+    }
+    return `${source}: ${key || "(root)"} = ${shown}: ${issue.message}`;
+  });
+  throw new ConfigError(lines.join("\n"));
+}
+
+function lookup(raw: unknown, path: ReadonlyArray<PropertyKey>): unknown {
+  let cur: unknown = raw;
+  for (const key of path) {
+    if (cur === null || typeof cur !== "object") return undefined;
+    cur = (cur as Record<PropertyKey, unknown>)[key];
+  }
+  return cur;
+}
+
+/** Effective values slime derives after parsing. */
+export function overSamplingBatchSize(c: RunConfig): number {
+  return c.over_sampling_batch_size ?? c.rollout_batch_size;
+}

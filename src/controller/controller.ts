@@ -1,0 +1,430 @@
+import { sql } from "drizzle-orm";
+import type { Db, Database } from "../store/db.ts";
+import { appendDecisions, LeaseLostError, loadDecisions, tryAcquireLease, type Lease } from "../store/decision-log.ts";
+import { setRunProjection } from "../store/run-facts.ts";
+import { loadRoundStatuses } from "../store/rollout-facts.ts";
+import { loadGroupWithRewards } from "../store/group-view.ts";
+import { historyRows, insertHistory } from "../store/history.ts";
+import { loadTrainStep } from "../store/train-facts.ts";
+import { drawnPrompts } from "../store/schema/index.ts";
+import { markRunRequest, pendingRunRequests } from "../store/run-requests.ts";
+import type { Queues } from "../queue/queues.ts";
+import { jobIds, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "../queue/payloads.ts";
+import { amendableKeys, overSamplingBatchSize, parseRunConfig } from "../config/run-config.ts";
+import { fold, apply, totalSteps, type RunState } from "../core/run-state.ts";
+import { drawFresh } from "../core/data-buffer.ts";
+import type { Decision } from "../core/decisions.ts";
+import { loadJsonlDataset, type Dataset } from "../data/dataset.ts";
+import { createBufferFilter, createDynamicFilter, type BufferFilter, type DynamicFilter } from "../runtime/filters.ts";
+import type { RunContext, RunContextCache } from "../runtime/run-context.ts";
+import { createEngineAdmin, type EngineAdmin } from "./engine-admin.ts";
+import { checkFingerprints } from "./fingerprints.ts";
+import type { Logger } from "../observability/logger.ts";
+import { errorMessage, RlqError } from "../lib/errors.ts";
+
+/**
+ * The per-run controller (DESIGN §1, sync mode). It holds the run's lease,
+ * folds the decision log into state, and drives one step at a time:
+ * collect (draw, dispatch, filter completed groups) → seal → drain (aborted
+ * rounds back to the buffer or discarded) → train → sync → next step.
+ * Every decision is committed before its job is enqueued (outbox); on start,
+ * periodically, and whenever the queue's sentinel vanished it reconciles the
+ * queues with what the state expects.
+ */
+export interface ControllerDeps {
+  db: Db;
+  queues: Queues;
+  contexts: RunContextCache;
+  log: Logger;
+  holder: string;
+  crashPoint(name: string): void;
+  pollMs?: number;
+  reconcileMs?: number;
+  engineAdmin?: (ctx: RunContext) => EngineAdmin;
+}
+
+export type ControllerExit = "completed" | "cancelled" | "stopped" | "lease_lost";
+
+export async function runController(deps: ControllerDeps, runId: string, signal: AbortSignal): Promise<ControllerExit> {
+  let lease: Lease | null = null;
+  while (!signal.aborted) {
+    lease = await tryAcquireLease(deps.db, runId, deps.holder);
+    if (lease) break;
+    // Standby: another controller holds the run.
+    await sleep(1000, signal);
+  }
+  if (!lease) return "stopped";
+  const leaseLost = { value: false };
+  void lease.lost.then(() => {
+    leaseLost.value = true;
+  });
+  try {
+    const c = await RunController.start(deps, lease);
+    return await c.loop(signal, leaseLost);
+  } catch (e) {
+    if (e instanceof LeaseLostError) return "lease_lost";
+    throw e;
+  } finally {
+    await lease.release();
+  }
+}
+
+class RunController {
+  private lastReconcile = 0;
+
+  private constructor(
+    private readonly deps: ControllerDeps,
+    private readonly lease: Lease,
+    private state: RunState,
+    private readonly ctx: RunContext,
+    private readonly dataset: Dataset,
+    private readonly filter: DynamicFilter,
+    private readonly bufferFilter: BufferFilter,
+    private readonly engines: EngineAdmin,
+  ) {}
+
+  static async start(deps: ControllerDeps, lease: Lease): Promise<RunController> {
+    const t0 = Date.now();
+    const state = fold(lease.runId, await loadDecisions(deps.db, lease.runId));
+    const ctx = await deps.contexts.get(lease.runId);
+    const c = state.config;
+    const dataset = await loadJsonlDataset(c.prompt_data, c);
+    await checkFingerprints(deps.db, state, dataset);
+    const ctl = new RunController(
+      deps,
+      lease,
+      state,
+      ctx,
+      dataset,
+      await createDynamicFilter(c, process.cwd()),
+      await createBufferFilter(c, process.cwd()),
+      (deps.engineAdmin ?? createEngineAdmin.bind(null, c))(ctx),
+    );
+    await ctl.reconcile(false);
+    deps.log.info({ runId: lease.runId, epoch: lease.epoch, seq: state.seq, step: state.step, phase: state.phase, ms: Date.now() - t0 }, "controller took the run");
+    return ctl;
+  }
+
+  async loop(signal: AbortSignal, leaseLost: { value: boolean }): Promise<ControllerExit> {
+    const pollMs = this.deps.pollMs ?? 100;
+    while (!signal.aborted) {
+      if (leaseLost.value) return "lease_lost";
+      await this.handleRequests();
+      const s = this.state.status;
+      if (s === "completed") return "completed";
+      if (s === "cancelled") return "cancelled";
+      let progressed = false;
+      if (s === "running") {
+        if (!(await this.deps.queues.ensureSentinel(this.state.runId))) {
+          this.deps.log.warn({ runId: this.state.runId }, "queue state was lost (sentinel missing): reconciling");
+          await this.reconcile(false);
+        } else if (Date.now() - this.lastReconcile > (this.deps.reconcileMs ?? 5000)) {
+          await this.reconcile(false);
+        }
+        progressed = await this.tick();
+      }
+      if (!progressed) await sleep(pollMs, signal);
+    }
+    return "stopped";
+  }
+
+  /** Commit decisions (and writes that must land with them), then fold them in. */
+  private async commit(list: Decision[], extra?: (tx: Database) => Promise<void>): Promise<void> {
+    const s = this.state;
+    const status = [...list].reverse().find((d) => d.kind === "run.status");
+    const synced = [...list].reverse().find((d) => d.kind === "weights.synced");
+    const logged = await appendDecisions(this.deps.db, s.runId, this.lease.epoch, s.seq + 1, list, async (tx) => {
+      if (extra) await extra(tx);
+      if (status && status.kind === "run.status") {
+        await tx.execute(sql`UPDATE runs SET status = ${status.payload.status}, last_error = ${status.payload.reason} WHERE id = ${s.runId}`);
+      }
+      if (synced && synced.kind === "weights.synced") {
+        await tx.execute(sql`UPDATE runs SET weight_version = ${synced.payload.weightVersion} WHERE id = ${s.runId}`);
+      }
+    });
+    for (const d of logged) apply(this.state, d);
+  }
+
+  private async tick(): Promise<boolean> {
+    switch (this.state.phase) {
+      case "collect":
+        return this.collect();
+      case "drain":
+        return this.drain();
+      case "train":
+        return this.awaitTrain();
+      case "sync":
+        return this.sync();
+      case "done":
+        return false;
+    }
+  }
+
+  private async collect(): Promise<boolean> {
+    const s = this.state;
+    const c = s.config;
+    const n = c.n_samples_per_prompt;
+    const rbs = c.rollout_batch_size;
+    const keys = [...s.inflight].map((groupId) => ({ groupId, round: s.groups.get(groupId)?.round ?? 0 }));
+    const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
+    const ready: number[] = [];
+    const redo: Array<{ groupId: number; round: number }> = [];
+    for (const k of keys) {
+      const st = statuses.get(k.groupId);
+      if (!st) continue;
+      if (st.isComplete && st.rewardCount >= n) ready.push(k.groupId);
+      else if (!st.isComplete) redo.push(k);
+    }
+    if (redo.length > 0) {
+      // A round that ended unfinished without a seal (engine abort or failure): continue it as a new round.
+      await this.dispatch(redo.map((k) => ({ groupId: k.groupId, round: k.round + 1 })));
+    }
+    if (c.deterministic && ready.length < keys.length) return redo.length > 0;
+    ready.sort((a, b) => a - b);
+    for (const groupId of ready) await this.decideGroup(groupId);
+    if (s.kept.length >= rbs) {
+      const aborted = [...s.inflight].sort((a, b) => a - b).map((groupId) => ({ groupId, round: s.groups.get(groupId)?.round ?? 0 }));
+      await this.commit([{ kind: "step.sealed", payload: { step: s.step, kept: [...s.kept].sort((a, b) => a - b), aborted } }]);
+      this.deps.crashPoint("controller.after_seal");
+      return true;
+    }
+    if (s.kept.length + s.inflight.size < rbs && (!c.deterministic || s.inflight.size === 0)) {
+      await this.drawAndDispatch();
+      return true;
+    }
+    return ready.length > 0 || redo.length > 0;
+  }
+
+  /** Filter a completed group round and record its outcome for this step. */
+  private async decideGroup(groupId: number): Promise<void> {
+    const s = this.state;
+    const c = s.config;
+    const round = s.groups.get(groupId)?.round ?? 0;
+    const g = await loadGroupWithRewards(this.deps.db, s.runId, groupId, round, c.n_samples_per_prompt, c.mask_offpolicy_in_partial_rollout ? round : null);
+    const rewards = g.samples.map((x) => g.rewards.get(x.sampleIndex)?.reward ?? 0);
+    const verdict = await this.filter({
+      groupId,
+      rewards,
+      samples: g.samples.map((x) => ({ response: this.ctx.tokenizer.decode(x.responseTokens), status: x.status })),
+    });
+    let outcome: "kept" | "filtered" | "buffered" | "discarded";
+    let reason: string | null = null;
+    if (!verdict.keep) {
+      outcome = "filtered";
+      reason = verdict.reason ?? "filtered";
+    } else if (s.kept.length < c.rollout_batch_size) {
+      outcome = "kept";
+    } else {
+      outcome = c.partial_rollout ? "buffered" : "discarded";
+      reason = "surplus";
+    }
+    const rows = outcome === "buffered" ? [] : historyRows(s.runId, s.step, g, g.rewards, outcome, reason, (ids) => this.ctx.tokenizer.decode(ids), null);
+    await this.commit(
+      [
+        { kind: "group.filtered", payload: { groupId, round, step: s.step, keep: verdict.keep, reason: verdict.reason } },
+        { kind: "group.outcome", payload: { groupId, step: s.step, outcome, reason } },
+      ],
+      (tx) => insertHistory(tx, rows),
+    );
+  }
+
+  private async drawAndDispatch(): Promise<void> {
+    const s = this.state;
+    const c = s.config;
+    const want = overSamplingBatchSize(c);
+    const fromBuffer = s.buffer.length > 0 ? await this.bufferFilter(s.buffer, want) : [];
+    const { draws, cursor } = drawFresh({ size: this.dataset.rows.length, shuffle: c.rollout_shuffle, seed: c.rollout_seed }, s.cursor, want - fromBuffer.length);
+    const rows = draws.map((d) => {
+      const row = this.dataset.rows[d.datasetIndex];
+      if (!row) throw new RlqError("dataset_changed", `dataset index ${d.datasetIndex} is out of range`);
+      return {
+        runId: s.runId,
+        drawOrdinal: d.groupId,
+        epoch: d.epoch,
+        datasetIndex: d.datasetIndex,
+        step: s.step,
+        prompt: row.prompt,
+        label: row.label,
+        metadata: row.metadata,
+        promptTokens: this.ctx.tokenizer.encode(row.prompt),
+      };
+    });
+    const dispatches = [
+      ...fromBuffer.map((groupId) => ({ groupId, round: (s.groups.get(groupId)?.round ?? -1) + 1 })),
+      ...draws.map((d) => ({ groupId: d.groupId, round: 0 })),
+    ];
+    const list: Decision[] = [
+      { kind: "prompts.drawn", payload: { step: s.step, fromBuffer, fresh: draws, cursor } },
+      ...dispatches.map((d) => this.dispatchDecision(d.groupId, d.round)),
+    ];
+    await this.commit(list, async (tx) => {
+      if (rows.length > 0) await tx.insert(drawnPrompts).values(rows);
+    });
+    this.deps.crashPoint("controller.after_draw");
+    await this.enqueueRollouts(dispatches);
+  }
+
+  private dispatchDecision(groupId: number, round: number): Decision {
+    const s = this.state;
+    return { kind: "group.dispatched", payload: { groupId, round, step: s.step, weightVersion: s.weightVersion } };
+  }
+
+  private async dispatch(list: Array<{ groupId: number; round: number }>): Promise<void> {
+    await this.commit(list.map((d) => this.dispatchDecision(d.groupId, d.round)));
+    await this.enqueueRollouts(list);
+  }
+
+  private async enqueueRollouts(list: Array<{ groupId: number; round: number }>): Promise<void> {
+    const s = this.state;
+    await Promise.all(
+      list.map((d) => this.deps.queues.enqueue("rollout", { runId: s.runId, groupId: d.groupId, round: d.round, step: s.step, weightVersion: s.weightVersion })),
+    );
+  }
+
+  private async drain(): Promise<boolean> {
+    const s = this.state;
+    const c = s.config;
+    const keys = [...s.draining].map(([groupId, round]) => ({ groupId, round }));
+    const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
+    const landed = keys.filter((k) => statuses.has(k.groupId)).sort((a, b) => a.groupId - b.groupId);
+    for (const k of landed) {
+      if (c.partial_rollout) {
+        await this.commit([{ kind: "group.outcome", payload: { groupId: k.groupId, step: s.step, outcome: "buffered", reason: "aborted" } }]);
+      } else {
+        const g = await loadGroupWithRewards(this.deps.db, s.runId, k.groupId, k.round, c.n_samples_per_prompt, null);
+        const rows = historyRows(s.runId, s.step, g, null, "discarded", "aborted", (ids) => this.ctx.tokenizer.decode(ids), null);
+        await this.commit([{ kind: "group.outcome", payload: { groupId: k.groupId, step: s.step, outcome: "discarded", reason: "aborted" } }], (tx) => insertHistory(tx, rows));
+      }
+    }
+    if (s.draining.size > 0) return landed.length > 0;
+    await this.commit([{ kind: "train.dispatched", payload: { step: s.step, weightVersionIn: s.trainedVersion } }]);
+    this.deps.crashPoint("controller.after_train_dispatch");
+    await this.deps.queues.enqueue("train", { runId: s.runId, step: s.step }, { attempts: c.max_attempts });
+    return true;
+  }
+
+  private async awaitTrain(): Promise<boolean> {
+    const s = this.state;
+    const row = await loadTrainStep(this.deps.db, s.runId, s.step);
+    if (!row) return false;
+    await this.commit([{ kind: "step.trained", payload: { step: s.step, weightVersionOut: row.weightVersionOut, checkpointUri: row.checkpointUri } }]);
+    this.deps.log.info({ runId: s.runId, step: s.step, version: row.weightVersionOut }, "train step committed");
+    return true;
+  }
+
+  private async sync(): Promise<boolean> {
+    const s = this.state;
+    const c = s.config;
+    const total = totalSteps(s);
+    const isLast = s.step + 1 >= total;
+    if ((s.step + 1) % c.update_weights_interval === 0 || isLast) {
+      const uri = s.trainedCheckpointUri as string;
+      await this.engines.loadWeights(s.trainedVersion, uri);
+      await this.commit([{ kind: "weights.synced", payload: { step: s.step, weightVersion: s.trainedVersion, checkpointUri: uri } }]);
+      this.deps.crashPoint("controller.after_sync");
+    }
+    if (isLast) {
+      await this.commit([{ kind: "run.status", payload: { status: "completed", reason: null } }]);
+      this.deps.log.info({ runId: s.runId, steps: total }, "run completed");
+    } else {
+      await this.commit([{ kind: "step.started", payload: { step: s.step + 1, weightVersion: s.weightVersion } }]);
+    }
+    return true;
+  }
+
+  /** Operator requests (pause, resume, cancel, amend) become decisions here. */
+  private async handleRequests(): Promise<void> {
+    const s = this.state;
+    for (const r of await pendingRunRequests(this.deps.db, s.runId)) {
+      let error: string | null = null;
+      try {
+        if (r.kind === "pause" && s.status === "running") {
+          await this.commit([{ kind: "run.status", payload: { status: "paused", reason: "paused by operator" } }]);
+        } else if (r.kind === "resume" && s.status === "paused") {
+          await this.commit([{ kind: "run.status", payload: { status: "running", reason: null } }]);
+          await this.reconcile(true);
+        } else if (r.kind === "cancel" && (s.status === "running" || s.status === "paused")) {
+          await this.commit([{ kind: "run.status", payload: { status: "cancelled", reason: "cancelled by operator" } }]);
+        } else if (r.kind === "amend") {
+          const changes = (r.payload as { changes?: Record<string, unknown> }).changes ?? {};
+          const bad = Object.keys(changes).filter((k) => !(k in amendableKeys));
+          if (bad.length > 0) throw new Error(`keys ${bad.join(", ")} cannot be amended on a live run (allowed: ${Object.keys(amendableKeys).join(", ")})`);
+          parseRunConfig({ ...s.config, ...changes }, "amended config");
+          await this.commit([{ kind: "run.amended", payload: { changes } }], async (tx) => {
+            await tx.execute(sql`UPDATE runs SET config = ${JSON.stringify(this.state.config ? { ...this.state.config, ...changes } : changes)}::jsonb WHERE id = ${s.runId}`);
+          });
+        }
+      } catch (e) {
+        if (e instanceof LeaseLostError) throw e;
+        error = errorMessage(e);
+      }
+      await markRunRequest(this.deps.db, r.id, this.state.seq, error);
+    }
+  }
+
+  private async pause(reason: string): Promise<void> {
+    if (this.state.status !== "running") return;
+    this.deps.log.error({ runId: this.state.runId, reason }, "run paused");
+    await this.commit([{ kind: "run.status", payload: { status: "paused", reason } }]);
+  }
+
+  /** Make the queues match the state: missing jobs added, failed ones retried (or the run paused). */
+  async reconcile(isResume: boolean): Promise<void> {
+    this.lastReconcile = Date.now();
+    const s = this.state;
+    if (s.status !== "running") return;
+    const n = s.config.n_samples_per_prompt;
+    if (s.phase === "collect" || s.phase === "drain") {
+      const keys =
+        s.phase === "collect"
+          ? [...s.inflight].map((groupId) => ({ groupId, round: s.groups.get(groupId)?.round ?? 0 }))
+          : [...s.draining].map(([groupId, round]) => ({ groupId, round }));
+      const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
+      for (const k of keys) {
+        const st = statuses.get(k.groupId);
+        const data = { runId: s.runId, groupId: k.groupId, round: k.round, step: s.groups.get(k.groupId)?.step ?? s.step };
+        if (!st) await this.ensureJob("rollout", { ...data, weightVersion: s.weightVersion }, isResume);
+        else if (s.phase === "collect" && st.isComplete && st.rewardCount < n) await this.ensureJob("reward", data, isResume);
+      }
+    } else if (s.phase === "train") {
+      if (!(await loadTrainStep(this.deps.db, s.runId, s.step))) {
+        await this.ensureJob("train", { runId: s.runId, step: s.step }, isResume, s.config.max_attempts);
+      }
+    }
+  }
+
+  private async ensureJob<K extends QueueKind>(kind: K, data: JobData<K>, isResume: boolean, attempts?: number): Promise<void> {
+    const q = this.deps.queues;
+    const id = (jobIds[kind] as (d: JobData<K>) => string)(data);
+    const info = await q.info(kind, id);
+    if (info.state === "missing") {
+      await q.enqueue(kind, data, attempts === undefined ? {} : { attempts });
+    } else if (info.state === "completed") {
+      // Completed without its fact (cannot normally happen): run it again.
+      await q.remove(kind, id);
+      await q.enqueue(kind, data, attempts === undefined ? {} : { attempts });
+    } else if (info.state === "failed") {
+      const reason = info.failedReason ?? "unknown error";
+      const isFatal = reason.startsWith(UNRECOVERABLE_PREFIX) || kind === "train";
+      if (isFatal && !isResume) {
+        await this.pause(`${kind} job ${id} failed after ${info.attemptsMade} attempt(s): ${reason}`);
+      } else {
+        await q.retry(kind, id);
+      }
+    }
+  }
+}
+
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const t = setTimeout(resolve, ms);
+    signal?.addEventListener("abort", () => {
+      clearTimeout(t);
+      resolve();
+    }, { once: true });
+  });
+}
+
+export async function setRunError(db: Db, runId: string, message: string): Promise<void> {
+  await setRunProjection(db, runId, { lastError: message });
+}

@@ -1,0 +1,49 @@
+import type { Db } from "../store/db.ts";
+import { setRunProjection } from "../store/run-facts.ts";
+import type { RunConfig } from "../config/run-config.ts";
+import type { RunState } from "../core/run-state.ts";
+import type { Dataset } from "../data/dataset.ts";
+import { fingerprintFile, parsePluginPath } from "../plugins/load.ts";
+import { RlqError } from "../lib/errors.ts";
+
+/** Config keys whose value may name a plugin module file. */
+export const pluginKeys = ["custom_rm_path", "dynamic_sampling_filter_path", "buffer_filter_path"] as const;
+
+/** Plugin paths that are files (built-in names such as pop_first are not). */
+export function pluginFiles(config: RunConfig): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const key of pluginKeys) {
+    const v = config[key];
+    if (typeof v === "string" && (v.includes("/") || /\.(m?[jt]s)$/.test(v))) out[key] = parsePluginPath(v, process.cwd()).file;
+  }
+  return out;
+}
+
+export async function fingerprintPlugins(config: RunConfig): Promise<Record<string, string>> {
+  const out: Record<string, string> = {};
+  for (const [key, file] of Object.entries(pluginFiles(config))) out[key] = await fingerprintFile(file, key);
+  return out;
+}
+
+/**
+ * A run resumes only on the data and code it started with: a changed dataset
+ * or plugin would silently change which prompts the draw ordinals mean.
+ */
+export async function checkFingerprints(db: Db, state: RunState, dataset: Dataset): Promise<void> {
+  const problems: string[] = [];
+  if (dataset.fingerprint !== state.datasetFingerprint) {
+    problems.push(`prompt_data ${dataset.path} changed since the run started (sha256 ${state.datasetFingerprint.slice(0, 12)}… → ${dataset.fingerprint.slice(0, 12)}…)`);
+  }
+  const now = await fingerprintPlugins(state.config).catch((e: Error) => {
+    problems.push(e.message);
+    return {} as Record<string, string>;
+  });
+  for (const [key, fp] of Object.entries(state.pluginFingerprints)) {
+    if (now[key] !== undefined && now[key] !== fp) problems.push(`${key} ${String(state.config[key as keyof RunConfig])} changed since the run started`);
+  }
+  if (problems.length > 0) {
+    const message = `run ${state.runId} refuses to resume: ${problems.join("; ")}. Restore the original files, or start a new run.`;
+    await setRunProjection(db, state.runId, { lastError: message });
+    throw new RlqError("resume_refused", message);
+  }
+}

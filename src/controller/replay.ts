@@ -1,0 +1,99 @@
+import { and, asc, eq, sql } from "drizzle-orm";
+import type { Db } from "../store/db.ts";
+import { loadDecisions } from "../store/decision-log.ts";
+import { loadGroupWithRewards } from "../store/group-view.ts";
+import { historyRows, insertHistory, clearHistory } from "../store/history.ts";
+import { listTrainSteps } from "../store/train-facts.ts";
+import { rolloutHistory, runs } from "../store/schema/index.ts";
+import { fold } from "../core/run-state.ts";
+import type { RunContext } from "../runtime/run-context.ts";
+
+/**
+ * `rlq replay`: rebuild every projection of a run from its facts alone
+ * (decisions, segments, rewards, train steps), without calling any plugin:
+ * what a plugin decided is itself a recorded decision. `--check` compares
+ * with the live projections instead of writing.
+ */
+type HistoryRow = typeof rolloutHistory.$inferInsert;
+
+export interface ReplayResult {
+  runId: string;
+  decisions: number;
+  historyRows: number;
+  differences: string[];
+}
+
+async function rebuild(db: Db, ctx: RunContext) {
+  const decisions = await loadDecisions(db, ctx.runId);
+  const state = fold(ctx.runId, decisions);
+  const trained = new Map((await listTrainSteps(db, ctx.runId)).map((t) => [t.step, t]));
+  const c = state.config;
+  const rows: HistoryRow[] = [];
+  const roundOf = new Map<number, number>();
+  const abortedRound = new Map<number, number>();
+  for (const d of decisions) {
+    if (d.kind === "group.filtered") roundOf.set(d.payload.groupId, d.payload.round);
+    if (d.kind === "step.sealed") for (const a of d.payload.aborted) abortedRound.set(a.groupId, a.round);
+    if (d.kind !== "group.outcome" || d.payload.outcome === "buffered") continue;
+    const { groupId, step, outcome, reason } = d.payload;
+    const isAborted = outcome === "discarded" && reason === "aborted";
+    const round = isAborted ? (abortedRound.get(groupId) ?? 0) : (roundOf.get(groupId) ?? 0);
+    const mask = !isAborted && c.mask_offpolicy_in_partial_rollout ? round : null;
+    const g = await loadGroupWithRewards(db, ctx.runId, groupId, round, c.n_samples_per_prompt, mask);
+    const trainedStep = outcome === "kept" && trained.has(step) ? step : null;
+    rows.push(...historyRows(ctx.runId, step, g, isAborted ? null : g.rewards, outcome, reason, (ids) => ctx.tokenizer.decode(ids), trainedStep));
+  }
+  const committed = [...trained.keys()];
+  const runRow = {
+    status: state.status,
+    step: committed.length === 0 ? 0 : Math.max(...committed) + 1,
+    weightVersion: state.weightVersion,
+    lastSeq: state.seq,
+  };
+  return { decisions: decisions.length, rows, runRow };
+}
+
+const key = (r: { groupId: number; sampleIndex: number }) => `${r.groupId}/${r.sampleIndex}`;
+
+function normalise(r: HistoryRow): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(r)) {
+    if (k === "rolloutLogProbs" && Array.isArray(v)) out[k] = v.map((x: number) => Math.fround(x));
+    else if (k === "rewardComponents") out[k] = JSON.stringify(v ?? null);
+    else out[k] = v ?? null;
+  }
+  return out;
+}
+
+export async function replayRun(db: Db, ctx: RunContext, options: { check: boolean }): Promise<ReplayResult> {
+  const built = await rebuild(db, ctx);
+  const differences: string[] = [];
+  if (options.check) {
+    const live = await db.db.select().from(rolloutHistory).where(eq(rolloutHistory.runId, ctx.runId)).orderBy(asc(rolloutHistory.groupId), asc(rolloutHistory.sampleIndex));
+    const want = new Map(built.rows.map((r) => [key(r as { groupId: number; sampleIndex: number }), normalise(r)]));
+    const have = new Map(live.map((r) => [key(r), normalise(r as HistoryRow)]));
+    for (const [k, w] of want) {
+      const h = have.get(k);
+      if (!h) {
+        differences.push(`rollout_history ${k}: missing from the live projection`);
+        continue;
+      }
+      for (const col of Object.keys(w)) {
+        if (JSON.stringify(w[col]) !== JSON.stringify(h[col])) differences.push(`rollout_history ${k}.${col}: live ${JSON.stringify(h[col])?.slice(0, 80)} != replayed ${JSON.stringify(w[col])?.slice(0, 80)}`);
+      }
+    }
+    for (const k of have.keys()) if (!want.has(k)) differences.push(`rollout_history ${k}: in the live projection but not in the facts`);
+    const run = (await db.db.select().from(runs).where(eq(runs.id, ctx.runId)))[0];
+    for (const [col, v] of Object.entries(built.runRow)) {
+      const h = (run as Record<string, unknown> | undefined)?.[col];
+      if (h !== v) differences.push(`runs.${col}: live ${JSON.stringify(h)} != replayed ${JSON.stringify(v)}`);
+    }
+  } else {
+    await db.db.transaction(async (tx) => {
+      await clearHistory(tx, ctx.runId);
+      for (let i = 0; i < built.rows.length; i += 500) await insertHistory(tx, built.rows.slice(i, i + 500));
+      await tx.update(runs).set({ ...built.runRow, updatedAt: sql`now()` }).where(and(eq(runs.id, ctx.runId)));
+    });
+  }
+  return { runId: ctx.runId, decisions: built.decisions, historyRows: built.rows.length, differences };
+}

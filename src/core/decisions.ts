@@ -1,0 +1,91 @@
+import { z } from "zod";
+
+/**
+ * The decision log's vocabulary. Decisions are past tense (what the
+ * controller decided); each is validated when read back. `fold` in
+ * run-state.ts turns the ordered list into the run's state, so a restarted
+ * controller and `rlq replay` arrive at the same state.
+ */
+const cursorSchema = z.object({ epoch: z.number().int(), offset: z.number().int(), nextOrdinal: z.number().int() });
+export type Cursor = z.infer<typeof cursorSchema>;
+
+export const decisionSchemas = {
+  "run.created": z.object({
+    config: z.record(z.string(), z.unknown()),
+    datasetFingerprint: z.string(),
+    datasetSize: z.number().int(),
+    datasetErrors: z.array(z.string()),
+    pluginFingerprints: z.record(z.string(), z.string()),
+    name: z.string(),
+  }),
+  "run.status": z.object({
+    status: z.enum(["running", "paused", "cancelled", "completed"]),
+    reason: z.string().nullable(),
+  }),
+  "run.amended": z.object({ changes: z.record(z.string(), z.unknown()) }),
+  "step.started": z.object({ step: z.number().int(), weightVersion: z.number().int() }),
+  /** Groups handed out for a step: buffered ones first (through the buffer filter), then fresh draws. */
+  "prompts.drawn": z.object({
+    step: z.number().int(),
+    fromBuffer: z.array(z.number().int()),
+    fresh: z.array(z.object({ groupId: z.number().int(), epoch: z.number().int(), datasetIndex: z.number().int() })),
+    cursor: cursorSchema,
+  }),
+  "group.dispatched": z.object({
+    groupId: z.number().int(),
+    round: z.number().int(),
+    step: z.number().int(),
+    weightVersion: z.number().int(),
+  }),
+  /** The dynamic filter's verdict on a completed group round, with its reason. */
+  "group.filtered": z.object({
+    groupId: z.number().int(),
+    round: z.number().int(),
+    step: z.number().int(),
+    keep: z.boolean(),
+    reason: z.string().nullable(),
+  }),
+  "group.outcome": z.object({
+    groupId: z.number().int(),
+    step: z.number().int(),
+    outcome: z.enum(["kept", "filtered", "buffered", "discarded"]),
+    reason: z.string().nullable(),
+  }),
+  /** The step's batch: kept group ids in training order, and the in-flight rounds being aborted. */
+  "step.sealed": z.object({
+    step: z.number().int(),
+    kept: z.array(z.number().int()),
+    aborted: z.array(z.object({ groupId: z.number().int(), round: z.number().int() })),
+  }),
+  "train.dispatched": z.object({ step: z.number().int(), weightVersionIn: z.number().int() }),
+  "step.trained": z.object({
+    step: z.number().int(),
+    weightVersionOut: z.number().int(),
+    checkpointUri: z.string(),
+  }),
+  "weights.synced": z.object({ step: z.number().int(), weightVersion: z.number().int(), checkpointUri: z.string() }),
+} as const;
+
+export type DecisionKind = keyof typeof decisionSchemas;
+export type DecisionPayload<K extends DecisionKind> = z.infer<(typeof decisionSchemas)[K]>;
+
+export type Decision = {
+  [K in DecisionKind]: { kind: K; payload: DecisionPayload<K> };
+}[DecisionKind];
+
+/** A decision as stored: with its sequence number. */
+export type LoggedDecision = Decision & { seq: number };
+
+export function parseDecision(kind: string, payload: unknown, seq: number): LoggedDecision {
+  if (!(kind in decisionSchemas)) throw new Error(`decision ${seq}: unknown kind '${kind}'`);
+  const schema = decisionSchemas[kind as DecisionKind];
+  const parsed = schema.safeParse(payload);
+  if (!parsed.success) throw new Error(`decision ${seq} (${kind}): ${parsed.error.message}`);
+  return { kind, payload: parsed.data, seq } as LoggedDecision;
+}
+
+/** Columns the store indexes decisions by (step, group) for lookups by workers and views. */
+export function decisionKeys(d: Decision): { step: number | null; groupId: number | null } {
+  const p = d.payload as { step?: number; groupId?: number };
+  return { step: p.step ?? null, groupId: p.groupId ?? null };
+}

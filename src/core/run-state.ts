@@ -1,0 +1,186 @@
+import type { RunConfig } from "../config/run-config.ts";
+import { parseRunConfig } from "../config/run-config.ts";
+import type { Cursor, LoggedDecision } from "./decisions.ts";
+
+/**
+ * The run's state, folded from its decision log. Pure: no I/O. The controller
+ * applies each decision it writes with the same `apply`, so a controller
+ * restarted from the log reaches exactly the state it had.
+ */
+export type RunStatus = "created" | "running" | "paused" | "cancelled" | "completed";
+export type StepPhase = "collect" | "drain" | "train" | "sync" | "done";
+export type GroupPhase = "inflight" | "kept" | "filtered" | "buffered" | "discarded" | "draining";
+
+export interface GroupState {
+  groupId: number;
+  /** Latest dispatched round (-1: drawn, not dispatched yet). */
+  round: number;
+  /** Step of the latest dispatch or outcome. */
+  step: number;
+  phase: GroupPhase;
+}
+
+export interface RunState {
+  runId: string;
+  name: string;
+  config: RunConfig;
+  status: RunStatus;
+  statusReason: string | null;
+  /** seq of the last applied decision (-1 before any). */
+  seq: number;
+  datasetSize: number;
+  datasetFingerprint: string;
+  pluginFingerprints: Record<string, string>;
+  cursor: Cursor;
+  /** The rollout step being collected or trained. */
+  step: number;
+  phase: StepPhase;
+  /** Version the engines serve (and the next train step starts from). */
+  weightVersion: number;
+  checkpointUri: string | null;
+  /** Version the last committed train step produced (>= weightVersion). */
+  trainedVersion: number;
+  trainedCheckpointUri: string | null;
+  /** Partial-rollout buffer: group ids, FIFO. */
+  buffer: number[];
+  groups: Map<number, GroupState>;
+  /** Kept groups of the current step, in decision order. */
+  kept: number[];
+  /** Groups dispatched in the current step with no outcome yet. */
+  inflight: Set<number>;
+  /** Aborted rounds of the sealed step whose round fact has not been seen yet. */
+  draining: Map<number, number>;
+  /** Kept groups of the sealed step, in training order. */
+  sealed: number[];
+}
+
+export function emptyState(runId: string): RunState {
+  return {
+    runId,
+    name: "",
+    config: undefined as unknown as RunConfig,
+    status: "created",
+    statusReason: null,
+    seq: -1,
+    datasetSize: 0,
+    datasetFingerprint: "",
+    pluginFingerprints: {},
+    cursor: { epoch: 0, offset: 0, nextOrdinal: 0 },
+    step: 0,
+    phase: "collect",
+    weightVersion: 0,
+    checkpointUri: null,
+    trainedVersion: 0,
+    trainedCheckpointUri: null,
+    buffer: [],
+    groups: new Map(),
+    kept: [],
+    inflight: new Set(),
+    draining: new Map(),
+    sealed: [],
+  };
+}
+
+function group(state: RunState, groupId: number): GroupState {
+  const g = state.groups.get(groupId);
+  if (!g) throw new Error(`run ${state.runId}: decision refers to unknown group ${groupId}`);
+  return g;
+}
+
+/** Apply one decision (mutates and returns `state`). */
+export function apply(state: RunState, d: LoggedDecision): RunState {
+  if (d.seq !== state.seq + 1) throw new Error(`run ${state.runId}: decision seq ${d.seq} after ${state.seq}`);
+  state.seq = d.seq;
+  switch (d.kind) {
+    case "run.created": {
+      const p = d.payload;
+      state.config = parseRunConfig(p.config, `run ${state.runId} stored config`);
+      state.name = p.name;
+      state.datasetSize = p.datasetSize;
+      state.datasetFingerprint = p.datasetFingerprint;
+      state.pluginFingerprints = p.pluginFingerprints;
+      break;
+    }
+    case "run.status":
+      state.status = d.payload.status;
+      state.statusReason = d.payload.reason;
+      if (d.payload.status === "completed") state.phase = "done";
+      break;
+    case "run.amended":
+      state.config = parseRunConfig({ ...state.config, ...d.payload.changes }, `run ${state.runId} amended config`);
+      break;
+    case "step.started":
+      state.step = d.payload.step;
+      state.phase = "collect";
+      state.kept = [];
+      state.sealed = [];
+      state.inflight.clear();
+      state.draining.clear();
+      break;
+    case "prompts.drawn": {
+      const p = d.payload;
+      const taken = new Set(p.fromBuffer);
+      state.buffer = state.buffer.filter((id) => !taken.has(id));
+      for (const f of p.fresh) {
+        state.groups.set(f.groupId, { groupId: f.groupId, round: -1, step: p.step, phase: "inflight" });
+      }
+      state.cursor = p.cursor;
+      break;
+    }
+    case "group.dispatched": {
+      const g = group(state, d.payload.groupId);
+      g.round = d.payload.round;
+      g.step = d.payload.step;
+      g.phase = "inflight";
+      state.inflight.add(g.groupId);
+      break;
+    }
+    case "group.filtered":
+      break;
+    case "group.outcome": {
+      const g = group(state, d.payload.groupId);
+      g.phase = d.payload.outcome;
+      g.step = d.payload.step;
+      state.inflight.delete(g.groupId);
+      state.draining.delete(g.groupId);
+      if (d.payload.outcome === "kept") state.kept.push(g.groupId);
+      if (d.payload.outcome === "buffered") state.buffer.push(g.groupId);
+      break;
+    }
+    case "step.sealed":
+      state.phase = "drain";
+      state.sealed = [...d.payload.kept];
+      for (const a of d.payload.aborted) {
+        state.inflight.delete(a.groupId);
+        state.draining.set(a.groupId, a.round);
+        group(state, a.groupId).phase = "draining";
+      }
+      break;
+    case "train.dispatched":
+      state.phase = "train";
+      break;
+    case "step.trained":
+      state.phase = "sync";
+      state.trainedVersion = d.payload.weightVersionOut;
+      state.trainedCheckpointUri = d.payload.checkpointUri;
+      break;
+    case "weights.synced":
+      state.weightVersion = d.payload.weightVersion;
+      state.checkpointUri = d.payload.checkpointUri;
+      break;
+  }
+  return state;
+}
+
+export function fold(runId: string, decisions: Iterable<LoggedDecision>): RunState {
+  const state = emptyState(runId);
+  for (const d of decisions) apply(state, d);
+  return state;
+}
+
+/** Total rollout steps: num_rollout, else num_epoch × dataset size / rollout_batch_size (slime). */
+export function totalSteps(state: RunState): number {
+  const c = state.config;
+  if (c.num_rollout !== null) return c.num_rollout;
+  return Math.max(1, Math.floor(((c.num_epoch ?? 1) * state.datasetSize) / c.rollout_batch_size));
+}

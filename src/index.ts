@@ -1,0 +1,10 @@
+/**
+ * rlq's programmatic API for scripts:
+ *   import { connect, startRun, runStatus } from "rlq";
+ */
+export { startRun, runStatus, requestRunChange, newRunId, type StartRunOptions, type RunStatusReport } from "./api.ts";
+export { createServices, type Services } from "./runtime/services.ts";
+export { readEnv } from "./config/env.ts";
+export { runConfigSchema, parseRunConfig, type RunConfig, type RunConfigInput } from "./config/run-config.ts";
+export type { Engine, GenerateRequest, GenerateResult } from "./engines/engine.ts";
+export type { Trainer, TrainRequest, TrainResult, TrainBatch, TrainSample } from "./trainer/trainer.ts";

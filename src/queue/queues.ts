@@ -1,0 +1,100 @@
+import type { Queue } from "bullmq";
+import type { QueueBackend } from "./backend.ts";
+import { jobIds, queueKinds, type JobData, type QueueKind } from "./payloads.ts";
+
+/**
+ * Producers and inspectors for rlq's queues. `enqueue` is idempotent: a job
+ * id that already exists is left alone (BullMQ keeps the first), so the
+ * controller can re-send after a crash or during reconcile without doubling
+ * work.
+ */
+export type JobState = "missing" | "waiting" | "active" | "delayed" | "completed" | "failed" | "prioritized" | "waiting-children" | "unknown";
+
+export interface JobInfo {
+  state: JobState;
+  failedReason: string | null;
+  attemptsMade: number;
+}
+
+export interface Queues {
+  readonly backend: QueueBackend;
+  enqueue<K extends QueueKind>(kind: K, data: JobData<K>, options?: { attempts?: number }): Promise<string>;
+  info(kind: QueueKind, jobId: string): Promise<JobInfo>;
+  /** Move a failed job back to waiting (keeps its id). */
+  retry(kind: QueueKind, jobId: string): Promise<void>;
+  /** Remove a job so it can be added again under the same id. */
+  remove(kind: QueueKind, jobId: string): Promise<void>;
+  depths(): Promise<Record<QueueKind, Record<string, number>>>;
+  /** A job the controller plants and checks: if it vanishes, the queue state was lost. */
+  ensureSentinel(name: string): Promise<boolean>;
+  close(): Promise<void>;
+}
+
+export function queueName(kind: QueueKind | "sentinel"): string {
+  return `rlq-${kind}`;
+}
+
+const defaultAttempts: Record<QueueKind, number> = { rollout: 8, reward: 8, train: 3, eval: 5 };
+
+export function createQueues(backend: QueueBackend): Queues {
+  const queues = new Map<string, Queue>();
+  const get = (kind: QueueKind | "sentinel"): Queue => {
+    let q = queues.get(kind);
+    if (!q) {
+      q = new backend.Queue(queueName(kind), { connection: backend.connection, ...backend.baseOptions });
+      q.on("error", () => undefined);
+      queues.set(kind, q);
+    }
+    return q;
+  };
+  const idFor = <K extends QueueKind>(kind: K, data: JobData<K>): string =>
+    (jobIds[kind] as (d: JobData<K>) => string)(data);
+
+  return {
+    backend,
+    async enqueue(kind, data, options = {}) {
+      const id = idFor(kind, data);
+      await get(kind).add(kind, data, {
+        jobId: id,
+        attempts: options.attempts ?? defaultAttempts[kind],
+        backoff: { type: "exponential", delay: 500 },
+        removeOnComplete: { age: 3600, count: 10_000 },
+        removeOnFail: false,
+      });
+      return id;
+    },
+    async info(kind, jobId) {
+      const job = await get(kind).getJob(jobId);
+      if (!job) return { state: "missing", failedReason: null, attemptsMade: 0 };
+      const state = (await job.getState()) as JobState;
+      return { state, failedReason: job.failedReason ?? null, attemptsMade: job.attemptsMade };
+    },
+    async retry(kind, jobId) {
+      const job = await get(kind).getJob(jobId);
+      if (job && (await job.getState()) === "failed") await job.retry("failed", { resetAttemptsMade: true });
+    },
+    async remove(kind, jobId) {
+      const job = await get(kind).getJob(jobId);
+      if (job) await job.remove().catch(() => undefined);
+    },
+    async depths() {
+      const out = {} as Record<QueueKind, Record<string, number>>;
+      for (const kind of queueKinds) {
+        out[kind] = await get(kind).getJobCounts("waiting", "active", "delayed", "failed", "completed");
+      }
+      return out;
+    },
+    async ensureSentinel(name) {
+      const q = get("sentinel");
+      const id = `sentinel-${name}`;
+      const existing = await q.getJob(id);
+      if (existing) return true;
+      await q.add("sentinel", {}, { jobId: id, delay: 10 * 365 * 24 * 3600 * 1000 });
+      return false;
+    },
+    async close() {
+      await Promise.all([...queues.values()].map((q) => q.close().catch(() => undefined)));
+      queues.clear();
+    },
+  };
+}

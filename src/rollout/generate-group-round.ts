@@ -1,0 +1,151 @@
+import type { Db } from "../store/db.ts";
+import { findDecisions } from "../store/run-facts.ts";
+import { hasRound, writeRound, type RoundFacts } from "../store/rollout-facts.ts";
+import { loadGroupView } from "../store/group-view.ts";
+import type { Engine, GenerateResult } from "../engines/engine.ts";
+import { requestId, type RolloutJob } from "../queue/payloads.ts";
+import type { RunContext } from "../runtime/run-context.ts";
+import { isTerminal, statusFromFinish, type AssembledSample } from "../core/sample.ts";
+import { seedFrom } from "../lib/hash.ts";
+import { RlqError } from "../lib/errors.ts";
+
+/**
+ * The rollout job: one round of one group. Every sample that is not
+ * finished continues from its tokens so far with the remaining budget;
+ * the round's segments and its marker land in one transaction.
+ * While generating it watches for the step's seal: if this round is among the
+ * aborted ones, its requests are aborted by id and the partial tokens kept.
+ */
+export interface RolloutDeps {
+  db: Db;
+  engineFor(ctx: RunContext, weightVersion: number): Promise<Engine>;
+  /** Called after the round is written and complete: enqueue its reward job. */
+  onRoundComplete(job: RolloutJob): Promise<void>;
+  abortPollMs?: number;
+}
+
+async function isRoundAborted(db: Db, job: RolloutJob): Promise<boolean> {
+  const seals = await findDecisions(db, job.runId, "step.sealed", { step: job.step });
+  return seals.some((s) => s.aborted.some((a) => a.groupId === job.groupId && a.round === job.round));
+}
+
+export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job: RolloutJob, jobId: string): Promise<void> {
+  const { db } = deps;
+  const { runId, groupId, round, step } = job;
+  const dispatched = await findDecisions(db, runId, "group.dispatched", { groupId });
+  if (!dispatched.some((d) => d.round === round && d.step === step)) {
+    throw new RlqError("no_decision_behind_job", `rollout job ${jobId}: no dispatch decision for group ${groupId} round ${round} step ${step}`);
+  }
+  if (await hasRound(db, runId, groupId, round)) {
+    await deps.onRoundComplete(job); // idempotent: the reward job id is deterministic
+    return;
+  }
+  const c = ctx.config;
+  const view = await loadGroupView(db, runId, groupId, c.n_samples_per_prompt, null);
+  let wasAborted = await isRoundAborted(db, job);
+  const engine = wasAborted ? null : await deps.engineFor(ctx, job.weightVersion);
+  const pending = view.samples.filter((s) => !isTerminal(s.status));
+  const inflight = new Set<string>();
+  let watching = engine !== null && pending.length > 0;
+  const watcher = (async () => {
+    while (watching) {
+      await new Promise((r) => setTimeout(r, deps.abortPollMs ?? 250));
+      if (!watching) break;
+      if (await isRoundAborted(db, job).catch(() => false)) {
+        wasAborted = true;
+        watching = false;
+        if (engine) await engine.abort([...inflight]).catch(() => undefined);
+      }
+    }
+  })();
+
+  const segments: RoundFacts["segments"] = [];
+  try {
+    await Promise.all(
+      pending.map(async (s) => {
+        const seg = await generateSegment(engine, ctx, view.prompt.promptTokens, s, job, inflight, () => wasAborted);
+        if (seg) segments.push(seg);
+      }),
+    );
+  } finally {
+    watching = false;
+    await watcher;
+  }
+  const finalStatus = new Map(view.samples.map((s) => [s.sampleIndex, s.status]));
+  for (const seg of segments) finalStatus.set(seg.sampleIndex, seg.status);
+  const isComplete = [...finalStatus.values()].every(isTerminal);
+  segments.sort((a, b) => a.sampleIndex - b.sampleIndex);
+  await writeRound(db, {
+    runId,
+    groupId,
+    round,
+    step,
+    jobId,
+    expectedWeightVersion: job.weightVersion,
+    segments,
+    isComplete,
+    wasAborted: wasAborted || segments.some((s) => s.finishReason === "abort"),
+  });
+  if (isComplete) await deps.onRoundComplete(job);
+}
+
+async function generateSegment(
+  engine: Engine | null,
+  ctx: RunContext,
+  promptTokens: readonly number[],
+  sample: AssembledSample,
+  job: RolloutJob,
+  inflight: Set<string>,
+  isAborted: () => boolean,
+): Promise<RoundFacts["segments"][number] | null> {
+  const c = ctx.config;
+  const segmentIndex = sample.numSegments;
+  const base = {
+    sampleIndex: sample.sampleIndex,
+    segmentIndex,
+    round: job.round,
+    tokenStart: sample.responseTokens.length,
+    error: null,
+  };
+  let budget = c.rollout_max_response_len - sample.responseTokens.length;
+  if (c.rollout_max_context_len !== null) budget = Math.min(budget, c.rollout_max_context_len - promptTokens.length - sample.responseTokens.length);
+  if (budget <= 0) {
+    // slime: no request; the sample is truncated.
+    return { ...base, weightVersion: job.weightVersion, tokens: [], logProbs: [], lossMask: [], finishReason: "length", status: "truncated", engine: "none" };
+  }
+  if (engine === null || isAborted()) return null;
+  const rid = requestId(job.runId, job.groupId, sample.sampleIndex, segmentIndex);
+  inflight.add(rid);
+  let result: GenerateResult;
+  try {
+    result = await engine.generate({
+      requestId: rid,
+      inputIds: [...promptTokens, ...sample.responseTokens],
+      sampling: {
+        temperature: c.rollout_temperature,
+        topP: c.rollout_top_p,
+        topK: c.rollout_top_k,
+        maxNewTokens: budget,
+        stopTokenIds: c.rollout_stop_token_ids.length > 0 ? c.rollout_stop_token_ids : [ctx.tokenizer.eosId],
+        seed: seedFrom(c.rollout_seed, job.groupId, sample.sampleIndex, segmentIndex),
+      },
+    });
+  } finally {
+    inflight.delete(rid);
+  }
+  if (result.tokenIds.length > budget) {
+    throw new RlqError("engine_bad_response", `engine ${result.engineId} returned ${result.tokenIds.length} tokens for a budget of ${budget} (request ${rid})`);
+  }
+  let status = statusFromFinish(result.finishReason);
+  if (status === "aborted" && result.tokenIds.length === budget) status = "truncated";
+  return {
+    ...base,
+    weightVersion: result.weightVersion,
+    tokens: result.tokenIds,
+    logProbs: result.logProbs,
+    lossMask: result.tokenIds.map(() => 1),
+    finishReason: result.finishReason,
+    status,
+    engine: result.engineId,
+  };
+}

@@ -1,0 +1,81 @@
+import { fileURLToPath, pathToFileURL } from "node:url";
+import type { Db } from "../store/db.ts";
+import { loadTrainStep } from "../store/train-facts.ts";
+import type { Engine } from "../engines/engine.ts";
+import { createSglangEngine } from "../engines/sglang.ts";
+import type { Trainer } from "../trainer/trainer.ts";
+import { createRemoteTrainer } from "../trainer/remote-trainer.ts";
+import type { RunContext } from "./run-context.ts";
+import { RlqError } from "../lib/errors.ts";
+
+/**
+ * Engine and trainer per run, in a worker process. Remote engines are
+ * synced by the controller; an embedded engine lives here, so it loads the
+ * committed checkpoint of the version a job asks for before generating.
+ */
+export async function checkpointForVersion(db: Db, ctx: RunContext, version: number): Promise<string | null> {
+  if (version === 0) return ctx.config.ref_load ? pathToFileURL(ctx.config.ref_load).href : null;
+  const row = await loadTrainStep(db, ctx.runId, version - 1);
+  if (!row) throw new RlqError("version_unavailable", `run ${ctx.runId}: weight version ${version} has no committed checkpoint`, { isRetriable: true });
+  return row.checkpointUri;
+}
+
+export interface EmbeddedFactories {
+  createEngine(ctx: RunContext): Promise<Engine>;
+  createTrainer(ctx: RunContext): Promise<Trainer>;
+}
+
+export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null) {
+  const engines = new Map<string, Promise<Engine>>();
+  const versions = new Map<string, number>();
+  const locks = new Map<string, Promise<void>>();
+  return {
+    async engineFor(ctx: RunContext, version: number): Promise<Engine> {
+      const e = ctx.config.engine;
+      let p = engines.get(ctx.runId);
+      if (!p) {
+        if (e.kind === "sglang") p = Promise.resolve(createSglangEngine({ urls: e.urls, requestTimeoutMs: e.request_timeout_s * 1000 }));
+        else if (embedded) p = embedded.createEngine(ctx);
+        else throw new RlqError("config_invalid", "engine.kind 'embedded' is not available in this build");
+        engines.set(ctx.runId, p);
+      }
+      const engine = await p;
+      if (e.kind === "embedded" && versions.get(ctx.runId) !== version) {
+        // One load at a time; concurrent jobs for the same version wait for it.
+        const prev = locks.get(ctx.runId) ?? Promise.resolve();
+        const next = prev.then(async () => {
+          if (versions.get(ctx.runId) === version) return;
+          const uri = await checkpointForVersion(db, ctx, version);
+          if (uri) await engine.loadWeights(version, fileURLToPath(uri));
+          versions.set(ctx.runId, version);
+        });
+        locks.set(ctx.runId, next.catch(() => undefined));
+        await next;
+      }
+      return engine;
+    },
+    async close() {
+      for (const p of engines.values()) await (await p).close().catch(() => undefined);
+    },
+  };
+}
+
+export function createTrainerProvider(embedded: EmbeddedFactories | null) {
+  const trainers = new Map<string, Promise<Trainer>>();
+  return {
+    async trainerFor(ctx: RunContext): Promise<Trainer> {
+      let p = trainers.get(ctx.runId);
+      if (!p) {
+        const t = ctx.config.trainer;
+        if (t.kind === "remote") p = Promise.resolve(createRemoteTrainer({ url: t.url }));
+        else if (embedded) p = embedded.createTrainer(ctx);
+        else throw new RlqError("config_invalid", "trainer.kind 'embedded' is not available in this build");
+        trainers.set(ctx.runId, p);
+      }
+      return p;
+    },
+    async close() {
+      for (const p of trainers.values()) await (await p).close().catch(() => undefined);
+    },
+  };
+}

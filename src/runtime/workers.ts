@@ -1,0 +1,77 @@
+import type { Services } from "./services.ts";
+import { startWorker, type WorkerHandle } from "../queue/worker-host.ts";
+import type { QueueKind } from "../queue/payloads.ts";
+import { generateGroupRound } from "../rollout/generate-group-round.ts";
+import { scoreGroupRound } from "../reward/worker-score-group.ts";
+import { runTrainStep } from "../trainer/run-train-step.ts";
+import { createEngineProvider, createTrainerProvider, type EmbeddedFactories } from "./engines.ts";
+
+/** Start the workers for the given queues in this process. */
+export async function startWorkers(
+  services: Services,
+  kinds: readonly QueueKind[],
+  options: { concurrency: Partial<Record<QueueKind, number>>; embedded: EmbeddedFactories | null },
+): Promise<{ close(): Promise<void> }> {
+  const { db, queues, contexts, log } = services;
+  const engines = createEngineProvider(db, options.embedded);
+  const trainers = createTrainerProvider(options.embedded);
+  const handles: WorkerHandle[] = [];
+  const onError = (kind: QueueKind) => (e: unknown, jobId: string | undefined) => log.warn({ kind, jobId, err: e instanceof Error ? e.message : String(e) }, "job failed");
+  for (const kind of kinds) {
+    const concurrency = options.concurrency[kind] ?? (kind === "train" ? 1 : 16);
+    if (kind === "rollout") {
+      handles.push(
+        startWorker(services.backend, "rollout", async (data, job) => {
+          const ctx = await contexts.get(data.runId);
+          await generateGroupRound(
+            {
+              db,
+              engineFor: (c, v) => engines.engineFor(c, v),
+              onRoundComplete: async (j) => {
+                services.crashPoint("rollout.before_reward_enqueue");
+                await queues.enqueue("reward", { runId: j.runId, groupId: j.groupId, round: j.round, step: j.step });
+              },
+            },
+            ctx,
+            data,
+            job.jobId,
+          );
+        }, { concurrency, onError: onError(kind) }),
+      );
+    } else if (kind === "reward") {
+      handles.push(
+        startWorker(services.backend, "reward", async (data, job) => {
+          const ctx = await contexts.get(data.runId);
+          await scoreGroupRound(db, ctx, data, job.jobId);
+        }, { concurrency, onError: onError(kind) }),
+      );
+    } else if (kind === "train") {
+      handles.push(
+        startWorker(services.backend, "train", async (data, job) => {
+          const ctx = await contexts.get(data.runId);
+          await runTrainStep(
+            {
+              db,
+              checkpointRoot: services.checkpointRoot,
+              trainerFor: (c) => trainers.trainerFor(c),
+              reportProgress: (p) => job.updateProgress(p),
+              crashPoint: services.crashPoint,
+            },
+            ctx,
+            data,
+            job.attemptsMade,
+          );
+        }, { concurrency, onError: onError(kind) }),
+      );
+    } else {
+      log.warn({ kind }, "no worker for this queue yet");
+    }
+  }
+  return {
+    async close() {
+      await Promise.all(handles.map((h) => h.close()));
+      await engines.close();
+      await trainers.close();
+    },
+  };
+}

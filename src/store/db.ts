@@ -1,0 +1,38 @@
+import pg from "pg";
+import { drizzle, type NodePgDatabase } from "drizzle-orm/node-postgres";
+import * as schema from "./schema/index.ts";
+
+export type Database = NodePgDatabase<typeof schema>;
+
+export interface Db {
+  pool: pg.Pool;
+  db: Database;
+  url: string;
+  close(): Promise<void>;
+}
+
+// int8 → number: our bigints are ordinals and sequence numbers, far below 2^53.
+pg.types.setTypeParser(20, (v) => Number(v));
+
+/** Open a pool. Nothing connects until the first query. */
+export function createDb(url: string, options: { max?: number; applicationName?: string } = {}): Db {
+  const pool = new pg.Pool({
+    connectionString: url,
+    max: options.max ?? 8,
+    application_name: options.applicationName ?? "rlq",
+  });
+  // An idle client losing its server (restart, 57P01) must not crash the process.
+  pool.on("error", () => undefined);
+  const db = drizzle(pool, { schema });
+  let closed = false;
+  return {
+    pool,
+    db,
+    url,
+    async close() {
+      if (closed) return;
+      closed = true;
+      await pool.end();
+    },
+  };
+}

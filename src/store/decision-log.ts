@@ -1,0 +1,117 @@
+import type pg from "pg";
+import { asc, eq, sql } from "drizzle-orm";
+import type { Db, Database } from "./db.ts";
+import { decisions, runLeases } from "./schema/index.ts";
+import { decisionKeys, parseDecision, type Decision, type LoggedDecision } from "../core/decisions.ts";
+import { RlqError } from "../lib/errors.ts";
+
+/**
+ * The run's decision log: the controller's lease (advisory lock + epoch
+ * fence) and the only writer of `decisions`.
+ */
+export class LeaseLostError extends RlqError {
+  constructor(runId: string, cause?: unknown) {
+    super("lease_lost", `run ${runId}: this controller no longer holds the run's lease`, { cause });
+  }
+}
+
+export interface Lease {
+  runId: string;
+  epoch: number;
+  /** Resolves/rejects when the lease connection dies: the controller must stop deciding. */
+  lost: Promise<void>;
+  release(): Promise<void>;
+}
+
+const LOCK_NAMESPACE = 727_100;
+
+/**
+ * Try to take the run's lease. Returns null when another controller holds it
+ * (the caller waits as standby). The advisory lock lives on a dedicated
+ * connection: if that connection dies the lock is released, another
+ * controller bumps the epoch, and this one's decisions are rejected.
+ */
+export async function tryAcquireLease(db: Db, runId: string, holder: string): Promise<Lease | null> {
+  const client: pg.PoolClient = await db.pool.connect();
+  let released = false;
+  try {
+    const got = await client.query<{ ok: boolean }>("SELECT pg_try_advisory_lock($1, hashtext($2)) AS ok", [LOCK_NAMESPACE, runId]);
+    if (!got.rows[0]?.ok) {
+      client.release();
+      return null;
+    }
+    const res = await client.query<{ epoch: number }>(
+      "UPDATE run_leases SET epoch = epoch + 1, holder = $2, acquired_at = now() WHERE run_id = $1 RETURNING epoch",
+      [runId, holder],
+    );
+    const epoch = res.rows[0]?.epoch;
+    if (epoch === undefined) throw new RlqError("run_not_found", `run ${runId} does not exist`);
+    let markLost: () => void = () => undefined;
+    const lost = new Promise<void>((resolve) => {
+      markLost = resolve;
+    });
+    client.on("error", () => markLost());
+    client.on("end", () => markLost());
+    return {
+      runId,
+      epoch,
+      lost,
+      async release() {
+        if (released) return;
+        released = true;
+        try {
+          await client.query("SELECT pg_advisory_unlock($1, hashtext($2))", [LOCK_NAMESPACE, runId]);
+        } catch {
+          // the connection is gone, and with it the lock
+        }
+        client.release(true);
+      },
+    };
+  } catch (e) {
+    if (!released) client.release(true);
+    throw e;
+  }
+}
+
+export async function loadDecisions(db: Db, runId: string): Promise<LoggedDecision[]> {
+  const rows = await db.db.select().from(decisions).where(eq(decisions.runId, runId)).orderBy(asc(decisions.seq));
+  return rows.map((r) => parseDecision(r.kind, r.payload, r.seq));
+}
+
+/**
+ * Append decisions in one transaction, with `extra` writes (facts and
+ * projections that must land with them) in the same transaction.
+ * `firstSeq` is the next sequence number; the trigger checks it and the epoch.
+ */
+export async function appendDecisions(
+  db: Db,
+  runId: string,
+  epoch: number,
+  firstSeq: number,
+  list: readonly Decision[],
+  extra?: (tx: Database) => Promise<void>,
+): Promise<LoggedDecision[]> {
+  if (list.length === 0 && !extra) return [];
+  const logged = list.map((d, i) => ({ ...d, seq: firstSeq + i }) as LoggedDecision);
+  try {
+    await db.db.transaction(async (tx) => {
+      if (logged.length > 0) {
+        await tx.insert(decisions).values(
+          logged.map((d) => ({ runId, seq: d.seq, leaseEpoch: epoch, kind: d.kind, payload: d.payload, ...decisionKeys(d) })),
+        );
+        await tx.execute(sql`UPDATE runs SET last_seq = ${logged[logged.length - 1]?.seq ?? 0}, updated_at = now() WHERE id = ${runId}`);
+      }
+      if (extra) await extra(tx as unknown as Database);
+    });
+  } catch (e) {
+    const code = (e as { code?: string; cause?: { code?: string } }).code ?? (e as { cause?: { code?: string } }).cause?.code;
+    if (code === "RLQ01" || code === "RLQ02") throw new LeaseLostError(runId, e);
+    throw e;
+  }
+  return logged;
+}
+
+export async function currentEpoch(db: Db, runId: string): Promise<number | null> {
+  const rows = await db.db.select({ epoch: runLeases.epoch }).from(runLeases).where(eq(runLeases.runId, runId));
+  return rows[0]?.epoch ?? null;
+}

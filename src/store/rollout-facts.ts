@@ -1,0 +1,164 @@
+import { and, eq, inArray, sql } from "drizzle-orm";
+import type { Db } from "./db.ts";
+import { groupRounds, sampleRewards, sampleSegments } from "./schema/index.ts";
+import type { SampleStatus, SegmentFact } from "../core/sample.ts";
+
+/** What one rollout job (a group's round) produced. */
+export interface RoundFacts {
+  runId: string;
+  groupId: number;
+  round: number;
+  step: number;
+  jobId: string;
+  expectedWeightVersion: number;
+  segments: Array<SegmentFact & { tokenStart: number; error: string | null }>;
+  isComplete: boolean;
+  wasAborted: boolean;
+}
+
+/**
+ * Write a round's segments and its `group_rounds` marker in one transaction.
+ * Idempotent per (run, group, round): if the marker is already there (a
+ * retried or duplicated job), nothing is written and `false` is returned —
+ * the caller reads the stored facts back and continues with them.
+ */
+export async function writeRound(db: Db, facts: RoundFacts): Promise<boolean> {
+  return db.db.transaction(async (tx) => {
+    const marker = await tx
+      .insert(groupRounds)
+      .values({
+        runId: facts.runId,
+        groupId: facts.groupId,
+        round: facts.round,
+        step: facts.step,
+        jobId: facts.jobId,
+        isComplete: facts.isComplete,
+        wasAborted: facts.wasAborted,
+      })
+      .onConflictDoNothing()
+      .returning({ round: groupRounds.round });
+    if (marker.length === 0) return false;
+    if (facts.segments.length > 0) {
+      await tx.insert(sampleSegments).values(
+        facts.segments.map((s) => ({
+          runId: facts.runId,
+          groupId: facts.groupId,
+          sampleIndex: s.sampleIndex,
+          segmentIndex: s.segmentIndex,
+          round: s.round,
+          step: facts.step,
+          jobId: facts.jobId,
+          weightVersion: s.weightVersion,
+          expectedWeightVersion: facts.expectedWeightVersion,
+          isVersionMismatch: s.weightVersion !== facts.expectedWeightVersion,
+          tokenStart: s.tokenStart,
+          tokenEnd: s.tokenStart + s.tokens.length,
+          tokens: s.tokens,
+          logProbs: s.logProbs,
+          lossMask: s.lossMask,
+          engine: s.engine,
+          finishReason: s.finishReason,
+          status: s.status,
+          error: s.error,
+        })),
+      );
+    }
+    return true;
+  });
+}
+
+/** All segments of a group, grouped by sample index. */
+export async function loadGroupSegments(db: Db, runId: string, groupId: number): Promise<Map<number, SegmentFact[]>> {
+  const rows = await db.db
+    .select()
+    .from(sampleSegments)
+    .where(and(eq(sampleSegments.runId, runId), eq(sampleSegments.groupId, groupId)));
+  const out = new Map<number, SegmentFact[]>();
+  for (const r of rows) {
+    const list = out.get(r.sampleIndex) ?? [];
+    list.push({
+      sampleIndex: r.sampleIndex,
+      segmentIndex: r.segmentIndex,
+      round: r.round,
+      weightVersion: r.weightVersion,
+      tokens: r.tokens,
+      logProbs: r.logProbs,
+      lossMask: r.lossMask,
+      finishReason: r.finishReason,
+      status: r.status as SampleStatus,
+      engine: r.engine,
+    });
+    out.set(r.sampleIndex, list);
+  }
+  return out;
+}
+
+export interface RoundStatus {
+  groupId: number;
+  round: number;
+  isComplete: boolean;
+  wasAborted: boolean;
+  rewardCount: number;
+}
+
+/** The round markers (and how many rewards landed) for the given (group, round) pairs. */
+export async function loadRoundStatuses(
+  db: Db,
+  runId: string,
+  keys: ReadonlyArray<{ groupId: number; round: number }>,
+): Promise<Map<number, RoundStatus>> {
+  const out = new Map<number, RoundStatus>();
+  if (keys.length === 0) return out;
+  const groupIds = [...new Set(keys.map((k) => k.groupId))];
+  const wanted = new Map(keys.map((k) => [k.groupId, k.round]));
+  const rounds = await db.db
+    .select()
+    .from(groupRounds)
+    .where(and(eq(groupRounds.runId, runId), inArray(groupRounds.groupId, groupIds)));
+  const rewards = await db.db
+    .select({ groupId: sampleRewards.groupId, round: sampleRewards.round, n: sql<number>`count(*)::int` })
+    .from(sampleRewards)
+    .where(and(eq(sampleRewards.runId, runId), inArray(sampleRewards.groupId, groupIds)))
+    .groupBy(sampleRewards.groupId, sampleRewards.round);
+  for (const r of rounds) {
+    if (wanted.get(r.groupId) !== r.round) continue;
+    const n = rewards.find((x) => x.groupId === r.groupId && x.round === r.round)?.n ?? 0;
+    out.set(r.groupId, { groupId: r.groupId, round: r.round, isComplete: r.isComplete, wasAborted: r.wasAborted, rewardCount: n });
+  }
+  return out;
+}
+
+export interface RewardFact {
+  sampleIndex: number;
+  reward: number;
+  components: Record<string, unknown>;
+}
+
+/** Write a round's rewards (idempotent per sample and round; the first write wins). */
+export async function writeRewards(
+  db: Db,
+  key: { runId: string; groupId: number; round: number; step: number; jobId: string },
+  rewards: readonly RewardFact[],
+): Promise<void> {
+  if (rewards.length === 0) return;
+  await db.db
+    .insert(sampleRewards)
+    .values(rewards.map((r) => ({ ...key, sampleIndex: r.sampleIndex, reward: r.reward, components: r.components })))
+    .onConflictDoNothing();
+}
+
+export async function loadRewards(db: Db, runId: string, groupId: number, round: number): Promise<Map<number, RewardFact>> {
+  const rows = await db.db
+    .select()
+    .from(sampleRewards)
+    .where(and(eq(sampleRewards.runId, runId), eq(sampleRewards.groupId, groupId), eq(sampleRewards.round, round)));
+  return new Map(rows.map((r) => [r.sampleIndex, { sampleIndex: r.sampleIndex, reward: r.reward, components: r.components as Record<string, unknown> }]));
+}
+
+export async function hasRound(db: Db, runId: string, groupId: number, round: number): Promise<boolean> {
+  const rows = await db.db
+    .select({ r: groupRounds.round })
+    .from(groupRounds)
+    .where(and(eq(groupRounds.runId, runId), eq(groupRounds.groupId, groupId), eq(groupRounds.round, round)));
+  return rows.length > 0;
+}

@@ -1,0 +1,106 @@
+import { and, asc, eq, sql } from "drizzle-orm";
+import type { Db } from "./db.ts";
+import { decisions, drawnPrompts, runLeases, runs } from "./schema/index.ts";
+import { parseDecision, type Decision, type DecisionKind, type DecisionPayload } from "../core/decisions.ts";
+
+/** Create a run: its projection row, its lease row (epoch 0) and decisions 0 and 1, in one transaction. */
+export async function insertRun(
+  db: Db,
+  input: {
+    runId: string;
+    name: string;
+    config: Record<string, unknown>;
+    datasetFingerprint: string;
+    datasetSize: number;
+    datasetErrors: string[];
+    pluginFingerprints: Record<string, string>;
+  },
+): Promise<void> {
+  const created: Decision = {
+    kind: "run.created",
+    payload: {
+      config: input.config,
+      datasetFingerprint: input.datasetFingerprint,
+      datasetSize: input.datasetSize,
+      datasetErrors: input.datasetErrors,
+      pluginFingerprints: input.pluginFingerprints,
+      name: input.name,
+    },
+  };
+  const running: Decision = { kind: "run.status", payload: { status: "running", reason: null } };
+  await db.db.transaction(async (tx) => {
+    await tx.insert(runs).values({
+      id: input.runId,
+      name: input.name,
+      config: input.config,
+      datasetFingerprint: input.datasetFingerprint,
+      pluginFingerprints: input.pluginFingerprints,
+      status: "running",
+      lastSeq: 1,
+    });
+    await tx.insert(runLeases).values({ runId: input.runId, epoch: 0, holder: "rlq run start" });
+    await tx.insert(decisions).values([
+      { runId: input.runId, seq: 0, leaseEpoch: 0, kind: created.kind, payload: created.payload },
+      { runId: input.runId, seq: 1, leaseEpoch: 0, kind: running.kind, payload: running.payload },
+    ]);
+  });
+}
+
+/** Find the decisions of one kind for a run, optionally for one step or group (workers check "a decision behind the job"). */
+export async function findDecisions<K extends DecisionKind>(
+  db: Db,
+  runId: string,
+  kind: K,
+  where: { step?: number; groupId?: number } = {},
+): Promise<Array<DecisionPayload<K> & { seq: number }>> {
+  const conds = [eq(decisions.runId, runId), eq(decisions.kind, kind)];
+  if (where.step !== undefined) conds.push(eq(decisions.step, where.step));
+  if (where.groupId !== undefined) conds.push(eq(decisions.groupId, where.groupId));
+  const rows = await db.db.select().from(decisions).where(and(...conds)).orderBy(asc(decisions.seq));
+  return rows.map((r) => {
+    const d = parseDecision(r.kind, r.payload, r.seq);
+    return { ...(d.payload as DecisionPayload<K>), seq: r.seq };
+  });
+}
+
+export async function loadRunRow(db: Db, runId: string) {
+  const rows = await db.db.select().from(runs).where(eq(runs.id, runId));
+  return rows[0] ?? null;
+}
+
+export async function listRuns(db: Db, status?: string) {
+  const q = db.db.select().from(runs);
+  const rows = status ? await q.where(eq(runs.status, status)) : await q;
+  return rows;
+}
+
+export interface DrawnPromptRow {
+  drawOrdinal: number;
+  epoch: number;
+  datasetIndex: number;
+  step: number;
+  prompt: string;
+  label: string | null;
+  metadata: unknown;
+  promptTokens: number[];
+}
+
+export async function loadDrawnPrompt(db: Db, runId: string, groupId: number): Promise<DrawnPromptRow | null> {
+  const rows = await db.db
+    .select()
+    .from(drawnPrompts)
+    .where(and(eq(drawnPrompts.runId, runId), eq(drawnPrompts.drawOrdinal, groupId)));
+  return rows[0] ?? null;
+}
+
+/** Update the run projection's status fields (the decision is the fact). */
+export async function setRunProjection(
+  db: Db,
+  runId: string,
+  fields: { status?: string; step?: number; weightVersion?: number; lastError?: string | null },
+): Promise<void> {
+  await db.db
+    .update(runs)
+    .set({ ...fields, updatedAt: sql`now()` })
+    .where(eq(runs.id, runId));
+}

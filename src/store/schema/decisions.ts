@@ -1,0 +1,27 @@
+import { bigint, index, integer, jsonb, pgTable, primaryKey, text, timestamp } from "drizzle-orm/pg-core";
+
+/**
+ * `decisions`: the run's decision log (insert-only). Only the controller that
+ * holds the run's lease writes here. `seq` is gapless per run and
+ * `lease_epoch` must equal the run's current lease epoch: both are enforced by
+ * a trigger (migrations/0001), so a controller that lost its lease cannot
+ * keep deciding.
+ */
+export const decisions = pgTable(
+  "decisions",
+  {
+    runId: text("run_id").notNull(),
+    seq: bigint("seq", { mode: "number" }).notNull(),
+    leaseEpoch: integer("lease_epoch").notNull(),
+    kind: text("kind").notNull(),
+    step: integer("step"),
+    groupId: bigint("group_id", { mode: "number" }),
+    payload: jsonb("payload").notNull(),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.runId, t.seq] }),
+    index("decisions_run_group_idx").on(t.runId, t.groupId),
+    index("decisions_run_kind_step_idx").on(t.runId, t.kind, t.step),
+  ],
+);

@@ -1,0 +1,70 @@
+import { and, eq, inArray, isNull, sql } from "drizzle-orm";
+import type { Db } from "./db.ts";
+import { rolloutHistory, trainMetrics, trainSteps } from "./schema/index.ts";
+
+export interface TrainCommit {
+  runId: string;
+  step: number;
+  attempt: string;
+  weightVersionIn: number;
+  weightVersionOut: number;
+  numSamples: number;
+  numTokens: number;
+  checkpointUri: string;
+  checkpointSha256: string;
+  metrics: Record<string, number>;
+  groupIds: number[];
+}
+
+export type TrainStepRow = typeof trainSteps.$inferSelect;
+
+/**
+ * Commit a train step: the `train_steps` row (one per run and step, ever),
+ * its metrics and the trained marks, in one transaction. Returns the row that
+ * is committed: this attempt's, or the one that won before it.
+ */
+export async function commitTrainStep(db: Db, c: TrainCommit): Promise<{ isWinner: boolean; row: TrainStepRow }> {
+  return db.db.transaction(async (tx) => {
+    const inserted = await tx
+      .insert(trainSteps)
+      .values({
+        runId: c.runId,
+        step: c.step,
+        attempt: c.attempt,
+        weightVersionIn: c.weightVersionIn,
+        weightVersionOut: c.weightVersionOut,
+        numSamples: c.numSamples,
+        numTokens: c.numTokens,
+        checkpointUri: c.checkpointUri,
+        checkpointSha256: c.checkpointSha256,
+      })
+      .onConflictDoNothing()
+      .returning();
+    const row = inserted[0];
+    if (!row) {
+      const existing = await tx.select().from(trainSteps).where(and(eq(trainSteps.runId, c.runId), eq(trainSteps.step, c.step)));
+      return { isWinner: false, row: existing[0] as TrainStepRow };
+    }
+    const entries = Object.entries(c.metrics).filter(([, v]) => Number.isFinite(v));
+    if (entries.length > 0) {
+      await tx.insert(trainMetrics).values(entries.map(([key, value]) => ({ runId: c.runId, step: c.step, key, value })));
+    }
+    if (c.groupIds.length > 0) {
+      await tx
+        .update(rolloutHistory)
+        .set({ trainedStep: c.step })
+        .where(and(eq(rolloutHistory.runId, c.runId), inArray(rolloutHistory.groupId, c.groupIds), isNull(rolloutHistory.trainedStep)));
+    }
+    await tx.execute(sql`UPDATE runs SET step = ${c.step + 1}, updated_at = now() WHERE id = ${c.runId} AND step < ${c.step + 1}`);
+    return { isWinner: true, row };
+  });
+}
+
+export async function loadTrainStep(db: Db, runId: string, step: number): Promise<TrainStepRow | null> {
+  const rows = await db.db.select().from(trainSteps).where(and(eq(trainSteps.runId, runId), eq(trainSteps.step, step)));
+  return rows[0] ?? null;
+}
+
+export async function listTrainSteps(db: Db, runId: string): Promise<TrainStepRow[]> {
+  return db.db.select().from(trainSteps).where(eq(trainSteps.runId, runId)).orderBy(trainSteps.step);
+}

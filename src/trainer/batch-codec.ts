@@ -1,0 +1,111 @@
+import type { TrainBatch, TrainSample } from "./trainer.ts";
+
+/**
+ * The trainer protocol's binary batch format, "RLQB" version 1
+ * (docs/trainer-protocol.md). Little-endian throughout:
+ *   bytes 0..3  magic "RLQB"; 4..7 u32 version = 1; 8..11 u32 header length H
+ *   12..12+H    UTF-8 JSON header: {run_id, step, num_samples, arrays: [{name, dtype, length}]}
+ *   then each array in header order, each starting at an 8-byte aligned offset.
+ * Arrays (N samples, T total tokens, R total response tokens):
+ *   token_offsets int32[N+1], prompt_lengths int32[N], tokens int32[T],
+ *   response_offsets int32[N+1], loss_mask uint8[R], rollout_log_probs float32[R],
+ *   token_versions int32[R], rewards float64[N], group_index int32[N], sample_index int32[N]
+ */
+const MAGIC = 0x42514c52; // "RLQB" read as u32 LE
+
+type Dtype = "int32" | "uint8" | "float32" | "float64";
+const ctor = { int32: Int32Array, uint8: Uint8Array, float32: Float32Array, float64: Float64Array } as const;
+
+export function encodeBatch(batch: TrainBatch): Uint8Array {
+  const s = batch.samples;
+  const n = s.length;
+  const tokenOffsets = new Int32Array(n + 1);
+  const responseOffsets = new Int32Array(n + 1);
+  for (let i = 0; i < n; i++) {
+    tokenOffsets[i + 1] = (tokenOffsets[i] as number) + (s[i] as TrainSample).tokens.length;
+    responseOffsets[i + 1] = (responseOffsets[i] as number) + (s[i] as TrainSample).responseLength;
+  }
+  const cat = <T extends Int32Array | Uint8Array | Float32Array>(C: new (n: number) => T, total: number, pick: (x: TrainSample) => ArrayLike<number>) => {
+    const out = new C(total);
+    let o = 0;
+    for (const x of s) {
+      const a = pick(x);
+      (out as unknown as { set(a: ArrayLike<number>, o: number): void }).set(a, o);
+      o += a.length;
+    }
+    return out;
+  };
+  const arrays: Array<[string, Dtype, ArrayLike<number> & { buffer: ArrayBufferLike; byteOffset: number; byteLength: number }]> = [
+    ["token_offsets", "int32", tokenOffsets],
+    ["prompt_lengths", "int32", Int32Array.from(s, (x) => x.promptLength)],
+    ["tokens", "int32", cat(Int32Array, tokenOffsets[n] as number, (x) => x.tokens)],
+    ["response_offsets", "int32", responseOffsets],
+    ["loss_mask", "uint8", cat(Uint8Array, responseOffsets[n] as number, (x) => x.lossMask)],
+    ["rollout_log_probs", "float32", cat(Float32Array, responseOffsets[n] as number, (x) => x.rolloutLogProbs)],
+    ["token_versions", "int32", cat(Int32Array, responseOffsets[n] as number, (x) => x.tokenVersions)],
+    ["rewards", "float64", Float64Array.from(s, (x) => x.reward)],
+    ["group_index", "int32", Int32Array.from(s, (x) => x.groupIndex)],
+    ["sample_index", "int32", Int32Array.from(s, (x) => x.sampleIndex)],
+  ];
+  const header = new TextEncoder().encode(
+    JSON.stringify({ run_id: batch.runId, step: batch.step, num_samples: n, arrays: arrays.map(([name, dtype, a]) => ({ name, dtype, length: a.length })) }),
+  );
+  const align = (x: number) => (x + 7) & ~7;
+  let size = align(12 + header.length);
+  for (const [, , a] of arrays) size = align(size + a.byteLength);
+  const out = new Uint8Array(size);
+  const view = new DataView(out.buffer);
+  view.setUint32(0, MAGIC, true);
+  view.setUint32(4, 1, true);
+  view.setUint32(8, header.length, true);
+  out.set(header, 12);
+  let off = align(12 + header.length);
+  for (const [, , a] of arrays) {
+    out.set(new Uint8Array(a.buffer, a.byteOffset, a.byteLength), off);
+    off = align(off + a.byteLength);
+  }
+  return out;
+}
+
+export function decodeBatch(bytes: Uint8Array): TrainBatch {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  if (bytes.byteLength < 12 || view.getUint32(0, true) !== MAGIC) throw new Error("batch: bad magic (expected RLQB)");
+  const version = view.getUint32(4, true);
+  if (version !== 1) throw new Error(`batch: unsupported version ${version}`);
+  const hlen = view.getUint32(8, true);
+  const header = JSON.parse(new TextDecoder().decode(bytes.subarray(12, 12 + hlen))) as {
+    run_id: string;
+    step: number;
+    num_samples: number;
+    arrays: Array<{ name: string; dtype: Dtype; length: number }>;
+  };
+  const align = (x: number) => (x + 7) & ~7;
+  let off = align(12 + hlen);
+  const got: Record<string, Int32Array | Uint8Array | Float32Array | Float64Array> = {};
+  for (const a of header.arrays) {
+    const C = ctor[a.dtype];
+    const copy = bytes.slice(off, off + a.length * C.BYTES_PER_ELEMENT);
+    got[a.name] = new C(copy.buffer, 0, a.length);
+    off = align(off + a.length * C.BYTES_PER_ELEMENT);
+  }
+  const t = got;
+  const tokenOffsets = t["token_offsets"] as Int32Array;
+  const respOffsets = t["response_offsets"] as Int32Array;
+  const samples: TrainSample[] = [];
+  for (let i = 0; i < header.num_samples; i++) {
+    const r0 = respOffsets[i] as number;
+    const r1 = respOffsets[i + 1] as number;
+    samples.push({
+      tokens: (t["tokens"] as Int32Array).slice(tokenOffsets[i], tokenOffsets[i + 1]),
+      promptLength: (t["prompt_lengths"] as Int32Array)[i] as number,
+      responseLength: r1 - r0,
+      lossMask: (t["loss_mask"] as Uint8Array).slice(r0, r1),
+      rolloutLogProbs: (t["rollout_log_probs"] as Float32Array).slice(r0, r1),
+      tokenVersions: (t["token_versions"] as Int32Array).slice(r0, r1),
+      reward: (t["rewards"] as Float64Array)[i] as number,
+      groupIndex: (t["group_index"] as Int32Array)[i] as number,
+      sampleIndex: (t["sample_index"] as Int32Array)[i] as number,
+    });
+  }
+  return { runId: header.run_id, step: header.step, samples };
+}

@@ -1,0 +1,138 @@
+import { randomUUID } from "node:crypto";
+import { mkdir, readdir, readFile, rm } from "node:fs/promises";
+import { join } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import type { Db } from "../store/db.ts";
+import { findDecisions } from "../store/run-facts.ts";
+import { loadGroupWithRewards } from "../store/group-view.ts";
+import { commitTrainStep, loadTrainStep } from "../store/train-facts.ts";
+import type { TrainJob } from "../queue/payloads.ts";
+import type { RunContext } from "../runtime/run-context.ts";
+import type { Trainer, TrainBatch, TrainProgress, TrainSample } from "./trainer.ts";
+import { sha256Hex } from "../lib/hash.ts";
+import { RlqError } from "../lib/errors.ts";
+
+/**
+ * The train job. A step commits once (DESIGN §2): the attempt writes into its
+ * own directory, then one transaction inserts the `train_steps` row (primary
+ * key (run, step)) with the metrics and trained marks. The winner deletes the
+ * other attempts' directories; a loser deletes its own.
+ */
+export interface TrainDeps {
+  db: Db;
+  checkpointRoot: string;
+  trainerFor(ctx: RunContext): Promise<Trainer>;
+  /** Progress to the queue (keeps the job visibly alive). */
+  reportProgress(p: TrainProgress): Promise<void>;
+  /** Test-only crash points. */
+  crashPoint(name: string): void;
+}
+
+export function stepDir(root: string, runId: string, step: number): string {
+  return join(root, runId, `step-${step}`);
+}
+
+export const WEIGHTS_FILE = "weights.safetensors";
+
+export async function loadTrainBatch(db: Db, ctx: RunContext, step: number): Promise<{ batch: TrainBatch; groupIds: number[]; numTokens: number }> {
+  const { runId, config } = ctx;
+  const seal = (await findDecisions(db, runId, "step.sealed", { step }))[0];
+  if (!seal) throw new RlqError("no_decision_behind_job", `train step ${step}: the step was never sealed`);
+  const verdicts = await findDecisions(db, runId, "group.filtered", { step });
+  const samples: TrainSample[] = [];
+  let numTokens = 0;
+  for (const [gi, groupId] of seal.kept.entries()) {
+    const kept = verdicts.filter((v) => v.groupId === groupId && v.keep).pop();
+    if (!kept) throw new RlqError("batch_inconsistent", `train step ${step}: kept group ${groupId} has no keep verdict`);
+    const mask = config.mask_offpolicy_in_partial_rollout ? kept.round : null;
+    const g = await loadGroupWithRewards(db, runId, groupId, kept.round, config.n_samples_per_prompt, mask);
+    for (const s of g.samples) {
+      const r = g.rewards.get(s.sampleIndex);
+      if (!r) throw new RlqError("batch_inconsistent", `train step ${step}: group ${groupId} sample ${s.sampleIndex} has no reward for round ${kept.round}`);
+      samples.push({
+        tokens: Int32Array.from([...g.prompt.promptTokens, ...s.responseTokens]),
+        promptLength: g.prompt.promptTokens.length,
+        responseLength: s.responseTokens.length,
+        lossMask: Uint8Array.from(s.lossMask),
+        rolloutLogProbs: Float32Array.from(s.logProbs),
+        tokenVersions: Int32Array.from(s.tokenVersions),
+        reward: r.reward,
+        groupIndex: gi,
+        sampleIndex: s.sampleIndex,
+      });
+      numTokens += s.lossMask.reduce((a, b) => a + b, 0);
+    }
+  }
+  return { batch: { runId, step, samples }, groupIds: seal.kept, numTokens };
+}
+
+export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJob, attemptNo: number): Promise<void> {
+  const { db } = deps;
+  const { runId, step } = job;
+  const dispatched = (await findDecisions(db, runId, "train.dispatched", { step }))[0];
+  if (!dispatched) throw new RlqError("no_decision_behind_job", `train job for run ${runId} step ${step}: no train.dispatched decision`);
+  if (await loadTrainStep(db, runId, step)) return;
+  const prev = step === 0 ? null : await loadTrainStep(db, runId, step - 1);
+  const checkpointUriIn = prev ? prev.checkpointUri : ctx.config.ref_load ? pathToFileURL(ctx.config.ref_load).href : null;
+  const { batch, groupIds, numTokens } = await loadTrainBatch(db, ctx, step);
+  const attempt = `${attemptNo}-${randomUUID().slice(0, 8)}`;
+  const dir = stepDir(deps.checkpointRoot, runId, step);
+  const outputDir = join(dir, `attempt-${attempt}`);
+  await mkdir(outputDir, { recursive: true });
+
+  const trainer = await deps.trainerFor(ctx);
+  const controller = new AbortController();
+  const stallMs = ctx.config.train_stall_timeout_s * 1000;
+  let lastProgressAt = Date.now();
+  const watchdog = setInterval(() => {
+    if (Date.now() - lastProgressAt > stallMs) controller.abort(`no progress for ${ctx.config.train_stall_timeout_s}s`);
+  }, Math.min(1000, stallMs / 4));
+  let result;
+  try {
+    result = await trainer.trainStep(
+      { runId, step, attempt: attemptNo, weightVersionIn: dispatched.weightVersionIn, checkpointUriIn, outputDir, config: ctx.config as unknown as Record<string, unknown>, batch },
+      (p) => {
+        lastProgressAt = Date.now();
+        void deps.reportProgress(p).catch(() => undefined);
+      },
+      controller.signal,
+    );
+  } catch (e) {
+    await rm(outputDir, { recursive: true, force: true });
+    if (controller.signal.aborted) throw new RlqError("train_stalled", `train step ${step} attempt ${attempt}: ${String(controller.signal.reason)}`, { cause: e, isRetriable: true });
+    throw e;
+  } finally {
+    clearInterval(watchdog);
+  }
+  if (result.weightVersionOut !== dispatched.weightVersionIn + 1) {
+    throw new RlqError("trainer_bad_response", `trainer returned weight version ${result.weightVersionOut} for step ${step}; expected ${dispatched.weightVersionIn + 1}`);
+  }
+  const ckptPath = result.checkpointUri.startsWith("file:") ? fileURLToPath(result.checkpointUri) : result.checkpointUri;
+  const checkpointSha256 = sha256Hex(await readFile(join(ckptPath, WEIGHTS_FILE)));
+  deps.crashPoint("train.before_commit");
+  const { isWinner } = await commitTrainStep(db, {
+    runId,
+    step,
+    attempt,
+    weightVersionIn: dispatched.weightVersionIn,
+    weightVersionOut: result.weightVersionOut,
+    numSamples: batch.samples.length,
+    numTokens,
+    checkpointUri: pathToFileURL(outputDir).href,
+    checkpointSha256,
+    metrics: result.metrics,
+    groupIds,
+  });
+  if (!isWinner) {
+    await rm(outputDir, { recursive: true, force: true });
+    return;
+  }
+  await collectLosingAttempts(deps.checkpointRoot, runId, step, `attempt-${attempt}`);
+}
+
+/** Delete every attempt directory of a committed step except the committed one. */
+export async function collectLosingAttempts(root: string, runId: string, step: number, keep: string): Promise<void> {
+  const dir = stepDir(root, runId, step);
+  const entries = await readdir(dir).catch(() => [] as string[]);
+  await Promise.all(entries.filter((e) => e !== keep && e.startsWith("attempt-")).map((e) => rm(join(dir, e), { recursive: true, force: true })));
+}

@@ -1,0 +1,33 @@
+import { Redis } from "ioredis";
+import { createDb } from "../../src/store/db.ts";
+import { migrateDb } from "../../src/store/migrate.ts";
+import { admin, dbUrl, redisUrl, templateName } from "./services.ts";
+
+/** Once per `vitest run`: check the services and build the migrated template database. */
+export default async function setup(): Promise<void> {
+  try {
+    await admin((c) => c.query("SELECT 1"));
+  } catch (e) {
+    throw new Error(`integration tests need Postgres at ${process.env.TEST_DATABASE_URL ?? "127.0.0.1:5432"} (run .ci/services.sh): ${(e as Error).message}`);
+  }
+  const r = new Redis(redisUrl, { maxRetriesPerRequest: 1, lazyConnect: true });
+  try {
+    await r.connect();
+    await r.ping();
+  } catch (e) {
+    throw new Error(`integration tests need Redis at ${redisUrl} (run .ci/services.sh): ${(e as Error).message}`);
+  } finally {
+    r.disconnect();
+  }
+  const tpl = templateName();
+  const exists = await admin((c) => c.query("SELECT 1 FROM pg_database WHERE datname = $1", [tpl]));
+  if (exists.rowCount === 0) {
+    await admin((c) => c.query(`CREATE DATABASE ${tpl}`));
+    const db = createDb(dbUrl(tpl));
+    try {
+      await migrateDb(db);
+    } finally {
+      await db.close();
+    }
+  }
+}

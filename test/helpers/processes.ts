@@ -1,0 +1,65 @@
+import { spawn, type ChildProcess } from "node:child_process";
+import { fileURLToPath } from "node:url";
+
+export const repoRoot = fileURLToPath(new URL("../..", import.meta.url));
+
+export interface Proc {
+  child: ChildProcess;
+  output(): string;
+  /** Resolves with the exit code (or the signal name). */
+  exited: Promise<number | string>;
+  kill(signal?: NodeJS.Signals): void;
+}
+
+export function spawnTs(script: string, args: string[], env: Record<string, string> = {}): Proc {
+  const child = spawn(process.execPath, ["--import", "tsx", script, ...args], {
+    cwd: repoRoot,
+    env: { ...process.env, ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let out = "";
+  const keep = (d: Buffer) => {
+    out += d.toString();
+    if (out.length > 200_000) out = out.slice(-100_000);
+  };
+  child.stdout?.on("data", keep);
+  child.stderr?.on("data", keep);
+  const exited = new Promise<number | string>((resolve) => child.on("exit", (code, sig) => resolve(code ?? sig ?? -1)));
+  return {
+    child,
+    output: () => out,
+    exited,
+    kill(signal = "SIGKILL") {
+      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+    },
+  };
+}
+
+/** Start a fake server process and wait for its "listening PORT" line. */
+export async function spawnFake(script: string, args: string[] = []): Promise<Proc & { url: string }> {
+  const p = spawnTs(script, ["--port", "0", ...args]);
+  const port = await new Promise<number>((resolve, reject) => {
+    const onData = () => {
+      const m = /listening (\d+)/.exec(p.output());
+      if (m) resolve(Number(m[1]));
+    };
+    p.child.stdout?.on("data", onData);
+    void p.exited.then((c) => reject(new Error(`${script} exited (${c}) before listening: ${p.output()}`)));
+  });
+  return { ...p, url: `http://127.0.0.1:${port}` };
+}
+
+export function spawnRlq(args: string[], env: Record<string, string>): Proc {
+  return spawnTs("src/cli/main.ts", args, env);
+}
+
+/** Poll a predicate over facts until it holds (the timeout only bounds a broken run). */
+export async function waitFor<T>(what: string, fn: () => Promise<T | null | undefined | false>, timeoutMs = 120_000, everyMs = 100): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+}

@@ -1,0 +1,29 @@
+import { defineConfig } from "vitest/config";
+
+// Two projects: `unit` (pure code next to the source, no services) and
+// `integration` (real Redis + real Postgres, one database per file, run one file
+// at a time because the crash tests spawn processes and this box has 2 cores).
+export default defineConfig({
+  test: {
+    fileParallelism: false,
+    projects: [
+      {
+        test: {
+          name: "unit",
+          include: ["src/**/*.test.ts", "examples/**/*.test.ts"],
+          environment: "node",
+        },
+      },
+      {
+        test: {
+          name: "integration",
+          include: ["test/**/*.test.ts"],
+          environment: "node",
+          testTimeout: 240_000,
+          hookTimeout: 120_000,
+          globalSetup: ["test/helpers/global-setup.ts"],
+        },
+      },
+    ],
+  },
+});
