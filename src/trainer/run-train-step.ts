@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { mkdir, readdir, readFile, rm } from "node:fs/promises";
-import { join } from "node:path";
+import { basename, dirname, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import type { Db } from "../store/db.ts";
 import { findDecisions } from "../store/run-facts.ts";
@@ -107,27 +107,34 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
   if (result.weightVersionOut !== dispatched.weightVersionIn + 1) {
     throw new RlqError("trainer_bad_response", `trainer returned weight version ${result.weightVersionOut} for step ${step}; expected ${dispatched.weightVersionIn + 1}`);
   }
+  // The trainer is idempotent per (run, step): it may answer with an earlier
+  // attempt's finished checkpoint. Commit what it actually produced.
   const ckptPath = result.checkpointUri.startsWith("file:") ? fileURLToPath(result.checkpointUri) : result.checkpointUri;
+  if (dirname(ckptPath) !== dir) {
+    throw new RlqError("trainer_bad_response", `trainer wrote step ${step} to ${ckptPath}, outside the step's directory ${dir}`);
+  }
   const checkpointSha256 = sha256Hex(await readFile(join(ckptPath, WEIGHTS_FILE)));
   deps.crashPoint("train.before_commit");
-  const { isWinner } = await commitTrainStep(db, {
+  const { isWinner, row } = await commitTrainStep(db, {
     runId,
     step,
-    attempt,
+    attempt: basename(ckptPath).replace(/^attempt-/, ""),
     weightVersionIn: dispatched.weightVersionIn,
     weightVersionOut: result.weightVersionOut,
     numSamples: batch.samples.length,
     numTokens,
-    checkpointUri: pathToFileURL(outputDir).href,
+    checkpointUri: pathToFileURL(ckptPath).href,
     checkpointSha256,
     metrics: result.metrics,
     groupIds,
   });
   if (!isWinner) {
-    await rm(outputDir, { recursive: true, force: true });
+    // Another attempt committed first: remove whatever this attempt left that is not the committed checkpoint.
+    const committed = fileURLToPath(row.checkpointUri);
+    for (const d of new Set([outputDir, ckptPath])) if (d !== committed) await rm(d, { recursive: true, force: true });
     return;
   }
-  await collectLosingAttempts(deps.checkpointRoot, runId, step, `attempt-${attempt}`);
+  await collectLosingAttempts(deps.checkpointRoot, runId, step, basename(ckptPath));
 }
 
 /** Delete every attempt directory of a committed step except the committed one. */

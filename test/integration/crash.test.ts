@@ -1,0 +1,80 @@
+import { afterAll, describe, expect, it } from "vitest";
+import { createWorld, type World } from "../helpers/run-fixture.ts";
+import { spawnRlq, waitFor, type Proc } from "../helpers/processes.ts";
+import { checkRunInvariants } from "../helpers/invariants.ts";
+import { mulberry32 } from "../../src/core/random.ts";
+import { createQueueBackend } from "../../src/queue/backend.ts";
+import { readEnv } from "../../src/config/env.ts";
+
+/**
+ * Crash anywhere: SIGKILL the controller process and a separate worker
+ * process at random moments, many times over one run, restart them, and
+ * lose the queue state mid-run. The run must finish with every durability
+ * invariant intact. `npm test` runs a bounded version; `npm run test:chaos`
+ * (RLQ_CHAOS_KILLS=40) the long one.
+ */
+const kills = Number(process.env.RLQ_CHAOS_KILLS ?? 20);
+
+async function chaosRun(w: World, numRollout: number, killCount: number, seed: number): Promise<{ runId: string; killed: number; wipes: number }> {
+  const runId = await w.start({ num_rollout: numRollout, partial_rollout: true, rollout_shuffle: true, over_sampling_batch_size: 6 });
+  const rand = mulberry32(seed);
+  const procs: { up: Proc; worker: Proc } = {
+    up: spawnRlq(["up", "--run", runId], w.env),
+    worker: spawnRlq(["worker", "rollout", "reward", "train", "--concurrency", "8"], w.env),
+  };
+  const backend = createQueueBackend(readEnv({ ...process.env, ...w.env }), w.env.DATABASE_URL as string);
+  let killed = 0;
+  let wipes = 0;
+  const isDone = async () => (await w.db.pool.query("SELECT count(*)::int AS n FROM train_steps WHERE run_id = $1", [runId])).rows[0].n >= numRollout;
+  try {
+    while (killed < killCount && !(await isDone())) {
+      await new Promise((r) => setTimeout(r, 300 + rand() * 1200));
+      const which = rand() < 0.5 ? "up" : "worker";
+      procs[which].kill("SIGKILL");
+      await procs[which].exited;
+      killed++;
+      if (killed % 7 === 3) {
+        await backend.wipe(); // lose every queue key mid-run
+        wipes++;
+      }
+      procs[which] = which === "up" ? spawnRlq(["up", "--run", runId], w.env) : spawnRlq(["worker", "rollout", "reward", "train", "--concurrency", "8"], w.env);
+    }
+    try {
+      await waitFor("the run to complete", async () => {
+        const r = await w.db.pool.query("SELECT status FROM runs WHERE id = $1", [runId]);
+        return r.rows[0]?.status === "completed";
+      }, 150_000, 250);
+    } catch (e) {
+      const run = await w.db.pool.query("SELECT status, step, last_error FROM runs WHERE id = $1", [runId]);
+      const last = await w.db.pool.query("SELECT seq, kind, step, group_id, payload FROM decisions WHERE run_id = $1 ORDER BY seq DESC LIMIT 12", [runId]);
+      throw new Error(`${(e as Error).message}\nrun: ${JSON.stringify(run.rows)}\nlast decisions: ${JSON.stringify(last.rows, null, 1)}\nup: ${procs.up.output().slice(-3000)}\nworker: ${procs.worker.output().slice(-3000)}`);
+    }
+  } finally {
+    procs.up.kill("SIGTERM");
+    procs.worker.kill("SIGTERM");
+    await Promise.all([procs.up.exited, procs.worker.exited]);
+  }
+  return { runId, killed, wipes };
+}
+
+describe.each([
+  ["redis", kills, 30],
+  ["postgres", kills, 30],
+] as const)("crash anywhere, queue backend %s", (queue, killCount, numRollout) => {
+  let w: World | undefined;
+  afterAll(async () => {
+    await w?.close();
+  });
+
+  it(`survives ${killCount} SIGKILLs and lost queue state with every invariant intact`, async () => {
+    w = await createWorld(`crash${queue}`, { queue, engineArgs: ["--token-delay-ms", "2"], trainerArgs: ["--step-ms", "40"] });
+    const { runId, killed, wipes } = await chaosRun(w, numRollout, killCount, 1234);
+    expect(killed).toBe(killCount); // the run outlived every kill
+    expect(wipes).toBeGreaterThanOrEqual(1);
+    await checkRunInvariants(w.db, runId, { numRollout, datasetSize: 64, shuffle: true, seed: 42, rbs: 4 });
+    const replay = spawnRlq(["replay", runId, "--check"], w.env);
+    expect(await replay.exited, replay.output()).toBe(0);
+    // eslint-disable-next-line no-console
+    console.log(JSON.stringify({ queue, runId, killed, wipes }));
+  });
+});
