@@ -15,7 +15,7 @@ import { fold, apply, totalSteps, type RunState } from "../core/run-state.ts";
 import { drawFresh } from "../core/data-buffer.ts";
 import type { Decision } from "../core/decisions.ts";
 import { loadJsonlDataset, type Dataset } from "../data/dataset.ts";
-import { createBufferFilter, createDynamicFilter, type BufferFilter, type DynamicFilter } from "../runtime/filters.ts";
+import { createBufferFilter, createDynamicFilter, shouldDrop, type BufferFilter, type DynamicFilter } from "../runtime/filters.ts";
 import type { RunContext, RunContextCache } from "../runtime/run-context.ts";
 import { createEngineAdmin, type EngineAdmin } from "./engine-admin.ts";
 import { checkFingerprints } from "./fingerprints.ts";
@@ -209,7 +209,8 @@ class RunController {
     });
     let outcome: "kept" | "filtered" | "buffered" | "discarded";
     let reason: string | null = null;
-    if (!verdict.keep) {
+    // slime: remaining = groups still able to count (kept + in flight, this one included).
+    if (!verdict.keep && shouldDrop(verdict, s.kept.length + s.inflight.size, c.rollout_batch_size)) {
       outcome = "filtered";
       reason = verdict.reason ?? "filtered";
     } else if (s.kept.length < c.rollout_batch_size) {
@@ -221,7 +222,7 @@ class RunController {
     const rows = outcome === "buffered" ? [] : historyRows(s.runId, s.step, g, g.rewards, outcome, reason, (ids) => this.ctx.tokenizer.decode(ids), null);
     await this.commit(
       [
-        { kind: "group.filtered", payload: { groupId, round, step: s.step, keep: verdict.keep, reason: verdict.reason } },
+        { kind: "group.filtered", payload: { groupId, round, step: s.step, keep: outcome !== "filtered", reason: verdict.reason ?? null } },
         { kind: "group.outcome", payload: { groupId, step: s.step, outcome, reason } },
       ],
       (tx) => insertHistory(tx, rows),

@@ -51,11 +51,6 @@ export function selectReward(value: unknown, rewardKey: string | null, where: st
   return { value: chosen, components: v };
 }
 
-/** Built-in rules that do not need the reward hub. */
-const builtins: Record<string, (s: RewardInput) => number> = {
-  exact_match: (s) => (s.label !== null && s.response.trim() === s.label.trim() ? 1 : 0),
-};
-
 export async function createRewardScorer(
   config: RunConfig,
   resolveRmType: (rmType: string) => ((s: RewardInput) => Promise<unknown> | unknown) | null,
@@ -98,8 +93,7 @@ export async function createRewardScorer(
     };
   }
   const rmType = config.rm_type as string;
-  const builtin = builtins[rmType];
-  const fn = builtin ?? resolveRmType(rmType);
+  const fn = resolveRmType(rmType);
   if (!fn) throw new RlqError("config_invalid", `rm_type '${rmType}' is not a known reward type`);
   return {
     async score(group) {
