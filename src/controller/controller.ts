@@ -1,3 +1,4 @@
+import { pathToFileURL } from "node:url";
 import { sql } from "drizzle-orm";
 import type { Db, Database } from "../store/db.ts";
 import { appendDecisions, LeaseLostError, loadDecisions, tryAcquireLease, type Lease } from "../store/decision-log.ts";
@@ -100,6 +101,7 @@ class RunController {
       await createBufferFilter(c, process.cwd()),
       (deps.engineAdmin ?? createEngineAdmin.bind(null, c))(ctx),
     );
+    await ctl.resyncEngines();
     await ctl.reconcile(false);
     deps.log.info({ runId: lease.runId, epoch: lease.epoch, seq: state.seq, step: state.step, phase: state.phase, ms: Date.now() - t0 }, "controller took the run");
     return ctl;
@@ -126,6 +128,17 @@ class RunController {
       if (!progressed) await sleep(pollMs, signal);
     }
     return "stopped";
+  }
+
+  /**
+   * A restarted controller cannot know what remote engines serve (another run
+   * or an operator may have loaded other weights): load the run's current
+   * committed version before dispatching anything.
+   */
+  async resyncEngines(): Promise<void> {
+    const s = this.state;
+    const uri = s.weightVersion === 0 ? (s.config.ref_load ? pathToFileURL(s.config.ref_load).href : null) : s.checkpointUri;
+    if (uri) await this.engines.loadWeights(s.weightVersion, uri);
   }
 
   /** Commit decisions (and writes that must land with them), then fold them in. */

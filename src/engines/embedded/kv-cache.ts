@@ -1,0 +1,70 @@
+import { headDim, type ModelConfig } from "../../model/config.ts";
+
+/**
+ * Fixed-slot KV cache owned by JS: per layer one key and one value buffer of
+ * [capacity, H, S, hd] float32, S = context_length. Active requests occupy slots
+ * 0..B-1 so the first B slots are one contiguous block fed to ORT zero-copy;
+ * when a request leaves, the last slot is moved into its place (one slot copy,
+ * 2 * layers * H * S * hd floats) instead of compacting the batch.
+ */
+export class SlotKvCache {
+  readonly buffers: Float32Array[];
+  readonly slotSize: number;
+  private readonly heads: number;
+  private readonly hd: number;
+  readonly length: number;
+
+  constructor(
+    config: ModelConfig,
+    readonly capacity: number,
+  ) {
+    this.heads = config.n_heads;
+    this.hd = headDim(config);
+    this.length = config.context_length;
+    this.slotSize = this.heads * this.length * this.hd;
+    this.buffers = Array.from({ length: 2 * config.n_layers }, () => new Float32Array(capacity * this.slotSize));
+  }
+
+  /** Views of the first `batch` slots, index 2l = key, 2l+1 = value: [batch, H, S, hd]. */
+  views(batch: number): Float32Array[] {
+    return this.buffers.map((b) => b.subarray(0, batch * this.slotSize));
+  }
+
+  /**
+   * Store a prefill's keys/values into `slot` at positions 0..seqLen-1.
+   * @param present per buffer [1, H, seqLen, hd]
+   */
+  writePrefill(slot: number, present: readonly Float32Array[], seqLen: number): void {
+    const rowFloats = seqLen * this.hd;
+    present.forEach((src, i) => {
+      const dst = this.buffers[i] as Float32Array;
+      for (let h = 0; h < this.heads; h++) {
+        dst.set(src.subarray(h * rowFloats, (h + 1) * rowFloats), slot * this.slotSize + h * this.length * this.hd);
+      }
+    });
+  }
+
+  /**
+   * Store one decode step's new keys/values, row b at slot b, position positions[b].
+   * @param fresh per buffer [B, H, 1, hd]
+   */
+  writeDecode(fresh: readonly Float32Array[], positions: Int32Array): void {
+    const b = positions.length;
+    fresh.forEach((src, i) => {
+      const dst = this.buffers[i] as Float32Array;
+      for (let row = 0; row < b; row++) {
+        const pos = positions[row] as number;
+        for (let h = 0; h < this.heads; h++) {
+          const from = (row * this.heads + h) * this.hd;
+          dst.set(src.subarray(from, from + this.hd), row * this.slotSize + (h * this.length + pos) * this.hd);
+        }
+      }
+    });
+  }
+
+  /** Copy slot `from` over slot `to` (used when a request leaves the batch). */
+  move(from: number, to: number): void {
+    if (from === to) return;
+    for (const buf of this.buffers) buf.copyWithin(to * this.slotSize, from * this.slotSize, (from + 1) * this.slotSize);
+  }
+}

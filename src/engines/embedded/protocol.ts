@@ -1,0 +1,26 @@
+import type { ModelConfig } from "../../model/config.ts";
+import type { GenerateRequest } from "../engine.ts";
+import type { SchedulerResult } from "./scheduler.ts";
+
+/** Messages between the embedded engine (main thread) and its worker thread. */
+
+export interface EngineWorkerData {
+  /** Model file to start from (its metadata gives the version and config). */
+  checkpointPath: string;
+  maxBatchSize: number;
+  intraOpNumThreads: number;
+  logitNoiseStd: number;
+}
+
+export type ToWorker =
+  | { type: "generate"; request: GenerateRequest }
+  | { type: "abort"; ids: string[]; ticket: number }
+  | { type: "load"; version: number; path: string; ticket: number }
+  | { type: "close" };
+
+export type FromWorker =
+  | { type: "ready"; version: number; config: ModelConfig }
+  | { type: "done"; requestId: string; result: SchedulerResult }
+  | { type: "failed"; requestId: string; message: string }
+  | { type: "ack"; ticket: number; error?: string }
+  | { type: "fatal"; message: string };

@@ -1,0 +1,92 @@
+import type { Prng } from "../../model/prng.ts";
+
+/**
+ * Token sampling for one request, in float64 on the host.
+ *
+ * The reported log-prob is log softmax(logits / temperature)[token] over the
+ * FULL vocabulary, before top-k/top-p truncation: that is what the trainer
+ * recomputes (DESIGN §3), so truncation shows up as a measured mismatch, not a
+ * silent bias. Randomness comes only from the request's own stream (one uniform
+ * per token), so a request's tokens do not depend on what else is batched.
+ */
+export interface SamplingConfig {
+  temperature: number;
+  topP: number;
+  /** <= 0 disables (slime's default is -1). */
+  topK: number;
+}
+
+export interface SampledToken {
+  token: number;
+  logProb: number;
+}
+
+/**
+ * @param logits [vocab] float32 logits of one row
+ * @param u uniform draw in [0, 1) from the request's stream
+ * @param noise optional [vocab] additive logit noise (the injected-mismatch option)
+ */
+export function sampleToken(logits: ArrayLike<number>, config: SamplingConfig, u: number, noise?: ArrayLike<number>): SampledToken {
+  const n = logits.length;
+  const z = new Float64Array(n);
+  let max = -Infinity;
+  for (let i = 0; i < n; i++) {
+    const v = (logits[i]! + (noise ? noise[i]! : 0)) / config.temperature;
+    z[i] = v;
+    if (v > max) max = v;
+  }
+  let sum = 0;
+  const p = new Float64Array(n);
+  for (let i = 0; i < n; i++) sum += p[i] = Math.exp(z[i]! - max);
+  const lse = max + Math.log(sum);
+  for (let i = 0; i < n; i++) p[i] = p[i]! / sum;
+
+  const truncate = (config.topK > 0 && config.topK < n) || config.topP < 1;
+  let order: number[];
+  let mass: number;
+  if (!truncate) {
+    order = [];
+    for (let i = 0; i < n; i++) order.push(i);
+    mass = 1;
+  } else {
+    // Descending probability, ties by lower id: a total order, so the kept set is deterministic.
+    order = Array.from({ length: n }, (_, i) => i).sort((a, b) => p[b]! - p[a]! || a - b);
+    if (config.topK > 0 && config.topK < n) order.length = config.topK;
+    let kept = 0;
+    for (const i of order) kept += p[i]!;
+    if (config.topP < 1) {
+      // top-p over the top-k-renormalised distribution (SGLang/HF order): smallest prefix reaching topP.
+      let cum = 0;
+      let cut = order.length;
+      for (let j = 0; j < order.length; j++) {
+        cum += p[order[j]!]! / kept;
+        if (cum >= config.topP) {
+          cut = j + 1;
+          break;
+        }
+      }
+      order.length = cut;
+    }
+    mass = 0;
+    for (const i of order) mass += p[i]!;
+  }
+
+  let target = u * mass;
+  let token = order[order.length - 1]!;
+  for (const i of order) {
+    target -= p[i]!;
+    if (target < 0) {
+      token = i;
+      break;
+    }
+  }
+  return { token, logProb: z[token]! - lse };
+}
+
+/** [vocab] Gaussian logit noise from the request's noise stream (std 0 → undefined). */
+export function logitNoise(rng: Prng | null, vocab: number, std: number): Float64Array | undefined {
+  if (!rng || std <= 0) return undefined;
+  const out = new Float64Array(vocab);
+  for (let i = 0; i < vocab; i++) out[i] = rng.nextNormal() * std;
+  return out;
+}

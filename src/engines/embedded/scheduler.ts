@@ -1,0 +1,202 @@
+import { randomInt } from "node:crypto";
+import { mixSeed, Prng } from "../../model/prng.ts";
+import type { Weights } from "../../model/weights.ts";
+import type { FinishReason, GenerateRequest } from "../engine.ts";
+import { SlotKvCache } from "./kv-cache.ts";
+import type { ModelRunner } from "./model-runner.ts";
+import { logitNoise, sampleToken } from "./sampler.ts";
+
+/**
+ * Continuous batching for the embedded engine. One `step()` is one scheduler
+ * tick: swap weights if asked, admit waiting requests (prefill each alone, B=1),
+ * then one batched decode step for every active request. Requests join and leave
+ * only between ticks, and weights change only between ticks.
+ *
+ * Determinism: the uniform that samples the token at absolute position p is
+ * drawn from Prng(mixSeed(seed, p)), so a request's tokens depend only on its
+ * seed, its input and the weights: not on the batch, and not on whether it was
+ * interrupted and continued from its partial tokens.
+ */
+export interface SchedulerResult {
+  tokenIds: number[];
+  logProbs: number[];
+  finishReason: FinishReason;
+  weightVersion: number;
+}
+
+export interface SchedulerEvents {
+  done(requestId: string, result: SchedulerResult): void;
+  failed(requestId: string, message: string): void;
+}
+
+interface Sequence {
+  request: GenerateRequest;
+  seed: number;
+  /** Input followed by generated tokens. */
+  tokens: number[];
+  generated: number[];
+  logProbs: number[];
+}
+
+export class DecodeScheduler {
+  private readonly waiting: Sequence[] = [];
+  /** active[i] lives in cache slot i. */
+  private readonly active: Sequence[] = [];
+  private readonly cache: SlotKvCache;
+  private pendingSwap: { version: number; weights: Weights; resolve: () => void } | null = null;
+
+  constructor(
+    private readonly runner: ModelRunner,
+    private version: number,
+    private readonly events: SchedulerEvents,
+    private readonly opts: { maxBatchSize: number; logitNoiseStd: number },
+  ) {
+    this.cache = new SlotKvCache(runner.config, Math.max(2, opts.maxBatchSize));
+  }
+
+  get weightVersion(): number {
+    return this.version;
+  }
+
+  get isIdle(): boolean {
+    return this.waiting.length === 0 && this.active.length === 0 && this.pendingSwap === null;
+  }
+
+  /** Queue a request (already schema-validated); it joins the batch at the next tick. */
+  submit(request: GenerateRequest): void {
+    const { vocab_size: vocab } = this.runner.config;
+    const bad = request.inputIds.find((t) => t >= vocab);
+    if (bad !== undefined) {
+      this.events.failed(request.requestId, `inputIds contains token ${bad}, outside the vocabulary of ${vocab}`);
+      return;
+    }
+    const seed = request.sampling.seed ?? randomInt(2 ** 31);
+    this.waiting.push({ request, seed, tokens: [...request.inputIds], generated: [], logProbs: [] });
+  }
+
+  /** Finish these requests now with their tokens so far (unknown ids are ignored). */
+  abort(ids: readonly string[]): void {
+    const wanted = new Set(ids);
+    for (let i = this.waiting.length - 1; i >= 0; i--) {
+      const seq = this.waiting[i] as Sequence;
+      if (wanted.has(seq.request.requestId)) {
+        this.waiting.splice(i, 1);
+        this.finish(seq, "abort");
+      }
+    }
+    for (let i = this.active.length - 1; i >= 0; i--) {
+      if (wanted.has((this.active[i] as Sequence).request.requestId)) this.leave(i, "abort");
+    }
+  }
+
+  /**
+   * Serve `weights` as `version` from the next tick. In-flight requests end there
+   * with finishReason "abort" (one call = one weight version; the caller resumes
+   * them as new segments). Resolves once the new version is live.
+   */
+  swapWeights(version: number, weights: Weights): Promise<void> {
+    return new Promise((resolve) => {
+      this.pendingSwap?.resolve(); // superseded: its version was never served
+      this.pendingSwap = { version, weights, resolve };
+    });
+  }
+
+  /** One tick. Returns the number of tokens generated. */
+  async step(): Promise<number> {
+    if (this.pendingSwap) {
+      const swap = this.pendingSwap;
+      this.pendingSwap = null;
+      for (let i = this.active.length - 1; i >= 0; i--) this.leave(i, "abort");
+      this.runner.setWeights(swap.weights);
+      this.version = swap.version;
+      swap.resolve();
+    }
+    let produced = 0;
+    while (this.waiting.length > 0 && this.active.length < this.opts.maxBatchSize) {
+      produced += await this.admit(this.waiting.shift() as Sequence);
+    }
+    if (this.active.length > 0) produced += await this.decodeStep();
+    return produced;
+  }
+
+  /** Prefill a request alone and sample its first token. */
+  private async admit(seq: Sequence): Promise<number> {
+    const ctx = this.runner.config.context_length;
+    if (seq.request.sampling.maxNewTokens === 0 || seq.tokens.length >= ctx) {
+      this.finish(seq, "length");
+      return 0;
+    }
+    const n = seq.tokens.length;
+    const out = await this.runner.prefill(Int32Array.from(seq.tokens), 1, n);
+    const vocab = this.runner.config.vocab_size;
+    this.sample(seq, out.logits.subarray((n - 1) * vocab, n * vocab));
+    const reason = this.finishReason(seq);
+    if (reason) {
+      this.finish(seq, reason);
+    } else {
+      this.cache.writePrefill(this.active.length, out.present, n);
+      this.active.push(seq);
+    }
+    return 1;
+  }
+
+  private async decodeStep(): Promise<number> {
+    const b = this.active.length;
+    // ORT's MatMul takes a GEMV path for a single row whose rounding differs from
+    // the GEMM path used for 2+ rows (measured: ~1e-7). Padding B=1 to 2 rows
+    // keeps a request's logits bit-identical whatever the batch size.
+    const rows = Math.max(b, 2);
+    const ids = new Int32Array(rows);
+    const positions = new Int32Array(rows);
+    this.active.forEach((seq, i) => {
+      positions[i] = seq.tokens.length - 1; // the last sampled token, not yet in the cache
+      ids[i] = seq.tokens[seq.tokens.length - 1] as number;
+    });
+    const out = await this.runner.decode(ids, positions, this.cache.views(rows), this.cache.length);
+    this.cache.writeDecode(out.fresh, positions.subarray(0, b));
+    const vocab = this.runner.config.vocab_size;
+    this.active.forEach((seq, i) => this.sample(seq, out.logits.subarray(i * vocab, (i + 1) * vocab)));
+    for (let i = b - 1; i >= 0; i--) {
+      const reason = this.finishReason(this.active[i] as Sequence);
+      if (reason) this.leave(i, reason);
+    }
+    return b;
+  }
+
+  private sample(seq: Sequence, logits: Float32Array): void {
+    const position = seq.tokens.length;
+    const noise = logitNoise(this.opts.logitNoiseStd > 0 ? new Prng(mixSeed(seq.seed, position, 1)) : null, logits.length, this.opts.logitNoiseStd);
+    const u = new Prng(mixSeed(seq.seed, position)).nextFloat();
+    const { token, logProb } = sampleToken(logits, seq.request.sampling, u, noise);
+    seq.tokens.push(token);
+    seq.generated.push(token);
+    seq.logProbs.push(logProb);
+  }
+
+  private finishReason(seq: Sequence): FinishReason | null {
+    const last = seq.generated[seq.generated.length - 1];
+    if (last !== undefined && seq.request.sampling.stopTokenIds.includes(last)) return "stop";
+    if (seq.generated.length >= seq.request.sampling.maxNewTokens) return "length";
+    if (seq.tokens.length >= this.runner.config.context_length) return "length";
+    return null;
+  }
+
+  /** Remove active[i], moving the last slot into its place. */
+  private leave(i: number, reason: FinishReason): void {
+    const seq = this.active[i] as Sequence;
+    const last = this.active.length - 1;
+    this.cache.move(last, i);
+    this.active[i] = this.active[last] as Sequence;
+    this.active.pop();
+    this.finish(seq, reason);
+  }
+
+  private finish(seq: Sequence, finishReason: FinishReason): void {
+    this.events.done(seq.request.requestId, {
+      tokenIds: seq.generated,
+      logProbs: seq.logProbs,
+      finishReason,
+      weightVersion: this.version,
+    });
+  }
+}

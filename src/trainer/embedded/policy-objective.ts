@@ -1,0 +1,26 @@
+import { computePolicyLossTerms, type PolicyLossInput } from "../../algorithms/policy-loss-terms.ts";
+import type { AlgorithmOptions } from "../../algorithms/options.ts";
+
+/**
+ * The trainer's one seam to the loss math: given the current per-token
+ * log-probs (and entropies) of a minibatch, return the scalar loss, dLoss/dlogp
+ * and dLoss/dH per token, and the step metrics. The autodiff model then turns
+ * these coefficients into weight gradients (jax-model.ts `gradient`), so every
+ * loss src/algorithms implements (PPO clip, dual clip, GSPO, CISPO, OPSM, TIS,
+ * MIS, KL loss, entropy bonus) trains here without touching the network code.
+ */
+export type ObjectiveInput = Omit<PolicyLossInput, "logProbs" | "entropy">;
+
+export interface ObjectiveOutput {
+  loss: number;
+  /** [B][T_i] d loss / d logp */
+  dLossDLogp: Float64Array[];
+  /** [B][T_i] d loss / d entropy */
+  dLossDEntropy: Float64Array[];
+  metrics: Record<string, number>;
+}
+
+export function lossAndGrad(perTokenLogp: Float64Array[], perTokenEntropy: Float64Array[], input: ObjectiveInput, options: AlgorithmOptions): ObjectiveOutput {
+  const terms = computePolicyLossTerms({ ...input, logProbs: perTokenLogp, entropy: perTokenEntropy }, options);
+  return { loss: terms.loss, dLossDLogp: terms.dLoss_dLogp, dLossDEntropy: terms.dLoss_dEntropy, metrics: terms.metrics };
+}

@@ -1,0 +1,197 @@
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { computeAdvantagesAndReturns } from "../../algorithms/advantages.ts";
+import { postProcessRewards } from "../../algorithms/rewards.ts";
+import { readCheckpoint, readOptimizerState, writeCheckpoint, writeFileAtomic, type OptimizerState } from "../../model/checkpoint.ts";
+import type { ModelConfig } from "../../model/config.ts";
+import { initWeights, parameterSpecs, type Weights } from "../../model/weights.ts";
+import { RlqError } from "../../lib/errors.ts";
+import { trainResultSchema, type TrainProgress, type TrainRequest, type TrainResult, type TrainSample } from "../trainer.ts";
+import { adamwStep, zeroOptimizerState } from "./adamw.ts";
+import { bucketSeqLen, packBatch, packResponses, unpackResponses } from "./batching.ts";
+import type { JaxModel } from "./jax-model.ts";
+import { learningRate } from "./lr-schedule.ts";
+import { lossAndGrad } from "./policy-objective.ts";
+import { optimizerStepPlan, parseTrainConfig } from "./train-config.ts";
+
+/**
+ * One train step of the embedded trainer (runs inside the trainer's worker
+ * thread; pure compute plus reading the input checkpoint and writing the output).
+ *
+ *  1. start weights: checkpointUriIn, else ref_load, else init from seed;
+ *     optimizer state beside it (zeros for a warm start);
+ *  2. old log-probs under the start weights for every sample (and reference
+ *     log-probs when a KL term needs them); train_rollout_logprob_abs_diff;
+ *  3. advantages over the whole batch (group-normalised rewards for GRPO);
+ *  4. num_optimizer_steps AdamW steps, each over global_batch_size samples in
+ *     (groupIndex, sampleIndex) order, loss from src/algorithms;
+ *  5. write weight version v+1 and its optimizer state to outputDir.
+ * Deterministic: the same request gives bit-identical files.
+ */
+export interface TrainStepDeps {
+  /** The compiled network for a model config (built once per config by the caller). */
+  modelFor(config: ModelConfig): Promise<JaxModel>;
+  /** Model config used when there is no checkpoint to start from. */
+  initConfig: ModelConfig | null;
+  /** Reference weights for KL terms (cached by the caller). */
+  loadReference(uri: string): Promise<Weights>;
+}
+
+export const RESULT_FILE = "train-result.json";
+
+interface StartPoint {
+  config: ModelConfig;
+  weights: Weights;
+  optimizer: OptimizerState | null;
+  version: number;
+}
+
+async function loadStart(req: TrainRequest, refLoad: string | null, seed: number, initConfig: ModelConfig | null): Promise<StartPoint> {
+  const uri = req.checkpointUriIn ?? refLoad;
+  if (uri !== null) {
+    const ckpt = await readCheckpoint(uri);
+    const optimizer = req.checkpointUriIn !== null ? await readOptimizerState(ckpt.path, ckpt.config) : null;
+    return { config: ckpt.config, weights: ckpt.weights, optimizer, version: ckpt.version };
+  }
+  if (initConfig === null) {
+    throw new RlqError("trainer_no_initial_weights", "train step has no checkpointUriIn, no ref_load and the trainer has no model config to initialise from");
+  }
+  return { config: initConfig, weights: initWeights(initConfig, seed), optimizer: null, version: 0 };
+}
+
+function forwardResponses(model: JaxModel, weights: Weights, samples: readonly TrainSample[], rows: number, seqLen: number, temperature: number): { logp: Float64Array[]; entropy: Float64Array[] } {
+  const logp: Float64Array[] = [];
+  const entropy: Float64Array[] = [];
+  // Fixed-size chunks: one compiled shape for the whole step.
+  for (let i = 0; i < samples.length; i += rows) {
+    const chunk = samples.slice(i, i + rows);
+    const out = model.forward(weights, packBatch(chunk, seqLen), temperature);
+    logp.push(...unpackResponses(out.logProbs, chunk, seqLen));
+    entropy.push(...unpackResponses(out.entropy, chunk, seqLen));
+  }
+  return { logp, entropy };
+}
+
+function maskedMeanAbsDiff(a: readonly Float64Array[], samples: readonly TrainSample[]): number {
+  let sum = 0;
+  let count = 0;
+  samples.forEach((s, i) => {
+    const x = a[i] as Float64Array;
+    for (let t = 0; t < s.responseLength; t++) {
+      if (s.lossMask[t] === 0) continue;
+      sum += Math.abs((x[t] as number) - (s.rolloutLogProbs[t] as number));
+      count++;
+    }
+  });
+  return count === 0 ? 0 : sum / count;
+}
+
+export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDeps, onProgress: (p: TrainProgress) => void): Promise<TrainResult> {
+  const resultPath = join(req.outputDir, RESULT_FILE);
+  const previous = await readFile(resultPath, "utf8").catch(() => null);
+  if (previous !== null) {
+    // Idempotent per (run, step): this attempt directory already holds the finished step.
+    const saved = JSON.parse(previous) as { runId: string; step: number; weightVersionIn: number; result: unknown };
+    if (saved.runId === req.runId && saved.step === req.step && saved.weightVersionIn === req.weightVersionIn) return trainResultSchema.parse(saved.result);
+  }
+  const { train, algorithm } = parseTrainConfig(req.config);
+  if (algorithm.advantage_estimator === "ppo") throw new RlqError("trainer_unsupported", "the embedded trainer has no critic: advantage_estimator ppo is not supported");
+  const start = await loadStart(req, train.ref_load, train.seed, deps.initConfig);
+  if (start.version !== req.weightVersionIn) {
+    throw new RlqError("trainer_version_mismatch", `checkpoint holds weight version ${start.version}, the request says weightVersionIn ${req.weightVersionIn}`);
+  }
+  const model = await deps.modelFor(start.config);
+  const specs = parameterSpecs(start.config);
+  const weights = start.weights;
+  const optimizer = start.optimizer ?? zeroOptimizerState(specs, weights);
+
+  const samples = [...req.batch.samples].sort((a, b) => a.groupIndex - b.groupIndex || a.sampleIndex - b.sampleIndex);
+  if (samples.length === 0) throw new RlqError("trainer_empty_batch", `train step ${req.step} has no samples`);
+  const { globalBatchSize, numOptimizerSteps } = optimizerStepPlan(train, samples.length);
+  const seqLen = bucketSeqLen(samples, start.config.context_length);
+  const temperature = train.rollout_temperature;
+  onProgress({ done: 0, total: numOptimizerSteps, phase: "old_logprobs" });
+
+  const lossMask = samples.map((s) => Float64Array.from(s.lossMask));
+  const rolloutLogProbs = samples.map((s) => Float64Array.from(s.rolloutLogProbs));
+  const old = forwardResponses(model, weights, samples, globalBatchSize, seqLen, temperature);
+  const needsRef = algorithm.use_kl_loss || algorithm.kl_coef !== 0;
+  let ref: Float64Array[] | undefined;
+  if (needsRef) {
+    if (train.ref_load === null) throw new RlqError("trainer_config", "use_kl_loss / kl_coef need ref_load (the reference checkpoint)");
+    ref = forwardResponses(model, await deps.loadReference(train.ref_load), samples, globalBatchSize, seqLen, temperature).logp;
+  }
+
+  const rewards = postProcessRewards(
+    samples.map((s) => s.reward),
+    samples.map((s) => s.groupIndex),
+    algorithm,
+  );
+  const { advantages } = computeAdvantagesAndReturns(
+    { rewards: rewards.normalized, lossMask, oldLogProbs: old.logp, rolloutLogProbs, ...(ref && { refLogProbs: ref }) },
+    algorithm,
+  );
+
+  const sums: Record<string, number> = {};
+  let gradNormSum = 0;
+  let lr = 0;
+  for (let j = 0; j < numOptimizerSteps; j++) {
+    const lo = j * globalBatchSize;
+    const hi = lo + globalBatchSize;
+    const mb = samples.slice(lo, hi);
+    const packed = packBatch(mb, seqLen);
+    // The first minibatch sees the start weights: its current log-probs are the old ones.
+    const current = j === 0 ? { logp: old.logp.slice(lo, hi), entropy: old.entropy.slice(lo, hi) } : forwardResponses(model, weights, mb, globalBatchSize, seqLen, temperature);
+    const objective = lossAndGrad(
+      current.logp,
+      current.entropy,
+      {
+        oldLogProbs: old.logp.slice(lo, hi),
+        rolloutLogProbs: rolloutLogProbs.slice(lo, hi),
+        advantages: advantages.slice(lo, hi),
+        lossMask: lossMask.slice(lo, hi),
+        ...(ref && { refLogProbs: ref.slice(lo, hi) }),
+      },
+      algorithm,
+    );
+    const { grads } = model.gradient(weights, packed, packResponses(objective.dLossDLogp, mb, seqLen), packResponses(objective.dLossDEntropy, mb, seqLen), temperature);
+    lr = learningRate(
+      {
+        lr: train.lr,
+        minLr: train.min_lr,
+        style: train.lr_decay_style,
+        warmupIters: train.lr_warmup_iters,
+        decayIters: train.lr_decay_iters ?? (train.num_rollout === null ? null : train.num_rollout * numOptimizerSteps),
+      },
+      optimizer.iteration,
+    );
+    gradNormSum += adamwStep(specs, weights, grads, optimizer, {
+      lr,
+      beta1: train.adam_beta1,
+      beta2: train.adam_beta2,
+      eps: train.adam_eps,
+      weightDecay: train.weight_decay,
+      clipGrad: train.clip_grad,
+    });
+    for (const [k, v] of Object.entries(objective.metrics)) sums[k] = (sums[k] ?? 0) + v;
+    onProgress({ done: j + 1, total: numOptimizerSteps, phase: "optimizer_step" });
+  }
+
+  const version = req.weightVersionIn + 1;
+  const { uri } = await writeCheckpoint(req.outputDir, { config: start.config, weights, version, runId: req.runId, step: req.step }, optimizer);
+  const metrics: Record<string, number> = {};
+  for (const [k, v] of Object.entries(sums)) metrics[k] = v / numOptimizerSteps;
+  Object.assign(metrics, {
+    grad_norm: gradNormSum / numOptimizerSteps,
+    lr,
+    // Engine vs trainer on the same tokens and weights, over every trained token of the step.
+    train_rollout_logprob_abs_diff: maskedMeanAbsDiff(old.logp, samples),
+    raw_reward: rewards.raw.reduce((a, b) => a + b, 0) / samples.length,
+    response_length: samples.reduce((a, s) => a + s.responseLength, 0) / samples.length,
+    num_optimizer_steps: numOptimizerSteps,
+  });
+  const numTokens = samples.reduce((a, s) => a + s.lossMask.reduce((x, y) => x + y, 0), 0);
+  const result = trainResultSchema.parse({ weightVersionOut: version, checkpointUri: uri, numSamples: samples.length, numTokens, metrics });
+  await writeFileAtomic(resultPath, JSON.stringify({ runId: req.runId, step: req.step, weightVersionIn: req.weightVersionIn, result }));
+  return result;
+}
