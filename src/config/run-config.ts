@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { algorithmOptionsShape, refineAlgorithmOptions } from "../algorithms/options.ts";
 
 /**
  * The run config: one YAML or JSON file, slime's flag names in snake_case
@@ -57,30 +58,24 @@ export const runConfigSchema = z
     mask_offpolicy_in_partial_rollout: z.boolean().default(false),
     dynamic_sampling_filter_path: pathOrNull,
     buffer_filter_path: pathOrNull,
-    // reward
+    // reward (reward_key is in the algorithm options)
     rm_type: z.string().nullable().default(null),
     custom_rm_path: pathOrNull,
-    reward_key: z.string().nullable().default(null),
     group_rm: z.boolean().default(false),
-    // algorithm (consumed by the trainer; see docs/algorithms.md)
-    advantage_estimator: z
-      .enum(["grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"])
-      .default("grpo"),
-    eps_clip: z.number().positive().default(0.2),
-    eps_clip_high: z.number().positive().nullable().default(null),
-    eps_clip_c: z.number().gt(1).nullable().default(null),
-    use_kl_loss: z.boolean().default(false),
-    kl_loss_coef: z.number().nonnegative().default(0),
-    kl_loss_type: z.enum(["k1", "k2", "k3", "low_var_kl"]).default("k1"),
-    entropy_coef: z.number().default(0),
-    use_tis: z.boolean().default(false),
-    tis_clip: z.number().positive().default(2.0),
-    tis_clip_low: z.number().nonnegative().default(0),
-    use_rollout_logprobs: z.boolean().default(false),
-    calculate_per_token_loss: z.boolean().default(false),
+    // algorithm: every option of src/algorithms (docs/algorithms.md), slime's names and defaults
+    ...algorithmOptionsShape,
+    // optimizer (embedded and remote trainers)
     lr: z.number().positive().default(1e-6),
     lr_decay_style: z.enum(["constant", "linear", "cosine"]).default("constant"),
     lr_warmup_iters: z.number().int().nonnegative().default(0),
+    lr_decay_iters: z.number().int().positive().nullable().default(null),
+    min_lr: z.number().nonnegative().default(0),
+    adam_beta1: z.number().min(0).lt(1).default(0.9),
+    adam_beta2: z.number().min(0).lt(1).default(0.999),
+    adam_eps: z.number().positive().default(1e-8),
+    max_tokens_per_gpu: z.number().int().positive().nullable().default(null),
+    /** Remote trainers: a local Hugging Face model directory (workers/trainer-torch). */
+    hf_checkpoint: z.string().nullable().default(null),
     weight_decay: z.number().nonnegative().default(0),
     clip_grad: z.number().positive().default(1.0),
     seed: z.number().int().nonnegative().default(1234),
@@ -111,6 +106,10 @@ export const runConfigSchema = z
   })
   .strict()
   .superRefine((c, ctx) => {
+    refineAlgorithmOptions(c, ctx);
+    if (c.engine.kind === "embedded" && c.ref_load === null) {
+      ctx.addIssue({ code: "custom", path: ["ref_load"], message: "engine.kind embedded needs a checkpoint to serve: set ref_load (e.g. examples/demo/warm-start)" });
+    }
     if (c.num_rollout === null && c.num_epoch === null) {
       ctx.addIssue({ code: "custom", path: ["num_rollout"], message: "one of num_rollout or num_epoch is required" });
     }
@@ -123,9 +122,6 @@ export const runConfigSchema = z
     }
     if (c.mask_offpolicy_in_partial_rollout && !c.partial_rollout) {
       ctx.addIssue({ code: "custom", path: ["mask_offpolicy_in_partial_rollout"], message: "requires partial_rollout: true" });
-    }
-    if (c.use_rollout_logprobs && c.use_tis) {
-      ctx.addIssue({ code: "custom", path: ["use_tis"], message: "cannot be combined with use_rollout_logprobs (slime)" });
     }
     if (c.rm_type === null && c.custom_rm_path === null) {
       ctx.addIssue({ code: "custom", path: ["rm_type"], message: "set rm_type or custom_rm_path" });

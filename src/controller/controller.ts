@@ -101,6 +101,7 @@ class RunController {
       await createBufferFilter(c, process.cwd()),
       (deps.engineAdmin ?? createEngineAdmin.bind(null, c))(ctx),
     );
+    await deps.queues.ensureSentinel(lease.runId);
     await ctl.resyncEngines();
     await ctl.reconcile(false);
     deps.log.info({ runId: lease.runId, epoch: lease.epoch, seq: state.seq, step: state.step, phase: state.phase, ms: Date.now() - t0 }, "controller took the run");
@@ -431,11 +432,15 @@ class RunController {
 
 function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
-    const t = setTimeout(resolve, ms);
-    signal?.addEventListener("abort", () => {
+    const onAbort = () => {
       clearTimeout(t);
       resolve();
-    }, { once: true });
+    };
+    const t = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener("abort", onAbort, { once: true });
   });
 }
 

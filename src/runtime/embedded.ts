@@ -1,4 +1,5 @@
 import type { EmbeddedFactories } from "./engines.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * The embedded engine and trainer (ONNX engine, TypeScript trainer), loaded
@@ -6,5 +7,16 @@ import type { EmbeddedFactories } from "./engines.ts";
  * onnxruntime or the autodiff library.
  */
 export async function loadEmbedded(): Promise<EmbeddedFactories | null> {
-  return null;
+  return {
+    async createEngine(ctx) {
+      const { createEmbeddedEngine } = await import("../engines/embedded/embedded-engine.ts");
+      const ref = ctx.config.ref_load;
+      if (!ref) throw new RlqError("config_invalid", "engine.kind embedded needs ref_load (the checkpoint to serve)");
+      return createEmbeddedEngine({ checkpointUri: ref, id: `embedded-${process.pid}` });
+    },
+    async createTrainer() {
+      const { createEmbeddedTrainer } = await import("../trainer/embedded/embedded-trainer.ts");
+      return createEmbeddedTrainer();
+    },
+  };
 }

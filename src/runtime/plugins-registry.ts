@@ -1,8 +1,11 @@
+import { readFile } from "node:fs/promises";
+import { dirname, join } from "node:path";
 import type { RunConfig } from "../config/run-config.ts";
 import type { Tokenizer } from "../data/tokenizer.ts";
 import type { RewardInput } from "./reward-scorer.ts";
 import { RlqError } from "../lib/errors.ts";
 import { getRewardFunction } from "../reward/index.ts";
+import { Tokenizer as ModelTokenizer } from "../model/tokenizer.ts";
 
 /**
  * Where the built-in capabilities are looked up by name: reward types from
@@ -14,6 +17,28 @@ export function resolveRmType(rmType: string): ((s: RewardInput) => unknown) | n
   return (s) => fn({ response: s.response, label: s.label, metadata: s.metadata });
 }
 
+/**
+ * `tokenizer: model`: the embedded model's tokenizer, from `tokenizer.json`
+ * in the ref_load checkpoint directory or beside it. Prompts are BOS + text.
+ */
 export async function tokenizerFor(config: RunConfig): Promise<Tokenizer> {
-  throw new RlqError("config_invalid", `tokenizer '${config.tokenizer}' is not available in this build`);
+  if (!config.ref_load) throw new RlqError("config_invalid", "tokenizer: model needs ref_load (its tokenizer.json sits in or beside the checkpoint)");
+  const candidates = [join(config.ref_load, "tokenizer.json"), join(dirname(config.ref_load), "tokenizer.json")];
+  for (const file of candidates) {
+    let text: string;
+    try {
+      text = await readFile(file, "utf8");
+    } catch {
+      continue;
+    }
+    const t = new ModelTokenizer(JSON.parse(text));
+    return {
+      name: `model:${file}`,
+      vocabSize: t.vocabSize,
+      eosId: t.eosId,
+      encode: (s) => t.formatPrompt(s),
+      decode: (ids) => t.decode(ids),
+    };
+  }
+  throw new RlqError("config_invalid", `tokenizer: model: no tokenizer.json in ${candidates.join(" or ")}`);
 }

@@ -64,7 +64,7 @@ export async function startWorkers(
         }, { concurrency, onError: onError(kind) }),
       );
     } else {
-      log.warn({ kind }, "no worker for this queue yet");
+      log.debug({ kind }, "no worker for this queue yet");
     }
   }
   return {
