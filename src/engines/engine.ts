@@ -22,6 +22,10 @@ export const samplingParamsSchema = z.object({
   stopTokenIds: z.array(z.number().int().nonnegative()),
   /** Per-request seed; the same seed, input and weights give the same tokens. */
   seed: z.number().int().nonnegative().optional(),
+  /** Stop strings (slime --rollout-stop). Remote engines only; the stop text stays in the output (no_stop_trim). */
+  stop: z.array(z.string().min(1)).optional(),
+  /** slime --rollout-skip-special-tokens (default false). Affects the engine's text only, never the token ids. */
+  skipSpecialTokens: z.boolean().optional(),
 });
 export type SamplingParams = z.infer<typeof samplingParamsSchema>;
 
@@ -31,6 +35,11 @@ export const generateRequestSchema = z.object({
   /** Prompt tokens followed by the response so far (continuing a partial rollout). */
   inputIds: z.array(z.number().int().nonnegative()).min(1),
   sampling: samplingParamsSchema,
+  /**
+   * Prefix affinity for multi-turn sessions: requests with the same key go to
+   * the same engine while it is healthy (its prefix cache holds the earlier turns).
+   */
+  sessionKey: z.string().min(1).optional(),
 });
 export type GenerateRequest = z.infer<typeof generateRequestSchema>;
 

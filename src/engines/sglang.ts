@@ -1,148 +1,243 @@
+import { randomUUID } from "node:crypto";
 import { z } from "zod";
 import { generateRequestSchema, type Engine, type GenerateRequest, type GenerateResult } from "./engine.ts";
+import { callJson, isLocalCancel, postStream } from "./http.ts";
+import { classifyProbe, type LogprobProbe } from "./logprob-check.ts";
+import { abortedResult, emptyPartial, parseWeightVersion, type GenerateHooks, type PartialOutput, type RemoteEngine } from "./remote.ts";
+import { createEnginePool } from "./pool.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /**
- * SGLang's native API (slime-semantics.md §1b): POST /generate with
- * input_ids and return_logprob; abort by request id through /abort_request
- * (never abort_all: other runs share the server); weights through
- * /update_weights_from_disk carrying the new weight_version.
- * Several URLs: least-outstanding-requests routing.
+ * One SGLang server through its native API (slime-semantics.md §1b):
+ * POST /generate {rid, input_ids, sampling_params, return_logprob, stream};
+ * POST /abort_request {rid} (never abort_all: other runs and evals share the
+ * server); GET /health_generate; GET /get_weight_version; POST
+ * /update_weights_from_disk {model_path, weight_version}; GET /get_model_info.
+ *
+ * Generation streams by default: SGLang's stream events carry the cumulative
+ * meta_info.output_token_logprobs, so if the server dies mid-generation the
+ * tokens received so far are kept and the request comes back as an aborted
+ * partial (the rollout resumes it) instead of being lost.
  */
-const generateResponseSchema = z.object({
-  text: z.string().optional(),
-  meta_info: z.object({
+export const sglangMetaInfoSchema = z
+  .object({
+    id: z.string().optional(),
     // [logprob, token_id, (text)] per generated token
-    output_token_logprobs: z.array(z.tuple([z.number(), z.number().int()]).rest(z.unknown())),
-    finish_reason: z.object({ type: z.enum(["stop", "length", "abort"]) }).passthrough(),
+    output_token_logprobs: z.array(z.tuple([z.number(), z.number().int().nonnegative()]).rest(z.unknown())).optional(),
+    finish_reason: z.union([z.null(), z.object({ type: z.string() }).passthrough()]).optional(),
     weight_version: z.union([z.string(), z.number()]).optional(),
-  }).passthrough(),
-});
+    completion_tokens: z.number().int().nonnegative().optional(),
+  })
+  .passthrough();
+export const sglangGenerateChunkSchema = z.object({ text: z.string().optional(), meta_info: sglangMetaInfoSchema }).passthrough();
+export type SglangMetaInfo = z.infer<typeof sglangMetaInfoSchema>;
 
-export interface SglangEngineOptions {
-  urls: readonly string[];
-  requestTimeoutMs: number;
+/**
+ * Fold one /generate answer (a stream event or the whole non-streamed body)
+ * into `partial`. SGLang sends the cumulative token list in every event
+ * (whatever --incremental-streaming-output says, which only affects
+ * output_ids and text); `completion_tokens` tells the two apart if a server
+ * ever sends deltas. Returns the finish reason once the server gives one.
+ */
+export function applySglangMeta(partial: PartialOutput, meta: SglangMetaInfo, where: string): "stop" | "length" | "abort" | null {
+  const lps = meta.output_token_logprobs ?? [];
+  const total = meta.completion_tokens;
+  const isDelta = total !== undefined && lps.length !== total && partial.tokenIds.length + lps.length === total;
+  if (!isDelta) {
+    partial.tokenIds.length = 0;
+    partial.logProbs.length = 0;
+  }
+  for (const t of lps) {
+    partial.tokenIds.push(t[1]);
+    // log p <= 0; a float rounding of p = 1 can give +1e-8.
+    partial.logProbs.push(Math.min(0, t[0]));
+  }
+  if (meta.weight_version !== undefined) partial.weightVersion = parseWeightVersion(meta.weight_version, where);
+  const fr = meta.finish_reason;
+  if (fr === null || fr === undefined) return null;
+  if (fr.type === "stop" || fr.type === "length" || fr.type === "abort") return fr.type;
+  throw new RlqError("engine_bad_response", `${where}: unknown finish_reason ${JSON.stringify(fr)}`, { isRetriable: true });
 }
 
-export function createSglangEngine(options: SglangEngineOptions): Engine {
-  const outstanding = new Map<string, number>(options.urls.map((u) => [u, 0]));
-  const owner = new Map<string, string>();
-  const pick = (): string => {
-    let best = options.urls[0] as string;
-    for (const u of options.urls) if ((outstanding.get(u) ?? 0) < (outstanding.get(best) ?? 0)) best = u;
-    return best;
-  };
-
-  async function post(url: string, path: string, body: unknown, timeoutMs: number): Promise<unknown> {
-    let res: Response;
-    try {
-      res = await fetch(`${url}${path}`, {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body: JSON.stringify(body),
-        signal: AbortSignal.timeout(timeoutMs),
-      });
-    } catch (e) {
-      throw new RlqError("engine_unreachable", `SGLang ${url}${path}: ${(e as Error).message}`, { cause: e, isRetriable: true });
-    }
-    const text = await res.text();
-    if (!res.ok) {
-      throw new RlqError("engine_http_error", `SGLang ${url}${path}: HTTP ${res.status}: ${text.slice(0, 300)}`, {
-        isRetriable: res.status >= 500 || res.status === 429,
-      });
-    }
-    try {
-      return text.length > 0 ? JSON.parse(text) : {};
-    } catch (e) {
-      throw new RlqError("engine_bad_response", `SGLang ${url}${path}: response is not JSON: ${text.slice(0, 200)}`, { cause: e, isRetriable: true });
-    }
+/** Internal: stops consuming a stream whose weight version changed (an RlqError so http.ts passes it through). */
+class VersionChanged extends RlqError {
+  constructor() {
+    super("engine_version_changed", "weight version changed mid-request", { isRetriable: true });
   }
+}
 
-  return {
-    id: `sglang:${options.urls.join(",")}`,
-    async generate(request: GenerateRequest): Promise<GenerateResult> {
-      const req = generateRequestSchema.parse(request);
-      const url = pick();
-      outstanding.set(url, (outstanding.get(url) ?? 0) + 1);
-      owner.set(req.requestId, url);
-      try {
-        const s = req.sampling;
-        const raw = await post(
-          url,
-          "/generate",
-          {
-            rid: req.requestId,
-            input_ids: req.inputIds,
-            return_logprob: true,
-            sampling_params: {
-              temperature: s.temperature,
-              top_p: s.topP,
-              top_k: s.topK,
-              max_new_tokens: s.maxNewTokens,
-              stop_token_ids: s.stopTokenIds,
-              no_stop_trim: true,
-              skip_special_tokens: false,
-              spaces_between_special_tokens: false,
-              ...(s.seed === undefined ? {} : { sampling_seed: s.seed }),
-            },
-          },
-          options.requestTimeoutMs,
-        );
-        const parsed = generateResponseSchema.safeParse(raw);
+export interface SglangServerOptions {
+  url: string;
+  /** Whole-request limit for one /generate (run config engine.request_timeout_s). */
+  requestTimeoutMs: number;
+  /** abort, health, version and info calls. Default 10 s. */
+  adminTimeoutMs?: number;
+  /** update_weights_from_disk. Default 600 s. */
+  loadTimeoutMs?: number;
+  /** Default true; false sends one request and loses the tokens of a server that dies mid-request. */
+  isStreaming?: boolean;
+}
+
+export function createSglangServer(options: SglangServerOptions): RemoteEngine {
+  const url = options.url.replace(/\/+$/, "");
+  const adminMs = options.adminTimeoutMs ?? 10_000;
+  const isStreaming = options.isStreaming ?? true;
+  let lastVersion = 0;
+
+  async function generateWith(request: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult> {
+    const req = generateRequestSchema.parse(request);
+    const s = req.sampling;
+    const where = `SGLang ${url}/generate (rid ${req.requestId})`;
+    const body = {
+      rid: req.requestId,
+      input_ids: req.inputIds,
+      return_logprob: true,
+      stream: isStreaming,
+      sampling_params: {
+        temperature: s.temperature,
+        top_p: s.topP,
+        top_k: s.topK,
+        max_new_tokens: s.maxNewTokens,
+        stop_token_ids: s.stopTokenIds,
+        ...(s.stop && s.stop.length > 0 ? { stop: s.stop } : {}),
+        // Token ids are never trimmed; this keeps the text in step with them (slime sets it too).
+        no_stop_trim: true,
+        skip_special_tokens: s.skipSpecialTokens ?? false,
+        spaces_between_special_tokens: false,
+        ...(s.seed === undefined ? {} : { sampling_seed: s.seed }),
+      },
+    };
+    const partial = hooks.partial;
+    let finish: "stop" | "length" | "abort" | null = null;
+    try {
+      await postStream(`${url}/generate`, body, { timeoutMs: options.requestTimeoutMs, signal: hooks.signal }, (payload) => {
+        const parsed = sglangGenerateChunkSchema.safeParse(payload);
         if (!parsed.success) {
-          throw new RlqError("engine_bad_response", `SGLang ${url}/generate: unexpected response: ${parsed.error.issues[0]?.message} at ${parsed.error.issues[0]?.path.join(".")}`, { isRetriable: true });
+          const issue = parsed.error.issues[0];
+          throw new RlqError("engine_bad_response", `${where}: unexpected answer: ${issue?.message} at ${issue?.path.join(".")}`, { isRetriable: true });
         }
         const meta = parsed.data.meta_info;
-        const version = meta.weight_version === undefined ? NaN : Number(meta.weight_version);
-        if (!Number.isInteger(version)) {
-          throw new RlqError("engine_bad_response", `SGLang ${url}: weight_version ${JSON.stringify(meta.weight_version)} is not an integer version`, { isRetriable: false });
+        if (partial.weightVersion !== null && meta.weight_version !== undefined && parseWeightVersion(meta.weight_version, where) !== partial.weightVersion) {
+          // Weights changed under this request (a trainer push with generation paused, not
+          // stopped): one segment holds one version, so it ends at the last event of the old one.
+          throw new VersionChanged();
         }
-        return {
-          tokenIds: meta.output_token_logprobs.map((t) => t[1]),
-          logProbs: meta.output_token_logprobs.map((t) => t[0]),
-          finishReason: meta.finish_reason.type,
-          weightVersion: version,
-          engineId: url,
-        };
-      } finally {
-        outstanding.set(url, (outstanding.get(url) ?? 1) - 1);
-        owner.delete(req.requestId);
+        finish = applySglangMeta(partial, meta, where) ?? finish;
+      });
+    } catch (e) {
+      if (isLocalCancel(e, hooks.signal)) return abortedResult(partial, url, lastVersion);
+      if (e instanceof VersionChanged) {
+        await engine.abort([req.requestId]).catch(() => undefined);
+        return abortedResult(partial, url, lastVersion);
+      }
+      throw e;
+    }
+    if (finish === null) {
+      if (hooks.signal?.aborted) return abortedResult(partial, url, lastVersion);
+      throw new RlqError("engine_unreachable", `${where}: the stream ended without a finish_reason after ${partial.tokenIds.length} token(s)`, { isRetriable: true });
+    }
+    if (partial.weightVersion !== null) lastVersion = partial.weightVersion;
+    return {
+      tokenIds: [...partial.tokenIds],
+      logProbs: [...partial.logProbs],
+      finishReason: finish,
+      weightVersion: partial.weightVersion ?? lastVersion,
+      engineId: url,
+    };
+  }
+
+  const engine: RemoteEngine = {
+    kind: "sglang",
+    id: url,
+    url,
+    canAbortById: true,
+    canLoadWeights: true,
+    generate: (request) => generateWith(request, { partial: emptyPartial() }),
+    generateWith,
+    async abort(requestIds) {
+      // The server answers each aborted request with its tokens so far; the
+      // caller (the pool) waits for those answers.
+      await Promise.all(requestIds.map((rid) => callJson("POST", `${url}/abort_request`, { rid, abort_all: false }, { timeoutMs: adminMs })));
+    },
+    async health(timeoutMs = adminMs) {
+      try {
+        const res = await fetch(`${url}/health_generate`, { signal: AbortSignal.timeout(timeoutMs) });
+        await res.arrayBuffer().catch(() => undefined);
+        return res.ok;
+      } catch {
+        return false;
       }
     },
-    async abort(requestIds) {
-      await Promise.all(
-        requestIds.map(async (rid) => {
-          const url = owner.get(rid);
-          const targets = url ? [url] : options.urls;
-          await Promise.all(targets.map((u) => post(u, "/abort_request", { rid }, 10_000).catch(() => undefined)));
-        }),
-      );
-    },
-    async health() {
-      const results = await Promise.all(
-        options.urls.map(async (u) => {
-          try {
-            const res = await fetch(`${u}/health_generate`, { signal: AbortSignal.timeout(10_000) });
-            return res.ok;
-          } catch {
-            return false;
-          }
-        }),
-      );
-      return results.every(Boolean);
+    async weightVersion() {
+      const body = (await callJson("GET", `${url}/get_weight_version`, undefined, { timeoutMs: adminMs })) as { weight_version?: unknown };
+      lastVersion = parseWeightVersion(body.weight_version, `SGLang ${url}/get_weight_version`);
+      return lastVersion;
     },
     async loadWeights(version, uri) {
-      await Promise.all(
-        options.urls.map((u) =>
-          post(u, "/update_weights_from_disk", { model_path: uri.replace(/^file:\/\//, ""), weight_version: String(version) }, 600_000),
-        ),
-      );
+      const modelPath = uri.startsWith("file://") ? decodeURIComponent(new URL(uri).pathname) : uri;
+      const res = (await callJson(
+        "POST",
+        `${url}/update_weights_from_disk`,
+        { model_path: modelPath, weight_version: String(version) },
+        { timeoutMs: options.loadTimeoutMs ?? 600_000 },
+      )) as { success?: boolean; message?: string };
+      if (res.success === false) {
+        throw new RlqError("engine_load_failed", `SGLang ${url}: update_weights_from_disk(${modelPath}, version ${version}) failed: ${res.message ?? "no message"}`, { isRetriable: false });
+      }
+      const now = await engine.weightVersion();
+      if (now !== version) {
+        throw new RlqError("engine_version_mismatch", `SGLang ${url}: loaded ${modelPath} as version ${version} but it reports version ${now}`, { isRetriable: true });
+      }
     },
-    async weightVersion() {
-      const res = await fetch(`${options.urls[0]}/get_weight_version`);
-      const body = (await res.json()) as { weight_version?: string | number };
-      return Number(body.weight_version);
+    async probeLogProbs(inputIds) {
+      const run = async (temperature: number) => {
+        const res = await callJson(
+          "POST",
+          `${url}/generate`,
+          {
+            rid: `rlq-probe-${randomUUID()}`,
+            input_ids: inputIds,
+            return_logprob: true,
+            sampling_params: { temperature, top_p: 1, top_k: 1, max_new_tokens: 8, ignore_eos: true, stop_token_ids: [], no_stop_trim: true },
+          },
+          { timeoutMs: options.requestTimeoutMs },
+        );
+        const parsed = sglangGenerateChunkSchema.parse(res);
+        const p = emptyPartial();
+        applySglangMeta(p, parsed.meta_info, `SGLang ${url} probe`);
+        return p;
+      };
+      const a = await run(1);
+      const b = await run(0.5);
+      return classifyProbe(a, b);
+    },
+    async checkServer() {
+      await checkSglangModel(url, adminMs);
     },
     async close() {},
   };
+  return engine;
+}
+
+/** GET /get_model_info: refuse a server that does not generate (an embedding or reward model). */
+export async function checkSglangModel(url: string, timeoutMs = 10_000): Promise<{ modelPath: string | null }> {
+  const info = (await callJson("GET", `${url}/get_model_info`, undefined, { timeoutMs })) as { model_path?: string; is_generation?: boolean };
+  if (info.is_generation === false) {
+    throw new RlqError("engine_not_generative", `SGLang ${url} serves ${info.model_path ?? "a model"} with is_generation = false; rlq needs a generation model`, { isRetriable: false });
+  }
+  return { modelPath: info.model_path ?? null };
+}
+
+export type { LogprobProbe };
+
+/**
+ * Compatibility entry point (src/runtime/engines.ts and
+ * src/controller/engine-admin.ts call it): several SGLang URLs as one pooled
+ * Engine with default pool settings. New code should build the pool with
+ * createEnginesFromConfig (engines/from-config.ts).
+ */
+export function createSglangEngine(options: { urls: readonly string[]; requestTimeoutMs: number }): Engine {
+  return createEnginePool({
+    members: options.urls.map((u) => createSglangServer({ url: u, requestTimeoutMs: options.requestTimeoutMs })),
+  });
 }

@@ -1,0 +1,62 @@
+import { z } from "zod";
+
+/**
+ * Run-config pieces for remote engines, for src/config/run-config.ts to use
+ * (the config folder owns the run config; these are here so that the engine
+ * code and its schema change together). Keys follow slime's flag names.
+ */
+export const sglangEngineConfigSchema = z
+  .object({
+    kind: z.literal("sglang"),
+    /** SGLang workers, addressed directly. May be empty when router_url is set. */
+    urls: z.array(z.string().url()).default([]),
+    /** An SGLang router: its /workers list is added to `urls` at start. */
+    router_url: z.string().url().nullable().default(null),
+    request_timeout_s: z.number().positive().default(600),
+    /** Stream /generate so a server dying mid-request still returns its tokens. */
+    stream: z.boolean().default(true),
+    /** probe: check each server's log-prob semantics on admission (docs/engines.md). */
+    logprob_check: z.enum(["probe", "off"]).default("probe"),
+  })
+  .strict()
+  .refine((e) => e.urls.length > 0 || e.router_url !== null, { message: "set urls or router_url", path: ["urls"] });
+
+export const openAiEngineConfigSchema = z
+  .object({
+    kind: z.literal("openai"),
+    urls: z.array(z.string().url()).min(1),
+    /** The served model name sent as `model`. */
+    model: z.string().min(1),
+    request_timeout_s: z.number().positive().default(600),
+    /** vLLM --logprobs-mode the servers run with. */
+    logprobs_mode: z.enum(["raw_logprobs", "processed_logprobs"]).default("raw_logprobs"),
+    logprob_check: z.enum(["probe", "off"]).default("probe"),
+  })
+  .strict();
+
+/** Top-level run-config keys (slime names; rlq keeps health monitoring always on). */
+export const engineRuntimeKeys = {
+  /** slime --sglang-server-concurrency: in-flight requests per engine. */
+  sglang_server_concurrency: z.number().int().positive().default(512),
+  /** slime --rollout-health-check-interval (s). */
+  rollout_health_check_interval: z.number().positive().default(30),
+  /** slime --rollout-health-check-timeout (s). */
+  rollout_health_check_timeout: z.number().positive().default(30),
+  /** slime --rollout-health-check-first-wait (s): rlq's warm-up grace after the pool starts. */
+  rollout_health_check_first_wait: z.number().nonnegative().default(0),
+  /** disk: rlq asks engines to load each committed checkpoint; trainer_push: the trainer pushes, rlq fences and records. */
+  weight_sync: z.enum(["disk", "trainer_push"]).default("disk"),
+  /** trainer_push: how long rlq waits for every live engine to report the new version (s). */
+  weight_sync_timeout_s: z.number().positive().default(600),
+};
+
+export type SglangEngineConfig = z.infer<typeof sglangEngineConfigSchema>;
+export type OpenAiEngineConfig = z.infer<typeof openAiEngineConfigSchema>;
+export type RemoteEngineConfig = SglangEngineConfig | OpenAiEngineConfig;
+
+const runtimeKeysSchema = z.object(engineRuntimeKeys);
+export type EngineRuntimeKeys = z.infer<typeof runtimeKeysSchema>;
+/** Fill the top-level keys' defaults for a config that does not have them yet. */
+export function engineRuntimeDefaults(partial: Partial<EngineRuntimeKeys>): EngineRuntimeKeys {
+  return runtimeKeysSchema.parse(partial);
+}

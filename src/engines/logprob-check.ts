@@ -1,0 +1,93 @@
+import type { SamplingParams } from "./engine.ts";
+import { RlqError } from "../lib/errors.ts";
+
+/**
+ * rlq needs each token's log-prob under log softmax(logits / T) over the full
+ * vocabulary, before top-p/top-k truncation (DESIGN §3): that is what the
+ * trainer recomputes. Servers can be configured otherwise, and not always
+ * visibly: SGLang's SGLANG_RETURN_ORIGINAL_LOGPROB environment variable
+ * (log-probs before temperature) is not reported by any endpoint; vLLM's
+ * --logprobs-mode is reported only in dev mode. So rlq asks the server itself:
+ *
+ *   probe A: greedy (top_k = 1) at temperature 1,   8 tokens
+ *   probe B: greedy (top_k = 1) at temperature 0.5, same input
+ *
+ * Both pick the argmax token, so positions line up until the first
+ * difference. For the argmax token, log p_T = -log Σ_j exp((z_j - z_max) / T)
+ * strictly increases as T falls, unless the distribution is one-hot.
+ * - B > A at informative positions → log-probs are temperature-scaled.
+ *   B ≈ A everywhere → they are not (the raw distribution).
+ * - A exactly 0 at every position → log-probs come after the top-k = 1
+ *   truncation (renormalised to a single token). Any A < 0 → before it.
+ * Positions where A ≈ 0 (a near-certain token) carry no information.
+ */
+export interface LogprobProbe {
+  /** null: the probe could not tell (every position near-certain, or noisy). */
+  isTemperatureScaled: boolean | null;
+  isBeforeTruncation: boolean | null;
+  detail: string;
+}
+
+const INFORMATIVE = -1e-3;
+const SAME = 1e-4;
+const EXACT_ZERO = -1e-7;
+
+export interface ProbeRun {
+  tokenIds: readonly number[];
+  logProbs: readonly number[];
+}
+
+export function classifyProbe(atT1: ProbeRun, atTHalf: ProbeRun): LogprobProbe {
+  let n = Math.min(atT1.tokenIds.length, atTHalf.tokenIds.length);
+  for (let i = 0; i < n; i++) {
+    if (atT1.tokenIds[i] !== atTHalf.tokenIds[i]) {
+      n = i;
+      break;
+    }
+  }
+  const a = [...atT1.logProbs];
+  const isBeforeTruncation = a.length === 0 ? null : a.some((x) => x < INFORMATIVE) ? true : a.every((x) => x >= EXACT_ZERO) ? false : null;
+  let sharper = 0;
+  let same = 0;
+  let informative = 0;
+  for (let i = 0; i < n; i++) {
+    const x = atT1.logProbs[i] as number;
+    const y = atTHalf.logProbs[i] as number;
+    if (x >= INFORMATIVE) continue;
+    informative++;
+    if (y > x + SAME) sharper++;
+    else if (Math.abs(y - x) <= SAME) same++;
+  }
+  const isTemperatureScaled = informative === 0 ? null : sharper === informative ? true : same === informative ? false : null;
+  return {
+    isTemperatureScaled,
+    isBeforeTruncation,
+    detail: `${informative} informative position(s) of ${n}; T=1 log-probs [${a.slice(0, 8).map((x) => x.toFixed(4)).join(", ")}], T=0.5 [${atTHalf.logProbs.slice(0, 8).map((x) => x.toFixed(4)).join(", ")}]`,
+  };
+}
+
+/**
+ * Refuse a request whose sampling would make the server's log-probs differ
+ * from what the trainer recomputes. Unscaled log-probs are exact at T = 1;
+ * truncated ones are exact with top_p = 1 and top_k disabled. An inconclusive
+ * probe (null) is allowed; the pool logs it once.
+ */
+export function checkLogprobCompatibility(probe: LogprobProbe, sampling: Pick<SamplingParams, "temperature" | "topP" | "topK">, engineId: string): void {
+  const isTruncating = sampling.topP < 1 || sampling.topK > 0;
+  if (probe.isTemperatureScaled === false && sampling.temperature !== 1) {
+    throw new RlqError(
+      "engine_logprobs_unscaled",
+      `engine ${engineId} reports log-probs before temperature scaling, but rollout_temperature = ${sampling.temperature}; rlq needs log softmax(logits / T). ` +
+        `For SGLang unset SGLANG_RETURN_ORIGINAL_LOGPROB; for vLLM use --logprobs-mode processed_logprobs with top_p = 1 and top_k = -1 (probe: ${probe.detail})`,
+      { isRetriable: false },
+    );
+  }
+  if (probe.isBeforeTruncation === false && isTruncating) {
+    throw new RlqError(
+      "engine_logprobs_truncated",
+      `engine ${engineId} reports log-probs after top-p/top-k truncation, but rollout_top_p = ${sampling.topP}, rollout_top_k = ${sampling.topK}; rlq needs them before truncation. ` +
+        `For vLLM use --logprobs-mode raw_logprobs with rollout_temperature = 1 (probe: ${probe.detail})`,
+      { isRetriable: false },
+    );
+  }
+}

@@ -1,0 +1,57 @@
+import { describe, expect, it } from "vitest";
+import { applySglangMeta, sglangGenerateChunkSchema } from "./sglang.ts";
+import { applyCompletionChoice } from "./openai-compat.ts";
+import { emptyPartial, parseWeightVersion } from "./remote.ts";
+
+describe("SGLang /generate answers", () => {
+  it("reads [logprob, id, text] tuples, the finish reason and the version", () => {
+    const p = emptyPartial();
+    const chunk = sglangGenerateChunkSchema.parse({
+      text: "ab",
+      meta_info: { id: "r", output_token_logprobs: [[-0.5, 97, "a"], [-1.25, 98, null]], finish_reason: { type: "length", length: 2 }, weight_version: "3", completion_tokens: 2 },
+    });
+    expect(applySglangMeta(p, chunk.meta_info, "t")).toBe("length");
+    expect(p).toEqual({ tokenIds: [97, 98], logProbs: [-0.5, -1.25], weightVersion: 3 });
+  });
+
+  it("replaces on cumulative stream events and appends on deltas", () => {
+    const p = emptyPartial();
+    expect(applySglangMeta(p, { output_token_logprobs: [[-1, 5]], finish_reason: null, completion_tokens: 1 }, "t")).toBeNull();
+    applySglangMeta(p, { output_token_logprobs: [[-1, 5], [-2, 6]], finish_reason: null, completion_tokens: 2 }, "t");
+    expect(p.tokenIds).toEqual([5, 6]);
+    // A server that streams deltas: completion_tokens counts all of them.
+    applySglangMeta(p, { output_token_logprobs: [[-3, 7]], finish_reason: { type: "stop" }, completion_tokens: 3 }, "t");
+    expect(p.tokenIds).toEqual([5, 6, 7]);
+    expect(p.logProbs).toEqual([-1, -2, -3]);
+  });
+
+  it("maps abort, clamps log-probs to <= 0 and rejects unknown finish reasons", () => {
+    const p = emptyPartial();
+    expect(applySglangMeta(p, { output_token_logprobs: [[1e-9, 1]], finish_reason: { type: "abort", message: "x" } }, "t")).toBe("abort");
+    expect(p.logProbs).toEqual([0]);
+    expect(() => applySglangMeta(emptyPartial(), { output_token_logprobs: [], finish_reason: { type: "weird" } }, "t")).toThrow(/unknown finish_reason/);
+  });
+
+  it("parses weight versions: SGLang's 'default' is version 0, junk is refused", () => {
+    expect(parseWeightVersion("default", "t")).toBe(0);
+    expect(parseWeightVersion("12", "t")).toBe(12);
+    expect(parseWeightVersion(4, "t")).toBe(4);
+    expect(() => parseWeightVersion("v1-abc", "t")).toThrow(/--weight-version/);
+  });
+});
+
+describe("OpenAI-compatible completions", () => {
+  it("takes token ids from token_ids, else from 'token_id:<id>' strings", () => {
+    const p = emptyPartial();
+    expect(applyCompletionChoice(p, { token_ids: [10, 11], logprobs: { tokens: ["a", "b"], token_logprobs: [-0.1, -0.2] }, finish_reason: null }, "t")).toBeNull();
+    expect(applyCompletionChoice(p, { logprobs: { tokens: ["token_id:12"], token_logprobs: [-0.3] }, finish_reason: "stop" }, "t")).toBe("stop");
+    expect(p.tokenIds).toEqual([10, 11, 12]);
+    expect(p.logProbs).toEqual([-0.1, -0.2, -0.3]);
+  });
+
+  it("refuses text tokens without ids and missing log-probs", () => {
+    expect(() => applyCompletionChoice(emptyPartial(), { logprobs: { tokens: ["hello"], token_logprobs: [-1] } }, "t")).toThrow(/return_tokens_as_token_ids/);
+    expect(() => applyCompletionChoice(emptyPartial(), { token_ids: [1], logprobs: { tokens: ["x"], token_logprobs: [null] } }, "t")).toThrow(/no log-prob/);
+    expect(applyCompletionChoice(emptyPartial(), { token_ids: [], logprobs: { tokens: [], token_logprobs: [] }, finish_reason: "length" }, "t")).toBe("length");
+  });
+});

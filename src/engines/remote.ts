@@ -1,0 +1,77 @@
+import type { Engine, GenerateRequest, GenerateResult } from "./engine.ts";
+import type { LogprobProbe } from "./logprob-check.ts";
+import { RlqError } from "../lib/errors.ts";
+
+/**
+ * What the pool needs from one remote inference server beyond the Engine
+ * interface: a generate that reports tokens as they stream in (so a server
+ * that dies mid-generation still leaves its tokens), a version read, the
+ * log-prob probe, and whether it can load weights itself.
+ */
+
+/** Tokens received so far for one request; the adapter fills it while streaming. */
+export interface PartialOutput {
+  tokenIds: number[];
+  logProbs: number[];
+  /** The version the server reported for this request, once it has said. */
+  weightVersion: number | null;
+}
+
+export function emptyPartial(): PartialOutput {
+  return { tokenIds: [], logProbs: [], weightVersion: null };
+}
+
+export interface GenerateHooks {
+  /** Filled in place as tokens arrive. */
+  partial: PartialOutput;
+  /**
+   * Local cancellation (pool abort, engine declared dead). The adapter then
+   * resolves with finishReason "abort" and the tokens in `partial`.
+   */
+  signal?: AbortSignal;
+}
+
+export interface RemoteEngine extends Engine {
+  readonly kind: "sglang" | "openai";
+  readonly url: string;
+  /** False where the server has no abort-by-id (vLLM): closing the connection is the abort. */
+  readonly canAbortById: boolean;
+  /** False for OpenAI-compatible servers: rlq does not push weights to them. */
+  readonly canLoadWeights: boolean;
+  generateWith(request: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult>;
+  /** Two short greedy requests that reveal what the server's log-probs are (logprob-check.ts). */
+  probeLogProbs(inputIds: readonly number[]): Promise<LogprobProbe>;
+  /** Fenced engines only (they do not know rlq versions): record the version the trainer/operator reported. */
+  setVersion?(version: number): void;
+  /** The version the server serves now; throws when it cannot be reached. */
+  weightVersion(): Promise<number>;
+  /** Refuse a server that cannot serve rlq at all (not a generation model, unknown model name). */
+  checkServer(): Promise<void>;
+  /** /health_generate (or /health) answered 2xx within `timeoutMs`. */
+  health(timeoutMs?: number): Promise<boolean>;
+}
+
+/**
+ * SGLang reports weight_version as a string; it is "default" until the first
+ * update unless the server was launched with --weight-version. rlq versions are
+ * integers, and a server launched from the initial checkpoint serves version 0.
+ */
+export function parseWeightVersion(raw: unknown, where: string): number {
+  if (raw === "default" || raw === undefined || raw === null) return 0;
+  const n = typeof raw === "number" ? raw : typeof raw === "string" && /^\d+$/.test(raw.trim()) ? Number(raw) : NaN;
+  if (!Number.isInteger(n) || n < 0) {
+    throw new RlqError("engine_bad_version", `${where}: weight_version ${JSON.stringify(raw)} is not an rlq version (a non-negative integer); launch the server with --weight-version <int>`, { isRetriable: false });
+  }
+  return n;
+}
+
+/** The result a cancelled or broken request resolves with: everything received, marked aborted. */
+export function abortedResult(partial: PartialOutput, engineId: string, fallbackVersion: number): GenerateResult {
+  return {
+    tokenIds: [...partial.tokenIds],
+    logProbs: [...partial.logProbs],
+    finishReason: "abort",
+    weightVersion: partial.weightVersion ?? fallbackVersion,
+    engineId,
+  };
+}

@@ -1,0 +1,76 @@
+import type { EnginePool, PoolSnapshot } from "./pool.ts";
+
+/**
+ * The controller's side of weight sync (DESIGN §1 step 7, §6).
+ *
+ * disk: after train step s commits version v at `checkpointUri`, rlq tells
+ *   every live engine to load it (SGLang update_weights_from_disk carrying
+ *   weight_version = v) and resolves once each reports v. Engines that fail
+ *   leave the rotation; the pool reloads them with v when they come back.
+ * trainer_push: the trainer pushes the weights itself (e.g. NCCL
+ *   update_weights_from_distributed carrying weight_version = v). rlq does not
+ *   send weights: it waits until every live engine reports v, then routes to v
+ *   only. Fenced engines (OpenAI-compatible servers that do not know versions)
+ *   take v as recorded when the trainer or operator reports it.
+ *
+ * In both modes the step's successors must not generate before `sync`
+ * resolves; the controller commits `weights.synced` with the report.
+ * Before an engine's weights change, this run's in-flight requests on it must
+ * be aborted by id (sync mode has none by then: the step was sealed).
+ */
+export type WeightSyncMode = "disk" | "trainer_push";
+
+export interface WeightSyncReport {
+  mode: WeightSyncMode;
+  version: number;
+  /** Engines serving `version` when sync resolved. */
+  engines: string[];
+  /** Engines out of the rotation at that moment (they are re-admitted on the current version later). */
+  absent: string[];
+  durationMs: number;
+}
+
+export interface WeightSync {
+  readonly mode: WeightSyncMode;
+  sync(version: number, checkpointUri: string | null): Promise<WeightSyncReport>;
+  /** trainer_push: hold new requests in this process until the next sync resolves. */
+  beginPush(): void;
+  snapshot(): PoolSnapshot;
+  close(): Promise<void>;
+}
+
+export function createWeightSync(pool: EnginePool, options: { mode: WeightSyncMode; pushTimeoutMs?: number; now?: () => number }): WeightSync {
+  const now = options.now ?? (() => Date.now());
+  const report = (version: number, t0: number): WeightSyncReport => {
+    const states = pool.snapshot().engines;
+    return {
+      mode: options.mode,
+      version,
+      engines: states.filter((e) => e.state === "healthy" && e.weightVersion === version).map((e) => e.engineId),
+      absent: states.filter((e) => !(e.state === "healthy" && e.weightVersion === version)).map((e) => e.engineId),
+      durationMs: now() - t0,
+    };
+  };
+  return {
+    mode: options.mode,
+    async sync(version, checkpointUri) {
+      const t0 = now();
+      if (options.mode === "disk") {
+        if (checkpointUri === null) throw new Error(`weight sync (disk): version ${version} has no checkpoint URI`);
+        await pool.loadWeights(version, checkpointUri);
+      } else {
+        try {
+          await pool.awaitVersion(version, options.pushTimeoutMs ?? 600_000);
+        } finally {
+          pool.resumeAdmission();
+        }
+      }
+      return report(version, t0);
+    },
+    beginPush() {
+      pool.pauseAdmission();
+    },
+    snapshot: () => pool.snapshot(),
+    close: () => pool.close(),
+  };
+}

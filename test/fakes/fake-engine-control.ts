@@ -1,0 +1,53 @@
+import type { GenerateRequest } from "../../src/engines/engine.ts";
+import { spawnFake, type Proc } from "../helpers/processes.ts";
+
+/** TEST FAKE control: start/restart the fake engines as processes, inject faults, build requests. */
+export type FakeServer = Proc & { url: string; port: number };
+
+export async function startFake(script: "sglang" | "vllm" | "sglang-router", args: string[] = []): Promise<FakeServer> {
+  const p = await spawnFake(`test/fakes/fake-${script}.ts`, args);
+  return { ...p, port: Number(new URL(p.url).port) };
+}
+
+/** The same fake on the same port again (an engine restarted by its operator). */
+export async function restartFake(script: "sglang" | "vllm", port: number, args: string[] = []): Promise<FakeServer> {
+  for (let i = 0; ; i++) {
+    try {
+      return await startFake(script, [...args, "--port", String(port)]);
+    } catch (e) {
+      // The port can stay busy for a moment after the old process died.
+      if (i >= 20) throw e;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}
+
+export async function setFault(url: string, fault: Record<string, unknown>): Promise<void> {
+  const res = await fetch(`${url}/_fault`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(fault) });
+  if (!res.ok) throw new Error(`fault ${JSON.stringify(fault)} on ${url}: HTTP ${res.status}`);
+}
+
+export async function fakeStats(url: string): Promise<{ generate: number; aborted: number; loads: number; abortRequests: number; live: number; maxLive: number; weightVersion: number; failed5xx: number }> {
+  const res = await fetch(`${url}/stats`);
+  return (await res.json()) as never;
+}
+
+export function request(id: string, options: Partial<GenerateRequest["sampling"]> & { inputIds?: number[]; sessionKey?: string } = {}): GenerateRequest {
+  const { inputIds, sessionKey, ...sampling } = options;
+  return {
+    requestId: id,
+    inputIds: inputIds ?? [256, 72, 105],
+    sampling: { temperature: 1, topP: 1, topK: -1, maxNewTokens: 32, stopTokenIds: [257], seed: 7, ...sampling },
+    ...(sessionKey === undefined ? {} : { sessionKey }),
+  };
+}
+
+export async function until<T>(what: string, fn: () => Promise<T | null | undefined | false> | T | null | undefined | false, timeoutMs = 20_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}

@@ -1,0 +1,101 @@
+import { afterAll, afterEach, describe, expect, it } from "vitest";
+import { createOpenAiCompatEngine } from "../../src/engines/openai-compat.ts";
+import { createEnginePool, type EnginePool } from "../../src/engines/pool.ts";
+import { createWeightSync } from "../../src/engines/weight-sync.ts";
+import { request, startFake, until, type FakeServer } from "../fakes/fake-engine-control.ts";
+
+/** The OpenAI-compatible adapter (vLLM) against the fake vLLM server as a separate process. */
+const started: FakeServer[] = [];
+const pools: EnginePool[] = [];
+async function fake(args: string[] = []): Promise<FakeServer> {
+  const f = await startFake("vllm", args);
+  started.push(f);
+  return f;
+}
+function pool(urls: string[], logprobsMode: "raw_logprobs" | "processed_logprobs" = "raw_logprobs"): EnginePool {
+  const p = createEnginePool({
+    members: urls.map((url) => createOpenAiCompatEngine({ url, model: "fake/model", requestTimeoutMs: 10_000, logprobsMode })),
+    healthIntervalMs: 200,
+    healthTimeoutMs: 1_000,
+    warmupGraceMs: 0,
+    noEngineWaitMs: 5_000,
+  });
+  pools.push(p);
+  return p;
+}
+afterEach(async () => {
+  await Promise.all(pools.splice(0).map((p) => p.close()));
+});
+afterAll(() => {
+  for (const f of started) f.kill("SIGKILL");
+});
+
+describe("OpenAI-compatible adapter (vLLM)", () => {
+  it("generates from token ids with log-probs and token ids, mapping stop and length", async () => {
+    const f = await fake(["--stop-prob", "0.2"]);
+    const legacy = await fake(["--stop-prob", "0.2", "--legacy-token-strings"]);
+    const e = createOpenAiCompatEngine({ url: `${f.url}/v1`, model: "fake/model", requestTimeoutMs: 10_000 });
+    const old = createOpenAiCompatEngine({ url: legacy.url, model: "fake/model", requestTimeoutMs: 10_000 });
+    const a = await e.generate(request("o-1", { maxNewTokens: 64, seed: 3 }));
+    const b = await old.generate(request("o-2", { maxNewTokens: 64, seed: 3 }));
+    expect(a.tokenIds).toEqual(b.tokenIds);
+    expect(a.finishReason).toBe("stop");
+    expect(a.tokenIds.at(-1)).toBe(257);
+    expect(a.logProbs.length).toBe(a.tokenIds.length);
+    const c = await e.generate(request("o-3", { maxNewTokens: 2, stopTokenIds: [], seed: 5 }));
+    expect(c.tokenIds.length).toBeLessThanOrEqual(2);
+    await expect(createOpenAiCompatEngine({ url: f.url, model: "other", requestTimeoutMs: 1000 }).checkServer()).rejects.toMatchObject({ code: "engine_model_missing" });
+  });
+
+  it("raw_logprobs are refused unless T = 1; processed_logprobs unless top-p/top-k are off", async () => {
+    const raw = await fake();
+    const p = pool([raw.url], "raw_logprobs");
+    await p.awaitReady(10_000);
+    await expect(p.generate(request("r-1", { temperature: 0.8 }))).rejects.toMatchObject({ code: "engine_logprobs_unscaled" });
+    expect((await p.generate(request("r-2", { temperature: 1, topP: 0.9 }))).tokenIds.length).toBeGreaterThan(0);
+
+    const processed = await fake(["--logprobs-mode", "processed_logprobs"]);
+    const q = pool([processed.url], "processed_logprobs");
+    await q.awaitReady(10_000);
+    await expect(q.generate(request("p-1", { topP: 0.9 }))).rejects.toMatchObject({ code: "engine_logprobs_truncated" });
+    expect((await q.generate(request("p-2", { temperature: 0.7 }))).tokenIds.length).toBeGreaterThan(0);
+  });
+
+  it("abort closes the connection and keeps the streamed tokens; a dead server's requests come back as partials", async () => {
+    const f = await fake(["--token-delay-ms", "5", "--stop-prob", "0.000001"]);
+    const g = await fake(["--token-delay-ms", "5", "--stop-prob", "0.000001"]);
+    const p = pool([f.url, g.url]);
+    await p.awaitReady(10_000);
+    await p.checkHealth();
+    const pending = p.generate(request("v-ab", { maxNewTokens: 1000 }));
+    await new Promise((r) => setTimeout(r, 200));
+    await p.abort(["v-ab"]);
+    const r = await pending;
+    expect(r.finishReason).toBe("abort");
+    expect(r.tokenIds.length).toBeGreaterThan(0);
+    expect(r.tokenIds.length).toBeLessThan(1000);
+
+    const many = Array.from({ length: 6 }, (_, i) => p.generate(request(`v-k${i}`, { maxNewTokens: 300, seed: i })));
+    await new Promise((r2) => setTimeout(r2, 200));
+    f.kill("SIGKILL");
+    const done = await Promise.all(many);
+    const partials = done.filter((x) => x.engineId === f.url);
+    expect(partials.length).toBeGreaterThan(0);
+    for (const x of partials) expect(x).toMatchObject({ finishReason: "abort" });
+    for (const x of partials) expect(x.tokenIds.length).toBeGreaterThan(0);
+    await until("dead", () => p.engineStates()[f.url] === "dead");
+  });
+
+  it("versions are fenced by rlq: trainer_push records the reported version", async () => {
+    const f = await fake();
+    const p = pool([f.url]);
+    await p.awaitReady(10_000);
+    expect((await p.generate(request("f-0"))).weightVersion).toBe(0);
+    await expect(p.loadWeights(1, "file:///x")).resolves.toBeUndefined(); // nothing loadable: the engine is left stale
+    expect(p.engineStates()[f.url]).toBe("stale");
+    const sync = createWeightSync(p, { mode: "trainer_push", pushTimeoutMs: 5_000 });
+    const report = await sync.sync(1, null);
+    expect(report.engines).toEqual([f.url]);
+    expect((await p.generate(request("f-1"))).weightVersion).toBe(1);
+  });
+});

@@ -1,0 +1,146 @@
+import { afterAll, afterEach, describe, expect, it } from "vitest";
+import { createSglangServer } from "../../src/engines/sglang.ts";
+import { createEnginePool, type EnginePool } from "../../src/engines/pool.ts";
+import { createWeightSync } from "../../src/engines/weight-sync.ts";
+import type { GenerateResult } from "../../src/engines/engine.ts";
+import { fakeStats, request, restartFake, setFault, startFake, until, type FakeServer } from "../fakes/fake-engine-control.ts";
+
+/**
+ * The engine pool over several fake SGLang processes: an engine killed
+ * mid-generation, restarted, re-admitted on the current weights; the
+ * concurrency cap; prefix affinity; trainer_push fencing.
+ */
+const started: FakeServer[] = [];
+const pools: EnginePool[] = [];
+async function fake(args: string[] = []): Promise<FakeServer> {
+  const f = await startFake("sglang", args);
+  started.push(f);
+  return f;
+}
+function pool(urls: string[], extra: Partial<Parameters<typeof createEnginePool>[0]> = {}): EnginePool {
+  const p = createEnginePool({
+    members: urls.map((url) => createSglangServer({ url, requestTimeoutMs: 20_000 })),
+    healthIntervalMs: 200,
+    healthTimeoutMs: 1_000,
+    warmupGraceMs: 0,
+    noEngineWaitMs: 10_000,
+    ...extra,
+  });
+  pools.push(p);
+  return p;
+}
+afterEach(async () => {
+  await Promise.all(pools.splice(0).map((p) => p.close()));
+});
+afterAll(() => {
+  for (const f of started) f.kill("SIGKILL");
+});
+
+describe("engine pool", () => {
+  it("an engine killed mid-generation: its in-flight requests come back as aborted partials with their tokens; it is re-admitted on the current weights after a restart", async () => {
+    const slow = ["--token-delay-ms", "4", "--stop-prob", "0.000001"];
+    const a = await fake(slow);
+    const b = await fake(slow);
+    const p = pool([a.url, b.url]);
+    await p.awaitReady(10_000);
+    await p.loadWeights(1, "file:///tmp/rlq-ckpt/step-0");
+
+    const n = 24;
+    const results: Array<Promise<GenerateResult>> = [];
+    for (let i = 0; i < n; i++) results.push(p.generate(request(`kill-${i}`, { maxNewTokens: 150, stopTokenIds: [], seed: 100 + i })));
+    await until("both engines generating", async () => (await fakeStats(a.url)).live > 0 && (await fakeStats(b.url)).live > 0);
+    await new Promise((r) => setTimeout(r, 150));
+    a.kill("SIGKILL");
+    const done = await Promise.all(results); // nothing rejects, nothing is lost
+
+    const partials = done.filter((r) => r.engineId === a.url);
+    expect(partials.length).toBeGreaterThan(0);
+    for (const r of partials) {
+      expect(r.finishReason).toBe("abort");
+      expect(r.tokenIds.length).toBeGreaterThan(0);
+      expect(r.tokenIds.length).toBeLessThan(150);
+      expect(r.weightVersion).toBe(1);
+    }
+    for (const r of done.filter((x) => x.engineId === b.url)) expect(r.finishReason).toBe("length");
+    // A partial is exactly the prefix the engine would have produced: regenerate it on the survivor (same weights, same seed).
+    const i = done.findIndex((r) => r.engineId === a.url);
+    const full = await p.generate(request(`kill-again-${i}`, { maxNewTokens: 150, stopTokenIds: [], seed: 100 + i }));
+    const partial = done[i] as GenerateResult;
+    expect(full.tokenIds.slice(0, partial.tokenIds.length)).toEqual(partial.tokenIds);
+    expect(full.logProbs.slice(0, partial.logProbs.length)).toEqual(partial.logProbs);
+
+    await until("killed engine out of the rotation", () => p.engineStates()[a.url] === "dead");
+    const snapDead = p.snapshot().engines.find((e) => e.engineId === a.url);
+    expect(snapDead).toMatchObject({ deaths: 1, state: "dead" });
+    expect(snapDead?.aborted).toBeGreaterThan(0);
+
+    // Restarted from the initial checkpoint (version 0): the pool loads version 1 into it before routing to it.
+    const a2 = await restartFake("sglang", a.port, slow);
+    started.push(a2);
+    await until("restarted engine re-admitted", () => p.engineStates()[a.url] === "healthy", 20_000);
+    expect(await fakeStats(a.url)).toMatchObject({ weightVersion: 1, loads: 1 });
+    const after = await Promise.all(Array.from({ length: 8 }, (_, k) => p.generate(request(`after-${k}`, { maxNewTokens: 5, seed: k }))));
+    expect(new Set(after.map((r) => r.engineId))).toEqual(new Set([a.url, b.url]));
+    for (const r of after) expect(r.weightVersion).toBe(1);
+  });
+
+  it("caps in-flight requests per engine (sglang_server_concurrency) and queues the rest", async () => {
+    const f = await fake(["--token-delay-ms", "2", "--stop-prob", "0.000001"]);
+    const p = pool([f.url], { maxConcurrentPerEngine: 3 });
+    await p.awaitReady(10_000);
+    const rs = await Promise.all(Array.from({ length: 12 }, (_, i) => p.generate(request(`cap-${i}`, { maxNewTokens: 20 }))));
+    expect(rs.every((r) => r.tokenIds.length === 20)).toBe(true);
+    expect((await fakeStats(f.url)).maxLive).toBe(3);
+    expect(p.snapshot().engines[0]).toMatchObject({ requests: 12, completed: 12, inFlight: 0 });
+  });
+
+  it("keeps a session on one engine (prefix affinity) while it is healthy", async () => {
+    const a = await fake();
+    const b = await fake();
+    const c = await fake();
+    const p = pool([a.url, b.url, c.url]);
+    await p.awaitReady(10_000);
+    await p.checkHealth();
+    for (const session of ["s1", "s2", "s3", "s4"]) {
+      const turns: string[] = [];
+      for (let t = 0; t < 4; t++) turns.push((await p.generate(request(`${session}-t${t}`, { sessionKey: session, maxNewTokens: 4 }))).engineId);
+      expect(new Set(turns).size).toBe(1);
+    }
+  });
+
+  it("trainer_push: the sync resolves once every live engine reports the pushed version, and only then routes to it", async () => {
+    const a = await fake();
+    const b = await fake();
+    const p = pool([a.url, b.url]);
+    await p.awaitReady(10_000);
+    await p.checkHealth();
+    const sync = createWeightSync(p, { mode: "trainer_push", pushTimeoutMs: 10_000 });
+    sync.beginPush();
+    const syncing = sync.sync(1, null);
+    let isDone = false;
+    void syncing.then(() => (isDone = true));
+    // The "trainer" pushes to one engine, then the other (here through the disk endpoint; NCCL in production).
+    const push = (url: string) => fetch(`${url}/update_weights_from_disk`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model_path: "/pushed", weight_version: "1" }) });
+    await push(a.url);
+    await new Promise((r) => setTimeout(r, 300));
+    expect(isDone).toBe(false);
+    await push(b.url);
+    const report = await syncing;
+    expect(report).toMatchObject({ mode: "trainer_push", version: 1, absent: [] });
+    expect(report.engines.sort()).toEqual([a.url, b.url].sort());
+    expect((await p.generate(request("push-after"))).weightVersion).toBe(1);
+  });
+
+  it("every engine dead: requests fail as retriable after the wait, and succeed again once one is back", async () => {
+    const f = await fake();
+    const p = pool([f.url], { noEngineWaitMs: 600 });
+    await p.awaitReady(10_000);
+    await setFault(f.url, { mode: "die" });
+    await until("dead", () => p.engineStates()[f.url] === "dead");
+    await expect(p.generate(request("none-1"))).rejects.toMatchObject({ code: "engine_unavailable", isRetriable: true });
+    const f2 = await restartFake("sglang", f.port);
+    started.push(f2);
+    await until("back", () => p.engineStates()[f.url] === "healthy");
+    expect((await p.generate(request("none-2"))).tokenIds.length).toBeGreaterThan(0);
+  });
+});

@@ -1,0 +1,64 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createWorld, type World } from "../helpers/run-fixture.ts";
+import { spawnRlq, waitFor } from "../helpers/processes.ts";
+import { checkRunInvariants } from "../helpers/invariants.ts";
+import { restartFake, startFake, type FakeServer } from "../fakes/fake-engine-control.ts";
+
+/**
+ * A whole run on two fake SGLang engines behind the pool; one engine is
+ * killed mid-generation and restarted. The run completes, no sample is lost,
+ * and the killed engine's in-flight samples come back as partial rollouts
+ * (aborted segments with tokens, continued by a later segment).
+ */
+describe("a run on two engines, one killed and restarted mid-run", () => {
+  let w: World;
+  const extra: FakeServer[] = [];
+  const args = ["--token-delay-ms", "6", "--stop-prob", "0.03"];
+  beforeAll(async () => {
+    w = await createWorld("engrun", { engineArgs: args });
+    extra.push(await startFake("sglang", args));
+  });
+  afterAll(async () => {
+    for (const f of extra) f.kill("SIGKILL");
+    await w?.close();
+  });
+
+  it("completes with every sample accounted for", async () => {
+    const b = extra[0] as FakeServer;
+    const runId = await w.start({ num_rollout: 6, partial_rollout: true, rollout_max_response_len: 128, engine: { kind: "sglang", urls: [w.engine.url, b.url] } });
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
+    // Kill engine B once it has produced segments of this run, while it still has requests in flight.
+    await waitFor("engine B generating", async () => {
+      const r = await w.db.pool.query("SELECT count(*)::int AS n FROM sample_segments WHERE run_id = $1 AND engine = $2", [runId, b.url]);
+      const live = (await (await fetch(`${b.url}/stats`)).json()) as { live: number };
+      return (r.rows[0]?.n ?? 0) > 0 && live.live > 0;
+    }, 120_000, 20);
+    b.kill("SIGKILL");
+    await new Promise((r) => setTimeout(r, 1500));
+    extra.push(await restartFake("sglang", b.port, args));
+    // The controller's pool notices the restarted engine (on version 0) and loads the current weights into it.
+    await waitFor("restarted engine reloaded", async () => ((await (await fetch(`${b.url}/stats`)).json()) as { loads: number }).loads > 0, 60_000);
+
+    expect(await up.exited, up.output()).toBe(0);
+    await checkRunInvariants(w.db, runId, { numRollout: 6, datasetSize: 64, shuffle: false, seed: 42, rbs: 4 });
+
+    // The killed engine's in-flight samples: aborted segments with tokens, each continued by a later segment.
+    const partial = await w.db.pool.query(
+      `SELECT s.group_id, s.sample_index, s.segment_index, s.token_end - s.token_start AS n,
+         EXISTS (SELECT 1 FROM sample_segments t WHERE t.run_id = s.run_id AND t.group_id = s.group_id AND t.sample_index = s.sample_index AND t.segment_index = s.segment_index + 1) AS continued
+       FROM sample_segments s WHERE s.run_id = $1 AND s.engine = $2 AND s.finish_reason = 'abort' AND s.token_end > s.token_start`,
+      [runId, b.url],
+    );
+    expect(partial.rows.length).toBeGreaterThan(0);
+    const trainedOrKept = await w.db.pool.query("SELECT count(*)::int AS n FROM rollout_history WHERE run_id = $1 AND trained_step IS NOT NULL", [runId]);
+    expect(trainedOrKept.rows[0]?.n).toBe(6 * 4 * 4);
+    // Every partial that belongs to a group that was later trained was continued, not regenerated.
+    for (const r of partial.rows) if (!r.continued) {
+      const g = await w.db.pool.query("SELECT 1 FROM rollout_history WHERE run_id = $1 AND group_id = $2 AND trained_step IS NOT NULL", [runId, r.group_id]);
+      expect(g.rows).toEqual([]);
+    }
+
+    const replay = spawnRlq(["replay", runId, "--check"], w.env);
+    expect(await replay.exited, replay.output()).toBe(0);
+  });
+});

@@ -1,0 +1,1 @@
+"""rlq's PyTorch trainer: loss math (algorithms), models (gpt, models), RLQB batches, safetensors I/O, the train step."""

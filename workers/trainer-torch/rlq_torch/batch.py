@@ -1,0 +1,146 @@
+"""RLQB v1, the trainer protocol's binary batch format (docs/trainer-protocol.md).
+
+Little-endian: "RLQB", u32 version = 1, u32 header length H, H bytes of UTF-8 JSON
+{run_id, step, num_samples, arrays: [{name, dtype, length}]}, then each array in header
+order, each starting at an 8-byte aligned offset. ``encode_batch`` mirrors
+src/trainer/batch-codec.ts byte for byte (used by the tests).
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Dict, List
+
+import numpy as np
+
+MAGIC = b"RLQB"
+DTYPES = {"int32": np.dtype("<i4"), "uint8": np.dtype("u1"), "float32": np.dtype("<f4"), "float64": np.dtype("<f8")}
+ARRAYS = [
+    ("token_offsets", "int32"),
+    ("prompt_lengths", "int32"),
+    ("tokens", "int32"),
+    ("response_offsets", "int32"),
+    ("loss_mask", "uint8"),
+    ("rollout_log_probs", "float32"),
+    ("token_versions", "int32"),
+    ("rewards", "float64"),
+    ("group_index", "int32"),
+    ("sample_index", "int32"),
+]
+
+
+class BatchError(ValueError):
+    """Not a valid RLQB batch."""
+
+
+@dataclass
+class Sample:
+    tokens: np.ndarray  # int32 [prompt + response]
+    prompt_length: int
+    loss_mask: np.ndarray  # uint8 [response]
+    rollout_log_probs: np.ndarray  # float32 [response]
+    token_versions: np.ndarray  # int32 [response]
+    reward: float
+    group_index: int
+    sample_index: int
+
+    @property
+    def response_length(self) -> int:
+        return int(self.loss_mask.shape[0])
+
+
+@dataclass
+class Batch:
+    run_id: str
+    step: int
+    samples: List[Sample]
+
+
+def _align(x: int) -> int:
+    return (x + 7) & ~7
+
+
+def decode_batch(data: bytes) -> Batch:
+    if len(data) < 12 or data[:4] != MAGIC:
+        raise BatchError("bad magic (expected RLQB)")
+    version, hlen = struct.unpack_from("<II", data, 4)
+    if version != 1:
+        raise BatchError(f"unsupported RLQB version {version}")
+    if 12 + hlen > len(data):
+        raise BatchError("header length exceeds the batch size")
+    try:
+        header = json.loads(data[12:12 + hlen].decode("utf-8"))
+        n = int(header["num_samples"])
+        specs = header["arrays"]
+        run_id = str(header["run_id"])
+        step = int(header["step"])
+    except Exception as e:  # noqa: BLE001
+        raise BatchError(f"bad header: {e}") from e
+    off = _align(12 + hlen)
+    got: Dict[str, np.ndarray] = {}
+    for a in specs:
+        dt = DTYPES.get(a.get("dtype"))
+        if dt is None:
+            raise BatchError(f"array {a.get('name')}: unknown dtype {a.get('dtype')}")
+        length = int(a["length"])
+        end = off + length * dt.itemsize
+        if length < 0 or end > len(data):
+            raise BatchError(f"array {a.get('name')} runs past the end of the batch")
+        got[a["name"]] = np.frombuffer(data, dtype=dt, count=length, offset=off).copy()
+        off = _align(end)
+    for name, _ in ARRAYS:
+        if name not in got:
+            raise BatchError(f"array {name} is missing")
+    to, ro = got["token_offsets"], got["response_offsets"]
+    if to.shape[0] != n + 1 or ro.shape[0] != n + 1:
+        raise BatchError("token_offsets / response_offsets must have num_samples + 1 entries")
+    T, R = int(to[-1]) if n >= 0 else 0, int(ro[-1])
+    checks = {"prompt_lengths": n, "tokens": T, "loss_mask": R, "rollout_log_probs": R, "token_versions": R, "rewards": n, "group_index": n, "sample_index": n}
+    for name, want in checks.items():
+        if got[name].shape[0] != want:
+            raise BatchError(f"array {name} has length {got[name].shape[0]}, expected {want}")
+    if to[0] != 0 or ro[0] != 0 or np.any(np.diff(to) < 0) or np.any(np.diff(ro) < 0):
+        raise BatchError("offsets must start at 0 and never decrease")
+    samples = []
+    for i in range(n):
+        tok = got["tokens"][to[i]:to[i + 1]]
+        r0, r1 = int(ro[i]), int(ro[i + 1])
+        pl = int(got["prompt_lengths"][i])
+        if pl < 0 or pl + (r1 - r0) != tok.shape[0]:
+            raise BatchError(f"sample {i}: prompt_length {pl} + response {r1 - r0} != {tok.shape[0]} tokens")
+        samples.append(Sample(tok, pl, got["loss_mask"][r0:r1], got["rollout_log_probs"][r0:r1], got["token_versions"][r0:r1],
+                              float(got["rewards"][i]), int(got["group_index"][i]), int(got["sample_index"][i])))
+    return Batch(run_id, step, samples)
+
+
+def encode_batch(batch: Batch) -> bytes:
+    s = batch.samples
+    n = len(s)
+    to = np.zeros(n + 1, dtype="<i4")
+    ro = np.zeros(n + 1, dtype="<i4")
+    for i, x in enumerate(s):
+        to[i + 1] = to[i] + len(x.tokens)
+        ro[i + 1] = ro[i] + x.response_length
+    cat = lambda f, dt: np.concatenate([np.asarray(f(x), dtype=dt) for x in s]) if s else np.zeros(0, dtype=dt)  # noqa: E731
+    arrays = [
+        to,
+        np.array([x.prompt_length for x in s], dtype="<i4"),
+        cat(lambda x: x.tokens, "<i4"),
+        ro,
+        cat(lambda x: x.loss_mask, "u1"),
+        cat(lambda x: x.rollout_log_probs, "<f4"),
+        cat(lambda x: x.token_versions, "<i4"),
+        np.array([x.reward for x in s], dtype="<f8"),
+        np.array([x.group_index for x in s], dtype="<i4"),
+        np.array([x.sample_index for x in s], dtype="<i4"),
+    ]
+    header = json.dumps({"run_id": batch.run_id, "step": batch.step, "num_samples": n,
+                         "arrays": [{"name": name, "dtype": dt, "length": int(a.shape[0])} for (name, dt), a in zip(ARRAYS, arrays)]},
+                        separators=(",", ":")).encode("utf-8")
+    out = bytearray(MAGIC + struct.pack("<II", 1, len(header)) + header)
+    out += b"\0" * (_align(len(out)) - len(out))
+    for a in arrays:
+        out += a.tobytes()
+        out += b"\0" * (_align(len(out)) - len(out))
+    return bytes(out)

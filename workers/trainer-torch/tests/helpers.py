@@ -1,0 +1,133 @@
+"""Test helpers: a tiny embedded model, random batches, a local batch server, the trainer process."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from rlq_torch.batch import Batch, Sample, encode_batch  # noqa: E402
+
+TINY_MODEL = {"vocab_size": 258, "context_length": 64, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_mlp": 64}
+
+
+def have_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+def make_batch(run_id: str, step: int, groups: int = 4, per_group: int = 4, seed: int = 0, vocab: int = 258) -> Batch:
+    rng = np.random.default_rng(seed)
+    samples = []
+    for g in range(groups):
+        prompt = rng.integers(32, 127, size=int(rng.integers(3, 8))).astype(np.int32)
+        for k in range(per_group):
+            r = int(rng.integers(1, 12))
+            resp = rng.integers(32, 127, size=r).astype(np.int32)
+            resp[-1] = 257 if rng.random() < 0.5 else resp[-1]
+            mask = np.ones(r, dtype=np.uint8)
+            if r > 3:
+                mask[1] = 0
+            samples.append(Sample(np.concatenate([prompt, resp]), len(prompt), mask, (-rng.uniform(0.5, 6.0, size=r)).astype(np.float32),
+                                  np.zeros(r, dtype=np.int32), float(rng.integers(0, 2)), g, k))
+    return Batch(run_id, step, samples)
+
+
+class BatchServer:
+    """Serves registered byte strings at /NAME (optionally after a delay, or a status code)."""
+
+    def __init__(self):
+        self.routes = {}
+        self.hits = {}
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):  # noqa: N802
+                name = self.path.strip("/")
+                outer.hits[name] = outer.hits.get(name, 0) + 1
+                spec = outer.routes.get(name)
+                if spec is None:
+                    self.send_response(404)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                data, delay, status = spec
+                time.sleep(delay)
+                self.send_response(status)
+                self.send_header("content-type", "application/octet-stream")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def add(self, name: str, data, delay: float = 0.0, status: int = 200) -> str:
+        if isinstance(data, Batch):
+            data = encode_batch(data)
+        self.routes[name] = (data, delay, status)
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/{name}"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class TrainerProcess:
+    def __init__(self, *extra: str, port: int = 0):
+        args = [sys.executable, os.path.join(ROOT, "server.py"), "--port", str(port), "--device", "cpu", "--threads", "1",
+                "--model-config", json.dumps(TINY_MODEL), *extra]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening"):
+            self.proc.kill()
+            raise RuntimeError(f"trainer did not start: {line!r} {self.proc.stderr.read()}")
+        self.port = int(line.split()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def call(self, method: str, path: str, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def wait(self, run_id: str, step: int, states=("done", "failed", "cancelled"), timeout: float = 120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            code, st = self.call("GET", f"/v1/steps/{run_id}/{step}")
+            if code == 200 and st["state"] in states:
+                return st
+            time.sleep(0.05)
+        raise TimeoutError(f"step {run_id}/{step} did not reach {states}: {st}")
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+def request(run_id, step, attempt, out_dir, batch_url, config=None, v_in=None, uri=None):
+    return {"run_id": run_id, "step": step, "attempt": str(attempt), "weight_version_in": step if v_in is None else v_in,
+            "checkpoint_uri_in": uri, "output_dir": out_dir, "batch_url": batch_url,
+            "config": {"lr": 1e-3, "advantage_estimator": "grpo", "eps_clip": 0.2, **(config or {})}}

@@ -1,0 +1,177 @@
+"""The train step in-process: determinism, exact resume from files, micro-batching, every loss, gradients."""
+import os
+import tempfile
+import unittest
+
+import numpy as np
+
+from helpers import TINY_MODEL, have_torch, make_batch
+
+
+def req(run_id, step, out, uri=None, v_in=None, **config):
+    c = {"lr": 1e-3, "model": TINY_MODEL, "seed": 7, **config}
+    return {"run_id": run_id, "step": step, "attempt": "0", "weight_version_in": step if v_in is None else v_in, "checkpoint_uri_in": uri,
+            "output_dir": out, "batch_url": "http://unused", "config": c}
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@unittest.skipUnless(have_torch(), "torch is not importable (install python3-torch or set RLQ_PYTHON)")
+class TrainStepTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_step(self, trainer, r, batch, progress=None):
+        from rlq_torch.trainer import parse_algorithm, parse_train_config
+
+        t = parse_train_config(r["config"], trainer.defaults)
+        o = parse_algorithm(r["config"])
+        return trainer.train_step(r, batch, t, o, progress or (lambda *a: None), lambda: None)
+
+    def trainer(self):
+        from rlq_torch.trainer import TorchTrainer
+
+        return TorchTrainer("cpu")
+
+    def test_same_request_writes_bit_identical_files(self):
+        b = make_batch("r", 0, seed=1)
+        a = self.run_step(self.trainer(), req("r", 0, f"{self.dir}/a"), b)
+        c = self.run_step(self.trainer(), req("r", 0, f"{self.dir}/c"), b)
+        for f in ("weights.safetensors", "optimizer.safetensors"):
+            self.assertEqual(read(f"{self.dir}/a/{f}"), read(f"{self.dir}/c/{f}"), f)
+        self.assertEqual(a["weight_version_out"], 1)
+        self.assertEqual(a["metrics"]["pg_loss"], c["metrics"]["pg_loss"])
+
+    def test_resuming_from_files_reproduces_the_held_weights(self):
+        b0, b1 = make_batch("r", 0, seed=1), make_batch("r", 1, seed=2)
+        t1 = self.trainer()
+        self.run_step(t1, req("r", 0, f"{self.dir}/s0"), b0)
+        self.run_step(t1, req("r", 1, f"{self.dir}/s1-held", uri=f"file://{self.dir}/s0"), b1)  # from memory
+        t2 = self.trainer()
+        self.run_step(t2, req("r", 1, f"{self.dir}/s1-disk", uri=f"file://{self.dir}/s0"), b1)  # reloads weights + Adam state
+        for f in ("weights.safetensors", "optimizer.safetensors"):
+            self.assertEqual(read(f"{self.dir}/s1-held/{f}"), read(f"{self.dir}/s1-disk/{f}"), f)
+        from rlq_torch.safetensors_io import read_metadata
+        self.assertEqual(read_metadata(f"{self.dir}/s1-disk/optimizer.safetensors")["iteration"], "2")
+        self.assertEqual(read_metadata(f"{self.dir}/s1-disk/weights.safetensors")["version"], "2")
+
+    def test_version_mismatch_is_refused(self):
+        from rlq_torch.trainer import StepError
+
+        t = self.trainer()
+        self.run_step(t, req("r", 0, f"{self.dir}/s0"), make_batch("r", 0))
+        with self.assertRaises(StepError) as e:
+            self.run_step(self.trainer(), req("r", 1, f"{self.dir}/s1", uri=f"file://{self.dir}/s0", v_in=4), make_batch("r", 1))
+        self.assertEqual(e.exception.code, "bad_request")
+
+    def test_micro_batches_change_rounding_only_and_report_progress(self):
+        # Adam divides by sqrt(v): a near-zero gradient amplifies summation-order rounding, hence 1e-5 (lr 1e-3) on weights.
+        import torch
+
+        from rlq_torch.safetensors_io import read_safetensors
+
+        b = make_batch("r", 0, groups=4, per_group=4, seed=3)
+        seen = []
+        one = self.run_step(self.trainer(), req("r", 0, f"{self.dir}/one"), b)
+        many = self.run_step(self.trainer(), req("r", 0, f"{self.dir}/many", max_tokens_per_gpu=40), b, lambda d, t, p: seen.append((d, t, p)))
+        self.assertGreaterEqual(sum(1 for _, _, p in seen if p.startswith("train")), 4)
+        for k in ("pg_loss", "entropy_loss", "grad_norm"):
+            self.assertAlmostEqual(one["metrics"][k], many["metrics"][k], delta=1e-5 * max(1, abs(one["metrics"][k])))
+        _, w1 = read_safetensors(f"{self.dir}/one/weights.safetensors")
+        _, w2 = read_safetensors(f"{self.dir}/many/weights.safetensors")
+        for n in w1:
+            self.assertTrue(torch.allclose(w1[n], w2[n], atol=1e-5), n)
+
+    def test_optimizer_steps_per_rollout(self):
+        from rlq_torch.safetensors_io import read_metadata
+
+        r = self.run_step(self.trainer(), req("r", 0, f"{self.dir}/s", num_steps_per_rollout=4, lr_warmup_iters=2), make_batch("r", 0))
+        self.assertEqual(r["metrics"]["num_optimizer_steps"], 4)
+        self.assertEqual(read_metadata(f"{self.dir}/s/optimizer.safetensors")["iteration"], "4")
+        self.assertNotEqual(r["metrics"]["ppo_kl"], 0)  # later minibatches see moved weights
+
+    def test_every_loss_trains(self):
+        variants = {
+            "gspo": {"advantage_estimator": "gspo", "eps_clip": 3e-4, "eps_clip_high": 4e-4},
+            "cispo": {"advantage_estimator": "cispo", "eps_clip": 1, "eps_clip_high": 4},
+            "dual clip": {"eps_clip_high": 0.28, "eps_clip_c": 3, "num_steps_per_rollout": 2},
+            "rpp": {"advantage_estimator": "reinforce_plus_plus", "normalize_advantages": True, "kl_coef": 0.01},
+            "rpp baseline": {"advantage_estimator": "reinforce_plus_plus_baseline", "normalize_advantages": True},
+            "kl loss": {"use_kl_loss": True, "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl", "use_unbiased_kl": True},
+            "entropy per token": {"entropy_coef": 0.01, "calculate_per_token_loss": True},
+            "tis": {"use_tis": True, "tis_clip": 1.5},
+            "icepop": {"use_tis": True, "tis_function": "icepop"},
+            "mis": {"use_tis": True, "tis_function": "mis", "tis_level": "sequence", "tis_mode": "clip", "use_rs": False},
+            "opsm": {"use_opsm": True},
+            "bypass": {"use_rollout_logprobs": True},
+            "cosine": {"lr_decay_style": "cosine", "num_rollout": 10, "lr_warmup_iters": 1},
+        }
+        for name, cfg in variants.items():
+            with self.subTest(name):
+                r = self.run_step(self.trainer(), req("r", 0, f"{self.dir}/{name}", **cfg), make_batch("r", 0, seed=5))
+                self.assertTrue(all(np.isfinite(v) for v in r["metrics"].values()))
+                self.assertIn("pg_loss", r["metrics"])
+                if name == "kl loss":
+                    self.assertAlmostEqual(r["metrics"]["kl_loss"], 0.0, delta=1e-9)  # the reference is the seed initialisation
+                if name.startswith("tis") or name == "icepop":
+                    self.assertIn("tis", r["metrics"])
+                if name == "mis":
+                    self.assertIn("mis_is_ratio_mean_final", r["metrics"])
+
+    def test_surrogate_gradient_is_the_loss_gradient(self):
+        """Backpropagating sum(dL/dlogp · logp) + sum(dL/dH · H) gives dL/dθ (checked by finite differences in float64)."""
+        import torch
+
+        from rlq_torch import algorithms as A
+        from rlq_torch import gpt
+        from rlq_torch.models import EmbeddedPolicy
+        from rlq_torch.trainer import TorchTrainer
+
+        trainer = TorchTrainer("cpu")
+        policy = EmbeddedPolicy(TINY_MODEL, gpt.init_weights(gpt.parse_model_config(TINY_MODEL), 3), torch.device("cpu"))
+        policy.module.to(torch.float64)
+        samples = make_batch("r", 0, groups=2, per_group=3, seed=9).samples
+        lengths = [s.response_length for s in samples]
+        shape = A.Ragged(np.zeros(sum(lengths)), np.concatenate([[0], np.cumsum(lengths)]))
+        rng = np.random.default_rng(0)
+        mask = np.concatenate([s.loss_mask for s in samples]).astype(np.float64)
+        adv = rng.normal(size=shape.flat.size)
+        o = A.parse_options({"eps_clip": 0.1, "eps_clip_c": 3, "use_kl_loss": True, "kl_loss_coef": 0.3, "kl_loss_type": "k3", "entropy_coef": 0.05})
+        with torch.no_grad():
+            lp0, _ = trainer.token_stats(policy, samples, 0.9, grad=False)
+        old = lp0.numpy() + rng.normal(scale=0.3, size=lp0.shape)
+        ref = lp0.numpy() + rng.normal(scale=0.3, size=lp0.shape)
+
+        def loss_and_terms(grad):
+            lp, en = trainer.token_stats(policy, samples, 0.9, grad=grad)
+            terms = A.policy_loss_terms(shape.like(lp.detach().numpy()), adv, mask, o, old=old, ref=ref, entropy=en.detach().numpy())
+            return lp, en, terms
+
+        lp, en, terms = loss_and_terms(True)
+        (lp * torch.from_numpy(terms.dloss_dlogp)).sum().add((en * torch.from_numpy(terms.dloss_dentropy)).sum()).backward()
+        params = policy.named_params()
+        direction = {n: torch.from_numpy(rng.normal(size=tuple(p.shape))) for n, p in params}
+        analytic = sum(float((p.grad * direction[n]).sum()) for n, p in params)
+        eps = 1e-6
+        values = []
+        for sign in (1, -1):
+            with torch.no_grad():
+                for n, p in params:
+                    p.add_(sign * eps * direction[n])
+            values.append(loss_and_terms(False)[2].loss)
+            with torch.no_grad():
+                for n, p in params:
+                    p.sub_(sign * eps * direction[n])
+        numeric = (values[0] - values[1]) / (2 * eps)
+        self.assertAlmostEqual(analytic, numeric, delta=1e-5 * max(1.0, abs(numeric)))
+
+
+if __name__ == "__main__":
+    unittest.main()
