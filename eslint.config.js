@@ -8,7 +8,7 @@ import tseslint from "typescript-eslint";
 const io = ["bullmq", "ioredis", "pg", "pg-copy-streams", "drizzle-orm", "drizzle-orm/*", "onnxruntime-node", "node:fs", "node:fs/promises", "node:http", "node:net", "node:child_process", "fs", "http"];
 
 export default tseslint.config(
-  { ignores: ["dist/**", "node_modules/**", "migrations/**", "coverage/**", ".rlq/**", "bin/**", "workers/trainer-torch/**"] },
+  { ignores: ["dist/**", "node_modules/**", "migrations/**", "coverage/**", ".rlq/**", "bin/**", "workers/trainer-torch/**", "eslint.config.js", "**/*.mjs"] },
   js.configs.recommended,
   ...tseslint.configs.recommendedTypeChecked,
   {

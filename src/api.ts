@@ -47,7 +47,7 @@ export async function startRun(db: Db, options: StartRunOptions): Promise<{ runI
   await insertRun(db, {
     runId,
     name: options.name ?? runId,
-    config: config as unknown as Record<string, unknown>,
+    config: config,
     datasetFingerprint: dataset.fingerprint,
     datasetSize: dataset.rows.length,
     datasetErrors: dataset.errors,

@@ -8,7 +8,7 @@ function cell(v: unknown): string {
     const s = JSON.stringify(v);
     return s.length > 60 ? s.slice(0, 57) + "..." : s;
   }
-  return String(v);
+  return typeof v === "string" ? v : JSON.stringify(v);
 }
 
 /** `rlq sql`: a table on a terminal, or with --json a JSON array of row objects on stdout. */

@@ -21,10 +21,11 @@ export async function runUp(s: Services, options: { runId: string | null; exitWh
   options.signal.addEventListener("abort", () => stopAll.abort(), { once: true });
   const launch = (runId: string) => {
     if (active.has(runId) || finished.has(runId)) return;
-    const p = runController({ db: s.db, queues: s.queues, contexts: s.contexts, log: s.log, holder: s.holder, crashPoint: s.crashPoint }, runId, stopAll.signal)
+    const p = runController({ db: s.db, queues: s.queues, contexts: s.contexts, log: s.log, holder: s.holder, crashPoint: (name) => s.crashPoint(name) }, runId, stopAll.signal)
       .catch((e: unknown) => {
         s.log.error({ runId, err: (e as Error).message }, "controller stopped with an error");
-        return "stopped" as ControllerExit;
+        const exit: ControllerExit = "stopped";
+        return exit;
       })
       .then((exit) => {
         active.delete(runId);

@@ -1,8 +1,7 @@
 import { pathToFileURL } from "node:url";
-import { sql } from "drizzle-orm";
 import type { Db, Database } from "../store/db.ts";
 import { appendDecisions, LeaseLostError, loadDecisions, tryAcquireLease, type Lease } from "../store/decision-log.ts";
-import { setRunProjection } from "../store/run-facts.ts";
+import { projectRunInTx, setRunProjection } from "../store/run-facts.ts";
 import { loadRoundStatuses } from "../store/rollout-facts.ts";
 import { loadGroupWithRewards } from "../store/group-view.ts";
 import { historyRows, insertHistory } from "../store/history.ts";
@@ -149,12 +148,10 @@ class RunController {
     const synced = [...list].reverse().find((d) => d.kind === "weights.synced");
     const logged = await appendDecisions(this.deps.db, s.runId, this.lease.epoch, s.seq + 1, list, async (tx) => {
       if (extra) await extra(tx);
-      if (status && status.kind === "run.status") {
-        await tx.execute(sql`UPDATE runs SET status = ${status.payload.status}, last_error = ${status.payload.reason} WHERE id = ${s.runId}`);
-      }
-      if (synced && synced.kind === "weights.synced") {
-        await tx.execute(sql`UPDATE runs SET weight_version = ${synced.payload.weightVersion} WHERE id = ${s.runId}`);
-      }
+      await projectRunInTx(tx, s.runId, {
+        ...(status && status.kind === "run.status" ? { status: status.payload.status, lastError: status.payload.reason } : {}),
+        ...(synced && synced.kind === "weights.synced" ? { weightVersion: synced.payload.weightVersion } : {}),
+      });
     });
     for (const d of logged) apply(this.state, d);
   }
@@ -365,9 +362,8 @@ class RunController {
           const bad = Object.keys(changes).filter((k) => !(k in amendableKeys));
           if (bad.length > 0) throw new Error(`keys ${bad.join(", ")} cannot be amended on a live run (allowed: ${Object.keys(amendableKeys).join(", ")})`);
           parseRunConfig({ ...s.config, ...changes }, "amended config");
-          await this.commit([{ kind: "run.amended", payload: { changes } }], async (tx) => {
-            await tx.execute(sql`UPDATE runs SET config = ${JSON.stringify(this.state.config ? { ...this.state.config, ...changes } : changes)}::jsonb WHERE id = ${s.runId}`);
-          });
+          const amended = { ...s.config, ...changes } as Record<string, unknown>;
+          await this.commit([{ kind: "run.amended", payload: { changes } }], (tx) => projectRunInTx(tx, s.runId, { config: amended }));
         }
       } catch (e) {
         if (e instanceof LeaseLostError) throw e;

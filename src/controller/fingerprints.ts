@@ -34,12 +34,12 @@ export async function checkFingerprints(db: Db, state: RunState, dataset: Datase
   if (dataset.fingerprint !== state.datasetFingerprint) {
     problems.push(`prompt_data ${dataset.path} changed since the run started (sha256 ${state.datasetFingerprint.slice(0, 12)}… → ${dataset.fingerprint.slice(0, 12)}…)`);
   }
-  const now = await fingerprintPlugins(state.config).catch((e: Error) => {
+  const now: Record<string, string> = await fingerprintPlugins(state.config).catch((e: Error) => {
     problems.push(e.message);
-    return {} as Record<string, string>;
+    return {};
   });
   for (const [key, fp] of Object.entries(state.pluginFingerprints)) {
-    if (now[key] !== undefined && now[key] !== fp) problems.push(`${key} ${String(state.config[key as keyof RunConfig])} changed since the run started`);
+    if (now[key] !== undefined && now[key] !== fp) problems.push(`${key} ${JSON.stringify(state.config[key as keyof RunConfig])} changed since the run started`);
   }
   if (problems.length > 0) {
     const message = `run ${state.runId} refuses to resume: ${problems.join("; ")}. Restore the original files, or start a new run.`;

@@ -1,10 +1,10 @@
-import { and, asc, eq, sql } from "drizzle-orm";
 import type { Db } from "../store/db.ts";
 import { loadDecisions } from "../store/decision-log.ts";
 import { loadGroupWithRewards } from "../store/group-view.ts";
-import { historyRows, insertHistory, clearHistory } from "../store/history.ts";
+import { historyRows, loadHistory, replaceProjections } from "../store/history.ts";
+import { loadRunRow } from "../store/run-facts.ts";
 import { listTrainSteps } from "../store/train-facts.ts";
-import { rolloutHistory, runs } from "../store/schema/index.ts";
+import type { rolloutHistory } from "../store/schema/index.ts";
 import { fold } from "../core/run-state.ts";
 import type { RunContext } from "../runtime/run-context.ts";
 
@@ -69,7 +69,7 @@ export async function replayRun(db: Db, ctx: RunContext, options: { check: boole
   const built = await rebuild(db, ctx);
   const differences: string[] = [];
   if (options.check) {
-    const live = await db.db.select().from(rolloutHistory).where(eq(rolloutHistory.runId, ctx.runId)).orderBy(asc(rolloutHistory.groupId), asc(rolloutHistory.sampleIndex));
+    const live = await loadHistory(db, ctx.runId);
     const want = new Map(built.rows.map((r) => [key(r as { groupId: number; sampleIndex: number }), normalise(r)]));
     const have = new Map(live.map((r) => [key(r), normalise(r as HistoryRow)]));
     for (const [k, w] of want) {
@@ -83,17 +83,13 @@ export async function replayRun(db: Db, ctx: RunContext, options: { check: boole
       }
     }
     for (const k of have.keys()) if (!want.has(k)) differences.push(`rollout_history ${k}: in the live projection but not in the facts`);
-    const run = (await db.db.select().from(runs).where(eq(runs.id, ctx.runId)))[0];
+    const run = await loadRunRow(db, ctx.runId);
     for (const [col, v] of Object.entries(built.runRow)) {
       const h = (run as Record<string, unknown> | undefined)?.[col];
       if (h !== v) differences.push(`runs.${col}: live ${JSON.stringify(h)} != replayed ${JSON.stringify(v)}`);
     }
   } else {
-    await db.db.transaction(async (tx) => {
-      await clearHistory(tx, ctx.runId);
-      for (let i = 0; i < built.rows.length; i += 500) await insertHistory(tx, built.rows.slice(i, i + 500));
-      await tx.update(runs).set({ ...built.runRow, updatedAt: sql`now()` }).where(and(eq(runs.id, ctx.runId)));
-    });
+    await replaceProjections(db, ctx.runId, built.rows, built.runRow);
   }
   return { runId: ctx.runId, decisions: built.decisions, historyRows: built.rows.length, differences };
 }

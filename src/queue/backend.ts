@@ -50,7 +50,7 @@ export function createQueueBackend(env: Env, databaseUrl: string): QueueBackend 
         const r = new Redis(redisUrl, { maxRetriesPerRequest: 1, lazyConnect: true });
         try {
           await r.connect();
-          const res = (await r.config("GET", "maxmemory-policy")) as string[];
+          const res = (await r.config("GET", "maxmemory-policy"));
           const policy = res[1];
           if (policy !== undefined && policy !== "noeviction") {
             throw new Error(
@@ -84,7 +84,7 @@ export function createQueueBackend(env: Env, databaseUrl: string): QueueBackend 
     prefix,
     Queue: pg.Queue as unknown as typeof Queue,
     Worker: pg.Worker as unknown as typeof Worker,
-    connection: connection as unknown as ConnectionOptions,
+    connection: connection,
     baseOptions: {},
     async check() {
       // Postgres does not evict; its own migrations run on first use.

@@ -53,7 +53,7 @@ export function selectReward(value: unknown, rewardKey: string | null, where: st
 
 export async function createRewardScorer(
   config: RunConfig,
-  resolveRmType: (rmType: string) => ((s: RewardInput) => Promise<unknown> | unknown) | null,
+  resolveRmType: (rmType: string) => ((s: RewardInput) => unknown) | null,
 ): Promise<RewardScorer> {
   const where = (i: number) => `${config.custom_rm_path ? `custom_rm_path ${config.custom_rm_path}` : `rm_type ${config.rm_type}`} (sample ${i})`;
   if (config.custom_rm_path) {

@@ -16,7 +16,7 @@ export interface RunContext {
   reward: RewardScorer;
 }
 
-export type RmTypeResolver = (rmType: string) => ((s: RewardInput) => Promise<unknown> | unknown) | null;
+export type RmTypeResolver = (rmType: string) => ((s: RewardInput) => unknown) | null;
 export type TokenizerFactory = (config: RunConfig) => Promise<Tokenizer>;
 
 export interface RunContextCache {

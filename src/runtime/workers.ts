@@ -55,7 +55,7 @@ export async function startWorkers(
               checkpointRoot: services.checkpointRoot,
               trainerFor: (c) => trainers.trainerFor(c),
               reportProgress: (p) => job.updateProgress(p),
-              crashPoint: services.crashPoint,
+              crashPoint: (name) => services.crashPoint(name),
             },
             ctx,
             data,

@@ -92,7 +92,7 @@ export async function appendDecisions(
   extra?: (tx: Database) => Promise<void>,
 ): Promise<LoggedDecision[]> {
   if (list.length === 0 && !extra) return [];
-  const logged = list.map((d, i) => ({ ...d, seq: firstSeq + i }) as LoggedDecision);
+  const logged = list.map((d, i) => ({ ...d, seq: firstSeq + i }));
   try {
     await db.db.transaction(async (tx) => {
       if (logged.length > 0) {
@@ -101,7 +101,7 @@ export async function appendDecisions(
         );
         await tx.execute(sql`UPDATE runs SET last_seq = ${logged[logged.length - 1]?.seq ?? 0}, updated_at = now() WHERE id = ${runId}`);
       }
-      if (extra) await extra(tx as unknown as Database);
+      if (extra) await extra(tx);
     });
   } catch (e) {
     const code = (e as { code?: string; cause?: { code?: string } }).code ?? (e as { cause?: { code?: string } }).cause?.code;

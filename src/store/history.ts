@@ -58,3 +58,25 @@ export async function insertHistory(tx: Database, rows: Array<typeof rolloutHist
 export async function clearHistory(tx: Database, runId: string): Promise<void> {
   await tx.execute(sql`DELETE FROM rollout_history WHERE run_id = ${runId}`);
 }
+
+export async function loadHistory(db: import("./db.ts").Db, runId: string) {
+  return db.db
+    .select()
+    .from(rolloutHistory)
+    .where(sql`${rolloutHistory.runId} = ${runId}`)
+    .orderBy(rolloutHistory.groupId, rolloutHistory.sampleIndex);
+}
+
+/** Replace a run's projections with rebuilt ones, in one transaction (`rlq replay`). */
+export async function replaceProjections(
+  db: import("./db.ts").Db,
+  runId: string,
+  rows: Array<typeof rolloutHistory.$inferInsert>,
+  runRow: { status: string; step: number; weightVersion: number; lastSeq: number },
+): Promise<void> {
+  await db.db.transaction(async (tx) => {
+    await clearHistory(tx, runId);
+    for (let i = 0; i < rows.length; i += 500) await insertHistory(tx, rows.slice(i, i + 500));
+    await tx.execute(sql`UPDATE runs SET status = ${runRow.status}, step = ${runRow.step}, weight_version = ${runRow.weightVersion}, last_seq = ${runRow.lastSeq}, updated_at = now() WHERE id = ${runId}`);
+  });
+}

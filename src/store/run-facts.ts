@@ -104,3 +104,13 @@ export async function setRunProjection(
     .set({ ...fields, updatedAt: sql`now()` })
     .where(eq(runs.id, runId));
 }
+
+/** Projection updates that must land in the controller's decision transaction. */
+export async function projectRunInTx(
+  tx: import("./db.ts").Database,
+  runId: string,
+  fields: { status?: string; lastError?: string | null; weightVersion?: number; config?: Record<string, unknown> },
+): Promise<void> {
+  if (Object.keys(fields).length === 0) return;
+  await tx.update(runs).set({ ...fields, updatedAt: sql`now()` }).where(eq(runs.id, runId));
+}

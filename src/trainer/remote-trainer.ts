@@ -56,7 +56,7 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
       throw new RlqError("trainer_unreachable", `trainer ${base}${path}: ${(e as Error).message}`, { cause: e, isRetriable: true });
     }
     const text = await res.text();
-    let parsed: unknown = null;
+    let parsed: unknown;
     try {
       parsed = text ? JSON.parse(text) : null;
     } catch {

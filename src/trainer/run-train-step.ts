@@ -90,7 +90,7 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
   let result;
   try {
     result = await trainer.trainStep(
-      { runId, step, attempt: attemptNo, weightVersionIn: dispatched.weightVersionIn, checkpointUriIn, outputDir, config: ctx.config as unknown as Record<string, unknown>, batch },
+      { runId, step, attempt: attemptNo, weightVersionIn: dispatched.weightVersionIn, checkpointUriIn, outputDir, config: ctx.config, batch },
       (p) => {
         lastProgressAt = Date.now();
         void deps.reportProgress(p).catch(() => undefined);

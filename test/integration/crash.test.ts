@@ -47,7 +47,7 @@ async function chaosRun(w: World, numRollout: number, killCount: number, seed: n
     } catch (e) {
       const run = await w.db.pool.query("SELECT status, step, last_error FROM runs WHERE id = $1", [runId]);
       const last = await w.db.pool.query("SELECT seq, kind, step, group_id, payload FROM decisions WHERE run_id = $1 ORDER BY seq DESC LIMIT 12", [runId]);
-      throw new Error(`${(e as Error).message}\nrun: ${JSON.stringify(run.rows)}\nlast decisions: ${JSON.stringify(last.rows, null, 1)}\nup: ${procs.up.output().slice(-3000)}\nworker: ${procs.worker.output().slice(-3000)}`);
+      throw new Error(`${(e as Error).message}\nrun: ${JSON.stringify(run.rows)}\nlast decisions: ${JSON.stringify(last.rows, null, 1)}\nup: ${procs.up.output().slice(-3000)}\nworker: ${procs.worker.output().slice(-3000)}`, { cause: e });
     }
   } finally {
     procs.up.kill("SIGTERM");
@@ -74,7 +74,7 @@ describe.each([
     await checkRunInvariants(w.db, runId, { numRollout, datasetSize: 64, shuffle: true, seed: 42, rbs: 4 });
     const replay = spawnRlq(["replay", runId, "--check"], w.env);
     expect(await replay.exited, replay.output()).toBe(0);
-    // eslint-disable-next-line no-console
+     
     console.log(JSON.stringify({ queue, runId, killed, wipes }));
   });
 });
