@@ -24,7 +24,8 @@ const usage = `rlq — durable RL post-training on a queue
   rlq run pause|resume|cancel ID
   rlq run amend ID --set key=value...
   rlq worker QUEUE... [--concurrency N]        QUEUE: rollout reward train eval
-  rlq up [--run ID] [--exit-when-done]          controller(s) and all workers in one process
+  rlq up [--run ID] [--exit-when-done] [--workers rollout,reward,train,eval]
+                                                controller(s) and workers in one process
   rlq sql "QUERY" [--json]                      read-only, with a statement timeout
   rlq replay ID [--check]
   rlq export ID --format jsonl
@@ -65,6 +66,7 @@ export async function main(argv: string[]): Promise<number> {
       run: { type: "string" },
       concurrency: { type: "string" },
       "exit-when-done": { type: "boolean" },
+      workers: { type: "string" },
       help: { type: "boolean", short: "h" },
     },
   });
@@ -104,7 +106,10 @@ export async function main(argv: string[]): Promise<number> {
     }
     case "up": {
       const { signal } = waitForSignal();
-      return withServices("rlq-up", (s) => runUp(s, { runId: values.run ?? null, exitWhenDone: values["exit-when-done"] ?? false, signal }));
+      const workerKinds = values.workers === undefined ? [...queueKinds] : values.workers.split(",").map((k) => k.trim()).filter(Boolean);
+      const badKinds = workerKinds.filter((k) => !(queueKinds as readonly string[]).includes(k));
+      if (badKinds.length > 0) throw new ConfigError(`--workers ${values.workers}: unknown queue(s) ${badKinds.join(", ")}; expected a comma-separated subset of ${queueKinds.join(",")}`);
+      return withServices("rlq-up", (s) => runUp(s, { runId: values.run ?? null, exitWhenDone: values["exit-when-done"] ?? false, signal, workers: workerKinds as QueueKind[] }));
     }
     case "sql": {
       const query = positionals[0];

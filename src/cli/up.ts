@@ -3,15 +3,18 @@ import { startWorkers } from "../runtime/workers.ts";
 import { loadEmbedded } from "../runtime/embedded.ts";
 import { runController, type ControllerExit } from "../controller/controller.ts";
 import { listRuns } from "../store/run-facts.ts";
-import { queueKinds } from "../queue/payloads.ts";
+import { queueKinds, type QueueKind } from "../queue/payloads.ts";
 
 /**
  * `rlq up`: every worker and the controllers of the active runs (or of one
  * run) in one process. A run whose lease another process holds waits here
  * as standby. SIGTERM finishes active jobs and exits.
  */
-export async function runUp(s: Services, options: { runId: string | null; exitWhenDone: boolean; signal: AbortSignal }): Promise<number> {
-  const workers = await startWorkers(s, queueKinds, {
+export async function runUp(
+  s: Services,
+  options: { runId: string | null; exitWhenDone: boolean; signal: AbortSignal; workers?: readonly QueueKind[] },
+): Promise<number> {
+  const workers = await startWorkers(s, options.workers ?? queueKinds, {
     concurrency: { rollout: 16, reward: 8, train: 1, eval: 2 },
     embedded: await loadEmbedded(),
   });

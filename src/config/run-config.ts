@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { algorithmOptionsShape, refineAlgorithmOptions } from "../algorithms/options.ts";
+import { engineRuntimeKeys, openAiEngineConfigSchema, sglangEngineConfigSchema } from "../engines/config-schema.ts";
 
 /**
  * The run config: one YAML or JSON file, slime's flag names in snake_case
@@ -9,14 +10,8 @@ import { algorithmOptionsShape, refineAlgorithmOptions } from "../algorithms/opt
  */
 const engineSchema = z.discriminatedUnion("kind", [
   z.object({ kind: z.literal("embedded") }).strict(),
-  z
-    .object({
-      kind: z.literal("sglang"),
-      /** One or more SGLang servers (or a router). */
-      urls: z.array(z.string().url()).min(1),
-      request_timeout_s: z.number().positive().default(600),
-    })
-    .strict(),
+  sglangEngineConfigSchema,
+  openAiEngineConfigSchema,
 ]);
 
 const trainerSchema = z.discriminatedUnion("kind", [
@@ -35,7 +30,7 @@ export const runConfigSchema = z
     metadata_key: z.string().default("metadata"),
     rollout_max_prompt_len: z.number().int().positive().nullable().default(null),
     /** bytes: UTF-8 bytes + BOS/EOS (what the test engines speak); model: the embedded model's tokenizer. */
-    tokenizer: z.enum(["bytes", "model"]).default("bytes"),
+    tokenizer: z.enum(["bytes", "model", "hf"]).default("bytes"),
     // batch
     rollout_batch_size: z.number().int().positive(),
     n_samples_per_prompt: z.number().int().positive().default(1),
@@ -89,6 +84,8 @@ export const runConfigSchema = z
     save_interval: z.number().int().positive().nullable().default(null),
     // rlq
     engine: engineSchema.default({ kind: "embedded" }),
+    // remote engines: concurrency, health checks and weight sync (docs/engines.md)
+    ...engineRuntimeKeys,
     trainer: trainerSchema.default({ kind: "embedded" }),
     /** Where attempt-scoped and committed checkpoints live (relative to RLQ_HOME when relative). */
     checkpoint_dir: z.string().default("checkpoints"),
@@ -107,6 +104,12 @@ export const runConfigSchema = z
   .strict()
   .superRefine((c, ctx) => {
     refineAlgorithmOptions(c, ctx);
+    if (c.engine.kind === "openai" && c.weight_sync !== "trainer_push") {
+      ctx.addIssue({ code: "custom", path: ["weight_sync"], message: "engine.kind openai (vLLM) is generation only: rlq cannot load weights into it; set weight_sync: trainer_push" });
+    }
+    if (c.tokenizer === "hf" && c.hf_checkpoint === null) {
+      ctx.addIssue({ code: "custom", path: ["hf_checkpoint"], message: "tokenizer: hf needs hf_checkpoint (a local Hugging Face model or tokenizer directory)" });
+    }
     if (c.engine.kind === "embedded" && c.ref_load === null) {
       ctx.addIssue({ code: "custom", path: ["ref_load"], message: "engine.kind embedded needs a checkpoint to serve: set ref_load (e.g. examples/demo/warm-start)" });
     }

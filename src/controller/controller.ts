@@ -60,7 +60,11 @@ export async function runController(deps: ControllerDeps, runId: string, signal:
   });
   try {
     const c = await RunController.start(deps, lease);
-    return await c.loop(signal, leaseLost);
+    try {
+      return await c.loop(signal, leaseLost);
+    } finally {
+      await c.close();
+    }
   } catch (e) {
     if (e instanceof LeaseLostError) return "lease_lost";
     throw e;
@@ -105,6 +109,10 @@ class RunController {
     await ctl.reconcile(false);
     deps.log.info({ runId: lease.runId, epoch: lease.epoch, seq: state.seq, step: state.step, phase: state.phase, ms: Date.now() - t0 }, "controller took the run");
     return ctl;
+  }
+
+  async close(): Promise<void> {
+    await this.engines.close().catch(() => undefined);
   }
 
   async loop(signal: AbortSignal, leaseLost: { value: boolean }): Promise<ControllerExit> {

@@ -120,6 +120,8 @@ async function generateSegment(
   try {
     result = await engine.generate({
       requestId: rid,
+      // Prefix affinity: a continued segment goes back to the engine holding its prefix cache.
+      sessionKey: `${job.runId}-${job.groupId}-${sample.sampleIndex}`,
       inputIds: [...promptTokens, ...sample.responseTokens],
       sampling: {
         temperature: c.rollout_temperature,

@@ -2,7 +2,8 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 import type { Db } from "../store/db.ts";
 import { loadTrainStep } from "../store/train-facts.ts";
 import type { Engine } from "../engines/engine.ts";
-import { createSglangEngine } from "../engines/sglang.ts";
+import { createEnginesFromConfig } from "../engines/from-config.ts";
+import type { EnginePool } from "../engines/pool.ts";
 import type { Trainer } from "../trainer/trainer.ts";
 import { createRemoteTrainer } from "../trainer/remote-trainer.ts";
 import type { RunContext } from "./run-context.ts";
@@ -27,6 +28,7 @@ export interface EmbeddedFactories {
 
 export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null) {
   const engines = new Map<string, Promise<Engine>>();
+  const pools = new Map<string, EnginePool>();
   const versions = new Map<string, number>();
   const locks = new Map<string, Promise<void>>();
   return {
@@ -34,12 +36,27 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
       const e = ctx.config.engine;
       let p = engines.get(ctx.runId);
       if (!p) {
-        if (e.kind === "sglang") p = Promise.resolve(createSglangEngine({ urls: e.urls, requestTimeoutMs: e.request_timeout_s * 1000 }));
-        else if (embedded) p = embedded.createEngine(ctx);
+        if (e.kind === "sglang" || e.kind === "openai") {
+          p = createEnginesFromConfig(e, ctx.config, { fencedVersion: async () => versions.get(ctx.runId) ?? 0 }).then((pool) => {
+            pools.set(ctx.runId, pool);
+            return pool;
+          });
+        } else if (embedded) p = embedded.createEngine(ctx);
         else throw new RlqError("config_invalid", "engine.kind 'embedded' is not available in this build");
         engines.set(ctx.runId, p);
       }
       const engine = await p;
+      const pool = pools.get(ctx.runId);
+      if (pool) {
+        // The job's version is the run's version of record (the controller synced
+        // the engines before dispatching): route only to engines serving it.
+        versions.set(ctx.runId, version);
+        if (pool.currentVersion() !== version) {
+          pool.setCurrentVersion(version);
+          // The controller has just synced the engines: learn their versions now, not at the next health round.
+          await pool.checkHealth();
+        }
+      }
       if (e.kind === "embedded" && versions.get(ctx.runId) !== version) {
         // One load at a time; concurrent jobs for the same version wait for it.
         const prev = locks.get(ctx.runId) ?? Promise.resolve();
@@ -53,6 +70,10 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
         await next;
       }
       return engine;
+    },
+    /** Per-engine metrics of this process's pools (requests, tokens/s, errors, latency percentiles). */
+    metrics(runId: string) {
+      return pools.get(runId)?.snapshot() ?? null;
     },
     async close() {
       for (const p of engines.values()) await (await p).close().catch(() => undefined);

@@ -22,6 +22,10 @@ export function resolveRmType(rmType: string): ((s: RewardInput) => unknown) | n
  * in the ref_load checkpoint directory or beside it. Prompts are BOS + text.
  */
 export async function tokenizerFor(config: RunConfig): Promise<Tokenizer> {
+  if (config.tokenizer === "hf") {
+    const { loadHfTokenizer } = await import("../engines/hf-tokenizer.ts");
+    return loadHfTokenizer(config.hf_checkpoint as string);
+  }
   if (!config.ref_load) throw new RlqError("config_invalid", "tokenizer: model needs ref_load (its tokenizer.json sits in or beside the checkpoint)");
   const candidates = [join(config.ref_load, "tokenizer.json"), join(dirname(config.ref_load), "tokenizer.json")];
   for (const file of candidates) {

@@ -28,7 +28,7 @@ const { values } = parseArgs({
 });
 const stepMs = Number(values["step-ms"]);
 const hangStep = Number(values["hang-step"]);
-const failStep = Number(values["fail-step"]);
+let failStep = Number(values["fail-step"]);
 const hungOnce = new Set<number>();
 
 interface StepState {
@@ -114,6 +114,12 @@ async function train(st: StepState, req: Record<string, unknown>): Promise<void>
 const server = createServer((req, res) => {
   void (async () => {
     const url = req.url ?? "/";
+    if (req.method === "POST" && url === "/_fault") {
+      // Test control: change the injected failure at run time.
+      const b = await body(req);
+      if (typeof b.fail_step === "number") failStep = b.fail_step;
+      return send(res, 200, { fail_step: failStep });
+    }
     if (url === "/v1/health") return send(res, 200, { ok: true, weight_version: null, busy: [...steps.values()].some((s) => s.state === "running") });
     if (req.method === "POST" && url === "/v1/steps") {
       const b = await body(req);

@@ -19,6 +19,8 @@ export interface World {
   home: string;
   baseConfig(overrides?: Record<string, unknown>): Record<string, unknown>;
   start(overrides?: Record<string, unknown>): Promise<string>;
+  /** A fresh engine process (serving version 0), stopped with the world: runs that must not share weight versions each get one. */
+  freshEngine(args?: string[]): Promise<string>;
   close(): Promise<void>;
 }
 
@@ -30,6 +32,7 @@ export async function createWorld(
   const db = createDb(database.url, { max: 4 });
   const engine = await spawnFake("test/fakes/fake-sglang.ts", options.engineArgs ?? []);
   const trainer = await spawnFake("test/fakes/fake-trainer.ts", options.trainerArgs ?? []);
+  const extra: Proc[] = [];
   const home = mkdtempSync(join(tmpdir(), `rlq-${name}-`));
   const prefix = `t${name}${Date.now().toString(36)}`.replace(/[^a-z0-9_]/g, "").toLowerCase();
   const env: Record<string, string> = {
@@ -64,7 +67,13 @@ export async function createWorld(
       const { runId } = await startRun(db, { config: baseConfig(overrides) });
       return runId;
     },
+    async freshEngine(args = options.engineArgs ?? []) {
+      const p = await spawnFake("test/fakes/fake-sglang.ts", args);
+      extra.push(p);
+      return p.url;
+    },
     async close() {
+      for (const p of extra) p.kill("SIGTERM");
       engine.kill("SIGTERM");
       trainer.kill("SIGTERM");
       await db.close();

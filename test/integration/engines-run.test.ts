@@ -25,7 +25,7 @@ describe("a run on two engines, one killed and restarted mid-run", () => {
 
   it("completes with every sample accounted for", async () => {
     const b = extra[0] as FakeServer;
-    const runId = await w.start({ num_rollout: 6, partial_rollout: true, rollout_max_response_len: 128, engine: { kind: "sglang", urls: [w.engine.url, b.url] } });
+    const runId = await w.start({ num_rollout: 6, partial_rollout: true, rollout_max_response_len: 128, rollout_health_check_interval: 1, engine: { kind: "sglang", urls: [w.engine.url, b.url] } });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     // Kill engine B once it has produced segments of this run, while it still has requests in flight.
     await waitFor("engine B generating", async () => {
@@ -37,7 +37,10 @@ describe("a run on two engines, one killed and restarted mid-run", () => {
     await new Promise((r) => setTimeout(r, 1500));
     extra.push(await restartFake("sglang", b.port, args));
     // The controller's pool notices the restarted engine (on version 0) and loads the current weights into it.
-    await waitFor("restarted engine reloaded", async () => ((await (await fetch(`${b.url}/stats`)).json()) as { loads: number }).loads > 0, 60_000);
+    await waitFor("restarted engine reloaded", async () => ((await (await fetch(`${b.url}/stats`)).json()) as { loads: number }).loads > 0, 60_000).catch(async (e: Error) => {
+      const d = (await w.db.pool.query("SELECT seq, kind, step FROM decisions WHERE run_id = $1 ORDER BY seq DESC LIMIT 4", [runId])).rows;
+      throw new Error(`${e.message} ${JSON.stringify(d)} ${up.output().slice(-3000)}`, { cause: e });
+    });
 
     expect(await up.exited, up.output()).toBe(0);
     await checkRunInvariants(w.db, runId, { numRollout: 6, datasetSize: 64, shuffle: false, seed: 42, rbs: 4 });

@@ -73,7 +73,7 @@ describe("partial rollouts", () => {
   });
 
   it("with partial_rollout off, aborted groups are discarded and their prompts recorded as discarded", async () => {
-    const runId = await w.start({ ...config, partial_rollout: false });
+    const runId = await w.start({ ...config, partial_rollout: false, engine: { kind: "sglang", urls: [await w.freshEngine()] } });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     expect(await up.exited, up.output()).toBe(0);
     const rows = (await w.db.pool.query("SELECT outcome, outcome_reason, count(*)::int AS n FROM prompt_draws WHERE run_id = $1 GROUP BY 1, 2 ORDER BY 1, 2", [runId])).rows;

@@ -15,6 +15,7 @@ describe("a synchronous run, end to end", () => {
     const runId = await w.start({ num_rollout: 3, partial_rollout: true });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     expect(await up.exited, up.output()).toBe(0);
+    if (process.env.RLQ_DEBUG_OUTPUT) console.log(up.output());
 
     const steps = await w.db.pool.query("SELECT step, weight_version_in, weight_version_out FROM train_steps WHERE run_id = $1 ORDER BY step", [runId]);
     expect(steps.rows).toEqual([0, 1, 2].map((s) => ({ step: s, weight_version_in: s, weight_version_out: s + 1 })));

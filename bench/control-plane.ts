@@ -1,0 +1,86 @@
+/**
+ * Control-plane throughput (issue 2): an instant fake engine, an instant
+ * reward, group size 8. Samples per second from the first draw to the last
+ * persisted reward, against the raw COPY rate of the same segment rows
+ * measured in the same run (the Postgres ingest ceiling). Both queue
+ * backends; medians of several runs.
+ *
+ *   npx tsx bench/control-plane.ts [--reps 3] [--steps 3] [--rbs 64]
+ */
+import { parseArgs } from "node:util";
+import { join } from "node:path";
+import { pipeline } from "node:stream/promises";
+import { Readable } from "node:stream";
+import pg from "pg";
+import { from as copyFrom } from "pg-copy-streams";
+import { createWorld } from "../test/helpers/run-fixture.ts";
+import { repoRoot, spawnRlq } from "../test/helpers/processes.ts";
+import { median, writeResult } from "./lib.ts";
+
+const { values } = parseArgs({ options: { reps: { type: "string", default: "3" }, steps: { type: "string", default: "3" }, rbs: { type: "string", default: "64" } } });
+const reps = Number(values.reps);
+const steps = Number(values.steps);
+const rbs = Number(values.rbs);
+
+async function copyRate(url: string, runId: string): Promise<{ rows: number; rowsPerS: number }> {
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  try {
+    await c.query("CREATE TEMP TABLE seg_copy (LIKE sample_segments)");
+    const { rows } = await c.query("SELECT * FROM sample_segments WHERE run_id = $1", [runId]);
+    const esc = (v: unknown): string => {
+      if (v === null || v === undefined) return "\\N";
+      if (Array.isArray(v)) return `{${v.join(",")}}`;
+      if (v instanceof Date) return v.toISOString();
+      return String(v).replace(/\\/g, "\\\\").replace(/\t/g, "\\t").replace(/\n/g, "\\n");
+    };
+    const cols = Object.keys(rows[0] as object);
+    const lines = rows.map((r) => cols.map((k) => esc((r as Record<string, unknown>)[k])).join("\t") + "\n");
+    const t0 = performance.now();
+    await pipeline(Readable.from(lines), c.query(copyFrom(`COPY seg_copy (${cols.join(",")}) FROM STDIN`)));
+    const s = (performance.now() - t0) / 1000;
+    return { rows: rows.length, rowsPerS: rows.length / s };
+  } finally {
+    await c.end();
+  }
+}
+
+async function once(queue: "redis" | "postgres") {
+  const w = await createWorld(`bcp${queue}`, { queue, engineArgs: ["--token-delay-ms", "0", "--stop-prob", "0.2"], trainerArgs: ["--step-ms", "0"] });
+  try {
+    const runId = await w.start({
+      num_rollout: steps,
+      rollout_batch_size: rbs,
+      n_samples_per_prompt: 8,
+      over_sampling_batch_size: rbs,
+      rollout_max_response_len: 16,
+      dynamic_sampling_filter_path: null,
+      custom_rm_path: join(repoRoot, "test/fixtures/reward-parity.mjs"),
+      engine: { kind: "sglang", urls: [w.engine.url], logprob_check: "off" },
+    });
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
+    if ((await up.exited) !== 0) throw new Error(up.output());
+    const t = (await w.db.pool.query(
+      `SELECT (SELECT min(created_at) FROM decisions WHERE run_id = $1 AND kind = 'prompts.drawn') AS first_draw,
+              (SELECT max(created_at) FROM sample_rewards WHERE run_id = $1) AS last_reward,
+              (SELECT count(*)::int FROM sample_rewards WHERE run_id = $1) AS rewards`,
+      [runId],
+    )).rows[0] as { first_draw: Date; last_reward: Date; rewards: number };
+    const seconds = (t.last_reward.getTime() - t.first_draw.getTime()) / 1000;
+    const copy = await copyRate(w.env.DATABASE_URL as string, runId);
+    return { samplesPerS: t.rewards / seconds, samples: t.rewards, seconds, copyRowsPerS: copy.rowsPerS, copyRows: copy.rows };
+  } finally {
+    await w.close();
+  }
+}
+
+const out: Record<string, unknown> = { bench: "control-plane", steps, rollout_batch_size: rbs, n_samples_per_prompt: 8, reps };
+for (const queue of ["redis", "postgres"] as const) {
+  const runs = [];
+  for (let i = 0; i < reps; i++) runs.push(await once(queue));
+  const sps = median(runs.map((r) => r.samplesPerS));
+  const copy = median(runs.map((r) => r.copyRowsPerS));
+  out[queue] = { runs, median_samples_per_s: sps, median_copy_rows_per_s: copy, ratio_vs_copy: sps / copy };
+  process.stderr.write(`${queue}: ${sps.toFixed(0)} samples/s vs COPY ${copy.toFixed(0)} rows/s (x${(sps / copy).toFixed(2)})\n`);
+}
+await writeResult("control-plane", out);
