@@ -32,7 +32,7 @@ async function copyRate(url: string, runId: string): Promise<{ rows: number; row
       if (v === null || v === undefined) return "\\N";
       if (Array.isArray(v)) return `{${v.join(",")}}`;
       if (v instanceof Date) return v.toISOString();
-      return String(v).replace(/\\/g, "\\\\").replace(/\t/g, "\\t").replace(/\n/g, "\\n");
+      return (typeof v === "string" ? v : JSON.stringify(v)).replace(/\\/g, "\\\\").replace(/\t/g, "\\t").replace(/\n/g, "\\n");
     };
     const cols = Object.keys(rows[0] as object);
     const lines = rows.map((r) => cols.map((k) => esc((r as Record<string, unknown>)[k])).join("\t") + "\n");

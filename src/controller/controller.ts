@@ -3,7 +3,7 @@ import type { Db, Database } from "../store/db.ts";
 import { appendDecisions, LeaseLostError, loadDecisions, tryAcquireLease, type Lease } from "../store/decision-log.ts";
 import { projectRunInTx, setRunProjection } from "../store/run-facts.ts";
 import { loadRoundStatuses } from "../store/rollout-facts.ts";
-import { loadGroupWithRewards } from "../store/group-view.ts";
+import { loadGroupWithRewards, loadGroupsWithRewards } from "../store/group-view.ts";
 import { historyRows, insertHistory } from "../store/history.ts";
 import { loadTrainStep } from "../store/train-facts.ts";
 import { drawnPrompts } from "../store/schema/index.ts";
@@ -200,7 +200,7 @@ class RunController {
     }
     if (c.deterministic && ready.length < keys.length) return redo.length > 0;
     ready.sort((a, b) => a - b);
-    for (const groupId of ready) await this.decideGroup(groupId);
+    await this.decideGroups(ready);
     if (s.kept.length >= rbs) {
       const aborted = [...s.inflight].sort((a, b) => a - b).map((groupId) => ({ groupId, round: s.groups.get(groupId)?.round ?? 0 }));
       await this.commit([{ kind: "step.sealed", payload: { step: s.step, kept: [...s.kept].sort((a, b) => a - b), aborted } }]);
@@ -214,38 +214,53 @@ class RunController {
     return ready.length > 0 || redo.length > 0;
   }
 
-  /** Filter a completed group round and record its outcome for this step. */
-  private async decideGroup(groupId: number): Promise<void> {
+  /**
+   * Filter completed group rounds (in the given order) and record their
+   * outcomes for this step, in one transaction: one bulk load, one commit.
+   */
+  private async decideGroups(ready: readonly number[]): Promise<void> {
+    if (ready.length === 0) return;
     const s = this.state;
     const c = s.config;
-    const round = s.groups.get(groupId)?.round ?? 0;
-    const g = await loadGroupWithRewards(this.deps.db, s.runId, groupId, round, c.n_samples_per_prompt, c.mask_offpolicy_in_partial_rollout ? round : null);
-    const rewards = g.samples.map((x) => g.rewards.get(x.sampleIndex)?.reward ?? 0);
-    const verdict = await this.filter({
-      groupId,
-      rewards,
-      samples: g.samples.map((x) => ({ response: this.ctx.tokenizer.decode(x.responseTokens), status: x.status })),
+    const keys = ready.map((groupId) => {
+      const round = s.groups.get(groupId)?.round ?? 0;
+      return { groupId, round, maskBeforeRound: c.mask_offpolicy_in_partial_rollout ? round : null };
     });
-    let outcome: "kept" | "filtered" | "buffered" | "discarded";
-    let reason: string | null = null;
-    // slime: remaining = groups still able to count (kept + in flight, this one included).
-    if (!verdict.keep && shouldDrop(verdict, s.kept.length + s.inflight.size, c.rollout_batch_size)) {
-      outcome = "filtered";
-      reason = verdict.reason ?? "filtered";
-    } else if (s.kept.length < c.rollout_batch_size) {
-      outcome = "kept";
-    } else {
-      outcome = c.partial_rollout ? "buffered" : "discarded";
-      reason = "surplus";
-    }
-    const rows = outcome === "buffered" ? [] : historyRows(s.runId, s.step, g, g.rewards, outcome, reason, (ids) => this.ctx.tokenizer.decode(ids), null);
-    await this.commit(
-      [
+    const views = await loadGroupsWithRewards(this.deps.db, s.runId, keys, c.n_samples_per_prompt);
+    let kept = s.kept.length;
+    let remaining = s.kept.length + s.inflight.size;
+    const list: Decision[] = [];
+    const rows: Parameters<typeof insertHistory>[1] = [];
+    for (const { groupId, round } of keys) {
+      const g = views.get(groupId);
+      if (!g) continue;
+      const rewards = g.samples.map((x) => g.rewards.get(x.sampleIndex)?.reward ?? 0);
+      const verdict = await this.filter({
+        groupId,
+        rewards,
+        samples: g.samples.map((x) => ({ response: this.ctx.tokenizer.decode(x.responseTokens), status: x.status })),
+      });
+      let outcome: "kept" | "filtered" | "buffered" | "discarded";
+      let reason: string | null = null;
+      // slime: remaining = groups still able to count (kept + in flight, this one included).
+      if (!verdict.keep && shouldDrop(verdict, remaining, c.rollout_batch_size)) {
+        outcome = "filtered";
+        reason = verdict.reason ?? "filtered";
+        remaining--;
+      } else if (kept < c.rollout_batch_size) {
+        outcome = "kept";
+        kept++;
+      } else {
+        outcome = c.partial_rollout ? "buffered" : "discarded";
+        reason = "surplus";
+      }
+      if (outcome !== "buffered") rows.push(...historyRows(s.runId, s.step, g, g.rewards, outcome, reason, (ids) => this.ctx.tokenizer.decode(ids), null));
+      list.push(
         { kind: "group.filtered", payload: { groupId, round, step: s.step, keep: outcome !== "filtered", reason: verdict.reason ?? null } },
         { kind: "group.outcome", payload: { groupId, step: s.step, outcome, reason } },
-      ],
-      (tx) => insertHistory(tx, rows),
-    );
+      );
+    }
+    await this.commit(list, (tx) => insertHistory(tx, rows));
   }
 
   private async drawAndDispatch(): Promise<void> {

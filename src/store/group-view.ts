@@ -1,6 +1,6 @@
 import type { Db } from "./db.ts";
-import { loadDrawnPrompt, type DrawnPromptRow } from "./run-facts.ts";
-import { loadGroupSegments, loadRewards, type RewardFact } from "./rollout-facts.ts";
+import { loadDrawnPrompt, loadDrawnPrompts, type DrawnPromptRow } from "./run-facts.ts";
+import { loadGroupSegments, loadRewards, loadRewardsOfGroups, loadSegmentsOfGroups, type RewardFact } from "./rollout-facts.ts";
 import { assembleSample, type AssembledSample } from "../core/sample.ts";
 import { RlqError } from "../lib/errors.ts";
 
@@ -40,4 +40,35 @@ export async function loadGroupWithRewards(
 ): Promise<GroupView & { rewards: Map<number, RewardFact> }> {
   const view = await loadGroupView(db, runId, groupId, nSamples, maskBeforeRound);
   return { ...view, rewards: await loadRewards(db, runId, groupId, round) };
+}
+
+/**
+ * Many groups at once (the controller deciding a batch of completed groups):
+ * three queries in all instead of three per group.
+ */
+export async function loadGroupsWithRewards(
+  db: Db,
+  runId: string,
+  keys: ReadonlyArray<{ groupId: number; round: number; maskBeforeRound: number | null }>,
+  nSamples: number,
+): Promise<Map<number, GroupView & { rewards: Map<number, RewardFact> }>> {
+  const out = new Map<number, GroupView & { rewards: Map<number, RewardFact> }>();
+  if (keys.length === 0) return out;
+  const ids = keys.map((k) => k.groupId);
+  const [prompts, segments, rewards] = await Promise.all([
+    loadDrawnPrompts(db, runId, ids),
+    loadSegmentsOfGroups(db, runId, ids),
+    loadRewardsOfGroups(db, runId, ids),
+  ]);
+  for (const k of keys) {
+    const prompt = prompts.get(k.groupId);
+    if (!prompt) throw new RlqError("group_not_found", `run ${runId}: group ${k.groupId} was never drawn`);
+    const segs = segments.get(k.groupId) ?? new Map();
+    const samples: AssembledSample[] = [];
+    for (let i = 0; i < nSamples; i++) samples.push(assembleSample(i, segs.get(i) ?? [], k.maskBeforeRound));
+    const r = new Map<number, RewardFact>();
+    for (const f of rewards.get(k.groupId) ?? []) if (f.round === k.round) r.set(f.sampleIndex, f);
+    out.set(k.groupId, { groupId: k.groupId, prompt, samples, rewards: r });
+  }
+  return out;
 }

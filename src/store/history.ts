@@ -50,9 +50,8 @@ export function historyRows(
 }
 
 export async function insertHistory(tx: Database, rows: Array<typeof rolloutHistory.$inferInsert>): Promise<void> {
-  if (rows.length === 0) return;
   // A re-run of the same outcome (controller restarted mid-write) is a no-op.
-  await tx.insert(rolloutHistory).values(rows).onConflictDoNothing();
+  for (let i = 0; i < rows.length; i += 500) await tx.insert(rolloutHistory).values(rows.slice(i, i + 500)).onConflictDoNothing();
 }
 
 export async function clearHistory(tx: Database, runId: string): Promise<void> {
@@ -76,7 +75,7 @@ export async function replaceProjections(
 ): Promise<void> {
   await db.db.transaction(async (tx) => {
     await clearHistory(tx, runId);
-    for (let i = 0; i < rows.length; i += 500) await insertHistory(tx, rows.slice(i, i + 500));
+    await insertHistory(tx, rows);
     await tx.execute(sql`UPDATE runs SET status = ${runRow.status}, step = ${runRow.step}, weight_version = ${runRow.weightVersion}, last_seq = ${runRow.lastSeq}, updated_at = now() WHERE id = ${runId}`);
   });
 }

@@ -69,13 +69,21 @@ export async function writeRound(db: Db, facts: RoundFacts): Promise<boolean> {
 
 /** All segments of a group, grouped by sample index. */
 export async function loadGroupSegments(db: Db, runId: string, groupId: number): Promise<Map<number, SegmentFact[]>> {
+  return (await loadSegmentsOfGroups(db, runId, [groupId])).get(groupId) ?? new Map();
+}
+
+/** Segments of several groups: group id → sample index → segments. */
+export async function loadSegmentsOfGroups(db: Db, runId: string, groupIds: readonly number[]): Promise<Map<number, Map<number, SegmentFact[]>>> {
   const rows = await db.db
     .select()
     .from(sampleSegments)
-    .where(and(eq(sampleSegments.runId, runId), eq(sampleSegments.groupId, groupId)));
-  const out = new Map<number, SegmentFact[]>();
+    .where(and(eq(sampleSegments.runId, runId), inArray(sampleSegments.groupId, [...groupIds])));
+  const out = new Map<number, Map<number, SegmentFact[]>>();
   for (const r of rows) {
-    const list = out.get(r.sampleIndex) ?? [];
+    const group = out.get(r.groupId) ?? new Map<number, SegmentFact[]>();
+    out.set(r.groupId, group);
+    const list = group.get(r.sampleIndex) ?? [];
+    group.set(r.sampleIndex, list);
     list.push({
       sampleIndex: r.sampleIndex,
       segmentIndex: r.segmentIndex,
@@ -88,7 +96,6 @@ export async function loadGroupSegments(db: Db, runId: string, groupId: number):
       status: r.status as SampleStatus,
       engine: r.engine,
     });
-    out.set(r.sampleIndex, list);
   }
   return out;
 }
@@ -153,6 +160,20 @@ export async function loadRewards(db: Db, runId: string, groupId: number, round:
     .from(sampleRewards)
     .where(and(eq(sampleRewards.runId, runId), eq(sampleRewards.groupId, groupId), eq(sampleRewards.round, round)));
   return new Map(rows.map((r) => [r.sampleIndex, { sampleIndex: r.sampleIndex, reward: r.reward, components: r.components as Record<string, unknown> }]));
+}
+
+export async function loadRewardsOfGroups(db: Db, runId: string, groupIds: readonly number[]): Promise<Map<number, Array<RewardFact & { round: number }>>> {
+  const rows = await db.db
+    .select()
+    .from(sampleRewards)
+    .where(and(eq(sampleRewards.runId, runId), inArray(sampleRewards.groupId, [...groupIds])));
+  const out = new Map<number, Array<RewardFact & { round: number }>>();
+  for (const r of rows) {
+    const list = out.get(r.groupId) ?? [];
+    list.push({ sampleIndex: r.sampleIndex, round: r.round, reward: r.reward, components: r.components as Record<string, unknown> });
+    out.set(r.groupId, list);
+  }
+  return out;
 }
 
 export async function hasRound(db: Db, runId: string, groupId: number, round: number): Promise<boolean> {

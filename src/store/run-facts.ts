@@ -1,4 +1,4 @@
-import { and, asc, eq, sql } from "drizzle-orm";
+import { and, asc, eq, inArray, sql } from "drizzle-orm";
 import type { Db } from "./db.ts";
 import { decisions, drawnPrompts, runLeases, runs } from "./schema/index.ts";
 import { parseDecision, type Decision, type DecisionKind, type DecisionPayload } from "../core/decisions.ts";
@@ -91,6 +91,14 @@ export async function loadDrawnPrompt(db: Db, runId: string, groupId: number): P
     .from(drawnPrompts)
     .where(and(eq(drawnPrompts.runId, runId), eq(drawnPrompts.drawOrdinal, groupId)));
   return rows[0] ?? null;
+}
+
+export async function loadDrawnPrompts(db: Db, runId: string, groupIds: readonly number[]): Promise<Map<number, DrawnPromptRow>> {
+  const rows = await db.db
+    .select()
+    .from(drawnPrompts)
+    .where(and(eq(drawnPrompts.runId, runId), inArray(drawnPrompts.drawOrdinal, [...groupIds])));
+  return new Map(rows.map((r) => [r.drawOrdinal, r]));
 }
 
 /** Update the run projection's status fields (the decision is the fact). */

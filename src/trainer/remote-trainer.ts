@@ -41,7 +41,7 @@ export interface RemoteTrainerOptions {
 
 export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
   const base = options.url.replace(/\/$/, "");
-  const pollMs = options.pollMs ?? 500;
+  const pollMs = options.pollMs ?? 100;
 
   async function call(method: string, path: string, body?: unknown): Promise<unknown> {
     let res: Response;

@@ -1,0 +1,268 @@
+/**
+ * Embedded model speed (issue 4): engine decode tokens/s at batch 1, 16 and 64
+ * against the plain ONNX decode forward at the same shapes (the ceiling,
+ * measured in the same run), and trainer tokens/s per fwd+bwd step. Two model
+ * shapes: the demo's warm start (examples/demo/warm-start: vocab 24, ctx 32,
+ * d 64, 4 heads, 2 layers, MLP 256, its real weights) and the onnx-kv.md study
+ * model (vocab 32, ctx 64, same widths, random weights). One ORT thread, as
+ * the engine runs by default. Each sample runs for ~0.4 s (rounds of B
+ * requests); medians of several samples after a warm-up, with the ceiling and
+ * the scheduler interleaved sample by sample.
+ *
+ * Per shape and batch B (B requests, P-token prompts, G new tokens each, no
+ * stop tokens, temperature 1, so every request runs to its budget):
+ * - ceiling: `session.run` of the decode graph alone with feeds built once,
+ *   rows = B (B = 1 also padded to 2 rows, which is what the engine runs),
+ *   cache length = context; tokens/s = B * calls / wall.
+ * - scheduler: the engine's DecodeScheduler in this thread (the code the
+ *   engine worker runs): `generated` = all tokens / wall, including the B
+ *   one-row prefills; `decode` = tokens of the ticks after the first (pure
+ *   batched decode: tensor wrapping, ORT, KV-cache writes, sampling) / their
+ *   wall time. `decode_vs_ceiling` = decode / ceiling (ratio of medians).
+ * - worker engine: createEmbeddedEngine (worker thread, message passing,
+ *   schema checks), B concurrent generate() calls; tokens / wall.
+ * Trainer (jax-js, wasm, this thread): B=256, T=24; fwd+bwd tokens/s =
+ * B*T / fwd+bwd time; also forward only and AdamW.
+ *
+ *   npx tsx bench/embedded-model.ts [--reps 5]
+ */
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { createEmbeddedEngine } from "../src/engines/embedded/embedded-engine.ts";
+import { buildDecodeModel } from "../src/engines/embedded/graph-builder.ts";
+import { ModelRunner } from "../src/engines/embedded/model-runner.ts";
+import { DecodeScheduler } from "../src/engines/embedded/scheduler.ts";
+import { createOrtSession, floatTensor, int32Tensor, type OrtFeeds } from "../src/engines/onnx-runtime.ts";
+import { readCheckpoint, writeCheckpoint } from "../src/model/checkpoint.ts";
+import { headDim, parseModelConfig, type ModelConfig } from "../src/model/config.ts";
+import { initWeights, parameterSpecs, type Weights } from "../src/model/weights.ts";
+import { adamwStep, zeroOptimizerState } from "../src/trainer/embedded/adamw.ts";
+import { createJaxModel } from "../src/trainer/embedded/jax-model.ts";
+import { repoRoot } from "../test/helpers/processes.ts";
+import { median, writeResult } from "./lib.ts";
+
+const { values } = parseArgs({ options: { reps: { type: "string", default: "5" } }, strict: false });
+const reps = Number(values.reps);
+const BATCHES = [1, 16, 64] as const;
+const TRAIN_B = 256;
+const TRAIN_T = 24;
+/** Seconds per sample of each engine measure (several rounds of B requests). */
+const SAMPLE_S = 0.4;
+
+interface Shape {
+  name: string;
+  config: ModelConfig;
+  weights: Weights;
+  /** A checkpoint directory the worker engine can load. */
+  checkpointDir: string;
+  promptLen: number;
+  newTokens: number;
+}
+
+const round = (x: number, digits = 0): number => Math.round(x * 10 ** digits) / 10 ** digits;
+const prompt = (vocab: number, len: number, i: number): number[] => Array.from({ length: len }, (_, t) => (i * 7 + t * 3 + 1) % vocab);
+
+/** Plain ONNX decode: one session, feeds built once, `calls` runs. Returns tokens/s for `batch` real rows. */
+async function ceiling(config: ModelConfig, weights: Weights, batch: number, rows: number, seconds: number): Promise<number> {
+  const session = await createOrtSession(buildDecodeModel(config), { intraOpNumThreads: 1 });
+  try {
+    const feeds: OrtFeeds = {};
+    for (const spec of parameterSpecs(config)) feeds[spec.name] = floatTensor(weights[spec.name] as Float32Array, spec.shape);
+    feeds.input_ids = int32Tensor(new Int32Array(rows).fill(3), [rows]);
+    feeds.positions = int32Tensor(new Int32Array(rows).fill(Math.floor(config.context_length / 2)), [rows]);
+    const dims = [rows, config.n_heads, config.context_length, headDim(config)];
+    for (let l = 0; l < config.n_layers; l++) {
+      for (const kind of ["key", "value"]) feeds[`past.${l}.${kind}`] = floatTensor(new Float32Array(dims.reduce((a, b) => a * b, 1)).fill(0.01), dims);
+    }
+    for (let i = 0; i < 20; i++) await session.run(feeds);
+    let calls = 0;
+    const t0 = performance.now();
+    while (performance.now() - t0 < seconds * 1000) {
+      for (let i = 0; i < 20; i++) await session.run(feeds);
+      calls += 20;
+    }
+    return (batch * calls) / ((performance.now() - t0) / 1000);
+  } finally {
+    await session.release();
+  }
+}
+
+/**
+ * The engine's scheduler in this thread, rounds of B requests until `seconds`
+ * have passed: all tokens / wall, and the pure-decode ticks (after each round's first) / their wall.
+ */
+async function scheduler(shape: Shape, runner: ModelRunner, batch: number, seconds: number): Promise<{ generated: number; decode: number }> {
+  let tokens = 0;
+  let decodeTokens = 0;
+  let wallMs = 0;
+  let decodeMs = 0;
+  for (let r = 0; wallMs < seconds * 1000; r++) {
+    const s = new DecodeScheduler(runner, 0, { done: () => undefined, failed: () => undefined }, { maxBatchSize: batch, logitNoiseStd: 0 });
+    for (let i = 0; i < batch; i++) {
+      s.submit({
+        requestId: `b${i}`,
+        inputIds: prompt(shape.config.vocab_size, shape.promptLen, i),
+        sampling: { temperature: 1, topP: 1, topK: -1, maxNewTokens: shape.newTokens, stopTokenIds: [], seed: r * batch + i },
+      });
+    }
+    const t0 = performance.now();
+    tokens += await s.step(); // admits (prefills) every request, then one decode tick
+    const t1 = performance.now();
+    let d = 0;
+    while (!s.isIdle) d += await s.step();
+    const t2 = performance.now();
+    tokens += d;
+    decodeTokens += d;
+    wallMs += t2 - t0;
+    decodeMs += t2 - t1;
+  }
+  return { generated: tokens / (wallMs / 1000), decode: decodeTokens / (decodeMs / 1000) };
+}
+
+/** The worker-thread engine: per sample, rounds of B concurrent generate() calls until `seconds` have passed; tokens / wall. */
+async function workerEngine(shape: Shape, batch: number, seconds: number): Promise<number[]> {
+  const engine = await createEmbeddedEngine({ checkpointUri: shape.checkpointDir, maxBatchSize: 64 });
+  try {
+    const rates: number[] = [];
+    let id = 0;
+    for (let rep = 0; rep <= reps; rep++) {
+      let tokens = 0;
+      const t0 = performance.now();
+      while (performance.now() - t0 < seconds * 1000) {
+        const results = await Promise.all(
+          Array.from({ length: batch }, (_, i) =>
+            engine.generate({
+              requestId: `w${id++}`,
+              inputIds: prompt(shape.config.vocab_size, shape.promptLen, i),
+              sampling: { temperature: 1, topP: 1, topK: -1, maxNewTokens: shape.newTokens, stopTokenIds: [], seed: id },
+            }),
+          ),
+        );
+        tokens += results.reduce((n, r) => n + r.tokenIds.length, 0);
+      }
+      if (rep > 0) rates.push(tokens / ((performance.now() - t0) / 1000)); // rep 0 warms up
+    }
+    return rates;
+  } finally {
+    await engine.close();
+  }
+}
+
+async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
+  const runner = await ModelRunner.create(shape.config, shape.weights, { intraOpNumThreads: 1 });
+  const out: Record<string, unknown> = {};
+  try {
+    for (const batch of BATCHES) {
+      await scheduler(shape, runner, batch, 0.1); // warm-up
+      const runs: Array<{ ceiling: number; ceilingPadded: number; generated: number; decode: number }> = [];
+      for (let rep = 0; rep < reps; rep++) {
+        // Interleaved, so both see the same share of a noisy machine.
+        const c = await ceiling(shape.config, shape.weights, batch, batch, SAMPLE_S);
+        const cp = batch === 1 ? await ceiling(shape.config, shape.weights, 1, 2, SAMPLE_S) : c;
+        const s = await scheduler(shape, runner, batch, SAMPLE_S);
+        runs.push({ ceiling: round(c), ceilingPadded: round(cp), generated: round(s.generated), decode: round(s.decode) });
+      }
+      const worker = await workerEngine(shape, batch, SAMPLE_S);
+      const med = {
+        ceiling: median(runs.map((r) => r.ceiling)),
+        ceilingPadded: median(runs.map((r) => r.ceilingPadded)),
+        generated: median(runs.map((r) => r.generated)),
+        decode: median(runs.map((r) => r.decode)),
+        worker: median(worker),
+      };
+      out[`batch${batch}`] = {
+        ceiling_tokens_per_s: round(med.ceiling),
+        ...(batch === 1 ? { ceiling_padded_to_2_rows_tokens_per_s: round(med.ceilingPadded) } : {}),
+        scheduler_decode_tokens_per_s: round(med.decode),
+        scheduler_generated_tokens_per_s: round(med.generated),
+        worker_engine_tokens_per_s: round(med.worker),
+        decode_vs_ceiling: round(med.decode / med.ceiling, 3),
+        generated_vs_ceiling: round(med.generated / med.ceiling, 3),
+        worker_vs_ceiling: round(med.worker / med.ceiling, 3),
+        runs,
+        worker_runs: worker.map((w) => round(w)),
+      };
+      process.stderr.write(
+        `${shape.name} B=${batch}: ceiling ${med.ceiling.toFixed(0)} tok/s, scheduler decode ${med.decode.toFixed(0)} (x${(med.decode / med.ceiling).toFixed(2)}), ` +
+          `generated ${med.generated.toFixed(0)}, worker engine ${med.worker.toFixed(0)} (x${(med.worker / med.ceiling).toFixed(2)})\n`,
+      );
+    }
+  } finally {
+    await runner.release();
+  }
+  return out;
+}
+
+async function trainerBench(shape: Shape): Promise<Record<string, unknown>> {
+  const { config, weights } = shape;
+  const model = await createJaxModel(config);
+  const v = config.vocab_size;
+  const n = TRAIN_B * TRAIN_T;
+  const batch = { inputIds: Int32Array.from({ length: n }, (_, i) => (i * 7) % v), targets: Int32Array.from({ length: n }, (_, i) => (i * 5 + 3) % v), batch: TRAIN_B, seqLen: TRAIN_T };
+  const coef = new Float32Array(n).fill(-1 / n);
+  const zero = new Float32Array(n);
+  const specs = parameterSpecs(config);
+  const w: Weights = Object.fromEntries(Object.entries(weights).map(([k, a]) => [k, Float32Array.from(a)]));
+  const state = zeroOptimizerState(specs, w);
+  const fb: number[] = [];
+  const ad: number[] = [];
+  const fw: number[] = [];
+  for (let i = 0; i <= reps; i++) {
+    const t0 = performance.now();
+    const { grads } = model.gradient(w, batch, coef, zero, 1);
+    const t1 = performance.now();
+    adamwStep(specs, w, grads, state, { lr: 1e-4, beta1: 0.9, beta2: 0.999, eps: 1e-8, weightDecay: 0, clipGrad: 1 });
+    const t2 = performance.now();
+    model.forward(w, batch, 1);
+    const t3 = performance.now();
+    if (i > 0) {
+      // The first round includes jit compilation.
+      fb.push(t1 - t0);
+      ad.push(t2 - t1);
+      fw.push(t3 - t2);
+    }
+  }
+  const fbMs = median(fb);
+  const fwMs = median(fw);
+  const adMs = median(ad);
+  process.stderr.write(`${shape.name} trainer ${TRAIN_B}x${TRAIN_T}: fwd+bwd ${fbMs.toFixed(0)} ms = ${((n / fbMs) * 1000).toFixed(0)} tok/s; forward ${fwMs.toFixed(0)} ms\n`);
+  return {
+    batch: TRAIN_B,
+    seq_len: TRAIN_T,
+    fwd_bwd_ms: round(fbMs, 1),
+    fwd_bwd_tokens_per_s: round((n / fbMs) * 1000),
+    forward_ms: round(fwMs, 1),
+    forward_tokens_per_s: round((n / fwMs) * 1000),
+    adamw_ms: round(adMs, 2),
+    step_tokens_per_s: round((n / (fbMs + adMs)) * 1000),
+    fwd_bwd_vs_forward_time: round(fbMs / fwMs, 2),
+    runs_fwd_bwd_ms: fb.map((x) => round(x, 1)),
+  };
+}
+
+const tmp = await mkdtemp(join(tmpdir(), "rlq-bench-model-"));
+try {
+  const demo = await readCheckpoint(join(repoRoot, "examples/demo/warm-start"));
+  const kvConfig = parseModelConfig({ vocab_size: 32, context_length: 64, d_model: 64, n_heads: 4, n_layers: 2, d_mlp: 256 });
+  const kvWeights = initWeights(kvConfig, 1);
+  await writeCheckpoint(join(tmp, "onnx-kv"), { config: kvConfig, weights: kvWeights, version: 0, runId: "bench", step: -1 });
+  const shapes: Shape[] = [
+    { name: "demo", config: demo.config, weights: demo.weights, checkpointDir: join(repoRoot, "examples/demo/warm-start"), promptLen: 8, newTokens: demo.config.context_length - 8 },
+    { name: "onnx-kv", config: kvConfig, weights: kvWeights, checkpointDir: join(tmp, "onnx-kv"), promptLen: 16, newTokens: 48 },
+  ];
+  const out: Record<string, unknown> = { bench: "embedded-model", reps, ort_threads: 1 };
+  for (const shape of shapes) {
+    out[shape.name] = {
+      config: shape.config,
+      prompt_tokens: shape.promptLen,
+      new_tokens: shape.newTokens,
+      engine: await engineBench(shape),
+      trainer: await trainerBench(shape),
+    };
+  }
+  await writeResult("embedded-model", out);
+} finally {
+  await rm(tmp, { recursive: true, force: true });
+}

@@ -1,0 +1,177 @@
+import { z } from "zod";
+import type { ChatMessage, HfTokenizer } from "../engines/hf-tokenizer.ts";
+import { RlqError } from "../lib/errors.ts";
+import type { Dataset, DatasetKeys, PromptRow } from "./dataset.ts";
+
+/**
+ * From a dataset record to the prompt text, as slime's `Dataset`
+ * (`slime/utils/data.py`) does it, for every dataset format (JSONL, Parquet):
+ *
+ * - `input_key` holds a string or a message list (`[{role, content}, ...]`).
+ * - `apply_chat_template: false`: a string is the prompt as is; a message list
+ *   is an error (rlq sends token ids, so the prompt must become text somewhere).
+ * - `apply_chat_template: true`: a string becomes `[{role: "user", content}]`,
+ *   then the local Hugging Face tokenizer's chat template renders it with
+ *   `add_generation_prompt: true`, the row's tools (`tool_key`, a list or a
+ *   JSON string of one) and `apply_chat_template_kwargs`.
+ *
+ * Also `rollout_max_prompt_len`: slime drops prompts longer than it at load
+ * time (`filter_long_prompt`), counted with the tokenizer the engine is fed.
+ */
+
+/** One chat message as a dataset may hold it; extra keys (tool_calls, name, ...) reach the template. */
+export const chatMessageSchema = z.looseObject({ role: z.string().min(1), content: z.string() });
+export const chatMessagesSchema = z.array(chatMessageSchema).min(1);
+
+/** What rendering needs of a tokenizer: `HfTokenizer` from src/engines/hf-tokenizer.ts satisfies it. */
+export type ChatTemplateRenderer = Pick<HfTokenizer, "applyChatTemplate">;
+
+export interface PromptRenderOptions {
+  /** slime --apply-chat-template. Default false. */
+  applyChatTemplate?: boolean;
+  /** Required when applyChatTemplate: the tokenizer directory's template (`loadHfTokenizer(dir)`). */
+  chatTemplate?: ChatTemplateRenderer | null;
+  /** slime --apply-chat-template-kwargs: extra template variables (e.g. `enable_thinking: false`). */
+  chatTemplateKwargs?: Record<string, unknown>;
+}
+
+/** Dataset keys plus slime's `tool_key` (default `tools`). */
+export interface PromptRecordKeys extends DatasetKeys {
+  tool_key?: string;
+}
+
+export type Decoded<T> = { ok: true; value: T } | { ok: false; error: string };
+
+function show(v: unknown): string {
+  const s = JSON.stringify(v, (_k, x: unknown) => (typeof x === "bigint" ? x.toString() : x)) ?? String(v);
+  return s.length > 120 ? `${s.slice(0, 120)}…` : s;
+}
+
+/**
+ * The prompt text of one record's `input_key` value (and its tools). Never
+ * throws for bad data: returns the reason, which the loader prefixes with the
+ * line or row number.
+ */
+export function renderPromptInput(value: unknown, tools: unknown, keys: PromptRecordKeys, options: PromptRenderOptions = {}): Decoded<string> {
+  const toolKey = keys.tool_key ?? "tools";
+  if (!options.applyChatTemplate) {
+    if (typeof value === "string" && value.length > 0) return { ok: true, value };
+    if (Array.isArray(value)) return { ok: false, error: `input_key '${keys.input_key}' is a message list; set apply_chat_template: true (with hf_checkpoint naming a tokenizer directory) to render it` };
+    return { ok: false, error: `input_key '${keys.input_key}' must be a non-empty string, got ${show(value) ?? "nothing"}` };
+  }
+  if (!options.chatTemplate) throw new RlqError("config_invalid", "apply_chat_template: true needs a tokenizer with a chat template (hf_checkpoint)");
+  let messages: ChatMessage[];
+  if (typeof value === "string" && value.length > 0) messages = [{ role: "user", content: value }];
+  else {
+    const parsed = chatMessagesSchema.safeParse(value);
+    if (!parsed.success) {
+      const issue = parsed.error.issues[0];
+      const at = issue ? `${issue.path.join(".") || "(value)"}: ${issue.message}` : "invalid";
+      return { ok: false, error: `input_key '${keys.input_key}' must be a string or a non-empty list of {role, content} messages (${at}), got ${show(value)}` };
+    }
+    messages = parsed.data as ChatMessage[];
+  }
+  let toolList: unknown[] | undefined;
+  if (tools !== undefined && tools !== null) {
+    let t = tools;
+    if (typeof t === "string") {
+      try {
+        t = JSON.parse(t);
+      } catch {
+        return { ok: false, error: `tool_key '${toolKey}' is a string that is not JSON: ${show(tools)}` };
+      }
+    }
+    if (!Array.isArray(t)) return { ok: false, error: `tool_key '${toolKey}' must be a list of tool specs (or its JSON), got ${show(tools)}` };
+    toolList = t as unknown[];
+  }
+  try {
+    const rendered = options.chatTemplate.applyChatTemplate(messages, {
+      addGenerationPrompt: true,
+      ...(toolList ? { tools: toolList } : {}),
+      ...(options.chatTemplateKwargs ? { extra: options.chatTemplateKwargs } : {}),
+    });
+    return { ok: true, value: rendered };
+  } catch (e) {
+    if (e instanceof RlqError) throw e; // no template at all: a config error, not a row error
+    return { ok: false, error: `chat template failed: ${(e as Error).message}` };
+  }
+}
+
+/** BigInt (Parquet INT64) → number when safe, else its decimal string; recursively. */
+export function plainJson(value: unknown): unknown {
+  if (typeof value === "bigint") return Number.isSafeInteger(Number(value)) ? Number(value) : value.toString();
+  if (Array.isArray(value)) return value.map(plainJson);
+  if (value instanceof Date) return value.toISOString();
+  if (value !== null && typeof value === "object" && !(value instanceof Uint8Array)) {
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, plainJson(v)]));
+  }
+  return value;
+}
+
+/**
+ * One dataset record → a PromptRow (without its index), the same rules as
+ * dataset.ts's JSONL loader plus message lists and tools. `lineOrRow` is the
+ * 1-based line (JSONL) or row (Parquet) number stored in `PromptRow.line`.
+ * Metadata may be an object or a JSON string of one (Parquet files written
+ * from pandas often hold it that way).
+ */
+export function promptRowFromRecord(
+  record: Record<string, unknown>,
+  lineOrRow: number,
+  keys: PromptRecordKeys,
+  options: PromptRenderOptions = {},
+): Decoded<Omit<PromptRow, "index">> {
+  const rec = plainJson(record) as Record<string, unknown>;
+  const prompt = renderPromptInput(rec[keys.input_key], rec[keys.tool_key ?? "tools"], keys, options);
+  if (!prompt.ok) return prompt;
+  const rawLabel = keys.label_key === null ? undefined : rec[keys.label_key];
+  const label = rawLabel === undefined || rawLabel === null ? null : typeof rawLabel === "string" ? rawLabel : JSON.stringify(rawLabel);
+  let meta = rec[keys.metadata_key];
+  if (typeof meta === "string") {
+    try {
+      meta = JSON.parse(meta);
+    } catch {
+      return { ok: false, error: `metadata_key '${keys.metadata_key}' is a string that is not JSON: ${show(meta)}` };
+    }
+  }
+  if (meta !== undefined && meta !== null && (typeof meta !== "object" || Array.isArray(meta))) {
+    return { ok: false, error: `metadata_key '${keys.metadata_key}' must be an object, got ${show(meta)}` };
+  }
+  return { ok: true, value: { line: lineOrRow, prompt: prompt.value, label, metadata: (meta as Record<string, unknown> | null | undefined) ?? {} } };
+}
+
+/** What `filterLongPrompts` removed, for the run's dataset report. */
+export interface LongPromptReport {
+  maxPromptLen: number;
+  /** How many rows were dropped. */
+  filtered: number;
+  /** Their line/row numbers and token counts (first 20). */
+  examples: Array<{ line: number; tokens: number }>;
+}
+
+/**
+ * slime `filter_long_prompt`: drop rows whose prompt is longer than
+ * `maxPromptLen` tokens, counted by `countTokens` (pass the run tokenizer's
+ * `encode(p).length`: the ids the engine is actually sent, BOS included for
+ * the demo tokenizer). Rows are re-indexed, since the cursor permutes valid
+ * row indices; the fingerprint stays the file's. All rows too long is a
+ * `dataset_empty` error.
+ */
+export function filterLongPrompts(dataset: Dataset, countTokens: (prompt: string) => number, maxPromptLen: number | null): { dataset: Dataset; report: LongPromptReport | null } {
+  if (maxPromptLen === null) return { dataset, report: null };
+  const kept: PromptRow[] = [];
+  const report: LongPromptReport = { maxPromptLen, filtered: 0, examples: [] };
+  for (const row of dataset.rows) {
+    const n = countTokens(row.prompt);
+    if (n > maxPromptLen) {
+      report.filtered++;
+      if (report.examples.length < 20) report.examples.push({ line: row.line, tokens: n });
+      continue;
+    }
+    kept.push({ ...row, index: kept.length });
+  }
+  if (kept.length === 0) {
+    throw new RlqError("dataset_empty", `prompt_data ${dataset.path}: every one of ${dataset.rows.length} prompts is longer than rollout_max_prompt_len ${maxPromptLen}`);
+  }
+  return { dataset: { ...dataset, rows: kept }, report };
+}
