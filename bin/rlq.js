@@ -1,15 +1,16 @@
 #!/usr/bin/env node
-// The rlq command: the compiled CLI when built (npm run build), else the
-// TypeScript sources through tsx (a dependency), so a fresh clone works.
+// The rlq command. Runs the TypeScript sources through tsx (a dependency) so
+// the command always matches the sources; falls back to the compiled CLI
+// (npm run build) when the sources are not shipped.
 import { existsSync } from "node:fs";
 
-const dist = new URL("../dist/cli/main.js", import.meta.url);
+const src = new URL("../src/cli/main.ts", import.meta.url);
 let cli;
-if (existsSync(dist)) {
-  cli = await import(dist.href);
-} else {
+if (existsSync(src)) {
   const { register } = await import("tsx/esm/api");
   register();
-  cli = await import(new URL("../src/cli/main.ts", import.meta.url).href);
+  cli = await import(src.href);
+} else {
+  cli = await import(new URL("../dist/cli/main.js", import.meta.url).href);
 }
 cli.runCli(process.argv.slice(2));
