@@ -17,3 +17,7 @@ const bad = [
   JSON.stringify({ input: "good 3", label: "3" }),
 ];
 writeFileSync("test/fixtures/bad-rows.jsonl", bad.join("\n") + "\n");
+
+const evalRows: string[] = [];
+for (let i = 0; i < 8; i++) evalRows.push(JSON.stringify({ input: `E${i}: ${i} * 2 =`, label: String(i * 2) }));
+writeFileSync("test/fixtures/eval.jsonl", evalRows.join("\n") + "\n");

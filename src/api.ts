@@ -3,6 +3,7 @@ import { dirname, isAbsolute, resolve } from "node:path";
 import type { Db } from "./store/db.ts";
 import { insertRun, loadRunRow } from "./store/run-facts.ts";
 import { listTrainSteps } from "./store/train-facts.ts";
+import { loadEvalResults } from "./store/eval-facts.ts";
 import { insertRunRequest, type RunRequestKind } from "./store/run-requests.ts";
 import { applyOverrides, readConfigFile } from "./config/load.ts";
 import { parseRunConfig, type RunConfig } from "./config/run-config.ts";
@@ -19,6 +20,12 @@ function resolvePaths(raw: Record<string, unknown>, baseDir: string): Record<str
     if (typeof v === "string" && v.length > 0 && !isAbsolute(v) && (v.startsWith(".") || v.includes("/"))) out[key] = resolve(baseDir, v);
   };
   for (const key of ["prompt_data", "ref_load", ...pluginKeys]) fix(key);
+  const evals = out.eval_prompt_data;
+  if (evals !== null && typeof evals === "object" && !Array.isArray(evals)) {
+    out.eval_prompt_data = Object.fromEntries(
+      Object.entries(evals as Record<string, unknown>).map(([k, v]) => [k, typeof v === "string" && !isAbsolute(v) ? resolve(baseDir, v) : v]),
+    );
+  }
   return out;
 }
 
@@ -56,6 +63,17 @@ export async function startRun(db: Db, options: StartRunOptions): Promise<{ runI
   return { runId, config, datasetErrors: dataset.errors };
 }
 
+function latestEvals(rows: Awaited<ReturnType<typeof loadEvalResults>>): RunStatusReport["evals"] {
+  const seen = new Set<string>();
+  const out: RunStatusReport["evals"] = [];
+  for (const r of rows) {
+    if (seen.has(r.dataset)) continue;
+    seen.add(r.dataset);
+    out.push({ dataset: r.dataset, step: r.step, weightVersion: r.weightVersion, meanReward: r.meanReward, passAtK: r.passAtK as Record<string, number> });
+  }
+  return out;
+}
+
 export interface RunStatusReport {
   runId: string;
   name: string;
@@ -67,6 +85,8 @@ export interface RunStatusReport {
   trainSteps: number;
   lastMetrics: Record<string, number>;
   queues: Record<string, Record<string, number>> | null;
+  /** Latest eval per dataset: step, weight version, mean reward, pass@k. */
+  evals: Array<{ dataset: string; step: number; weightVersion: number; meanReward: number; passAtK: Record<string, number> }>;
   updatedAt: string;
 }
 
@@ -90,6 +110,7 @@ export async function runStatus(db: Db, runId: string, queues?: Queues): Promise
     trainSteps: steps.length,
     lastMetrics: Object.fromEntries(rows.map((r) => [r.key, r.value])),
     queues: queues ? await queues.depths() : null,
+    evals: latestEvals(await loadEvalResults(db, runId)),
     updatedAt: row.updatedAt.toISOString(),
   };
 }

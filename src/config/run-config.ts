@@ -78,8 +78,19 @@ export const runConfigSchema = z
     ref_load: pathOrNull,
     loss_mask_type: z.enum(["qwen", "qwen3", "qwen3_5", "distill_qwen"]).default("qwen"),
     update_weights_interval: z.number().int().positive().default(1),
-    // eval and save
+    // eval and save (slime: eval_* fall back to the rollout_* values)
     eval_interval: z.number().int().positive().nullable().default(null),
+    /** Named eval datasets, {name: path} (slime: --eval-prompt-data name path ...). */
+    eval_prompt_data: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/, "dataset names: letters, digits, _ . -"), z.string().min(1)).nullable().default(null),
+    n_samples_per_eval_prompt: z.number().int().positive().default(1),
+    eval_temperature: z.number().positive().nullable().default(null),
+    eval_top_p: z.number().gt(0).max(1).nullable().default(null),
+    eval_top_k: z.number().int().nullable().default(null),
+    eval_max_response_len: z.number().int().positive().nullable().default(null),
+    eval_input_key: z.string().nullable().default(null),
+    eval_label_key: z.string().nullable().default(null),
+    /** rlq: the k of pass@k reported per eval dataset (k <= n_samples_per_eval_prompt). */
+    eval_pass_k: z.array(z.number().int().positive()).default([1]),
     skip_eval_before_train: z.boolean().default(false),
     save_interval: z.number().int().positive().nullable().default(null),
     // rlq
@@ -106,6 +117,12 @@ export const runConfigSchema = z
     refineAlgorithmOptions(c, ctx);
     if (c.engine.kind === "openai" && c.weight_sync !== "trainer_push") {
       ctx.addIssue({ code: "custom", path: ["weight_sync"], message: "engine.kind openai (vLLM) is generation only: rlq cannot load weights into it; set weight_sync: trainer_push" });
+    }
+    if (c.eval_interval !== null && c.eval_prompt_data === null) {
+      ctx.addIssue({ code: "custom", path: ["eval_prompt_data"], message: "eval_interval is set: name the eval datasets, e.g. {gsm8k: data/gsm8k-test.jsonl}" });
+    }
+    for (const k of c.eval_pass_k) {
+      if (k > c.n_samples_per_eval_prompt) ctx.addIssue({ code: "custom", path: ["eval_pass_k"], message: `pass@${k} needs n_samples_per_eval_prompt >= ${k} (got ${c.n_samples_per_eval_prompt})` });
     }
     if (c.tokenizer === "hf" && c.hf_checkpoint === null) {
       ctx.addIssue({ code: "custom", path: ["hf_checkpoint"], message: "tokenizer: hf needs hf_checkpoint (a local Hugging Face model or tokenizer directory)" });

@@ -6,6 +6,7 @@ import { loadRoundStatuses } from "../store/rollout-facts.ts";
 import { loadGroupWithRewards, loadGroupsWithRewards } from "../store/group-view.ts";
 import { historyRows, insertHistory } from "../store/history.ts";
 import { loadTrainStep } from "../store/train-facts.ts";
+import { loadEvalResults } from "../store/eval-facts.ts";
 import { drawnPrompts } from "../store/schema/index.ts";
 import { markRunRequest, pendingRunRequests } from "../store/run-requests.ts";
 import type { Queues } from "../queue/queues.ts";
@@ -165,6 +166,11 @@ class RunController {
   }
 
   private async tick(): Promise<boolean> {
+    // An eval pins the engines' version: nothing moves until its results land.
+    if (this.state.pendingEval) return this.awaitEval();
+    if (this.state.phase === "collect" && this.state.step === 0 && this.isEvalDue(0) && !this.state.config.skip_eval_before_train) {
+      return this.dispatchEval(0, this.state.weightVersion);
+    }
     switch (this.state.phase) {
       case "collect":
         return this.collect();
@@ -347,16 +353,42 @@ class RunController {
     return true;
   }
 
+  private isEvalDue(boundary: number): boolean {
+    const c = this.state.config;
+    if (c.eval_interval === null || c.eval_prompt_data === null || this.state.evalsDispatched.has(boundary)) return false;
+    return boundary === 0 || boundary % c.eval_interval === 0 || boundary === totalSteps(this.state);
+  }
+
+  private async dispatchEval(boundary: number, weightVersion: number): Promise<boolean> {
+    const runId = this.state.runId;
+    await this.commit([{ kind: "eval.dispatched", payload: { step: boundary, weightVersion } }]);
+    await this.deps.queues.enqueue("eval", { runId, step: boundary });
+    return true;
+  }
+
+  private async awaitEval(): Promise<boolean> {
+    const pending = this.state.pendingEval;
+    if (!pending) return false;
+    const rows = await loadEvalResults(this.deps.db, this.state.runId, pending.step);
+    if (rows.length === 0) return false;
+    await this.commit([{ kind: "eval.recorded", payload: { step: pending.step } }]);
+    for (const r of rows) this.deps.log.info({ runId: this.state.runId, step: r.step, dataset: r.dataset, meanReward: r.meanReward, passAtK: r.passAtK }, "eval recorded");
+    return true;
+  }
+
   private async sync(): Promise<boolean> {
     const s = this.state;
     const c = s.config;
     const total = totalSteps(s);
     const isLast = s.step + 1 >= total;
-    if ((s.step + 1) % c.update_weights_interval === 0 || isLast) {
+    // Evals run after the step's sync, on the synced version (weights.synced is then already recorded).
+    if (s.weightVersion === s.trainedVersion && this.isEvalDue(s.step + 1)) return this.dispatchEval(s.step + 1, s.weightVersion);
+    if (((s.step + 1) % c.update_weights_interval === 0 || isLast) && s.weightVersion !== s.trainedVersion) {
       const uri = s.trainedCheckpointUri as string;
       await this.engines.loadWeights(s.trainedVersion, uri);
       await this.commit([{ kind: "weights.synced", payload: { step: s.step, weightVersion: s.trainedVersion, checkpointUri: uri } }]);
       this.deps.crashPoint("controller.after_sync");
+      if (this.isEvalDue(s.step + 1)) return this.dispatchEval(s.step + 1, s.weightVersion);
     }
     if (isLast) {
       await this.commit([{ kind: "run.status", payload: { status: "completed", reason: null } }]);
@@ -420,7 +452,11 @@ class RunController {
         if (!st) await this.ensureJob("rollout", { ...data, weightVersion: s.weightVersion }, isResume);
         else if (s.phase === "collect" && st.isComplete && st.rewardCount < n) await this.ensureJob("reward", data, isResume);
       }
-    } else if (s.phase === "train") {
+    }
+    if (s.pendingEval && (await loadEvalResults(this.deps.db, s.runId, s.pendingEval.step)).length === 0) {
+      await this.ensureJob("eval", { runId: s.runId, step: s.pendingEval.step }, isResume);
+    }
+    if (s.phase === "train") {
       if (!(await loadTrainStep(this.deps.db, s.runId, s.step))) {
         await this.ensureJob("train", { runId: s.runId, step: s.step }, isResume, s.config.max_attempts);
       }

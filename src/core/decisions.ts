@@ -63,6 +63,9 @@ export const decisionSchemas = {
     weightVersionOut: z.number().int(),
     checkpointUri: z.string(),
   }),
+  /** Evaluate the eval datasets at one pinned version (the step boundary it belongs to). */
+  "eval.dispatched": z.object({ step: z.number().int(), weightVersion: z.number().int() }),
+  "eval.recorded": z.object({ step: z.number().int() }),
   "weights.synced": z.object({ step: z.number().int(), weightVersion: z.number().int(), checkpointUri: z.string() }),
 } as const;
 

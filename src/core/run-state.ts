@@ -52,6 +52,9 @@ export interface RunState {
   draining: Map<number, number>;
   /** Kept groups of the sealed step, in training order. */
   sealed: number[];
+  /** Steps whose eval was dispatched; the one not yet recorded blocks the loop. */
+  evalsDispatched: Set<number>;
+  pendingEval: { step: number; weightVersion: number } | null;
 }
 
 export function emptyState(runId: string): RunState {
@@ -78,6 +81,8 @@ export function emptyState(runId: string): RunState {
     inflight: new Set(),
     draining: new Map(),
     sealed: [],
+    evalsDispatched: new Set(),
+    pendingEval: null,
   };
 }
 
@@ -163,6 +168,13 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
       state.phase = "sync";
       state.trainedVersion = d.payload.weightVersionOut;
       state.trainedCheckpointUri = d.payload.checkpointUri;
+      break;
+    case "eval.dispatched":
+      state.evalsDispatched.add(d.payload.step);
+      state.pendingEval = { step: d.payload.step, weightVersion: d.payload.weightVersion };
+      break;
+    case "eval.recorded":
+      if (state.pendingEval?.step === d.payload.step) state.pendingEval = null;
       break;
     case "weights.synced":
       state.weightVersion = d.payload.weightVersion;

@@ -69,7 +69,7 @@ export function renderPromptInput(value: unknown, tools: unknown, keys: PromptRe
       const at = issue ? `${issue.path.join(".") || "(value)"}: ${issue.message}` : "invalid";
       return { ok: false, error: `input_key '${keys.input_key}' must be a string or a non-empty list of {role, content} messages (${at}), got ${show(value)}` };
     }
-    messages = parsed.data as ChatMessage[];
+    messages = parsed.data;
   }
   let toolList: unknown[] | undefined;
   if (tools !== undefined && tools !== null) {
@@ -131,7 +131,7 @@ export function promptRowFromRecord(
     try {
       meta = JSON.parse(meta);
     } catch {
-      return { ok: false, error: `metadata_key '${keys.metadata_key}' is a string that is not JSON: ${show(meta)}` };
+      return { ok: false, error: `metadata_key '${keys.metadata_key}' must be an object (or a JSON string of one), got ${show(meta)}` };
     }
   }
   if (meta !== undefined && meta !== null && (typeof meta !== "object" || Array.isArray(meta))) {

@@ -4,6 +4,7 @@ import type { QueueKind } from "../queue/payloads.ts";
 import { generateGroupRound } from "../rollout/generate-group-round.ts";
 import { scoreGroupRound } from "../reward/worker-score-group.ts";
 import { runTrainStep } from "../trainer/run-train-step.ts";
+import { runEval } from "../rollout/run-eval.ts";
 import { createEngineProvider, createTrainerProvider, type EmbeddedFactories } from "./engines.ts";
 
 /** Start the workers for the given queues in this process. */
@@ -64,7 +65,12 @@ export async function startWorkers(
         }, { concurrency, onError: onError(kind) }),
       );
     } else {
-      log.debug({ kind }, "no worker for this queue yet");
+      handles.push(
+        startWorker(services.backend, "eval", async (data, job) => {
+          const ctx = await contexts.get(data.runId);
+          await runEval({ db, engineFor: (c, v) => engines.engineFor(c, v) }, ctx, data, job.jobId);
+        }, { concurrency, onError: onError(kind) }),
+      );
     }
   }
   return {

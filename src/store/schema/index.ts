@@ -6,3 +6,4 @@ export * from "./sample-rewards.ts";
 export * from "./train-steps.ts";
 export * from "./rollout-history.ts";
 export * from "./run-requests.ts";
+export * from "./evals.ts";

@@ -1,0 +1,209 @@
+import { describe, expect, it } from "vitest";
+import type { Engine, GenerateRequest, GenerateResult } from "../engines/engine.ts";
+import { createDemoTokenizer } from "../model/tokenizer.ts";
+import { generate as toolAgent } from "../../examples/tool-agent/agent.ts";
+import { parseRunConfig } from "../config/run-config.ts";
+import { createByteTokenizer } from "../data/tokenizer.ts";
+import { encoderWithoutPrefix, generateCustomRound, runCustomGenerate, type CustomGenerateBinding, type CustomGenerateFunction, type EngineTurn } from "./custom-generate.ts";
+
+const tok = createDemoTokenizer();
+
+/** A scripted engine: answers each call with the next text (and finish reason), records the requests. */
+function scriptedEngine(script: Array<[string, GenerateResult["finishReason"]]>, weightVersion = 3): Engine & { requests: GenerateRequest[] } {
+  const requests: GenerateRequest[] = [];
+  return {
+    id: "scripted",
+    requests,
+    async generate(req) {
+      requests.push(req);
+      const next = script.shift();
+      if (!next) throw new Error("script exhausted");
+      const [text, finishReason] = next;
+      const ids = text === "<eos>" ? [tok.eosId] : text.endsWith("<eos>") ? [...tok.encode(text.slice(0, -5)), tok.eosId] : tok.encode(text);
+      const tokenIds = ids.slice(0, req.sampling.maxNewTokens);
+      return { tokenIds, logProbs: tokenIds.map((_, i) => -0.1 * (i + 1)), finishReason: tokenIds.length < ids.length ? "length" : finishReason, weightVersion, engineId: "scripted" };
+    },
+    abort: async () => undefined,
+    health: async () => true,
+    loadWeights: async () => undefined,
+    weightVersion: async () => weightVersion,
+    close: async () => undefined,
+  };
+}
+
+function binding(engine: Engine, over: Partial<CustomGenerateBinding> = {}): CustomGenerateBinding {
+  const promptTokens = tok.formatPrompt("3*4=");
+  return {
+    engine,
+    args: { rollout_max_response_len: 32 },
+    sample: { sampleIndex: 1, groupId: 7, round: 0, prompt: "3*4=", promptTokens, responseTokens: [], response: "", label: "12", metadata: {}, status: "pending" },
+    sampling: { temperature: 1, topP: 1, topK: -1, stopTokenIds: [tok.eosId] },
+    budget: 32,
+    firstSegmentIndex: 0,
+    requestIdFor: (seg) => `run-7-1-${seg}`,
+    seedFor: (seg) => 1000 + seg,
+    fallbackWeightVersion: 3,
+    tokenizer: { encode: (s) => tok.encode(s), decode: (ids) => tok.decode(ids) },
+    ...over,
+  };
+}
+
+describe("custom generate: the calculator agent on a scripted engine", () => {
+  it("engine tokens mask 1 with log-probs, tool tokens mask 0 with log-prob 0, one segment per engine call", async () => {
+    const engine = scriptedEngine([
+      ["(3*4)", "stop"],
+      ["\\boxed{12}<eos>", "stop"],
+    ]);
+    const out = await runCustomGenerate(toolAgent, binding(engine));
+    expect(out.status).toBe("completed");
+    expect(out.segments).toHaveLength(2);
+    const [first, second] = out.segments as [(typeof out.segments)[0], (typeof out.segments)[0]];
+    expect(tok.decode(first.tokens)).toBe("(3*4)=12");
+    expect(first.lossMask).toEqual([1, 1, 1, 1, 1, 0, 0, 0]);
+    expect(first.logProbs.slice(5)).toEqual([0, 0, 0]);
+    expect(first.logProbs.slice(0, 5).every((l) => l < 0)).toBe(true);
+    expect(first).toMatchObject({ segmentIndex: 0, weightVersion: 3, status: "pending", finishReason: "stop" });
+    expect(second).toMatchObject({ segmentIndex: 1, weightVersion: 3, status: "completed", finishReason: "stop", lossMask: [1, 1, 1, 1, 1] });
+    expect(out.appendedTokens).toBe(first.tokens.length + second.tokens.length);
+    // The second call sees the tool output, has its own request id and seed, and a smaller budget.
+    const [r0, r1] = engine.requests as [GenerateRequest, GenerateRequest];
+    expect(r0.sampling.stopTokenIds).toEqual([tok.eosId, ...tok.encode(")")]);
+    expect(r1.inputIds).toEqual([...tok.formatPrompt("3*4="), ...tok.encode("(3*4)=12")]);
+    expect([r0.requestId, r1.requestId]).toEqual(["run-7-1-0", "run-7-1-1"]);
+    expect([r0.sampling.seed, r1.sampling.seed]).toEqual([1000, 1001]);
+    expect(r1.sampling.maxNewTokens).toBe(32 - 8);
+  });
+
+  it("continues a resumed sample from its response so far and numbers segments after it", async () => {
+    const engine = scriptedEngine([["\\boxed{12}<eos>", "stop"]]);
+    const resumed = binding(engine, { firstSegmentIndex: 2, budget: 24 });
+    resumed.sample.responseTokens = tok.encode("(3*4)=12");
+    resumed.sample.response = "(3*4)=12";
+    const out = await runCustomGenerate(toolAgent, resumed);
+    expect(out.segments.map((s) => s.segmentIndex)).toEqual([2]);
+    expect(engine.requests[0]?.requestId).toBe("run-7-1-2");
+    expect(engine.requests[0]?.inputIds.slice(-8)).toEqual(tok.encode("(3*4)=12"));
+  });
+
+  it("a budget that runs out mid-answer truncates; a tool output that does not fit is not appended", async () => {
+    const engine = scriptedEngine([["(3*4)", "stop"]]);
+    const out = await runCustomGenerate(toolAgent, binding(engine, { budget: 6 }));
+    expect(out.status).toBe("truncated");
+    expect(tok.decode(out.segments[0]?.tokens ?? [])).toBe("(3*4)");
+    expect(out.segments[0]?.finishReason).toBe("length");
+  });
+
+  it("an abort ends the round: status aborted, later calls never reach the engine", async () => {
+    const engine = scriptedEngine([["(3*", "abort"]]);
+    const fn: CustomGenerateFunction = async (_a, _s, h) => {
+      const a = await h.generate([]);
+      const b = await h.generate([a]);
+      return { turns: [a, b] };
+    };
+    const out = await runCustomGenerate(fn, binding(engine));
+    expect(engine.requests).toHaveLength(1);
+    expect(out.status).toBe("aborted");
+    expect(out.segments).toHaveLength(1);
+    expect(out.segments[0]).toMatchObject({ finishReason: "abort", status: "aborted", lossMask: [1, 1, 1] });
+  });
+
+  it("a round of tool tokens only is one segment at the job's version", async () => {
+    const fn: CustomGenerateFunction = (_a, _s, h) => ({ turns: [h.tool("=5")], status: "completed" });
+    const out = await runCustomGenerate(fn, binding(scriptedEngine([])));
+    expect(out.segments).toEqual([{ segmentIndex: 0, weightVersion: 3, tokens: tok.encode("=5"), logProbs: [0, 0], lossMask: [0, 0], finishReason: "stop", status: "completed", engine: "tool" }]);
+  });
+});
+
+describe("custom generate: what a plugin may return", () => {
+  const run = (fn: CustomGenerateFunction, script: Array<[string, GenerateResult["finishReason"]]> = [["12<eos>", "stop"]]) => runCustomGenerate(fn, binding(scriptedEngine(script)));
+
+  it("rejects edited engine log-probs or tokens", async () => {
+    await expect(
+      run(async (_a, _s, h) => {
+        const t = await h.generate([]);
+        return { turns: [{ ...t, logProbs: t.logProbs.map(() => -0.0001) }] };
+      }),
+    ).rejects.toMatchObject({ code: "custom_generate_invalid", message: expect.stringContaining("cannot be edited") });
+  });
+
+  it("rejects a dropped engine turn and turns passed out of order", async () => {
+    await expect(run(async (_a, _s, h) => ((await h.generate([])), { turns: [] }))).rejects.toThrow(/generate\(\) was called 1 times/);
+    await expect(
+      run(
+        async (_a, _s, h) => {
+          await h.generate([]);
+          return { turns: [await h.generate([])] };
+        },
+        [
+          ["1", "stop"],
+          ["2", "stop"],
+        ],
+      ),
+    ).rejects.toThrow(/must be given every engine turn issued so far/);
+  });
+
+  it("rejects tool tokens with loss mask 1, mismatched lengths, and garbage", async () => {
+    await expect(run(() => ({ turns: [{ kind: "tool", tokens: [3, 4], lossMask: [1, 1] }] }))).rejects.toMatchObject({ code: "custom_generate_invalid", message: expect.stringContaining("turns.0") });
+    await expect(run(() => ({ turns: [{ kind: "tool", tokens: [3, 4], logProbs: [0] }] }))).rejects.toThrow(/custom_generate_invalid|expected \{turns/);
+    await expect(run(() => undefined)).rejects.toThrow(/returned undefined; expected \{turns: \[...\], status\?\}/);
+    const forged: EngineTurn = { kind: "engine", requestId: "x", tokens: [3], logProbs: [-1], weightVersion: 3, finishReason: "stop", engineId: "me", text: "0" };
+    await expect(run(() => ({ turns: [forged] }))).rejects.toThrow(/returned 1 engine turns but generate\(\) was called 0 times/);
+  });
+
+  it("rejects a response that outgrows rollout_max_response_len", async () => {
+    await expect(run((_a, _s, h) => ({ turns: [h.tool("1".repeat(40))] }))).rejects.toThrow(/over the 32 left of rollout_max_response_len/);
+  });
+
+  it("wraps a throw with the plugin's name", async () => {
+    await expect(
+      run(() => {
+        throw new Error("tool crashed");
+      }),
+    ).rejects.toMatchObject({ code: "plugin_threw", message: "custom_generate_function_path (sample 1) threw: tool crashed" });
+  });
+});
+
+describe("generateCustomRound: the rollout job's drop-in", () => {
+  const config = parseRunConfig({ prompt_data: "p.jsonl", rollout_batch_size: 1, rollout_max_response_len: 32, num_rollout: 1, rm_type: "math", ref_load: "ckpt", rollout_seed: 7 });
+  const demo = { encode: (t: string) => tok.formatPrompt(t), decode: (ids: readonly number[]) => tok.decode(ids), eosId: tok.eosId };
+
+  it("strips the BOS the run tokenizer prepends, for tool text", () => {
+    expect(encoderWithoutPrefix(demo).encode("=12")).toEqual(tok.encode("=12"));
+    expect(encoderWithoutPrefix(createByteTokenizer()).encode("ab")).toEqual([97, 98]);
+  });
+
+  it("continues a sample with the job's ids, seeds and budget; rows ready for writeRound", async () => {
+    const engine = scriptedEngine([
+      ["(3*4)", "stop"],
+      ["\\boxed{12}<eos>", "stop"],
+    ]);
+    const inflight = new Set<string>();
+    const rows = await generateCustomRound(
+      toolAgent,
+      engine,
+      {
+        runId: "r1",
+        groupId: 4,
+        round: 1,
+        weightVersion: 3,
+        config,
+        tokenizer: demo,
+        prompt: { prompt: "3*4=", promptTokens: tok.formatPrompt("3*4="), label: "12", metadata: null },
+        sample: { sampleIndex: 2, responseTokens: tok.encode("1"), logProbs: [-1], lossMask: [1], tokenVersions: [3], weightVersions: [3], numSegments: 1, status: "aborted", finishReason: "abort" },
+        pluginPath: "examples/tool-agent/agent.ts",
+      },
+      inflight,
+      () => false,
+    );
+    expect(rows.map((r) => [r.segmentIndex, r.tokenStart, r.round, r.sampleIndex, tok.decode(r.tokens), r.status])).toEqual([
+      [1, 1, 1, 2, "(3*4)=12", "pending"],
+      [2, 9, 1, 2, "\\boxed{12}", "completed"],
+    ]);
+    expect(engine.requests.map((r) => r.requestId)).toEqual(["r1-4-2-1", "r1-4-2-2"]);
+    expect(engine.requests[0]?.sessionKey).toBe("r1-4-2");
+    expect(engine.requests[0]?.sampling.maxNewTokens).toBe(31);
+    expect(engine.requests[0]?.sampling.stopTokenIds).toEqual([tok.eosId, ...tok.encode(")")]);
+    expect(inflight.size).toBe(0);
+    expect(await generateCustomRound(toolAgent, null, { runId: "r1", groupId: 4, round: 1, weightVersion: 3, config, tokenizer: demo, prompt: { prompt: "", promptTokens: [1], label: null, metadata: {} }, sample: { sampleIndex: 0, responseTokens: [], logProbs: [], lossMask: [], tokenVersions: [], weightVersions: [], numSegments: 0, status: "pending", finishReason: "" }, pluginPath: "x" }, inflight, () => true)).toEqual([]);
+  });
+});

@@ -1,0 +1,110 @@
+import type { Db } from "../store/db.ts";
+import { findDecisions } from "../store/run-facts.ts";
+import { loadEvalResults, writeEval, type EvalResultRow, type EvalSampleRow } from "../store/eval-facts.ts";
+import type { Engine } from "../engines/engine.ts";
+import type { EvalJob } from "../queue/payloads.ts";
+import type { RunContext } from "../runtime/run-context.ts";
+import { loadJsonlDataset } from "../data/dataset.ts";
+import { passAtK } from "../algorithms/index.ts";
+import { seedFrom } from "../lib/hash.ts";
+import { RlqError } from "../lib/errors.ts";
+
+/**
+ * The eval job: every prompt of every eval dataset, n_samples_per_eval_prompt
+ * samples each, at the one weight version the decision pinned; rewards from
+ * the run's reward; mean reward and unbiased pass@k per dataset. A sample
+ * counts as correct for pass@k when its reward is >= 1 (the rule-based rewards
+ * give 1 for a correct answer).
+ */
+export interface EvalDeps {
+  db: Db;
+  engineFor(ctx: RunContext, weightVersion: number): Promise<Engine>;
+  maxInFlight?: number;
+}
+
+async function mapLimited<T, R>(items: readonly T[], limit: number, fn: (x: T) => Promise<R>): Promise<R[]> {
+  const out = new Array<R>(items.length);
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: Math.min(limit, items.length) }, async () => {
+      while (next < items.length) {
+        const i = next++;
+        out[i] = await fn(items[i] as T);
+      }
+    }),
+  );
+  return out;
+}
+
+export async function runEval(deps: EvalDeps, ctx: RunContext, job: EvalJob, jobId: string): Promise<void> {
+  const { runId, step } = job;
+  const dispatched = (await findDecisions(deps.db, runId, "eval.dispatched", { step }))[0];
+  if (!dispatched) throw new RlqError("no_decision_behind_job", `eval job ${jobId}: no eval.dispatched decision for step ${step}`);
+  if ((await loadEvalResults(deps.db, runId, step)).length > 0) return;
+  const c = ctx.config;
+  const datasets = Object.entries(c.eval_prompt_data ?? {});
+  const engine = await deps.engineFor(ctx, dispatched.weightVersion);
+  const n = c.n_samples_per_eval_prompt;
+  const results: EvalResultRow[] = [];
+  const samples: EvalSampleRow[] = [];
+  for (const [name, path] of datasets) {
+    const data = await loadJsonlDataset(path, { input_key: c.eval_input_key ?? c.input_key, label_key: c.eval_label_key ?? c.label_key, metadata_key: c.metadata_key });
+    const maxNew = c.eval_max_response_len ?? c.rollout_max_response_len;
+    const perPrompt = await mapLimited(data.rows, Math.max(1, Math.floor((deps.maxInFlight ?? 256) / n)), async (row) => {
+      const inputIds = ctx.tokenizer.encode(row.prompt);
+      const gens = await Promise.all(
+        Array.from({ length: n }, (_, j) =>
+          engine.generate({
+            requestId: `${runId}-eval${step}-${name}-${row.index}-${j}`,
+            inputIds,
+            sampling: {
+              temperature: c.eval_temperature ?? c.rollout_temperature,
+              topP: c.eval_top_p ?? c.rollout_top_p,
+              topK: c.eval_top_k ?? c.rollout_top_k,
+              maxNewTokens: maxNew,
+              stopTokenIds: c.rollout_stop_token_ids.length > 0 ? c.rollout_stop_token_ids : [ctx.tokenizer.eosId],
+              seed: seedFrom(c.rollout_seed, "eval", name, row.index, j),
+            },
+          }),
+        ),
+      );
+      const inputs = gens.map((g, j) => ({
+        sampleIndex: j,
+        prompt: row.prompt,
+        response: ctx.tokenizer.decode(g.tokenIds),
+        label: row.label,
+        metadata: row.metadata,
+        status: g.finishReason === "stop" ? "completed" : "truncated",
+      }));
+      const rewards = await ctx.reward.score(inputs);
+      return { row, gens, inputs, rewards, inputIds };
+    });
+    let rewardSum = 0;
+    let truncated = 0;
+    const passSums = new Map<number, number>(c.eval_pass_k.map((k) => [k, 0]));
+    for (const p of perPrompt) {
+      let correct = 0;
+      p.gens.forEach((g, j) => {
+        const r = p.rewards[j];
+        if (!r) return;
+        rewardSum += r.value;
+        if (r.value >= 1) correct++;
+        if (g.finishReason === "length") truncated++;
+        samples.push({
+          runId, step, dataset: name, promptIndex: p.row.index, sampleIndex: j, weightVersion: g.weightVersion,
+          prompt: p.row.prompt, label: p.row.label, response: p.inputs[j]?.response ?? "", tokens: [...p.inputIds, ...g.tokenIds],
+          finishReason: g.finishReason, reward: r.value, rewardComponents: r.components,
+        });
+      });
+      for (const k of c.eval_pass_k) passSums.set(k, (passSums.get(k) ?? 0) + passAtK(n, correct, k));
+    }
+    const prompts = perPrompt.length;
+    results.push({
+      runId, step, dataset: name, weightVersion: dispatched.weightVersion, numPrompts: prompts, numSamples: prompts * n,
+      meanReward: rewardSum / Math.max(1, prompts * n),
+      passAtK: Object.fromEntries([...passSums].map(([k, v]) => [String(k), v / Math.max(1, prompts)])),
+      truncatedFraction: truncated / Math.max(1, prompts * n),
+    });
+  }
+  await writeEval(deps.db, results, samples);
+}
