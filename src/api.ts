@@ -7,7 +7,8 @@ import { loadEvalResults } from "./store/eval-facts.ts";
 import { insertRunRequest, type RunRequestKind } from "./store/run-requests.ts";
 import { applyOverrides, readConfigFile } from "./config/load.ts";
 import { parseRunConfig, type RunConfig } from "./config/run-config.ts";
-import { loadJsonlDataset } from "./data/dataset.ts";
+import { createByteTokenizer } from "./data/tokenizer.ts";
+import { loadRunDataset, tokenizerFor } from "./runtime/plugins-registry.ts";
 import { fingerprintPlugins, pluginKeys } from "./controller/fingerprints.ts";
 import type { Queues } from "./queue/queues.ts";
 import { RlqError } from "./lib/errors.ts";
@@ -17,7 +18,7 @@ function resolvePaths(raw: Record<string, unknown>, baseDir: string): Record<str
   const out = { ...raw };
   const fix = (key: string) => {
     const v = out[key];
-    if (typeof v === "string" && v.length > 0 && !isAbsolute(v) && (v.startsWith(".") || v.includes("/"))) out[key] = resolve(baseDir, v);
+    if (typeof v === "string" && v.length > 0 && !isAbsolute(v) && !/^https?:\/\//i.test(v) && (v.startsWith(".") || v.includes("/"))) out[key] = resolve(baseDir, v);
   };
   for (const key of ["prompt_data", "ref_load", ...pluginKeys]) fix(key);
   const evals = out.eval_prompt_data;
@@ -48,7 +49,9 @@ export async function startRun(db: Db, options: StartRunOptions): Promise<{ runI
   const baseDir = typeof options.config === "string" ? dirname(resolve(options.config)) : (options.baseDir ?? process.cwd());
   const source = typeof options.config === "string" ? options.config : "config";
   const config = parseRunConfig(resolvePaths(applyOverrides(raw, options.set ?? []), baseDir), source);
-  const dataset = await loadJsonlDataset(config.prompt_data, config);
+  const tokenizer = config.tokenizer === "bytes" ? createByteTokenizer() : await tokenizerFor(config);
+  const { dataset, report } = await loadRunDataset(config, tokenizer);
+  if (report) dataset.errors.push(`rollout_max_prompt_len ${report.maxPromptLen}: dropped ${report.filtered} longer prompt(s)`);
   const pluginFingerprints = await fingerprintPlugins(config);
   const runId = newRunId();
   await insertRun(db, {

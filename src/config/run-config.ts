@@ -28,6 +28,11 @@ export const runConfigSchema = z
     input_key: z.string().default("input"),
     label_key: z.string().nullable().default("label"),
     metadata_key: z.string().default("metadata"),
+    tool_key: z.string().default("tools"),
+    apply_chat_template: z.boolean().default(false),
+    apply_chat_template_kwargs: z.record(z.string(), z.unknown()).default({}),
+    /** rlq: a bad dataset row is reported and skipped (skip) or fails the run start (fail). */
+    bad_row_policy: z.enum(["skip", "fail"]).default("skip"),
     rollout_max_prompt_len: z.number().int().positive().nullable().default(null),
     /** bytes: UTF-8 bytes + BOS/EOS (what the test engines speak); model: the embedded model's tokenizer. */
     tokenizer: z.enum(["bytes", "model", "hf"]).default("bytes"),
@@ -56,7 +61,9 @@ export const runConfigSchema = z
     // reward (reward_key is in the algorithm options)
     rm_type: z.string().nullable().default(null),
     custom_rm_path: pathOrNull,
+    rm_url: z.string().url().nullable().default(null),
     group_rm: z.boolean().default(false),
+    custom_generate_function_path: pathOrNull,
     // algorithm: every option of src/algorithms (docs/algorithms.md), slime's names and defaults
     ...algorithmOptionsShape,
     // optimizer (embedded and remote trainers)
@@ -123,6 +130,12 @@ export const runConfigSchema = z
     }
     for (const k of c.eval_pass_k) {
       if (k > c.n_samples_per_eval_prompt) ctx.addIssue({ code: "custom", path: ["eval_pass_k"], message: `pass@${k} needs n_samples_per_eval_prompt >= ${k} (got ${c.n_samples_per_eval_prompt})` });
+    }
+    if (c.rm_type?.trim() === "remote_rm" && c.rm_url === null) {
+      ctx.addIssue({ code: "custom", path: ["rm_url"], message: "rm_type remote_rm needs rm_url (the reward server's URL)" });
+    }
+    if (c.apply_chat_template && c.hf_checkpoint === null) {
+      ctx.addIssue({ code: "custom", path: ["hf_checkpoint"], message: "apply_chat_template needs hf_checkpoint (a local Hugging Face tokenizer directory with a chat template)" });
     }
     if (c.tokenizer === "hf" && c.hf_checkpoint === null) {
       ctx.addIssue({ code: "custom", path: ["hf_checkpoint"], message: "tokenizer: hf needs hf_checkpoint (a local Hugging Face model or tokenizer directory)" });

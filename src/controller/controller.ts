@@ -15,7 +15,8 @@ import { amendableKeys, overSamplingBatchSize, parseRunConfig } from "../config/
 import { fold, apply, totalSteps, type RunState } from "../core/run-state.ts";
 import { drawFresh } from "../core/data-buffer.ts";
 import type { Decision } from "../core/decisions.ts";
-import { loadJsonlDataset, type Dataset } from "../data/dataset.ts";
+import type { Dataset } from "../data/dataset.ts";
+import { loadRunDataset } from "../runtime/plugins-registry.ts";
 import { createBufferFilter, createDynamicFilter, shouldDrop, type BufferFilter, type DynamicFilter } from "../runtime/filters.ts";
 import type { RunContext, RunContextCache } from "../runtime/run-context.ts";
 import { createEngineAdmin, type EngineAdmin } from "./engine-admin.ts";
@@ -93,7 +94,7 @@ class RunController {
     const state = fold(lease.runId, await loadDecisions(deps.db, lease.runId));
     const ctx = await deps.contexts.get(lease.runId);
     const c = state.config;
-    const dataset = await loadJsonlDataset(c.prompt_data, c);
+    const { dataset } = await loadRunDataset(c, ctx.tokenizer);
     await checkFingerprints(deps.db, state, dataset);
     const ctl = new RunController(
       deps,

@@ -7,14 +7,16 @@ import { fingerprintFile, parsePluginPath } from "../plugins/load.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /** Config keys whose value may name a plugin module file. */
-export const pluginKeys = ["custom_rm_path", "dynamic_sampling_filter_path", "buffer_filter_path"] as const;
+export const pluginKeys = ["custom_rm_path", "dynamic_sampling_filter_path", "buffer_filter_path", "custom_generate_function_path"] as const;
 
 /** Plugin paths that are files (built-in names such as pop_first are not). */
 export function pluginFiles(config: RunConfig): Record<string, string> {
   const out: Record<string, string> = {};
   for (const key of pluginKeys) {
     const v = config[key];
-    if (typeof v === "string" && (v.includes("/") || /\.(m?[jt]s)$/.test(v))) out[key] = parsePluginPath(v, process.cwd()).file;
+    // An HTTP plugin (http://...) has no file to fingerprint.
+    if (typeof v !== "string" || /^https?:\/\//i.test(v)) continue;
+    if (v.includes("/") || /\.(m?[jt]s)$/.test(v)) out[key] = parsePluginPath(v, process.cwd()).file;
   }
   return out;
 }

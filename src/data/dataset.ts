@@ -1,6 +1,8 @@
 import { readFile } from "node:fs/promises";
 import { sha256Hex } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
+import { promptRowFromRecord, type PromptRecordKeys } from "./chat-template.ts";
+import { isParquetPath, loadParquetDataset, type PromptDatasetOptions } from "./parquet.ts";
 
 /**
  * Prompt datasets (JSONL). A bad row is reported with its line number and
@@ -29,7 +31,7 @@ export interface DatasetKeys {
   metadata_key: string;
 }
 
-export async function loadJsonlDataset(path: string, keys: DatasetKeys): Promise<Dataset> {
+export async function loadJsonlDataset(path: string, keys: PromptRecordKeys, options: PromptDatasetOptions = {}): Promise<Dataset> {
   let bytes: Buffer;
   try {
     bytes = await readFile(path);
@@ -54,23 +56,21 @@ export async function loadJsonlDataset(path: string, keys: DatasetKeys): Promise
       errors.push(`${where}: expected a JSON object, got ${Array.isArray(obj) ? "an array" : typeof obj}`);
       continue;
     }
-    const rec = obj as Record<string, unknown>;
-    const prompt = rec[keys.input_key];
-    if (typeof prompt !== "string" || prompt.length === 0) {
-      errors.push(`${where}: input_key '${keys.input_key}' must be a non-empty string, got ${JSON.stringify(prompt) ?? "nothing"}`);
+    const d = promptRowFromRecord(obj as Record<string, unknown>, i + 1, keys, options);
+    if (!d.ok) {
+      if (options.isBadRowFatal) throw new RlqError("dataset_bad_row", `${where}: ${d.error}`);
+      errors.push(`${where}: ${d.error}`);
       continue;
     }
-    const rawLabel = keys.label_key === null ? undefined : rec[keys.label_key];
-    const label = rawLabel === undefined || rawLabel === null ? null : typeof rawLabel === "string" ? rawLabel : JSON.stringify(rawLabel);
-    const meta = rec[keys.metadata_key];
-    if (meta !== undefined && (meta === null || typeof meta !== "object" || Array.isArray(meta))) {
-      errors.push(`${where}: metadata_key '${keys.metadata_key}' must be an object, got ${JSON.stringify(meta)}`);
-      continue;
-    }
-    rows.push({ index: rows.length, line: i + 1, prompt, label, metadata: (meta as Record<string, unknown> | undefined) ?? {} });
+    rows.push({ index: rows.length, ...d.value });
   }
   if (rows.length === 0) {
     throw new RlqError("dataset_empty", `prompt_data ${path}: no usable rows${errors.length ? ` (${errors.length} bad: ${errors.slice(0, 3).join("; ")})` : ""}`);
   }
   return { path, fingerprint: sha256Hex(bytes), rows, errors };
+}
+
+/** JSONL or Parquet, by file extension. */
+export async function loadPromptData(path: string, keys: PromptRecordKeys, options: PromptDatasetOptions = {}): Promise<Dataset> {
+  return isParquetPath(path) ? loadParquetDataset(path, keys, options) : loadJsonlDataset(path, keys, options);
 }

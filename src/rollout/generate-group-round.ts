@@ -8,6 +8,7 @@ import type { RunContext } from "../runtime/run-context.ts";
 import { isTerminal, statusFromFinish, type AssembledSample } from "../core/sample.ts";
 import { seedFrom } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
+import { generateCustomRound } from "./custom-generate.ts";
 
 /**
  * The rollout job: one round of one group. Every sample that is not
@@ -63,6 +64,11 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
   try {
     await Promise.all(
       pending.map(async (s) => {
+        if (ctx.customGenerate) {
+          const input = { runId, groupId, round, weightVersion: job.weightVersion, config: c, tokenizer: ctx.tokenizer, prompt: view.prompt, sample: s, pluginPath: c.custom_generate_function_path as string };
+          segments.push(...(await generateCustomRound(ctx.customGenerate, engine, input, inflight, () => wasAborted)));
+          return;
+        }
         const seg = await generateSegment(engine, ctx, view.prompt.promptTokens, s, job, inflight, () => wasAborted);
         if (seg) segments.push(seg);
       }),

@@ -1,5 +1,5 @@
 import type { RunConfig } from "../config/run-config.ts";
-import { loadPluginFunction, parsePluginPath } from "../plugins/load.ts";
+import { resolvePluginFunction } from "../plugins/http.ts";
 import { RlqError } from "../lib/errors.ts";
 import {
   builtinBufferFilter,
@@ -35,12 +35,13 @@ export async function createDynamicFilter(config: RunConfig, baseDir: string): P
   if (path === null) return async () => ({ keep: true, reason: null, keep_when_insufficient: false });
   const builtin = builtinDynamicFilter(path);
   if (builtin) return async (g) => toDynamicFilterOutput(builtin({ groupId: String(g.groupId), rewards: g.rewards }), { option: "dynamic_sampling_filter_path", path });
-  const fn = await loadPluginFunction<(args: RunConfig, g: FilterGroup) => unknown>(parsePluginPath(path, baseDir), ["filter", "dynamicFilter"], "dynamic_sampling_filter_path");
+  const fn = await resolvePluginFunction<(args: RunConfig, g: FilterGroup) => unknown>(path, baseDir, "dynamic_filter", "dynamic_sampling_filter_path");
   return async (g) => {
     let out: unknown;
     try {
       out = await fn(config, g);
     } catch (e) {
+      if (e instanceof RlqError) throw e;
       throw new RlqError("plugin_threw", `dynamic_sampling_filter_path ${path} threw on group ${g.groupId}: ${(e as Error).message}`, { cause: e });
     }
     return toDynamicFilterOutput(out, { option: "dynamic_sampling_filter_path", path });
@@ -53,7 +54,7 @@ export async function createBufferFilter(config: RunConfig, baseDir: string): Pr
   const where = { option: "buffer_filter_path" as const, path: path ?? "pop_first" };
   const toIds = (buffer: readonly number[]) => buffer.map((id) => ({ groupId: String(id) }));
   if (builtin) return async (buffer, n) => builtin(toIds(buffer), n).map(Number);
-  const fn = await loadPluginFunction<(args: RunConfig, rolloutId: null, buffer: readonly { groupId: string }[], n: number) => unknown>(parsePluginPath(path as string, baseDir), ["bufferFilter", "filter"], "buffer_filter_path");
+  const fn = await resolvePluginFunction<(args: RunConfig, rolloutId: null, buffer: readonly { groupId: string }[], n: number) => unknown>(path as string, baseDir, "buffer_filter", "buffer_filter_path");
   return async (buffer, n) => {
     const out = await fn(config, null, toIds(buffer), n);
     return validateBufferFilterResult(out, toIds(buffer), n, where).map(Number);

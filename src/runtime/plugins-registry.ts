@@ -6,6 +6,8 @@ import type { RewardInput } from "./reward-scorer.ts";
 import { RlqError } from "../lib/errors.ts";
 import { getRewardFunction } from "../reward/index.ts";
 import { Tokenizer as ModelTokenizer } from "../model/tokenizer.ts";
+import { loadPromptData } from "../data/dataset.ts";
+import { filterLongPrompts } from "../data/chat-template.ts";
 
 /**
  * Where the built-in capabilities are looked up by name: reward types from
@@ -45,4 +47,20 @@ export async function tokenizerFor(config: RunConfig): Promise<Tokenizer> {
     };
   }
   throw new RlqError("config_invalid", `tokenizer: model: no tokenizer.json in ${candidates.join(" or ")}`);
+}
+
+/**
+ * The run's prompt dataset as the controller and `rlq run start` both see it:
+ * JSONL or Parquet, the chat template applied when asked, prompts longer than
+ * rollout_max_prompt_len filtered out at load time (slime).
+ */
+export async function loadRunDataset(c: RunConfig, tokenizer: Tokenizer) {
+  const chatTemplate = c.apply_chat_template ? await (await import("../engines/hf-tokenizer.ts")).loadHfTokenizer(c.hf_checkpoint as string) : null;
+  const ds = await loadPromptData(c.prompt_data, c, {
+    applyChatTemplate: c.apply_chat_template,
+    chatTemplate,
+    chatTemplateKwargs: c.apply_chat_template_kwargs,
+    isBadRowFatal: c.bad_row_policy === "fail",
+  });
+  return filterLongPrompts(ds, (p) => tokenizer.encode(p).length, c.rollout_max_prompt_len);
 }

@@ -1,6 +1,7 @@
 import { z } from "zod";
 import type { RunConfig } from "../config/run-config.ts";
-import { loadPluginFunction, parsePluginPath } from "../plugins/load.ts";
+import { resolvePluginFunction } from "../plugins/http.ts";
+import { createRemoteReward } from "../reward/remote.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /**
@@ -57,15 +58,15 @@ export async function createRewardScorer(
 ): Promise<RewardScorer> {
   const where = (i: number) => `${config.custom_rm_path ? `custom_rm_path ${config.custom_rm_path}` : `rm_type ${config.rm_type}`} (sample ${i})`;
   if (config.custom_rm_path) {
-    const ref = parsePluginPath(config.custom_rm_path, process.cwd());
     if (config.group_rm) {
-      const fn = await loadPluginFunction<GroupRewardFn>(ref, ["rewardGroup", "batched_reward"], "custom_rm_path");
+      const fn = await resolvePluginFunction<GroupRewardFn>(config.custom_rm_path, process.cwd(), "reward_group", "custom_rm_path");
       return {
         async score(group) {
           let out: unknown;
           try {
             out = await fn(config, group);
           } catch (e) {
+            if (e instanceof RlqError) throw e;
             throw new RlqError("plugin_threw", `custom_rm_path ${config.custom_rm_path} threw: ${(e as Error).message}`, { cause: e });
           }
           if (!Array.isArray(out) || out.length !== group.length) {
@@ -75,7 +76,7 @@ export async function createRewardScorer(
         },
       };
     }
-    const fn = await loadPluginFunction<SampleRewardFn>(ref, ["reward"], "custom_rm_path");
+    const fn = await resolvePluginFunction<SampleRewardFn>(config.custom_rm_path, process.cwd(), "reward", "custom_rm_path");
     return {
       async score(group) {
         return Promise.all(
@@ -84,6 +85,7 @@ export async function createRewardScorer(
             try {
               out = await fn(config, s);
             } catch (e) {
+              if (e instanceof RlqError) throw e;
               throw new RlqError("plugin_threw", `custom_rm_path ${config.custom_rm_path} threw on sample ${i}: ${(e as Error).message}`, { cause: e });
             }
             return selectReward(out, config.reward_key, where(i));
@@ -93,6 +95,10 @@ export async function createRewardScorer(
     };
   }
   const rmType = config.rm_type as string;
+  if (rmType.trim() === "remote_rm") {
+    const rm = createRemoteReward({ url: config.rm_url as string });
+    return { score: async (g) => (await rm.scoreGroup(g)).map((v, i) => selectReward(v, config.reward_key, where(i))) };
+  }
   const fn = resolveRmType(rmType);
   if (!fn) throw new RlqError("config_invalid", `rm_type '${rmType}' is not a known reward type`);
   return {

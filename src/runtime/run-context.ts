@@ -4,6 +4,8 @@ import { parseRunConfig, type RunConfig } from "../config/run-config.ts";
 import { createByteTokenizer, type Tokenizer } from "../data/tokenizer.ts";
 import { createRewardScorer, type RewardInput, type RewardScorer } from "./reward-scorer.ts";
 import { RlqError } from "../lib/errors.ts";
+import { resolvePluginFunction } from "../plugins/http.ts";
+import type { CustomGenerateFunction } from "../rollout/custom-generate.ts";
 
 /**
  * What a worker needs to serve one run: its stored, validated config, the
@@ -14,6 +16,8 @@ export interface RunContext {
   config: RunConfig;
   tokenizer: Tokenizer;
   reward: RewardScorer;
+  /** custom_generate_function_path: one sample, possibly multi-turn (docs/plugins.md). */
+  customGenerate: CustomGenerateFunction | null;
 }
 
 export type RmTypeResolver = (rmType: string) => ((s: RewardInput) => unknown) | null;
@@ -34,7 +38,10 @@ export function createRunContextCache(
     const config = parseRunConfig(row.config, `run ${runId} config`);
     const tokenizer = config.tokenizer === "bytes" || !options.tokenizerFor ? createByteTokenizer() : await options.tokenizerFor(config);
     const reward = await createRewardScorer(config, options.resolveRmType ?? (() => null));
-    return { runId, config, tokenizer, reward };
+    const customGenerate = config.custom_generate_function_path
+      ? await resolvePluginFunction<CustomGenerateFunction>(config.custom_generate_function_path, process.cwd(), "generate", "custom_generate_function_path")
+      : null;
+    return { runId, config, tokenizer, reward, customGenerate };
   };
   return {
     get(runId) {
