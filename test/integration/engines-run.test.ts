@@ -28,10 +28,13 @@ describe("a run on two engines, one killed and restarted mid-run", () => {
     const runId = await w.start({ num_rollout: 6, partial_rollout: true, rollout_max_response_len: 128, rollout_health_check_interval: 1, engine: { kind: "sglang", urls: [w.engine.url, b.url] } });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     // Kill engine B once it has produced segments of this run, while it still has requests in flight.
+    // ... and its live requests have streamed some tokens: still live 60 ms (~10 tokens) after first seen.
+    const liveNow = async () => ((await (await fetch(`${b.url}/stats`)).json()) as { live: number }).live;
     await waitFor("engine B generating", async () => {
       const r = await w.db.pool.query("SELECT count(*)::int AS n FROM sample_segments WHERE run_id = $1 AND engine = $2", [runId, b.url]);
-      const live = (await (await fetch(`${b.url}/stats`)).json()) as { live: number };
-      return (r.rows[0]?.n ?? 0) > 0 && live.live > 0;
+      if ((r.rows[0]?.n ?? 0) === 0 || (await liveNow()) < 4) return false;
+      await new Promise((res) => setTimeout(res, 60));
+      return (await liveNow()) >= 4;
     }, 120_000, 20);
     b.kill("SIGKILL");
     await new Promise((r) => setTimeout(r, 1500));
