@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readCheckpoint } from "../../src/model/checkpoint.ts";
+import { startRun } from "../../src/api.ts";
 import { repoRoot, spawnRlq, waitFor } from "../helpers/processes.ts";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 
@@ -131,6 +132,32 @@ describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protoc
         expect(metrics.rows.map((r) => r.key)).toEqual(expect.arrayContaining(["pg_loss", "entropy_loss", "grad_norm", "train_rollout_logprob_abs_diff"]));
       }
       await waitFor("the run to complete", async () => (await w.db.pool.query("SELECT status FROM runs WHERE id = $1", [runId])).rows[0]?.status === "completed", 10_000);
+    } finally {
+      up.kill("SIGTERM");
+    }
+  });
+
+  it("trains the demo config (embedded ONNX engine, rlq's warm start) through a SIGKILL mid-step", async () => {
+    const py = python as string;
+    const first = await startTrainer(py, 0, ["--debug-delay-s", "2"]);
+    trainer = first;
+    const url = `http://127.0.0.1:${first.port}`;
+    const { runId } = await startRun(w.db, { config: join(repoRoot, "examples/demo.yaml"), set: ["num_rollout=3", `trainer={kind: remote, url: '${url}'}`] });
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
+    try {
+      await waitFor("step 1 to start on the trainer", async () => new RegExp(`step ${runId}/1 attempt \\S+: queued`).test(first.log()), 120_000, 50);
+      first.child.kill("SIGKILL");
+      expect(await first.exited).toBe("SIGKILL");
+      trainer = await startTrainer(py, first.port);
+      expect(await up.exited, up.output()).toBe(0);
+      const steps = (await w.db.pool.query("SELECT step, weight_version_out, num_samples FROM train_steps WHERE run_id = $1 ORDER BY step", [runId])).rows;
+      expect(steps).toEqual([0, 1, 2].map((st) => ({ step: st, weight_version_out: st + 1, num_samples: 256 })));
+      // The ONNX engine generated from the PyTorch trainer's checkpoints: versions 0..2 in the samples,
+      // and the two implementations agree on the log-probs (float32 both sides).
+      const versions = (await w.db.pool.query("SELECT DISTINCT weight_version FROM sample_segments WHERE run_id = $1 ORDER BY 1", [runId])).rows.map((r) => r.weight_version);
+      expect(versions).toEqual([0, 1, 2]);
+      const diff = (await w.db.pool.query("SELECT max(value) AS v FROM train_metrics WHERE run_id = $1 AND key = 'train_rollout_logprob_abs_diff'", [runId])).rows[0].v;
+      expect(diff).toBeLessThan(1e-4);
     } finally {
       up.kill("SIGTERM");
     }
