@@ -4,6 +4,8 @@ import type { Db } from "./store/db.ts";
 import { insertRun, loadRunRow } from "./store/run-facts.ts";
 import { listTrainSteps } from "./store/train-facts.ts";
 import { loadEvalResults } from "./store/eval-facts.ts";
+import { loadEngineMetrics } from "./store/engine-metrics.ts";
+import type { EngineMetricsSnapshot } from "./engines/metrics.ts";
 import { insertRunRequest, type RunRequestKind } from "./store/run-requests.ts";
 import { applyOverrides, readConfigFile } from "./config/load.ts";
 import { parseRunConfig, type RunConfig } from "./config/run-config.ts";
@@ -90,6 +92,8 @@ export interface RunStatusReport {
   queues: Record<string, Record<string, number>> | null;
   /** Latest eval per dataset: step, weight version, mean reward, pass@k. */
   evals: Array<{ dataset: string; step: number; weightVersion: number; meanReward: number; passAtK: Record<string, number> }>;
+  /** Engine-pool metrics as last published by each rollout worker process. */
+  engines: Array<{ worker: string; at: string; engineId: string; state: string; weightVersion: number | null; requests: number; errors: number; aborted: number; tokensPerSecond: number; latencyMs: { p50: number | null; p95: number | null; p99: number | null } }>;
   updatedAt: string;
 }
 
@@ -114,6 +118,20 @@ export async function runStatus(db: Db, runId: string, queues?: Queues): Promise
     lastMetrics: Object.fromEntries(rows.map((r) => [r.key, r.value])),
     queues: queues ? await queues.depths() : null,
     evals: latestEvals(await loadEvalResults(db, runId)),
+    engines: (await loadEngineMetrics(db, runId)).flatMap((m) =>
+      ((m.snapshot as { engines?: EngineMetricsSnapshot[] }).engines ?? []).map((e) => ({
+        worker: m.worker,
+        at: m.at.toISOString(),
+        engineId: e.engineId,
+        state: e.state,
+        weightVersion: e.weightVersion,
+        requests: e.requests,
+        errors: e.errors,
+        aborted: e.aborted,
+        tokensPerSecond: e.tokensPerSecond,
+        latencyMs: e.latencyMs,
+      })),
+    ),
     updatedAt: row.updatedAt.toISOString(),
   };
 }

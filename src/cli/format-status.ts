@@ -14,6 +14,10 @@ export function formatStatus(r: RunStatusReport): string {
   for (const e of r.evals) {
     lines.push(`  eval ${e.dataset}: step ${e.step} (version ${e.weightVersion}) mean reward ${e.meanReward.toFixed(3)} ${Object.entries(e.passAtK).map(([k, v]) => `pass@${k} ${v.toFixed(3)}`).join(" ")}`);
   }
+  for (const e of r.engines) {
+    const lat = e.latencyMs.p50 === null ? "-" : `p50 ${e.latencyMs.p50.toFixed(0)} p95 ${e.latencyMs.p95?.toFixed(0)} p99 ${e.latencyMs.p99?.toFixed(0)} ms`;
+    lines.push(`  engine ${e.engineId} (${e.worker}): ${e.state} v${e.weightVersion ?? "?"} requests ${e.requests} errors ${e.errors} aborted ${e.aborted} ${e.tokensPerSecond.toFixed(0)} tok/s latency ${lat}`);
+  }
   if (r.queues) {
     lines.push("  queues:");
     for (const [q, c] of Object.entries(r.queues)) {

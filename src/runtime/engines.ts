@@ -71,9 +71,9 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
       }
       return engine;
     },
-    /** Per-engine metrics of this process's pools (requests, tokens/s, errors, latency percentiles). */
-    metrics(runId: string) {
-      return pools.get(runId)?.snapshot() ?? null;
+    /** Per-engine metrics of this process's pools (requests, tokens/s, errors, latency percentiles), by run. */
+    metrics() {
+      return [...pools].map(([runId, pool]) => ({ runId, snapshot: pool.snapshot() }));
     },
     async close() {
       for (const p of engines.values()) await (await p).close().catch(() => undefined);

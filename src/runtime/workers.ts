@@ -5,6 +5,7 @@ import { generateGroupRound } from "../rollout/generate-group-round.ts";
 import { scoreGroupRound } from "../reward/worker-score-group.ts";
 import { runTrainStep } from "../trainer/run-train-step.ts";
 import { runEval } from "../rollout/run-eval.ts";
+import { upsertEngineMetrics } from "../store/engine-metrics.ts";
 import { createEngineProvider, createTrainerProvider, type EmbeddedFactories } from "./engines.ts";
 
 /** Start the workers for the given queues in this process. */
@@ -73,8 +74,15 @@ export async function startWorkers(
       );
     }
   }
+  // Engine-pool telemetry for `rlq run status`, every 5 s.
+  const publish = async () => {
+    for (const m of engines.metrics()) await upsertEngineMetrics(db, m.runId, services.holder, m.snapshot);
+  };
+  const telemetry = kinds.includes("rollout") ? setInterval(() => void publish().catch(() => undefined), 5000) : null;
   return {
     async close() {
+      if (telemetry) clearInterval(telemetry);
+      await publish().catch(() => undefined);
       await Promise.all(handles.map((h) => h.close()));
       await engines.close();
       await trainers.close();

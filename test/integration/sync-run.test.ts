@@ -45,6 +45,13 @@ describe("a synchronous run, end to end", () => {
     const draws = await w.db.pool.query("SELECT draw_ordinal FROM drawn_prompts WHERE run_id = $1 ORDER BY 1", [runId]);
     expect(draws.rows.map((r) => Number(r.draw_ordinal))).toEqual(draws.rows.map((_, i) => i));
 
+    // Per-engine metrics were published by the rollout workers and are shown by `rlq run status`.
+    const status = spawnRlq(["run", "status", runId, "--json"], w.env);
+    expect(await status.exited).toBe(0);
+    const report = JSON.parse(status.output().slice(status.output().indexOf("{"))) as { engines: Array<{ engineId: string; requests: number }> };
+    expect(report.engines.map((e) => e.engineId)).toContain(w.engine.url);
+    expect(report.engines.reduce((a, e) => a + e.requests, 0)).toBeGreaterThanOrEqual(48 * 1);
+
     const replay = spawnRlq(["replay", runId, "--check"], w.env);
     expect(await replay.exited, replay.output()).toBe(0);
     expect(replay.output()).toMatch(/0 difference\(s\)/);

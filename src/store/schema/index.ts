@@ -7,3 +7,4 @@ export * from "./train-steps.ts";
 export * from "./rollout-history.ts";
 export * from "./run-requests.ts";
 export * from "./evals.ts";
+export * from "./engine-metrics.ts";
