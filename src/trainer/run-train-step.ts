@@ -54,6 +54,7 @@ export async function loadTrainBatch(db: Db, ctx: RunContext, step: number): Pro
         promptLength: g.prompt.promptTokens.length,
         responseLength: s.responseTokens.length,
         lossMask: Uint8Array.from(s.lossMask),
+        denomMask: Uint8Array.from(s.denomMask),
         rolloutLogProbs: Float32Array.from(s.logProbs),
         tokenVersions: Int32Array.from(s.tokenVersions),
         reward: r.reward,

@@ -113,6 +113,8 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
   onProgress({ done: 0, total: numOptimizerSteps, phase: "old_logprobs" });
 
   const lossMask = samples.map((s) => Float64Array.from(s.lossMask));
+  // Denominators: the mask before rlq zeroed off-policy/stale tokens (DESIGN §1).
+  const denomMask = samples.map((s) => Float64Array.from(s.denomMask ?? s.lossMask));
   const rolloutLogProbs = samples.map((s) => Float64Array.from(s.rolloutLogProbs));
   const old = forwardResponses(model, weights, samples, globalBatchSize, seqLen, temperature);
   const needsRef = algorithm.use_kl_loss || algorithm.kl_coef !== 0;
@@ -150,6 +152,7 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
         rolloutLogProbs: rolloutLogProbs.slice(lo, hi),
         advantages: advantages.slice(lo, hi),
         lossMask: lossMask.slice(lo, hi),
+        denomMask: denomMask.slice(lo, hi),
         ...(ref && { refLogProbs: ref.slice(lo, hi) }),
       },
       algorithm,

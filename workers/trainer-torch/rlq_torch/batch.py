@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Optional, Dict, List
 
 import numpy as np
 
@@ -44,6 +44,9 @@ class Sample:
     reward: float
     group_index: int
     sample_index: int
+    # The loss mask before rlq zeroed off-policy / stale tokens: the loss
+    # denominators sum it (DESIGN §1). None: the same as loss_mask.
+    denom_mask: Optional[np.ndarray] = None
 
     @property
     def response_length(self) -> int:
@@ -97,6 +100,8 @@ def decode_batch(data: bytes) -> Batch:
         raise BatchError("token_offsets / response_offsets must have num_samples + 1 entries")
     T, R = int(to[-1]) if n >= 0 else 0, int(ro[-1])
     checks = {"prompt_lengths": n, "tokens": T, "loss_mask": R, "rollout_log_probs": R, "token_versions": R, "rewards": n, "group_index": n, "sample_index": n}
+    if "denom_mask" in got:  # optional (older clients do not send it)
+        checks["denom_mask"] = R
     for name, want in checks.items():
         if got[name].shape[0] != want:
             raise BatchError(f"array {name} has length {got[name].shape[0]}, expected {want}")
@@ -109,8 +114,9 @@ def decode_batch(data: bytes) -> Batch:
         pl = int(got["prompt_lengths"][i])
         if pl < 0 or pl + (r1 - r0) != tok.shape[0]:
             raise BatchError(f"sample {i}: prompt_length {pl} + response {r1 - r0} != {tok.shape[0]} tokens")
+        dm = got["denom_mask"][r0:r1] if "denom_mask" in got else None
         samples.append(Sample(tok, pl, got["loss_mask"][r0:r1], got["rollout_log_probs"][r0:r1], got["token_versions"][r0:r1],
-                              float(got["rewards"][i]), int(got["group_index"][i]), int(got["sample_index"][i])))
+                              float(got["rewards"][i]), int(got["group_index"][i]), int(got["sample_index"][i]), dm))
     return Batch(run_id, step, samples)
 
 
@@ -134,9 +140,11 @@ def encode_batch(batch: Batch) -> bytes:
         np.array([x.reward for x in s], dtype="<f8"),
         np.array([x.group_index for x in s], dtype="<i4"),
         np.array([x.sample_index for x in s], dtype="<i4"),
+        cat(lambda x: x.loss_mask if x.denom_mask is None else x.denom_mask, "u1"),
     ]
+    names = ARRAYS + [("denom_mask", "uint8")]
     header = json.dumps({"run_id": batch.run_id, "step": batch.step, "num_samples": n,
-                         "arrays": [{"name": name, "dtype": dt, "length": int(a.shape[0])} for (name, dt), a in zip(ARRAYS, arrays)]},
+                         "arrays": [{"name": name, "dtype": dt, "length": int(a.shape[0])} for (name, dt), a in zip(names, arrays)]},
                         separators=(",", ":")).encode("utf-8")
     out = bytearray(MAGIC + struct.pack("<II", 1, len(header)) + header)
     out += b"\0" * (_align(len(out)) - len(out))

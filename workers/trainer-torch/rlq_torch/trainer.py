@@ -372,6 +372,8 @@ class TorchTrainer:
         shape = A.Ragged(np.zeros(sum(s.response_length for s in samples)),
                          np.concatenate([[0], np.cumsum([s.response_length for s in samples])]))
         loss_mask = np.concatenate([s.loss_mask.astype(np.float64) for s in samples]) if shape.flat.size else np.zeros(0)
+        # Denominators: the mask before rlq zeroed off-policy / stale tokens (DESIGN §1).
+        denom_mask = np.concatenate([(s.loss_mask if s.denom_mask is None else s.denom_mask).astype(np.float64) for s in samples]) if shape.flat.size else np.zeros(0)
         rollout = np.concatenate([s.rollout_log_probs.astype(np.float64) for s in samples]) if shape.flat.size else np.zeros(0)
         all_mbs = micro_batches(samples, max_tok)
 
@@ -401,7 +403,7 @@ class TorchTrainer:
             gsamples = samples[lo_g:hi_g]
             g_shape = shape.slice(lo_g, hi_g)
             a, b = int(shape.offsets[lo_g]), int(shape.offsets[hi_g])
-            g_mask = loss_mask[a:b]
+            g_mask = denom_mask[a:b]
             # The global batch's denominators: each sample's own mask sum (D_i), and R or N.
             own = g_shape.seg_sum(g_mask)
             normalizer = float(sum(max(x, 1.0) for x in own.tolist())) if o["calculate_per_token_loss"] else float(len(gsamples))
@@ -416,7 +418,7 @@ class TorchTrainer:
                 lp = logp_t.detach().double().cpu().numpy()
                 en = ent_t.detach().double().cpu().numpy()
                 try:
-                    terms = A.policy_loss_terms(mb_shape.like(lp), advantages[ma:mb_], loss_mask[ma:mb_], o, old=old[ma:mb_],
+                    terms = A.policy_loss_terms(mb_shape.like(lp), advantages[ma:mb_], loss_mask[ma:mb_], o, old=old[ma:mb_], denom_mask=denom_mask[ma:mb_],
                                                 ref=None if ref is None else ref[ma:mb_], rollout=rollout[ma:mb_], entropy=en,
                                                 sample_denominators=own[lo:hi], normalizer=normalizer)
                 except A.AlgorithmError as e:
