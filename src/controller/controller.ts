@@ -148,7 +148,19 @@ class RunController {
   async resyncEngines(): Promise<void> {
     const s = this.state;
     const uri = s.weightVersion === 0 ? (s.config.ref_load ? pathToFileURL(s.config.ref_load).href : null) : s.checkpointUri;
-    if (uri) await this.engines.loadWeights(s.weightVersion, uri);
+    if (uri) {
+      await this.engines.loadWeights(s.weightVersion, uri);
+      return;
+    }
+    // Version 0 with nothing to load: the engines must still serve their base weights. An engine
+    // left at another run's version would never be routed to (and the run would wait forever).
+    const other = (await this.engines.reportedVersions()).filter((v) => v !== 0);
+    if (other.length > 0 && s.status === "running") {
+      await this.pause(
+        `the engines serve weight version ${[...new Set(other)].join(", ")} (another run's weights?), but this run starts from version 0 ` +
+          "and has no ref_load to load into them: restart the engines on the base model, or set ref_load to its checkpoint",
+      );
+    }
   }
 
   /** Commit decisions (and writes that must land with them), then fold them in. */

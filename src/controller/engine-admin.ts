@@ -12,12 +12,14 @@ import type { EnginePool } from "../engines/pool.ts";
  */
 export interface EngineAdmin {
   loadWeights(version: number, checkpointUri: string): Promise<void>;
+  /** The weight versions the live engines report now (empty for the embedded engine). */
+  reportedVersions(): Promise<number[]>;
   close(): Promise<void>;
 }
 
 export function createEngineAdmin(config: RunConfig): EngineAdmin {
   const e = config.engine;
-  if (e.kind === "embedded") return { loadWeights: async () => undefined, close: async () => undefined };
+  if (e.kind === "embedded") return { loadWeights: async () => undefined, reportedVersions: async () => [], close: async () => undefined };
   let state: Promise<{ pool: EnginePool; sync: WeightSync }> | null = null;
   const get = () => {
     state ??= createEnginesFromConfig(e, config).then((pool) => ({
@@ -29,6 +31,11 @@ export function createEngineAdmin(config: RunConfig): EngineAdmin {
   return {
     async loadWeights(version, uri) {
       await (await get()).sync.sync(version, uri);
+    },
+    async reportedVersions() {
+      const { pool } = await get();
+      await pool.checkHealth();
+      return pool.snapshot().engines.flatMap((m) => (m.weightVersion === null ? [] : [m.weightVersion]));
     },
     async close() {
       if (state) await (await state).pool.close();

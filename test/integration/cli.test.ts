@@ -1,0 +1,100 @@
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { stringify } from "yaml";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createWorld, type World } from "../helpers/run-fixture.ts";
+import { spawnRlq, waitFor } from "../helpers/processes.ts";
+
+/** The rlq command as a user drives it: start, amend, pause, cancel, sql, export, db url. */
+describe("the rlq CLI", () => {
+  let w: World;
+  let configFile: string;
+  beforeAll(async () => {
+    w = await createWorld("cli", { engineArgs: ["--token-delay-ms", "2"] });
+    configFile = join(w.home, "run.yaml");
+    writeFileSync(configFile, stringify(w.baseConfig({ num_rollout: 2 })));
+  });
+  afterAll(async () => {
+    await w?.close();
+  });
+  const rlq = async (args: string[]) => {
+    const p = spawnRlq(args, w.env);
+    const code = await p.exited;
+    return { code, out: p.output().replace(/^npm warn.*\n/gm, "") };
+  };
+  const runRow = async (id: string) => (await w.db.pool.query("SELECT status, step, config FROM runs WHERE id = $1", [id])).rows[0];
+
+  it("run start prints the id; amend extends num_rollout (and refuses keys it cannot change); sql and export read the run", async () => {
+    const start = await rlq(["run", "start", "--config", configFile, "--set", "rollout_batch_size=2", "--name", "cli-run"]);
+    expect(start.code, start.out).toBe(0);
+    const runId = start.out.trim().split("\n").pop() as string;
+    expect(runId).toMatch(/^r[0-9a-z]+$/);
+    expect((await runRow(runId)).config.rollout_batch_size).toBe(2);
+
+    const amend = await rlq(["run", "amend", runId, "--set", "num_rollout=4"]);
+    expect(amend.code, amend.out).toBe(0);
+    const bad = await rlq(["run", "amend", runId, "--set", "lr=0.5"]);
+    expect(bad.code).toBe(0); // accepted as a request; the controller refuses it with a reason
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
+    expect(await up.exited, up.output()).toBe(0);
+    expect(await runRow(runId)).toMatchObject({ status: "completed", step: 4 });
+    const reqs = (await w.db.pool.query("SELECT kind, payload, error FROM run_requests WHERE run_id = $1 ORDER BY id", [runId])).rows;
+    expect(reqs[0]).toMatchObject({ kind: "amend", error: null });
+    expect(reqs[1].error).toMatch(/keys lr cannot be amended on a live run/);
+    const amended = (await w.db.pool.query("SELECT payload FROM decisions WHERE run_id = $1 AND kind = 'run.amended'", [runId])).rows;
+    expect(amended).toEqual([{ payload: { changes: { num_rollout: 4 } } }]);
+
+    const sql = await rlq(["sql", `SELECT trained_step, count(*)::int AS n FROM rollout_history WHERE run_id = '${runId}' AND trained_step IS NOT NULL GROUP BY 1 ORDER BY 1`, "--json"]);
+    expect(sql.code, sql.out).toBe(0);
+    expect(JSON.parse(sql.out.trim())).toEqual([0, 1, 2, 3].map((s) => ({ trained_step: s, n: 8 })));
+    const write = await rlq(["sql", "DELETE FROM runs"]);
+    expect(write.code).toBe(1);
+    expect(write.out).toMatch(/read-only transaction/);
+
+    const exp = await rlq(["export", runId, "--format", "jsonl"]);
+    expect(exp.code).toBe(0);
+    const lines = exp.out.trim().split("\n").filter((l) => l.startsWith("{"));
+    const total = (await w.db.pool.query("SELECT count(*)::int AS n FROM rollout_history WHERE run_id = $1", [runId])).rows[0].n;
+    expect(lines).toHaveLength(total);
+    expect(JSON.parse(lines[0] as string)).toMatchObject({ run_id: runId });
+
+    const url = await rlq(["db", "url"]);
+    expect(url.out.trim()).toBe(w.env.DATABASE_URL);
+  });
+
+  it("a run whose engines serve another run's weights pauses with a clear reason instead of waiting", async () => {
+    // The first test left the shared engine at version 4; this run starts at 0 with no ref_load.
+    const start = await rlq(["run", "start", "--config", configFile]);
+    const runId = start.out.trim().split("\n").pop() as string;
+    const up = spawnRlq(["up", "--run", runId], w.env);
+    const paused = await waitFor("the run to pause", async () => {
+      const r = (await w.db.pool.query("SELECT status, last_error FROM runs WHERE id = $1", [runId])).rows[0];
+      return r.status === "paused" ? r : null;
+    });
+    up.kill("SIGTERM");
+    await up.exited;
+    expect(paused.last_error).toMatch(/the engines serve weight version 4 .*no ref_load/);
+  });
+
+  it("pause stops the run deciding, resume continues it, cancel ends it", async () => {
+    const engine = await w.freshEngine();
+    const start = await rlq(["run", "start", "--config", configFile, "--set", "num_rollout=50", "--set", `engine={kind: sglang, urls: ['${engine}']}`]);
+    const runId = start.out.trim().split("\n").pop() as string;
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
+    await waitFor("a committed step", async () => (await runRow(runId)).step >= 1);
+    expect((await rlq(["run", "pause", runId])).code).toBe(0);
+    await waitFor("the run to pause", async () => (await runRow(runId)).status === "paused");
+    const seq = async () => (await w.db.pool.query("SELECT max(seq)::int AS s FROM decisions WHERE run_id = $1", [runId])).rows[0].s as number;
+    const pausedAt = await seq();
+    await new Promise((r) => setTimeout(r, 1500));
+    expect(await seq()).toBe(pausedAt); // nothing decided while paused
+    expect((await rlq(["run", "resume", runId])).code).toBe(0);
+    await waitFor("the run to move again", async () => (await seq()) > pausedAt + 1);
+    expect((await rlq(["run", "cancel", runId])).code).toBe(0);
+    expect(await up.exited, up.output()).toBe(0);
+    const status = await rlq(["run", "status", runId]);
+    expect(status.out).toMatch(/status:\s+cancelled/);
+    const kinds = (await w.db.pool.query("SELECT payload->>'status' AS s FROM decisions WHERE run_id = $1 AND kind = 'run.status' ORDER BY seq", [runId])).rows.map((r) => r.s);
+    expect(kinds).toEqual(["running", "paused", "running", "cancelled"]);
+  });
+});
