@@ -56,7 +56,7 @@ async function once(queue: "redis" | "postgres") {
       rollout_max_response_len: 16,
       dynamic_sampling_filter_path: null,
       custom_rm_path: join(repoRoot, "test/fixtures/reward-parity.mjs"),
-      engine: { kind: "sglang", urls: [w.engine.url], logprob_check: "off" },
+      engine: { kind: "sglang", urls: [w.engine.url], logprob_check: "off", stream: false },
     });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     if ((await up.exited) !== 0) throw new Error(up.output());

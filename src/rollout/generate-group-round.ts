@@ -48,9 +48,18 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
   const pending = view.samples.filter((s) => !isTerminal(s.status));
   const inflight = new Set<string>();
   let watching = engine !== null && pending.length > 0;
+  // The watcher's sleep is cut short when the round ends: a job must not wait
+  // out a poll interval after its last token (that alone capped throughput).
+  let wake: () => void = () => undefined;
   const watcher = (async () => {
     while (watching) {
-      await new Promise((r) => setTimeout(r, deps.abortPollMs ?? 250));
+      await new Promise<void>((r) => {
+        const t = setTimeout(r, deps.abortPollMs ?? 250);
+        wake = () => {
+          clearTimeout(t);
+          r();
+        };
+      });
       if (!watching) break;
       if (await isRoundAborted(db, job).catch(() => false)) {
         wasAborted = true;
@@ -75,6 +84,7 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
     );
   } finally {
     watching = false;
+    wake();
     await watcher;
   }
   const finalStatus = new Map(view.samples.map((s) => [s.sampleIndex, s.status]));

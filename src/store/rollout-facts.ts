@@ -23,48 +23,47 @@ export interface RoundFacts {
  * the caller reads the stored facts back and continues with them.
  */
 export async function writeRound(db: Db, facts: RoundFacts): Promise<boolean> {
-  return db.db.transaction(async (tx) => {
-    const marker = await tx
-      .insert(groupRounds)
-      .values({
-        runId: facts.runId,
-        groupId: facts.groupId,
-        round: facts.round,
-        step: facts.step,
-        jobId: facts.jobId,
-        isComplete: facts.isComplete,
-        wasAborted: facts.wasAborted,
-      })
-      .onConflictDoNothing()
-      .returning({ round: groupRounds.round });
-    if (marker.length === 0) return false;
+  // Plain SQL: this runs once per rollout job, and drizzle's per-value query
+  // building showed up in its CPU profile (bench/control-plane.ts).
+  const client = await db.pool.connect();
+  try {
+    await client.query("BEGIN");
+    const marker = await client.query(
+      `INSERT INTO group_rounds (run_id, group_id, round, step, job_id, is_complete, was_aborted)
+       VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING RETURNING round`,
+      [facts.runId, facts.groupId, facts.round, facts.step, facts.jobId, facts.isComplete, facts.wasAborted],
+    );
+    if (marker.rowCount === 0) {
+      await client.query("ROLLBACK");
+      return false;
+    }
     if (facts.segments.length > 0) {
-      await tx.insert(sampleSegments).values(
-        facts.segments.map((s) => ({
-          runId: facts.runId,
-          groupId: facts.groupId,
-          sampleIndex: s.sampleIndex,
-          segmentIndex: s.segmentIndex,
-          round: s.round,
-          step: facts.step,
-          jobId: facts.jobId,
-          weightVersion: s.weightVersion,
-          expectedWeightVersion: facts.expectedWeightVersion,
-          isVersionMismatch: s.weightVersion !== facts.expectedWeightVersion,
-          tokenStart: s.tokenStart,
-          tokenEnd: s.tokenStart + s.tokens.length,
-          tokens: s.tokens,
-          logProbs: s.logProbs,
-          lossMask: s.lossMask,
-          engine: s.engine,
-          finishReason: s.finishReason,
-          status: s.status,
-          error: s.error,
-        })),
+      const values: unknown[] = [];
+      const rows = facts.segments.map((seg, i) => {
+        values.push(
+          facts.runId, facts.groupId, seg.sampleIndex, seg.segmentIndex, seg.round, facts.step, facts.jobId,
+          seg.weightVersion, facts.expectedWeightVersion, seg.weightVersion !== facts.expectedWeightVersion,
+          seg.tokenStart, seg.tokenStart + seg.tokens.length, seg.tokens, seg.logProbs, seg.lossMask,
+          seg.engine, seg.finishReason, seg.status, seg.error,
+        );
+        const b = i * 19;
+        return `(${Array.from({ length: 19 }, (_, k) => `$${b + k + 1}`).join(", ")})`;
+      });
+      await client.query(
+        `INSERT INTO sample_segments (run_id, group_id, sample_index, segment_index, round, step, job_id,
+           weight_version, expected_weight_version, is_version_mismatch, token_start, token_end, tokens, log_probs, loss_mask,
+           engine, finish_reason, status, error) VALUES ${rows.join(", ")}`,
+        values,
       );
     }
+    await client.query("COMMIT");
     return true;
-  });
+  } catch (e) {
+    await client.query("ROLLBACK").catch(() => undefined);
+    throw e;
+  } finally {
+    client.release();
+  }
 }
 
 /** All segments of a group, grouped by sample index. */
@@ -148,10 +147,16 @@ export async function writeRewards(
   rewards: readonly RewardFact[],
 ): Promise<void> {
   if (rewards.length === 0) return;
-  await db.db
-    .insert(sampleRewards)
-    .values(rewards.map((r) => ({ ...key, sampleIndex: r.sampleIndex, reward: r.reward, components: r.components })))
-    .onConflictDoNothing();
+  const values: unknown[] = [];
+  const rows = rewards.map((r, i) => {
+    values.push(key.runId, key.groupId, r.sampleIndex, key.round, key.step, key.jobId, r.reward, JSON.stringify(r.components));
+    const b = i * 8;
+    return `($${b + 1}, $${b + 2}, $${b + 3}, $${b + 4}, $${b + 5}, $${b + 6}, $${b + 7}, $${b + 8}::jsonb)`;
+  });
+  await db.pool.query(
+    `INSERT INTO sample_rewards (run_id, group_id, sample_index, round, step, job_id, reward, components) VALUES ${rows.join(", ")} ON CONFLICT DO NOTHING`,
+    values,
+  );
 }
 
 export async function loadRewards(db: Db, runId: string, groupId: number, round: number): Promise<Map<number, RewardFact>> {
