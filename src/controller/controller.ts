@@ -154,7 +154,10 @@ class RunController {
     }
     // Version 0 with nothing to load: the engines must still serve their base weights. An engine
     // left at another run's version would never be routed to (and the run would wait forever).
-    const other = (await this.engines.reportedVersions()).filter((v) => v !== 0);
+    // A controller killed mid-sync may have loaded the trained version already (the sync phase
+    // loads it again): that version is legitimate too.
+    const expected = new Set([0, s.trainedVersion]);
+    const other = (await this.engines.reportedVersions()).filter((v) => !expected.has(v));
     if (other.length > 0 && s.status === "running") {
       await this.pause(
         `the engines serve weight version ${[...new Set(other)].join(", ")} (another run's weights?), but this run starts from version 0 ` +
