@@ -1,6 +1,6 @@
 import { z } from "zod";
 import type { Engine, FinishReason, SamplingParams } from "../engines/engine.ts";
-import type { AssembledSample, SampleStatus } from "../core/sample.ts";
+import type { AssembledSample, SampleStatus, SegmentFact } from "../core/sample.ts";
 import type { RunConfig } from "../config/run-config.ts";
 import type { Tokenizer } from "../data/tokenizer.ts";
 import { requestId } from "../queue/payloads.ts";
@@ -144,16 +144,7 @@ export interface CustomGenerateBinding {
 }
 
 /** One segment to write (the rollout job adds sampleIndex, round, tokenStart, error). */
-export interface SegmentDraft {
-  segmentIndex: number;
-  weightVersion: number;
-  tokens: number[];
-  logProbs: number[];
-  lossMask: number[];
-  finishReason: string;
-  status: SampleStatus;
-  engine: string;
-}
+export type SegmentDraft = Omit<SegmentFact, "sampleIndex" | "round">;
 
 export interface CustomGenerateOutcome {
   segments: SegmentDraft[];

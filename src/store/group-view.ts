@@ -1,6 +1,6 @@
 import type { Db } from "./db.ts";
-import { loadDrawnPrompt, loadDrawnPrompts, type DrawnPromptRow } from "./run-facts.ts";
-import { loadGroupSegments, loadRewards, loadRewardsOfGroups, loadSegmentsOfGroups, type RewardFact } from "./rollout-facts.ts";
+import { loadDrawnPrompts, type DrawnPromptRow } from "./run-facts.ts";
+import { loadRewardsOfGroups, loadSegmentsOfGroups, type RewardFact } from "./rollout-facts.ts";
 import { assembleSample, type AssembledSample } from "../core/sample.ts";
 import { RlqError } from "../lib/errors.ts";
 
@@ -15,21 +15,11 @@ export interface GroupView {
  * Assemble a group from its facts. `maskBeforeRound`: tokens from earlier
  * rounds get loss mask 0 (mask_offpolicy_in_partial_rollout).
  */
-export async function loadGroupView(
-  db: Db,
-  runId: string,
-  groupId: number,
-  nSamples: number,
-  maskBeforeRound: number | null,
-): Promise<GroupView> {
-  const prompt = await loadDrawnPrompt(db, runId, groupId);
-  if (!prompt) throw new RlqError("group_not_found", `run ${runId}: group ${groupId} was never drawn`);
-  const segments = await loadGroupSegments(db, runId, groupId);
-  const samples: AssembledSample[] = [];
-  for (let i = 0; i < nSamples; i++) samples.push(assembleSample(i, segments.get(i) ?? [], maskBeforeRound));
-  return { groupId, prompt, samples };
+export async function loadGroupView(db: Db, runId: string, groupId: number, nSamples: number, maskBeforeRound: number | null): Promise<GroupView> {
+  return loadGroupWithRewards(db, runId, groupId, -1, nSamples, maskBeforeRound);
 }
 
+/** One group with the rewards of `round` (the bulk loader with one key). */
 export async function loadGroupWithRewards(
   db: Db,
   runId: string,
@@ -38,8 +28,9 @@ export async function loadGroupWithRewards(
   nSamples: number,
   maskBeforeRound: number | null,
 ): Promise<GroupView & { rewards: Map<number, RewardFact> }> {
-  const view = await loadGroupView(db, runId, groupId, nSamples, maskBeforeRound);
-  return { ...view, rewards: await loadRewards(db, runId, groupId, round) };
+  const view = (await loadGroupsWithRewards(db, runId, [{ groupId, round, maskBeforeRound }], nSamples)).get(groupId);
+  if (!view) throw new RlqError("group_not_found", `run ${runId}: group ${groupId} was never drawn`);
+  return view;
 }
 
 /**

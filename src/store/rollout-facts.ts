@@ -66,11 +66,6 @@ export async function writeRound(db: Db, facts: RoundFacts): Promise<boolean> {
   }
 }
 
-/** All segments of a group, grouped by sample index. */
-export async function loadGroupSegments(db: Db, runId: string, groupId: number): Promise<Map<number, SegmentFact[]>> {
-  return (await loadSegmentsOfGroups(db, runId, [groupId])).get(groupId) ?? new Map();
-}
-
 /** Segments of several groups: group id → sample index → segments. */
 export async function loadSegmentsOfGroups(db: Db, runId: string, groupIds: readonly number[]): Promise<Map<number, Map<number, SegmentFact[]>>> {
   const rows = await db.db

@@ -85,14 +85,6 @@ export interface DrawnPromptRow {
   promptTokens: number[];
 }
 
-export async function loadDrawnPrompt(db: Db, runId: string, groupId: number): Promise<DrawnPromptRow | null> {
-  const rows = await db.db
-    .select()
-    .from(drawnPrompts)
-    .where(and(eq(drawnPrompts.runId, runId), eq(drawnPrompts.drawOrdinal, groupId)));
-  return rows[0] ?? null;
-}
-
 export async function loadDrawnPrompts(db: Db, runId: string, groupIds: readonly number[]): Promise<Map<number, DrawnPromptRow>> {
   const rows = await db.db
     .select()
