@@ -131,6 +131,14 @@ export const runConfigSchema = z
     for (const k of c.eval_pass_k) {
       if (k > c.n_samples_per_eval_prompt) ctx.addIssue({ code: "custom", path: ["eval_pass_k"], message: `pass@${k} needs n_samples_per_eval_prompt >= ${k} (got ${c.n_samples_per_eval_prompt})` });
     }
+    // Accepted by the schema so configs carry over, refused until asynchronous mode lands (issue 7):
+    // silently ignoring a staleness bound would be worse than saying so.
+    if (c.max_staleness !== null) {
+      ctx.addIssue({ code: "custom", path: ["max_staleness"], message: "asynchronous mode (max_staleness) is not implemented yet; leave it null for slime's synchronous behaviour" });
+    }
+    if (c.staleness_policy !== "keep") {
+      ctx.addIssue({ code: "custom", path: ["staleness_policy"], message: "staleness policies mask/drop are not implemented yet; only keep (slime's behaviour)" });
+    }
     if (c.rm_type?.trim() === "remote_rm" && c.rm_url === null) {
       ctx.addIssue({ code: "custom", path: ["rm_url"], message: "rm_type remote_rm needs rm_url (the reward server's URL)" });
     }
