@@ -9,7 +9,17 @@ import { engineRuntimeKeys, openAiEngineConfigSchema, sglangEngineConfigSchema }
  * Defaults follow slime unless a comment says otherwise.
  */
 const engineSchema = z.discriminatedUnion("kind", [
-  z.object({ kind: z.literal("embedded") }).strict(),
+  z
+    .object({
+      kind: z.literal("embedded"),
+      /**
+       * Testing/research knob: std of Gaussian noise the ONNX engine adds to the logits
+       * before sampling and before its reported log-probs, an injected train/rollout
+       * mismatch for seeing TIS/MIS work (docs/embedded-model.md). 0 = off.
+       */
+      logit_noise_std: z.number().nonnegative().default(0),
+    })
+    .strict(),
   sglangEngineConfigSchema,
   openAiEngineConfigSchema,
 ]);
@@ -64,6 +74,12 @@ export const runConfigSchema = z
     rm_url: z.string().url().nullable().default(null),
     group_rm: z.boolean().default(false),
     custom_generate_function_path: pathOrNull,
+    /**
+     * slime's --rollout-function-path (generate_rollout): a TS/JS module function
+     * `rollout(args, ctx)` that plans each sync step's collect phase and the evals
+     * (docs/plugins.md). Module paths only (`path/to/file.ts:exportName`).
+     */
+    rollout_function_path: pathOrNull,
     // algorithm: every option of src/algorithms (docs/algorithms.md), slime's names and defaults
     ...algorithmOptionsShape,
     // optimizer (embedded and remote trainers)
@@ -101,7 +117,7 @@ export const runConfigSchema = z
     skip_eval_before_train: z.boolean().default(false),
     save_interval: z.number().int().positive().nullable().default(null),
     // rlq
-    engine: engineSchema.default({ kind: "embedded" }),
+    engine: engineSchema.default({ kind: "embedded", logit_noise_std: 0 }),
     // remote engines: concurrency, health checks and weight sync (docs/engines.md)
     ...engineRuntimeKeys,
     trainer: trainerSchema.default({ kind: "embedded" }),
@@ -115,9 +131,20 @@ export const runConfigSchema = z
     deterministic: z.boolean().default(false),
     train_stall_timeout_s: z.number().positive().default(120),
     max_attempts: z.number().int().positive().default(3),
-    /** Async mode / staleness bound (issue 7). null = slime's behaviour. */
+    /**
+     * Asynchronous mode (slime's train_async): generation keeps going while steps
+     * train, under admission control (DESIGN §1). max_staleness defaults to 1 here
+     * (slime's one-step-off pipeline).
+     */
+    train_async: z.boolean().default(false),
+    /** Bound on a trained token's staleness (versions). null = slime's behaviour (no bound). */
     max_staleness: z.number().int().nonnegative().nullable().default(null),
+    /** What a token staler than max_staleness gets: loss mask 0, its sample regenerated, or kept. */
     staleness_policy: z.enum(["keep", "mask", "drop"]).default("keep"),
+    /** drop: regenerations of one group before it is discarded (reason "stale"). */
+    max_regenerations: z.number().int().nonnegative().default(2),
+    /** Async mode: before engines load new weights, in-flight requests are aborted (and resume as new segments) or drained. */
+    weight_update_mode: z.enum(["abort", "drain"]).default("abort"),
   })
   .strict()
   .superRefine((c, ctx) => {
@@ -131,13 +158,21 @@ export const runConfigSchema = z
     for (const k of c.eval_pass_k) {
       if (k > c.n_samples_per_eval_prompt) ctx.addIssue({ code: "custom", path: ["eval_pass_k"], message: `pass@${k} needs n_samples_per_eval_prompt >= ${k} (got ${c.n_samples_per_eval_prompt})` });
     }
-    // Accepted by the schema so configs carry over, refused until asynchronous mode lands (issue 7):
-    // silently ignoring a staleness bound would be worse than saying so.
-    if (c.max_staleness !== null) {
-      ctx.addIssue({ code: "custom", path: ["max_staleness"], message: "asynchronous mode (max_staleness) is not implemented yet; leave it null for slime's synchronous behaviour" });
+    if (c.staleness_policy !== "keep" && c.max_staleness === null && !c.train_async) {
+      ctx.addIssue({ code: "custom", path: ["staleness_policy"], message: `staleness_policy ${c.staleness_policy} needs a bound: set max_staleness (versions)` });
     }
-    if (c.staleness_policy !== "keep") {
-      ctx.addIssue({ code: "custom", path: ["staleness_policy"], message: "staleness policies mask/drop are not implemented yet; only keep (slime's behaviour)" });
+    if (c.train_async && c.deterministic) {
+      ctx.addIssue({ code: "custom", path: ["deterministic"], message: "deterministic mode needs synchronous steps: it cannot be combined with train_async" });
+    }
+    if (c.rollout_function_path !== null && /^https?:\/\//i.test(c.rollout_function_path.trim())) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["rollout_function_path"],
+        message: "HTTP rollout functions are not supported: the controller replays the function on every restart, which needs the code in-process; name a TS/JS module, e.g. plugins/rollout.ts:rollout (an HTTP endpoint can still be called per sample through custom_generate_function_path)",
+      });
+    }
+    if (c.rollout_function_path !== null && c.train_async) {
+      ctx.addIssue({ code: "custom", path: ["rollout_function_path"], message: "rollout_function_path plans synchronous steps: it cannot be combined with train_async (asynchronous mode)" });
     }
     if (c.rm_type?.trim() === "remote_rm" && c.rm_url === null) {
       ctx.addIssue({ code: "custom", path: ["rm_url"], message: "rm_type remote_rm needs rm_url (the reward server's URL)" });
@@ -226,4 +261,9 @@ function lookup(raw: unknown, path: ReadonlyArray<PropertyKey>): unknown {
 /** Effective values slime derives after parsing. */
 export function overSamplingBatchSize(c: RunConfig): number {
   return c.over_sampling_batch_size ?? c.rollout_batch_size;
+}
+
+/** The staleness bound in force: max_staleness, else 1 in async mode (slime's one-step-off pipeline), else none. */
+export function effectiveMaxStaleness(c: Pick<RunConfig, "max_staleness" | "train_async">): number | null {
+  return c.max_staleness ?? (c.train_async ? 1 : null);
 }

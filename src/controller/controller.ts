@@ -11,8 +11,10 @@ import { drawnPrompts } from "../store/schema/index.ts";
 import { markRunRequest, pendingRunRequests } from "../store/run-requests.ts";
 import type { Queues } from "../queue/queues.ts";
 import { jobIds, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "../queue/payloads.ts";
-import { amendableKeys, overSamplingBatchSize, parseRunConfig } from "../config/run-config.ts";
-import { fold, apply, totalSteps, type RunState } from "../core/run-state.ts";
+import { amendableKeys, effectiveMaxStaleness, overSamplingBatchSize, parseRunConfig } from "../config/run-config.ts";
+import { fold, apply, isAsync, totalSteps, type RunState } from "../core/run-state.ts";
+import { maskStale } from "../core/sample.ts";
+import { judgeStaleness, maskMinVersion, stalenessRule, type StalenessRule } from "../core/staleness.ts";
 import { drawFresh } from "../core/data-buffer.ts";
 import type { Decision } from "../core/decisions.ts";
 import type { Dataset } from "../data/dataset.ts";
@@ -21,6 +23,7 @@ import { createBufferFilter, createDynamicFilter, shouldDrop, type BufferFilter,
 import type { RunContext, RunContextCache } from "../runtime/run-context.ts";
 import { createEngineAdmin, type EngineAdmin } from "./engine-admin.ts";
 import { checkFingerprints } from "./fingerprints.ts";
+import { createRolloutFunctionDriver, type RolloutFunctionDriver } from "./rollout-function.ts";
 import type { Logger } from "../observability/logger.ts";
 import { errorMessage, RlqError } from "../lib/errors.ts";
 
@@ -77,6 +80,8 @@ export async function runController(deps: ControllerDeps, runId: string, signal:
 
 class RunController {
   private lastReconcile = 0;
+  /** rollout_function_path: the user's planner runs the collect phase (rollout-function.ts). */
+  private rolloutFunction: RolloutFunctionDriver | null = null;
 
   private constructor(
     private readonly deps: ControllerDeps,
@@ -106,6 +111,24 @@ class RunController {
       await createBufferFilter(c, process.cwd()),
       (deps.engineAdmin ?? createEngineAdmin.bind(null, c))(ctx),
     );
+    if (c.rollout_function_path !== null) {
+      ctl.rolloutFunction = await createRolloutFunctionDriver(
+        {
+          db: deps.db,
+          queues: deps.queues,
+          log: deps.log,
+          crashPoint: (name) => deps.crashPoint(name),
+          state: () => ctl.state,
+          commit: (list, extra) => ctl.commit(list, extra),
+          pause: (reason) => ctl.pause(reason),
+          dataset,
+          tokenizer: ctx.tokenizer,
+          filter: ctl.filter,
+          bufferFilter: ctl.bufferFilter,
+        },
+        c.rollout_function_path,
+      );
+    }
     await deps.queues.ensureSentinel(lease.runId);
     await ctl.resyncEngines();
     await ctl.reconcile(false);
@@ -182,6 +205,7 @@ class RunController {
   }
 
   private async tick(): Promise<boolean> {
+    if (isAsync(this.state)) return this.tickAsync();
     // An eval pins the engines' version: nothing moves until its results land.
     if (this.state.pendingEval) return this.awaitEval();
     if (this.state.phase === "collect" && this.state.step === 0 && this.isEvalDue(0) && !this.state.config.skip_eval_before_train) {
@@ -202,6 +226,7 @@ class RunController {
   }
 
   private async collect(): Promise<boolean> {
+    if (this.rolloutFunction) return this.rolloutFunction.tick();
     const s = this.state;
     const c = s.config;
     const n = c.n_samples_per_prompt;
@@ -238,21 +263,31 @@ class RunController {
 
   /**
    * Filter completed group rounds (in the given order) and record their
-   * outcomes for this step, in one transaction: one bulk load, one commit.
+   * outcomes, in one transaction: one bulk load, one commit. Sync mode: every
+   * group joins the current step. Async mode: each joins the earliest unsealed
+   * step, and a step is sealed (and the next one started) as soon as it holds
+   * rollout_batch_size groups. The staleness rule is applied at the join:
+   * drop cuts stale samples (the group regenerates them in a new round).
    */
   private async decideGroups(ready: readonly number[]): Promise<void> {
     if (ready.length === 0) return;
     const s = this.state;
     const c = s.config;
+    const rule = stalenessRule(c);
+    const async = isAsync(s);
+    const total = totalSteps(s);
     const keys = ready.map((groupId) => {
       const round = s.groups.get(groupId)?.round ?? 0;
       return { groupId, round, maskBeforeRound: c.mask_offpolicy_in_partial_rollout ? round : null };
     });
     const views = await loadGroupsWithRewards(this.deps.db, s.runId, keys, c.n_samples_per_prompt);
-    let kept = s.kept.length;
-    let remaining = s.kept.length + s.inflight.size;
+    let step = s.step;
+    let keptInStep = [...s.kept];
+    let remaining = s.kept.length + s.inflight.size + (async ? s.draining.size : 0);
     const list: Decision[] = [];
     const rows: Parameters<typeof insertHistory>[1] = [];
+    const regenerate: Array<{ groupId: number; round: number }> = [];
+    const decode = (ids: readonly number[]) => this.ctx.tokenizer.decode(ids);
     for (const { groupId, round } of keys) {
       const g = views.get(groupId);
       if (!g) continue;
@@ -260,7 +295,7 @@ class RunController {
       const verdict = await this.filter({
         groupId,
         rewards,
-        samples: g.samples.map((x) => ({ response: this.ctx.tokenizer.decode(x.responseTokens), status: x.status })),
+        samples: g.samples.map((x) => ({ response: decode(x.responseTokens), status: x.status })),
       });
       let outcome: "kept" | "filtered" | "buffered" | "discarded";
       let reason: string | null = null;
@@ -269,26 +304,53 @@ class RunController {
         outcome = "filtered";
         reason = verdict.reason ?? "filtered";
         remaining--;
-      } else if (kept < c.rollout_batch_size) {
-        outcome = "kept";
-        kept++;
+      } else if (keptInStep.length < c.rollout_batch_size && step < total) {
+        const stale = judgeStaleness(g.samples, step, rule, s.groups.get(groupId)?.regenerations ?? 0);
+        if (stale.kind === "cut") {
+          // The group stays in flight: its stale samples regenerate from the prompt in the next round.
+          list.push(
+            { kind: "group.filtered", payload: { groupId, round, step, keep: true, reason: verdict.reason ?? null } },
+            { kind: "group.cut", payload: { groupId, step, round: round + 1, samples: stale.samples, reason: stale.reason } },
+            this.dispatchDecision(groupId, round + 1),
+          );
+          regenerate.push({ groupId, round: round + 1 });
+          continue;
+        }
+        if (stale.kind === "discard") {
+          outcome = "discarded";
+          reason = stale.reason;
+          remaining--;
+        } else {
+          outcome = "kept";
+          keptInStep.push(groupId);
+        }
       } else {
-        outcome = c.partial_rollout ? "buffered" : "discarded";
+        outcome = c.partial_rollout && !async ? "buffered" : "discarded";
         reason = "surplus";
       }
-      if (outcome !== "buffered") rows.push(...historyRows(s.runId, s.step, g, g.rewards, outcome, reason, (ids) => this.ctx.tokenizer.decode(ids), null));
+      if (outcome !== "buffered") {
+        const minVersion = outcome === "kept" ? maskMinVersion(rule, step) : null;
+        const view = { ...g, samples: g.samples.map((x) => maskStale(x, minVersion)) };
+        rows.push(...historyRows(s.runId, step, view, g.rewards, outcome, reason, decode, null));
+      }
       list.push(
-        { kind: "group.filtered", payload: { groupId, round, step: s.step, keep: outcome !== "filtered", reason: verdict.reason ?? null } },
-        { kind: "group.outcome", payload: { groupId, step: s.step, outcome, reason } },
+        { kind: "group.filtered", payload: { groupId, round, step, keep: outcome !== "filtered", reason: verdict.reason ?? null } },
+        { kind: "group.outcome", payload: { groupId, step, outcome, reason } },
       );
+      if (async && keptInStep.length >= c.rollout_batch_size) {
+        list.push({ kind: "step.sealed", payload: { step, kept: [...keptInStep].sort((a, b) => a - b), aborted: [] } });
+        if (step + 1 < total) list.push({ kind: "step.started", payload: { step: step + 1, weightVersion: s.weightVersion } });
+        step++;
+        keptInStep = [];
+      }
     }
     await this.commit(list, (tx) => insertHistory(tx, rows));
+    if (regenerate.length > 0) await this.enqueueRollouts(regenerate);
   }
 
-  private async drawAndDispatch(): Promise<void> {
+  private async drawAndDispatch(want = overSamplingBatchSize(this.state.config)): Promise<void> {
     const s = this.state;
     const c = s.config;
-    const want = overSamplingBatchSize(c);
     const fromBuffer = s.buffer.length > 0 ? await this.bufferFilter(s.buffer, want) : [];
     const { draws, cursor } = drawFresh({ size: this.dataset.rows.length, shuffle: c.rollout_shuffle, seed: c.rollout_seed }, s.cursor, want - fromBuffer.length);
     const rows = draws.map((d) => {
@@ -331,10 +393,13 @@ class RunController {
     await this.enqueueRollouts(list);
   }
 
+  /** Enqueue the rollout jobs of committed dispatch decisions (step and version as the decisions recorded them). */
   private async enqueueRollouts(list: Array<{ groupId: number; round: number }>): Promise<void> {
     const s = this.state;
     await Promise.all(
-      list.map((d) => this.deps.queues.enqueue("rollout", { runId: s.runId, groupId: d.groupId, round: d.round, step: s.step, weightVersion: s.weightVersion })),
+      list.map((d) =>
+        this.deps.queues.enqueue("rollout", { runId: s.runId, groupId: d.groupId, round: d.round, step: s.groups.get(d.groupId)?.step ?? s.step, weightVersion: s.weightVersion }),
+      ),
     );
   }
 
@@ -415,6 +480,140 @@ class RunController {
     return true;
   }
 
+  // ---- Asynchronous mode (train_async): generation, training and weight sync overlap (DESIGN §1). ----
+
+  private async tickAsync(): Promise<boolean> {
+    const s = this.state;
+    if (s.step === 0 && s.lastTrainedStep < 0 && this.isEvalDue(0) && !s.config.skip_eval_before_train) return this.dispatchEval(0, s.weightVersion);
+    let progressed = false;
+    if (s.pendingEval) progressed = (await this.awaitEval()) || progressed;
+    progressed = (await this.collectAsync()) || progressed;
+    progressed = (await this.trainAsync()) || progressed;
+    progressed = (await this.syncAsync()) || progressed;
+    if (s.status === "running" && s.syncing === null) progressed = (await this.admitAsync()) || progressed;
+    return progressed;
+  }
+
+  /** Every group generating or aborted-and-not-landed, with its current round. */
+  private liveRounds(): Array<{ groupId: number; round: number }> {
+    const s = this.state;
+    return [
+      ...[...s.inflight].map((groupId) => ({ groupId, round: s.groups.get(groupId)?.round ?? 0 })),
+      ...[...s.draining].map(([groupId, round]) => ({ groupId, round })),
+    ];
+  }
+
+  /**
+   * Completed groups join the earliest unsealed step (decideGroups seals
+   * full steps); a round that ended unfinished (aborted for a weight sync,
+   * or an engine failure) continues as a new round at the current version.
+   * While a sync is in progress nothing is decided or dispatched: it only
+   * waits for the old version's rounds to land.
+   */
+  private async collectAsync(): Promise<boolean> {
+    const s = this.state;
+    if (s.syncing !== null) return false;
+    const keys = this.liveRounds();
+    if (keys.length === 0) return false;
+    const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
+    const ready: number[] = [];
+    const redo: Array<{ groupId: number; round: number }> = [];
+    for (const k of keys) {
+      const st = statuses.get(k.groupId);
+      if (!st) continue;
+      if (!st.isComplete) redo.push({ groupId: k.groupId, round: k.round + 1 });
+      else if (st.rewardCount >= s.config.n_samples_per_prompt) ready.push(k.groupId);
+    }
+    if (redo.length > 0) await this.dispatch(redo);
+    ready.sort((a, b) => a - b);
+    await this.decideGroups(ready);
+    return ready.length > 0 || redo.length > 0;
+  }
+
+  /** Steps train one at a time, in order, while generation goes on. */
+  private async trainAsync(): Promise<boolean> {
+    const s = this.state;
+    if (s.training !== null) {
+      const row = await loadTrainStep(this.deps.db, s.runId, s.training);
+      if (!row) return false;
+      await this.commit([{ kind: "step.trained", payload: { step: s.training, weightVersionOut: row.weightVersionOut, checkpointUri: row.checkpointUri } }]);
+      this.deps.log.info({ runId: s.runId, step: row.step, version: row.weightVersionOut }, "train step committed");
+      return true;
+    }
+    const next = s.trainQueue[0];
+    if (next === undefined) return false;
+    await this.commit([{ kind: "train.dispatched", payload: { step: next, weightVersionIn: s.trainedVersion } }]);
+    this.deps.crashPoint("controller.after_train_dispatch");
+    await this.deps.queues.enqueue("train", { runId: s.runId, step: next }, { attempts: s.config.max_attempts });
+    return true;
+  }
+
+  /**
+   * Weight sync: record the intent (weights.syncing) with the in-flight rounds
+   * to abort (weight_update_mode abort) or none (drain), wait until every round
+   * of the old version landed, then load the engines and record weights.synced.
+   * No request spans two versions: one segment, one version.
+   */
+  private async syncAsync(): Promise<boolean> {
+    const s = this.state;
+    const c = s.config;
+    const total = totalSteps(s);
+    if (s.syncing !== null) {
+      const keys = this.liveRounds();
+      const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
+      if (keys.some((k) => !statuses.has(k.groupId))) return false;
+      const target = s.syncing;
+      const row = await loadTrainStep(this.deps.db, s.runId, target.step);
+      if (!row) throw new RlqError("batch_inconsistent", `run ${s.runId}: syncing to step ${target.step}'s weights, which never committed`);
+      await this.engines.loadWeights(target.weightVersion, row.checkpointUri);
+      await this.commit([{ kind: "weights.synced", payload: { step: target.step, weightVersion: target.weightVersion, checkpointUri: row.checkpointUri } }]);
+      this.deps.crashPoint("controller.after_sync");
+      if (this.isEvalDue(target.step + 1)) await this.dispatchEval(target.step + 1, target.weightVersion);
+      return true;
+    }
+    const last = s.lastTrainedStep;
+    if (s.trainedVersion === s.weightVersion) {
+      if (last + 1 >= total && !s.pendingEval && s.inflight.size === 0 && s.draining.size === 0) {
+        await this.commit([{ kind: "run.status", payload: { status: "completed", reason: null } }]);
+        this.deps.log.info({ runId: s.runId, steps: total }, "run completed");
+        return true;
+      }
+      return false;
+    }
+    // An eval pins the engines' version until its results land.
+    if (s.pendingEval) return false;
+    if ((last + 1) % c.update_weights_interval !== 0 && last + 1 < total) return false;
+    const list: Decision[] = [{ kind: "weights.syncing", payload: { step: last, weightVersion: s.trainedVersion, mode: c.weight_update_mode } }];
+    if (c.weight_update_mode === "abort") {
+      const keys = [...s.inflight].map((groupId) => ({ groupId, round: s.groups.get(groupId)?.round ?? 0 }));
+      const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
+      for (const k of keys.sort((a, b) => a.groupId - b.groupId)) {
+        if (statuses.has(k.groupId)) continue; // already landed: nothing to abort
+        list.push({ kind: "group.aborted", payload: { groupId: k.groupId, round: k.round, step: s.step, reason: `weight sync to version ${s.trainedVersion}` } });
+      }
+    }
+    await this.commit(list);
+    return true;
+  }
+
+  /**
+   * Admission control, counted in groups (AReaL's rule): a new group starts
+   * only while accepted + running < (k + v + 1) × rollout_batch_size, v the
+   * engines' version; filtered-out groups free their place. No more than the
+   * run's remaining steps can use.
+   */
+  private async admitAsync(): Promise<boolean> {
+    const s = this.state;
+    const c = s.config;
+    const k = effectiveMaxStaleness(c) ?? 1;
+    const rbs = c.rollout_batch_size;
+    const cap = Math.min((k + s.weightVersion + 1) * rbs, totalSteps(s) * rbs);
+    const free = cap - s.acceptedGroups - s.inflight.size - s.draining.size;
+    if (free <= 0) return false;
+    await this.drawAndDispatch(Math.min(free, overSamplingBatchSize(c)));
+    return true;
+  }
+
   /** Operator requests (pause, resume, cancel, amend) become decisions here. */
   private async handleRequests(): Promise<void> {
     const s = this.state;
@@ -456,9 +655,11 @@ class RunController {
     const s = this.state;
     if (s.status !== "running") return;
     const n = s.config.n_samples_per_prompt;
+    const async = isAsync(s);
     if (s.phase === "collect" || s.phase === "drain") {
-      const keys =
-        s.phase === "collect"
+      const keys = async
+        ? this.liveRounds()
+        : s.phase === "collect"
           ? [...s.inflight].map((groupId) => ({ groupId, round: s.groups.get(groupId)?.round ?? 0 }))
           : [...s.draining].map(([groupId, round]) => ({ groupId, round }));
       const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
@@ -472,10 +673,9 @@ class RunController {
     if (s.pendingEval && (await loadEvalResults(this.deps.db, s.runId, s.pendingEval.step)).length === 0) {
       await this.ensureJob("eval", { runId: s.runId, step: s.pendingEval.step }, isResume);
     }
-    if (s.phase === "train") {
-      if (!(await loadTrainStep(this.deps.db, s.runId, s.step))) {
-        await this.ensureJob("train", { runId: s.runId, step: s.step }, isResume, s.config.max_attempts);
-      }
+    const training = async ? s.training : s.phase === "train" ? s.step : null;
+    if (training !== null && !(await loadTrainStep(this.deps.db, s.runId, training))) {
+      await this.ensureJob("train", { runId: s.runId, step: training }, isResume, s.config.max_attempts);
     }
   }
 

@@ -7,7 +7,7 @@ import { fingerprintFile, parsePluginPath } from "../plugins/load.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /** Config keys whose value may name a plugin module file. */
-export const pluginKeys = ["custom_rm_path", "dynamic_sampling_filter_path", "buffer_filter_path", "custom_generate_function_path"] as const;
+export const pluginKeys = ["custom_rm_path", "dynamic_sampling_filter_path", "buffer_filter_path", "custom_generate_function_path", "rollout_function_path"] as const;
 
 /** Plugin paths that are files (built-in names such as pop_first are not). */
 export function pluginFiles(config: RunConfig): Record<string, string> {

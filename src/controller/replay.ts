@@ -1,3 +1,5 @@
+import { maskStale } from "../core/sample.ts";
+import { maskMinVersion, stalenessRule } from "../core/staleness.ts";
 import type { Db } from "../store/db.ts";
 import { loadDecisions } from "../store/decision-log.ts";
 import { loadGroupWithRewards } from "../store/group-view.ts";
@@ -28,6 +30,7 @@ async function rebuild(db: Db, ctx: RunContext) {
   const state = fold(ctx.runId, decisions);
   const trained = new Map((await listTrainSteps(db, ctx.runId)).map((t) => [t.step, t]));
   const c = state.config;
+  const rule = stalenessRule(c);
   const rows: HistoryRow[] = [];
   const roundOf = new Map<number, number>();
   const abortedRound = new Map<number, number>();
@@ -39,7 +42,9 @@ async function rebuild(db: Db, ctx: RunContext) {
     const isAborted = outcome === "discarded" && reason === "aborted";
     const round = isAborted ? (abortedRound.get(groupId) ?? 0) : (roundOf.get(groupId) ?? 0);
     const mask = !isAborted && c.mask_offpolicy_in_partial_rollout ? round : null;
-    const g = await loadGroupWithRewards(db, ctx.runId, groupId, round, c.n_samples_per_prompt, mask);
+    const loaded = await loadGroupWithRewards(db, ctx.runId, groupId, round, c.n_samples_per_prompt, mask);
+    const minVersion = outcome === "kept" ? maskMinVersion(rule, step) : null;
+    const g = { ...loaded, samples: loaded.samples.map((x) => maskStale(x, minVersion)) };
     const trainedStep = outcome === "kept" && trained.has(step) ? step : null;
     rows.push(...historyRows(ctx.runId, step, g, isAborted ? null : g.rewards, outcome, reason, (ids) => ctx.tokenizer.decode(ids), trainedStep));
   }

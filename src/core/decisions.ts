@@ -51,6 +51,20 @@ export const decisionSchemas = {
     outcome: z.enum(["kept", "filtered", "buffered", "discarded"]),
     reason: z.string().nullable(),
   }),
+  /**
+   * staleness_policy drop: these samples' segments before `round` no longer
+   * count (they were too stale); the group regenerates them from the prompt in
+   * `round` (dispatched with it).
+   */
+  "group.cut": z.object({
+    groupId: z.number().int(),
+    step: z.number().int(),
+    round: z.number().int(),
+    samples: z.array(z.number().int()),
+    reason: z.string(),
+  }),
+  /** Async mode: this in-flight round is aborted before the engines load new weights; it resumes as a new round. */
+  "group.aborted": z.object({ groupId: z.number().int(), round: z.number().int(), step: z.number().int(), reason: z.string() }),
   /** The step's batch: kept group ids in training order, and the in-flight rounds being aborted. */
   "step.sealed": z.object({
     step: z.number().int(),
@@ -63,10 +77,35 @@ export const decisionSchemas = {
     weightVersionOut: z.number().int(),
     checkpointUri: z.string(),
   }),
+  /**
+   * Async mode: the engines are to load `weightVersion` (trained by `step`); in-flight
+   * rounds were aborted (group.aborted) or are drained first, per weight_update_mode.
+   */
+  "weights.syncing": z.object({ step: z.number().int(), weightVersion: z.number().int(), mode: z.enum(["abort", "drain"]) }),
   /** Evaluate the eval datasets at one pinned version (the step boundary it belongs to). */
   "eval.dispatched": z.object({ step: z.number().int(), weightVersion: z.number().int() }),
   "eval.recorded": z.object({ step: z.number().int() }),
   "weights.synced": z.object({ step: z.number().int(), weightVersion: z.number().int(), checkpointUri: z.string() }),
+  /**
+   * rollout_function_path: ctx call #ordinal of the step's rollout function, recorded in the same
+   * transaction as its effect (prompts.drawn, group.dispatched, group.outcome buffered). A
+   * restarted controller replays the function against these (src/controller/rollout-journal.ts):
+   * `op` + `key` (the canonical arguments) must match, and the result comes from here and the facts.
+   */
+  "rollout_fn.called": z.object({
+    step: z.number().int(),
+    ordinal: z.number().int().nonnegative(),
+    op: z.enum(["draw", "generate", "filter_dynamic", "add_to_buffer"]),
+    key: z.string(),
+    /** draw: the groups handed out, buffer first; generate / filter_dynamic: [group]; add_to_buffer: the groups. */
+    groupIds: z.array(z.number().int()),
+    /** draw: how many of groupIds came from the buffer. */
+    bufferCount: z.number().int().nonnegative().default(0),
+    /** generate: the first round dispatched; filter_dynamic: the round judged. */
+    round: z.number().int().nullable().default(null),
+    /** filter_dynamic: the run's dynamic filter verdict (the plugin is not called again on replay). */
+    verdict: z.object({ keep: z.boolean(), reason: z.string().nullable(), keep_when_insufficient: z.boolean() }).nullable().default(null),
+  }),
 } as const;
 
 export type DecisionKind = keyof typeof decisionSchemas;

@@ -15,6 +15,8 @@ export interface GroupState {
   groupId: number;
   /** Latest dispatched round (-1: drawn, not dispatched yet). */
   round: number;
+  /** Rounds that regenerated stale samples (staleness_policy drop). */
+  regenerations: number;
   /** Step of the latest dispatch or outcome. */
   step: number;
   phase: GroupPhase;
@@ -55,6 +57,21 @@ export interface RunState {
   /** Steps whose eval was dispatched; the one not yet recorded blocks the loop. */
   evalsDispatched: Set<number>;
   pendingEval: { step: number; weightVersion: number } | null;
+  /** Groups kept so far, over the whole run (async admission control counts them). */
+  acceptedGroups: number;
+  /** Async mode: sealed steps not yet dispatched to the trainer, in order. */
+  trainQueue: number[];
+  /** Async mode: the step the trainer is on (dispatched, not committed). */
+  training: number | null;
+  /** The last step whose training committed (-1: none). */
+  lastTrainedStep: number;
+  /** Async mode: a weight sync in progress (in-flight rounds aborted or draining). */
+  syncing: { step: number; weightVersion: number } | null;
+}
+
+/** Async mode (train_async): generation, training and weight sync overlap. */
+export function isAsync(state: RunState): boolean {
+  return state.config.train_async;
 }
 
 export function emptyState(runId: string): RunState {
@@ -83,6 +100,11 @@ export function emptyState(runId: string): RunState {
     sealed: [],
     evalsDispatched: new Set(),
     pendingEval: null,
+    acceptedGroups: 0,
+    trainQueue: [],
+    training: null,
+    lastTrainedStep: -1,
+    syncing: null,
   };
 }
 
@@ -116,8 +138,9 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
       break;
     case "step.started":
       state.step = d.payload.step;
-      state.phase = "collect";
       state.kept = [];
+      if (isAsync(state)) break; // in-flight groups carry over: they join whichever step is unsealed when they complete
+      state.phase = "collect";
       state.sealed = [];
       state.inflight.clear();
       state.draining.clear();
@@ -127,7 +150,7 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
       const taken = new Set(p.fromBuffer);
       state.buffer = state.buffer.filter((id) => !taken.has(id));
       for (const f of p.fresh) {
-        state.groups.set(f.groupId, { groupId: f.groupId, round: -1, step: p.step, phase: "inflight" });
+        state.groups.set(f.groupId, { groupId: f.groupId, round: -1, regenerations: 0, step: p.step, phase: "inflight" });
       }
       state.cursor = p.cursor;
       break;
@@ -138,21 +161,43 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
       g.step = d.payload.step;
       g.phase = "inflight";
       state.inflight.add(g.groupId);
+      state.draining.delete(g.groupId);
       break;
     }
     case "group.filtered":
       break;
+    // No state of its own: the rollout-function driver reads the step's calls back from the log
+    // when it replays the function (src/controller/rollout-function.ts).
+    case "rollout_fn.called":
+      break;
+    case "group.cut":
+      group(state, d.payload.groupId).regenerations++;
+      break;
+    case "group.aborted": {
+      const g = group(state, d.payload.groupId);
+      g.phase = "draining";
+      state.inflight.delete(g.groupId);
+      state.draining.set(g.groupId, d.payload.round);
+      break;
+    }
     case "group.outcome": {
       const g = group(state, d.payload.groupId);
       g.phase = d.payload.outcome;
       g.step = d.payload.step;
       state.inflight.delete(g.groupId);
       state.draining.delete(g.groupId);
-      if (d.payload.outcome === "kept") state.kept.push(g.groupId);
+      if (d.payload.outcome === "kept") {
+        state.kept.push(g.groupId);
+        state.acceptedGroups++;
+      }
       if (d.payload.outcome === "buffered") state.buffer.push(g.groupId);
       break;
     }
     case "step.sealed":
+      if (isAsync(state)) {
+        state.trainQueue.push(d.payload.step);
+        break;
+      }
       state.phase = "drain";
       state.sealed = [...d.payload.kept];
       for (const a of d.payload.aborted) {
@@ -162,12 +207,19 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
       }
       break;
     case "train.dispatched":
-      state.phase = "train";
+      state.training = d.payload.step;
+      state.trainQueue = state.trainQueue.filter((x) => x !== d.payload.step);
+      if (!isAsync(state)) state.phase = "train";
       break;
     case "step.trained":
-      state.phase = "sync";
+      state.training = null;
+      state.lastTrainedStep = d.payload.step;
       state.trainedVersion = d.payload.weightVersionOut;
       state.trainedCheckpointUri = d.payload.checkpointUri;
+      if (!isAsync(state)) state.phase = "sync";
+      break;
+    case "weights.syncing":
+      state.syncing = { step: d.payload.step, weightVersion: d.payload.weightVersion };
       break;
     case "eval.dispatched":
       state.evalsDispatched.add(d.payload.step);
@@ -179,6 +231,7 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
     case "weights.synced":
       state.weightVersion = d.payload.weightVersion;
       state.checkpointUri = d.payload.checkpointUri;
+      state.syncing = null;
       break;
   }
   return state;

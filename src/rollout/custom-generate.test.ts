@@ -189,7 +189,7 @@ describe("generateCustomRound: the rollout job's drop-in", () => {
         config,
         tokenizer: demo,
         prompt: { prompt: "3*4=", promptTokens: tok.formatPrompt("3*4="), label: "12", metadata: null },
-        sample: { sampleIndex: 2, responseTokens: tok.encode("1"), logProbs: [-1], lossMask: [1], denomMask: [1], tokenVersions: [3], weightVersions: [3], numSegments: 1, status: "aborted", finishReason: "abort" },
+        sample: { sampleIndex: 2, responseTokens: tok.encode("1"), logProbs: [-1], lossMask: [1], denomMask: [1], tokenVersions: [3], weightVersions: [3], numSegments: 1, nextSegmentIndex: 1, oldestVersion: 3, status: "aborted", finishReason: "abort" },
         pluginPath: "examples/tool-agent/agent.ts",
       },
       inflight,
@@ -204,6 +204,6 @@ describe("generateCustomRound: the rollout job's drop-in", () => {
     expect(engine.requests[0]?.sampling.maxNewTokens).toBe(31);
     expect(engine.requests[0]?.sampling.stopTokenIds).toEqual([tok.eosId, ...tok.encode(")")]);
     expect(inflight.size).toBe(0);
-    expect(await generateCustomRound(toolAgent, null, { runId: "r1", groupId: 4, round: 1, weightVersion: 3, config, tokenizer: demo, prompt: { prompt: "", promptTokens: [1], label: null, metadata: {} }, sample: { sampleIndex: 0, responseTokens: [], logProbs: [], lossMask: [], denomMask: [], tokenVersions: [], weightVersions: [], numSegments: 0, status: "pending", finishReason: "" }, pluginPath: "x" }, inflight, () => true)).toEqual([]);
+    expect(await generateCustomRound(toolAgent, null, { runId: "r1", groupId: 4, round: 1, weightVersion: 3, config, tokenizer: demo, prompt: { prompt: "", promptTokens: [1], label: null, metadata: {} }, sample: { sampleIndex: 0, responseTokens: [], logProbs: [], lossMask: [], denomMask: [], tokenVersions: [], weightVersions: [], numSegments: 0, nextSegmentIndex: 0, oldestVersion: null, status: "pending", finishReason: "" }, pluginPath: "x" }, inflight, () => true)).toEqual([]);
   });
 });

@@ -376,7 +376,7 @@ export async function generateCustomRound(
       stopTokenIds: c.rollout_stop_token_ids.length > 0 ? c.rollout_stop_token_ids : [input.tokenizer.eosId],
     },
     budget: Math.max(0, budget),
-    firstSegmentIndex: s.numSegments,
+    firstSegmentIndex: s.nextSegmentIndex,
     requestIdFor: (seg) => requestId(input.runId, input.groupId, s.sampleIndex, seg),
     seedFor: (seg) => seedFrom(c.rollout_seed, input.groupId, s.sampleIndex, seg),
     sessionKey: `${input.runId}-${input.groupId}-${s.sampleIndex}`,

@@ -1,6 +1,6 @@
 import type { Db } from "../store/db.ts";
 import { findDecisions } from "../store/run-facts.ts";
-import { hasRound, writeRound, type RoundFacts } from "../store/rollout-facts.ts";
+import { hasRound, isRoundAborted, writeRound, type RoundFacts } from "../store/rollout-facts.ts";
 import { loadGroupView } from "../store/group-view.ts";
 import type { Engine, GenerateResult } from "../engines/engine.ts";
 import { requestId, type RolloutJob } from "../queue/payloads.ts";
@@ -14,8 +14,9 @@ import { generateCustomRound } from "./custom-generate.ts";
  * The rollout job: one round of one group. Every sample that is not
  * finished continues from its tokens so far with the remaining budget;
  * the round's segments and its marker land in one transaction.
- * While generating it watches for the step's seal: if this round is among the
- * aborted ones, its requests are aborted by id and the partial tokens kept.
+ * While generating it watches for an abort of this round (the step's seal in
+ * sync mode, a weight sync in async mode): its requests are then aborted by
+ * id and the partial tokens kept.
  */
 export interface RolloutDeps {
   db: Db;
@@ -23,11 +24,6 @@ export interface RolloutDeps {
   /** Called after the round is written and complete: enqueue its reward job. */
   onRoundComplete(job: RolloutJob): Promise<void>;
   abortPollMs?: number;
-}
-
-async function isRoundAborted(db: Db, job: RolloutJob): Promise<boolean> {
-  const seals = await findDecisions(db, job.runId, "step.sealed", { step: job.step });
-  return seals.some((s) => s.aborted.some((a) => a.groupId === job.groupId && a.round === job.round));
 }
 
 export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job: RolloutJob, jobId: string): Promise<void> {
@@ -115,7 +111,7 @@ async function generateSegment(
   isAborted: () => boolean,
 ): Promise<RoundFacts["segments"][number] | null> {
   const c = ctx.config;
-  const segmentIndex = sample.numSegments;
+  const segmentIndex = sample.nextSegmentIndex;
   const base = {
     sampleIndex: sample.sampleIndex,
     segmentIndex,

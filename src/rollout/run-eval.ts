@@ -8,6 +8,7 @@ import { loadJsonlDataset } from "../data/dataset.ts";
 import { passAtK } from "../algorithms/index.ts";
 import { seedFrom } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
+import { runRolloutFunctionEval } from "./rollout-function-eval.ts";
 
 /**
  * The eval job: every prompt of every eval dataset, n_samples_per_eval_prompt
@@ -44,6 +45,11 @@ export async function runEval(deps: EvalDeps, ctx: RunContext, job: EvalJob, job
   const c = ctx.config;
   const datasets = Object.entries(c.eval_prompt_data ?? {});
   const engine = await deps.engineFor(ctx, dispatched.weightVersion);
+  // slime's generate_rollout(..., evaluation=True): the user's rollout function plans the eval.
+  if (c.rollout_function_path !== null) {
+    await runRolloutFunctionEval({ db: deps.db, engine, weightVersion: dispatched.weightVersion, maxInFlight: deps.maxInFlight }, ctx, job);
+    return;
+  }
   const n = c.n_samples_per_eval_prompt;
   const results: EvalResultRow[] = [];
   const samples: EvalSampleRow[] = [];

@@ -12,7 +12,8 @@ export async function loadEmbedded(): Promise<EmbeddedFactories | null> {
       const { createEmbeddedEngine } = await import("../engines/embedded/embedded-engine.ts");
       const ref = ctx.config.ref_load;
       if (!ref) throw new RlqError("config_invalid", "engine.kind embedded needs ref_load (the checkpoint to serve)");
-      return createEmbeddedEngine({ checkpointUri: ref, id: `embedded-${process.pid}` });
+      const logitNoiseStd = ctx.config.engine.kind === "embedded" ? ctx.config.engine.logit_noise_std : 0;
+      return createEmbeddedEngine({ checkpointUri: ref, id: `embedded-${process.pid}`, logitNoiseStd });
     },
     async createTrainer() {
       const { createEmbeddedTrainer } = await import("../trainer/embedded/embedded-trainer.ts");

@@ -1,6 +1,6 @@
 import { and, eq, inArray, sql } from "drizzle-orm";
 import type { Db } from "./db.ts";
-import { groupRounds, sampleRewards, sampleSegments } from "./schema/index.ts";
+import { decisions, groupRounds, sampleRewards, sampleSegments } from "./schema/index.ts";
 import type { SampleStatus, SegmentFact } from "../core/sample.ts";
 
 /** What one rollout job (a group's round) produced. */
@@ -182,4 +182,41 @@ export async function hasRound(db: Db, runId: string, groupId: number, round: nu
     .from(groupRounds)
     .where(and(eq(groupRounds.runId, runId), eq(groupRounds.groupId, groupId), eq(groupRounds.round, round)));
   return rows.length > 0;
+}
+
+/**
+ * The drop policy's cuts (`group.cut` decisions): group id → sample index →
+ * the round from which the sample's segments count (the latest cut wins).
+ */
+export async function loadCutsOfGroups(db: Db, runId: string, groupIds: readonly number[]): Promise<Map<number, Map<number, number>>> {
+  const out = new Map<number, Map<number, number>>();
+  if (groupIds.length === 0) return out;
+  const rows = await db.db
+    .select({ groupId: decisions.groupId, payload: decisions.payload })
+    .from(decisions)
+    .where(and(eq(decisions.runId, runId), eq(decisions.kind, "group.cut"), inArray(decisions.groupId, [...groupIds])));
+  for (const r of rows) {
+    const p = r.payload as { round: number; samples: number[] };
+    const byGroup = out.get(r.groupId as number) ?? new Map<number, number>();
+    out.set(r.groupId as number, byGroup);
+    for (const i of p.samples) byGroup.set(i, Math.max(byGroup.get(i) ?? 0, p.round));
+  }
+  return out;
+}
+
+/**
+ * Whether a rollout job's round is being aborted: listed in its step's seal
+ * (sync mode) or by a `group.aborted` decision (a weight sync in async mode).
+ * One indexed query: the rollout job's abort watcher polls it.
+ */
+export async function isRoundAborted(db: Db, key: { runId: string; groupId: number; round: number; step: number }): Promise<boolean> {
+  const res = await db.pool.query(
+    `SELECT 1 FROM decisions
+      WHERE run_id = $1 AND (
+        (kind = 'step.sealed' AND step = $2 AND payload->'aborted' @> jsonb_build_array(jsonb_build_object('groupId', $3::bigint, 'round', $4::int)))
+        OR (kind = 'group.aborted' AND group_id = $3 AND (payload->>'round')::int = $4))
+      LIMIT 1`,
+    [key.runId, key.step, key.groupId, key.round],
+  );
+  return (res.rowCount ?? 0) > 0;
 }

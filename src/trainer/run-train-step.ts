@@ -10,6 +10,8 @@ import type { TrainJob } from "../queue/payloads.ts";
 import type { RunContext } from "../runtime/run-context.ts";
 import type { Trainer, TrainBatch, TrainProgress, TrainSample } from "./trainer.ts";
 import { sha256Hex } from "../lib/hash.ts";
+import { maskStale, stepVersionIn } from "../core/sample.ts";
+import { maskMinVersion, stalenessHistogram, stalenessRule } from "../core/staleness.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /**
@@ -41,12 +43,15 @@ export async function loadTrainBatch(db: Db, ctx: RunContext, step: number): Pro
   const verdicts = await findDecisions(db, runId, "group.filtered", { step });
   const samples: TrainSample[] = [];
   let numTokens = 0;
+  // staleness_policy mask: tokens older than the bound get loss mask 0 (the same rule the controller's history rows used).
+  const minVersion = maskMinVersion(stalenessRule(config), step);
   for (const [gi, groupId] of seal.kept.entries()) {
     const kept = verdicts.filter((v) => v.groupId === groupId && v.keep).pop();
     if (!kept) throw new RlqError("batch_inconsistent", `train step ${step}: kept group ${groupId} has no keep verdict`);
     const mask = config.mask_offpolicy_in_partial_rollout ? kept.round : null;
     const g = await loadGroupWithRewards(db, runId, groupId, kept.round, config.n_samples_per_prompt, mask);
-    for (const s of g.samples) {
+    for (const assembled of g.samples) {
+      const s = maskStale(assembled, minVersion);
       const r = g.rewards.get(s.sampleIndex);
       if (!r) throw new RlqError("batch_inconsistent", `train step ${step}: group ${groupId} sample ${s.sampleIndex} has no reward for round ${kept.round}`);
       samples.push({
@@ -105,6 +110,9 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
   } finally {
     clearInterval(watchdog);
   }
+  if (dispatched.weightVersionIn !== stepVersionIn(step)) {
+    throw new RlqError("batch_inconsistent", `train step ${step} was dispatched with weight_version_in ${dispatched.weightVersionIn}; step ${step} starts from version ${stepVersionIn(step)}`);
+  }
   if (result.weightVersionOut !== dispatched.weightVersionIn + 1) {
     throw new RlqError("trainer_bad_response", `trainer returned weight version ${result.weightVersionOut} for step ${step}; expected ${dispatched.weightVersionIn + 1}`);
   }
@@ -126,7 +134,7 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
     numTokens,
     checkpointUri: pathToFileURL(ckptPath).href,
     checkpointSha256,
-    metrics: result.metrics,
+    metrics: { ...result.metrics, ...stalenessMetrics(batch.samples, dispatched.weightVersionIn) },
     groupIds,
   });
   if (!isWinner) {
@@ -143,4 +151,23 @@ export async function collectLosingAttempts(root: string, runId: string, step: n
   const dir = stepDir(root, runId, step);
   const entries = await readdir(dir).catch(() => [] as string[]);
   await Promise.all(entries.filter((e) => e !== keep && e.startsWith("attempt-")).map((e) => rm(join(dir, e), { recursive: true, force: true })));
+}
+
+/**
+ * The step's staleness as train metrics: staleness_mean / _max over its
+ * samples and `staleness_hist_<k>` (how many samples are k versions stale).
+ */
+export function stalenessMetrics(samples: readonly TrainSample[], versionIn: number): Record<string, number> {
+  const hist = stalenessHistogram(samples, versionIn);
+  const out: Record<string, number> = {};
+  let sum = 0;
+  let n = 0;
+  for (const [k, count] of hist) {
+    out[`staleness_hist_${k}`] = count;
+    sum += k * count;
+    n += count;
+  }
+  out.staleness_mean = n === 0 ? 0 : sum / n;
+  out.staleness_max = hist.size === 0 ? 0 : Math.max(...hist.keys());
+  return out;
 }

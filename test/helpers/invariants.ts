@@ -29,14 +29,18 @@ export async function checkRunInvariants(db: Db, runId: string, opts: { numRollo
   expect(await q("SELECT step FROM decisions WHERE run_id = $1 AND kind = 'step.sealed' GROUP BY step HAVING count(*) > 1")).toEqual([]);
   expect(await q("SELECT group_id, payload->>'round' FROM decisions WHERE run_id = $1 AND kind = 'group.filtered' GROUP BY 1, 2 HAVING count(*) > 1")).toEqual([]);
 
-  // Segments of a sample are contiguous: each resumes where the previous ended.
+  // Segments of a sample are contiguous: each resumes where the previous ended, or restarts from
+  // the prompt in the round a staleness cut (group.cut) named for that sample.
   const gaps = await q(`
     SELECT group_id, sample_index, segment_index FROM (
-      SELECT group_id, sample_index, segment_index, token_start,
+      SELECT group_id, sample_index, segment_index, token_start, round,
         lag(token_end) OVER (PARTITION BY group_id, sample_index ORDER BY segment_index) AS prev_end,
         lag(segment_index) OVER (PARTITION BY group_id, sample_index ORDER BY segment_index) AS prev_idx
       FROM sample_segments WHERE run_id = $1) s
-    WHERE (prev_end IS NULL AND (token_start <> 0 OR segment_index <> 0)) OR (prev_end IS NOT NULL AND (token_start <> prev_end OR segment_index <> prev_idx + 1))`);
+    WHERE (prev_end IS NULL AND (token_start <> 0 OR segment_index <> 0))
+      OR (prev_end IS NOT NULL AND (segment_index <> prev_idx + 1 OR (token_start <> prev_end AND NOT (token_start = 0 AND EXISTS (
+        SELECT 1 FROM decisions c WHERE c.run_id = $1 AND c.kind = 'group.cut' AND c.group_id = s.group_id
+          AND (c.payload->>'round')::int = s.round AND c.payload->'samples' @> to_jsonb(s.sample_index))))))`);
   expect(gaps).toEqual([]);
 
   // Every buffered group was later resumed (dispatched again) or is still in the buffer at the end;

@@ -15,8 +15,14 @@ import { readEnv } from "../../src/config/env.ts";
  */
 const kills = Number(process.env.RLQ_CHAOS_KILLS ?? 20);
 
-async function chaosRun(w: World, numRollout: number, killCount: number, seed: number): Promise<{ runId: string; killed: number; wipes: number }> {
-  const runId = await w.start({ num_rollout: numRollout, partial_rollout: true, rollout_shuffle: true, over_sampling_batch_size: 6 });
+async function chaosRun(
+  w: World,
+  numRollout: number,
+  killCount: number,
+  seed: number,
+  overrides: Record<string, unknown> = {},
+): Promise<{ runId: string; killed: number; wipes: number }> {
+  const runId = await w.start({ num_rollout: numRollout, partial_rollout: true, rollout_shuffle: true, over_sampling_batch_size: 6, ...overrides });
   const rand = mulberry32(seed);
   const procs: { up: Proc; worker: Proc } = {
     up: spawnRlq(["up", "--run", runId], w.env),
@@ -57,18 +63,28 @@ async function chaosRun(w: World, numRollout: number, killCount: number, seed: n
   return { runId, killed, wipes };
 }
 
+/** Asynchronous mode under the same chaos: the staleness bound must hold over every trained sample. */
+const asyncConfig = { train_async: true, max_staleness: 1, staleness_policy: "drop", max_regenerations: 3, partial_rollout: false, rollout_max_response_len: 32 };
+
 describe.each([
-  ["redis", kills, 30],
-  ["postgres", kills, 30],
-] as const)("crash anywhere, queue backend %s", (queue, killCount, numRollout) => {
+  ["redis", kills, 30, {}],
+  ["postgres", kills, 30, {}],
+  ["redis", Math.ceil(kills / 2), 16, asyncConfig],
+] as const)("crash anywhere, queue backend %s", (queue, killCount, numRollout, overrides) => {
   let w: World | undefined;
   afterAll(async () => {
     await w?.close();
   });
 
-  it(`survives ${killCount} SIGKILLs and lost queue state with every invariant intact`, async () => {
-    w = await createWorld(`crash${queue}`, { queue, engineArgs: ["--token-delay-ms", "2"], trainerArgs: ["--step-ms", "40"] });
-    const { runId, killed, wipes } = await chaosRun(w, numRollout, killCount, 1234);
+  const isAsync = "train_async" in overrides;
+  it(`survives ${killCount} SIGKILLs and lost queue state with every invariant intact${isAsync ? " (async mode: the staleness bound holds)" : ""}`, async () => {
+    w = await createWorld(`crash${queue}${isAsync ? "async" : ""}`, { queue, engineArgs: ["--token-delay-ms", isAsync ? "6" : "2"], trainerArgs: ["--step-ms", isAsync ? "150" : "40"] });
+    const { runId, killed, wipes } = await chaosRun(w, numRollout, killCount, 1234, overrides);
+    if (isAsync) {
+      const worst = await w.db.pool.query("SELECT coalesce(max(staleness), 0)::int AS s, count(*)::int AS n FROM staleness WHERE run_id = $1", [runId]);
+      expect(worst.rows[0]).toEqual({ s: expect.any(Number) as number, n: numRollout * 4 * 4 });
+      expect(worst.rows[0].s).toBeLessThanOrEqual(1);
+    }
     expect(killed).toBe(killCount); // the run outlived every kill
     expect(wipes).toBeGreaterThanOrEqual(1);
     await checkRunInvariants(w.db, runId, { numRollout, datasetSize: 64, shuffle: true, seed: 42, rbs: 4 });

@@ -1,0 +1,540 @@
+import type { Db, Database } from "../store/db.ts";
+import { LeaseLostError } from "../store/decision-log.ts";
+import { findDecisions, loadDrawnPrompts } from "../store/run-facts.ts";
+import { loadRoundStatuses } from "../store/rollout-facts.ts";
+import { loadGroupsWithRewards } from "../store/group-view.ts";
+import { historyRows, insertHistory } from "../store/history.ts";
+import { drawnPrompts } from "../store/schema/index.ts";
+import type { Queues } from "../queue/queues.ts";
+import type { RunState } from "../core/run-state.ts";
+import type { Decision, DecisionPayload } from "../core/decisions.ts";
+import { drawFresh } from "../core/data-buffer.ts";
+import type { Dataset } from "../data/dataset.ts";
+import type { Tokenizer } from "../data/tokenizer.ts";
+import type { BufferFilter, DynamicFilter } from "../runtime/filters.ts";
+import type { DynamicFilterOutput } from "../filters/index.ts";
+import type { Logger } from "../observability/logger.ts";
+import {
+  badReturn,
+  deepFreeze,
+  loadRolloutFunction,
+  trainOutputSchema,
+  zodDetail,
+  type RolloutFunction,
+  type RolloutGroup,
+  type RolloutSample,
+  type RolloutTrainContext,
+} from "../rollout/rollout-function-contract.ts";
+import { CallJournal, type JournalCall, type JournalEffects } from "./rollout-journal.ts";
+import { errorMessage, RlqError } from "../lib/errors.ts";
+
+/**
+ * rollout_function_path, train branch: the user's `rollout(args, ctx)` plans
+ * the collect phase of a sync step (docs/plugins.md). The controller calls
+ * `tick()` in place of its built-in collect; the function runs in this
+ * process as a planner replayed from the decision log (rollout-journal.ts):
+ *
+ * - `draw(n)` → `prompts.drawn` + `drawn_prompts` rows (buffer first through
+ *   the buffer filter, then the cursor: the built-in draw);
+ * - `generate(group)` → `group.dispatched` + the rollout job (its reward job
+ *   follows); it resolves once a round finished the group and its rewards are
+ *   recorded (an unfinished round is continued as the next one, as built-in);
+ * - `filterDynamic(group)` → the run's dynamic filter, its verdict recorded;
+ * - `addToBuffer(groups)` → `group.outcome buffered`;
+ * - the return → `group.filtered` + `group.outcome` for every group of the
+ *   step (kept: the returned ones, in the returned order) and `step.sealed`
+ *   (rounds still in flight are aborted and drained as built-in).
+ *
+ * Each of those commits carries a `rollout_fn.called` record of the call, so
+ * a restarted controller re-runs the function and every recorded call returns
+ * at once: nothing is drawn or generated twice. Everything downstream (the
+ * train job's batch, `rlq replay`, the views) sees the usual decisions.
+ * A throw, a bad return, a bad call or non-determinism pauses the run with the
+ * reason; nothing recorded is lost and `rlq run resume` replays the function.
+ */
+export interface RolloutFunctionHost {
+  db: Db;
+  queues: Queues;
+  log: Logger;
+  crashPoint(name: string): void;
+  /** The controller's live state (mutated by `commit`). */
+  state(): RunState;
+  /** Commit decisions (and writes that land with them), then fold them in. */
+  commit(list: Decision[], extra?: (tx: Database) => Promise<void>): Promise<void>;
+  /** Pause the run with a reason (no-op unless running). */
+  pause(reason: string): Promise<void>;
+  dataset: Dataset;
+  tokenizer: Tokenizer;
+  filter: DynamicFilter;
+  bufferFilter: BufferFilter;
+}
+
+export interface RolloutFunctionDriver {
+  /** The collect phase of the current step: returns whether anything happened. */
+  tick(): Promise<boolean>;
+}
+
+type CallRecord = DecisionPayload<"rollout_fn.called">;
+type Input =
+  | { op: "draw"; n: number }
+  | { op: "generate"; groupId: number }
+  | { op: "filter_dynamic"; groupId: number; round: number; samples: readonly RolloutSample[] }
+  | { op: "add_to_buffer"; groups: Array<{ groupId: number; round: number | null }> };
+type Call = JournalCall<CallRecord, Input>;
+
+/** A group as the function has seen it this step: changes only at its own calls and at deliveries. */
+type SeenGroup =
+  | { phase: "drawn" | "generating" | "buffered"; group: RolloutGroup }
+  | { phase: "generated"; group: RolloutGroup; samples: readonly RolloutSample[]; round: number };
+
+/** Ticks the function may sit blocked on something that is not a ctx call before the run pauses. */
+const MAX_STUCK_TICKS = 300;
+
+interface Execution {
+  step: number;
+  journal: CallJournal<CallRecord, Input>;
+  seen: Map<number, SeenGroup>;
+  /** The round each generate call waits on (its first round, then continuations). */
+  genRound: Map<number, number>;
+  /** Filter verdicts in call order (effect time): group → {round, verdict}. */
+  verdicts: Map<number, { round: number; verdict: DynamicFilterOutput }>;
+  /** The first misuse of ctx: the run pauses with it. */
+  fatal: RlqError | null;
+  stuckTicks: number;
+}
+
+export async function createRolloutFunctionDriver(host: RolloutFunctionHost, path: string, baseDir = process.cwd()): Promise<RolloutFunctionDriver> {
+  const fn = await loadRolloutFunction(path, baseDir);
+  return new Driver(host, path, fn);
+}
+
+class Driver implements RolloutFunctionDriver {
+  private exec: Execution | null = null;
+
+  constructor(
+    private readonly host: RolloutFunctionHost,
+    private readonly path: string,
+    private readonly fn: RolloutFunction,
+  ) {}
+
+  async tick(): Promise<boolean> {
+    const s = this.host.state();
+    try {
+      if (!this.exec || this.exec.step !== s.step) this.exec = await this.begin(s.step);
+      const ex = this.exec;
+      const progressed = await ex.journal.advance(this.effects(ex));
+      if (ex.fatal) throw ex.fatal;
+      const result = ex.journal.result;
+      if (result) {
+        await this.finish(ex, result);
+        this.exec = null;
+        return true;
+      }
+      const idle = !progressed && ex.journal.calls.every((c) => c.outcome !== null);
+      ex.stuckTicks = idle ? ex.stuckTicks + 1 : 0;
+      if (ex.stuckTicks >= MAX_STUCK_TICKS) {
+        throw new RlqError("rollout_fn_blocked", `${this.where(ex.step)}: the function is waiting on something other than a ctx call (a timer, outside I/O?); it may only await ctx calls`);
+      }
+      return progressed;
+    } catch (e) {
+      // Whatever happened, the next tick re-runs the function from the log (replay).
+      this.exec = null;
+      if (e instanceof LeaseLostError) throw e;
+      if (e instanceof RlqError && !e.isRetriable) {
+        await this.host.pause(`${e.code}: ${e.message}`);
+        return true;
+      }
+      throw e;
+    }
+  }
+
+  private where(step: number): string {
+    return `rollout_function_path ${this.path} step ${step}`;
+  }
+
+  private async begin(step: number): Promise<Execution> {
+    const s = this.host.state();
+    const records = await findDecisions(this.host.db, s.runId, "rollout_fn.called", { step });
+    const ex: Execution = {
+      step,
+      journal: new CallJournal<CallRecord, Input>(records, this.where(step)),
+      seen: new Map(),
+      genRound: new Map(),
+      verdicts: new Map(),
+      fatal: null,
+      stuckTicks: 0,
+    };
+    if (records.length > 0) this.host.log.info({ runId: s.runId, step, calls: records.length }, "replaying the rollout function");
+    const ctx = this.context(ex);
+    await ex.journal.start(() => this.fn(s.config, ctx));
+    return ex;
+  }
+
+  // ---- ctx: checks happen when the function makes the call (what it has seen so far), so they replay identically.
+
+  private context(ex: Execution): RolloutTrainContext {
+    const misuse = (message: string): Promise<never> => {
+      const err = new RlqError("plugin_bad_call", `${this.where(ex.step)}: ${message}`);
+      ex.fatal ??= err;
+      return Promise.reject(err);
+    };
+    const idOf = (g: unknown): number | null => {
+      const first = Array.isArray(g) ? (g[0] as unknown) : g;
+      const id = first !== null && typeof first === "object" ? (first as { groupId?: unknown }).groupId : undefined;
+      return typeof id === "number" && ex.seen.has(id) ? id : null;
+    };
+    const ctx: RolloutTrainContext = {
+      evaluation: false,
+      rolloutId: ex.step,
+      draw: (n) => {
+        if (!Number.isInteger(n) || n < 0) return misuse(`ctx.draw(${String(n)}): expected a non-negative integer`);
+        return ex.journal.issue("draw", `n=${n}`, { op: "draw", n }) as Promise<readonly RolloutGroup[]>;
+      },
+      generate: (g) => {
+        const id = idOf(g);
+        if (id === null) return misuse("ctx.generate: expected a group from ctx.draw in this step");
+        const seen = ex.seen.get(id) as SeenGroup;
+        if (seen.phase !== "drawn") return misuse(`ctx.generate(group ${id}): the group is ${seen.phase}; only a drawn group (draw it again after addToBuffer) can be generated`);
+        ex.seen.set(id, { phase: "generating", group: seen.group });
+        return ex.journal.issue("generate", `group=${id}`, { op: "generate", groupId: id }) as Promise<readonly RolloutSample[]>;
+      },
+      score: (g) => {
+        const id = idOf(g);
+        const seen = id === null ? null : ex.seen.get(id);
+        if (!seen || seen.phase !== "generated") return misuse(`ctx.score: expected a group returned by ctx.generate${id === null ? "" : ` (group ${id} is ${seen?.phase})`}`);
+        return Promise.resolve(deepFreeze(seen.samples.map((x) => x.reward)));
+      },
+      filterDynamic: (g) => {
+        const id = idOf(g);
+        const seen = id === null ? null : ex.seen.get(id);
+        if (!seen || seen.phase !== "generated") return misuse(`ctx.filterDynamic: expected a group returned by ctx.generate${id === null ? "" : ` (group ${id} is ${seen?.phase})`}`);
+        return ex.journal.issue("filter_dynamic", `group=${id}`, { op: "filter_dynamic", groupId: seen.group.groupId, round: seen.round, samples: seen.samples }) as Promise<DynamicFilterOutput>;
+      },
+      addToBuffer: (groups) => {
+        if (!Array.isArray(groups)) return misuse("ctx.addToBuffer: expected an array of groups");
+        const list: Array<{ groupId: number; round: number | null }> = [];
+        for (const g of groups) {
+          const id = idOf(g);
+          if (id === null) return misuse("ctx.addToBuffer: expected groups from ctx.draw or ctx.generate in this step");
+          const seen = ex.seen.get(id) as SeenGroup;
+          if (seen.phase !== "drawn" && seen.phase !== "generated") return misuse(`ctx.addToBuffer(group ${id}): the group is ${seen.phase}; await its generate first`);
+          if (list.some((x) => x.groupId === id)) return misuse(`ctx.addToBuffer: group ${id} is listed twice`);
+          list.push({ groupId: id, round: seen.phase === "generated" ? seen.round : null });
+        }
+        for (const x of list) ex.seen.set(x.groupId, { phase: "buffered", group: (ex.seen.get(x.groupId) as SeenGroup).group });
+        return ex.journal.issue("add_to_buffer", `groups=${list.map((x) => x.groupId).join(",")}`, { op: "add_to_buffer", groups: list }) as Promise<void>;
+      },
+    };
+    return Object.freeze(ctx);
+  }
+
+  // ---- effects: performed (or replayed) in call order.
+
+  private effects(ex: Execution): JournalEffects<CallRecord, Input> {
+    return {
+      effect: async (calls) => {
+        let batch: Call[] = [];
+        for (const c of calls) {
+          if (c.op === "generate" && c.record === null) {
+            batch.push(c);
+            continue;
+          }
+          if (batch.length > 0) await this.dispatch(ex, batch);
+          batch = [];
+          await this.effectOne(ex, c);
+        }
+        if (batch.length > 0) await this.dispatch(ex, batch);
+      },
+      poll: (calls) => this.poll(ex, calls.filter((c) => c.op === "generate")),
+      delivered: (c) => {
+        if (!c.outcome?.ok) return;
+        if (c.op === "draw") {
+          for (const g of c.outcome.value as RolloutGroup[]) ex.seen.set(g.groupId, { phase: "drawn", group: g });
+        } else if (c.op === "generate") {
+          const samples = c.outcome.value as RolloutSample[];
+          const id = (c.input as { groupId: number }).groupId;
+          ex.seen.set(id, { phase: "generated", group: (ex.seen.get(id) as SeenGroup).group, samples, round: ex.genRound.get(c.ordinal) as number });
+        }
+      },
+    };
+  }
+
+  private record(ex: Execution, c: Call, fields: Partial<CallRecord> & { groupIds: number[] }): CallRecord {
+    return { step: ex.step, ordinal: c.ordinal, op: c.op, key: c.key, bufferCount: 0, round: null, verdict: null, ...fields };
+  }
+
+  private async effectOne(ex: Execution, c: Call): Promise<void> {
+    const input = c.input;
+    if (input.op === "generate") {
+      // A replayed generate: continue from its recorded round.
+      ex.genRound.set(c.ordinal, (c.record as CallRecord).round as number);
+    } else if (input.op === "draw") {
+      if (!c.record) c.record = await this.draw(ex, c, input.n);
+      c.outcome = { ok: true, value: await this.groupsOf(c.record) };
+    } else if (input.op === "filter_dynamic") {
+      if (!c.record) {
+        const verdict = await this.host.filter({
+          groupId: input.groupId,
+          rewards: input.samples.map((x) => x.reward),
+          samples: input.samples.map((x) => ({ response: x.response, status: x.status })),
+        });
+        const rec = this.record(ex, c, { groupIds: [input.groupId], round: input.round, verdict });
+        await this.host.commit([{ kind: "rollout_fn.called", payload: rec }]);
+        c.record = rec;
+      }
+      const verdict: DynamicFilterOutput = c.record.verdict ?? { keep: true, reason: null, keep_when_insufficient: false };
+      ex.verdicts.set(input.groupId, { round: input.round, verdict });
+      c.outcome = { ok: true, value: deepFreeze({ ...verdict }) };
+    } else {
+      if (!c.record) {
+        const rec = this.record(ex, c, { groupIds: input.groups.map((g) => g.groupId) });
+        const list: Decision[] = [];
+        for (const g of input.groups) {
+          if (g.round !== null) list.push({ kind: "group.filtered", payload: { groupId: g.groupId, round: g.round, step: ex.step, ...this.verdictFor(ex, g.groupId, g.round) } });
+          list.push({ kind: "group.outcome", payload: { groupId: g.groupId, step: ex.step, outcome: "buffered", reason: "add_to_buffer" } });
+        }
+        await this.host.commit([...list, { kind: "rollout_fn.called", payload: rec }]);
+        c.record = rec;
+      }
+      c.outcome = { ok: true, value: undefined };
+    }
+  }
+
+  private verdictFor(ex: Execution, groupId: number, round: number): { keep: boolean; reason: string | null } {
+    const v = ex.verdicts.get(groupId);
+    return v && v.round === round ? { keep: v.verdict.keep, reason: v.verdict.reason } : { keep: true, reason: null };
+  }
+
+  /** The built-in draw: buffer first through the buffer filter, then the cursor. */
+  private async draw(ex: Execution, c: Call, n: number): Promise<CallRecord> {
+    const s = this.host.state();
+    const cfg = s.config;
+    const fromBuffer = s.buffer.length > 0 && n > 0 ? await this.host.bufferFilter(s.buffer, n) : [];
+    const { draws, cursor } = drawFresh({ size: this.host.dataset.rows.length, shuffle: cfg.rollout_shuffle, seed: cfg.rollout_seed }, s.cursor, n - fromBuffer.length);
+    const rows = draws.map((d) => {
+      const row = this.host.dataset.rows[d.datasetIndex];
+      if (!row) throw new RlqError("dataset_changed", `dataset index ${d.datasetIndex} is out of range`);
+      return {
+        runId: s.runId,
+        drawOrdinal: d.groupId,
+        epoch: d.epoch,
+        datasetIndex: d.datasetIndex,
+        step: ex.step,
+        prompt: row.prompt,
+        label: row.label,
+        metadata: row.metadata,
+        promptTokens: this.host.tokenizer.encode(row.prompt),
+      };
+    });
+    const rec = this.record(ex, c, { groupIds: [...fromBuffer, ...draws.map((d) => d.groupId)], bufferCount: fromBuffer.length });
+    await this.host.commit(
+      [
+        { kind: "prompts.drawn", payload: { step: ex.step, fromBuffer, fresh: draws, cursor } },
+        { kind: "rollout_fn.called", payload: rec },
+      ],
+      async (tx) => {
+        if (rows.length > 0) await tx.insert(drawnPrompts).values(rows);
+      },
+    );
+    this.host.crashPoint("rollout_fn.after_draw");
+    return rec;
+  }
+
+  private async groupsOf(rec: CallRecord): Promise<RolloutGroup[]> {
+    if (rec.groupIds.length === 0) return deepFreeze([]);
+    const prompts = await loadDrawnPrompts(this.host.db, this.host.state().runId, rec.groupIds);
+    return deepFreeze(
+      rec.groupIds.map((groupId, i) => {
+        const p = prompts.get(groupId);
+        if (!p) throw new RlqError("group_not_found", `${this.where(rec.step)}: drawn group ${groupId} has no drawn_prompts row`);
+        return { groupId, prompt: p.prompt, label: p.label, metadata: p.metadata, isFromBuffer: i < rec.bufferCount };
+      }),
+    );
+  }
+
+  /** New generate calls: their dispatch decisions and records in one commit, then the jobs (outbox). */
+  private async dispatch(ex: Execution, calls: Call[]): Promise<void> {
+    const s = this.host.state();
+    const list: Decision[] = [];
+    const jobs: Array<{ groupId: number; round: number }> = [];
+    for (const c of calls) {
+      const groupId = (c.input as { groupId: number }).groupId;
+      const round = (s.groups.get(groupId)?.round ?? -1) + 1;
+      const rec = this.record(ex, c, { groupIds: [groupId], round });
+      list.push({ kind: "group.dispatched", payload: { groupId, round, step: ex.step, weightVersion: s.weightVersion } }, { kind: "rollout_fn.called", payload: rec });
+      c.record = rec;
+      ex.genRound.set(c.ordinal, round);
+      jobs.push({ groupId, round });
+    }
+    await this.host.commit(list);
+    this.host.crashPoint("rollout_fn.after_generate");
+    await this.enqueue(jobs);
+  }
+
+  private async enqueue(jobs: Array<{ groupId: number; round: number }>): Promise<void> {
+    const s = this.host.state();
+    await Promise.all(jobs.map((j) => this.host.queues.enqueue("rollout", { runId: s.runId, groupId: j.groupId, round: j.round, step: s.step, weightVersion: s.weightVersion })));
+  }
+
+  /** Generate calls waiting on a round: finished and scored → the result; ended unfinished → continue as the next round. */
+  private async poll(ex: Execution, calls: Call[]): Promise<void> {
+    const s = this.host.state();
+    const n = s.config.n_samples_per_prompt;
+    for (let pass = 0; pass < 100 && calls.length > 0; pass++) {
+      const keys = calls.map((c) => ({ c, groupId: (c.input as { groupId: number }).groupId, round: ex.genRound.get(c.ordinal) as number }));
+      const statuses = await loadRoundStatuses(this.host.db, s.runId, keys);
+      const ready: typeof keys = [];
+      const redo: typeof keys = [];
+      let moved = false;
+      for (const k of keys) {
+        const st = statuses.get(k.groupId);
+        if (!st) continue;
+        if (st.isComplete) {
+          if (st.rewardCount >= n) ready.push(k);
+        } else if ((s.groups.get(k.groupId)?.round ?? k.round) > k.round) {
+          // Continued in an earlier life of the controller: follow it.
+          ex.genRound.set(k.c.ordinal, k.round + 1);
+          moved = true;
+        } else {
+          redo.push(k);
+        }
+      }
+      if (ready.length > 0) {
+        const views = await loadGroupsWithRewards(this.host.db, s.runId, ready.map((k) => ({ groupId: k.groupId, round: k.round, maskBeforeRound: null })), n);
+        for (const k of ready) {
+          const g = views.get(k.groupId);
+          if (!g) continue;
+          const samples: RolloutSample[] = g.samples.map((x) => {
+            const r = g.rewards.get(x.sampleIndex);
+            return {
+              groupId: k.groupId,
+              sampleIndex: x.sampleIndex,
+              round: k.round,
+              prompt: g.prompt.prompt,
+              label: g.prompt.label,
+              metadata: g.prompt.metadata,
+              response: this.host.tokenizer.decode(x.responseTokens),
+              responseTokens: x.responseTokens,
+              status: x.status,
+              finishReason: x.finishReason,
+              reward: r?.reward ?? 0,
+              rewardComponents: r?.components ?? {},
+              weightVersions: x.weightVersions,
+            };
+          });
+          k.c.outcome = { ok: true, value: deepFreeze(samples) };
+        }
+      }
+      if (redo.length > 0) {
+        // A round that ended unfinished without a seal (engine abort or failure): continue it, as built-in.
+        const next = redo.map((k) => ({ groupId: k.groupId, round: k.round + 1 }));
+        await this.host.commit(next.map((d) => ({ kind: "group.dispatched", payload: { groupId: d.groupId, round: d.round, step: ex.step, weightVersion: s.weightVersion } })));
+        for (const k of redo) ex.genRound.set(k.c.ordinal, k.round + 1);
+        await this.enqueue(next);
+      }
+      if (!moved) return;
+      calls = calls.filter((c) => c.outcome === null);
+    }
+  }
+
+  // ---- the return: the step's outcomes and its seal, in one commit.
+
+  private async finish(ex: Execution, result: NonNullable<CallJournal<CallRecord, Input>["result"]>): Promise<void> {
+    if (!result.ok) {
+      const e = result.error;
+      if (e instanceof RlqError && !e.isRetriable) throw e;
+      throw new RlqError("plugin_threw", `${this.where(ex.step)}: the function threw: ${errorMessage(e)}`, { cause: e });
+    }
+    ex.journal.checkReplayComplete();
+    const s = this.host.state();
+    const c = s.config;
+    const { kept, metrics } = this.validate(ex, result.value);
+    const keptSet = new Set(kept);
+    const list: Decision[] = [];
+    const historyKeys: Array<{ groupId: number; round: number; outcome: "kept" | "filtered" | "discarded"; reason: string | null }> = [];
+    const generated = [...ex.seen.values()].filter((g): g is Extract<SeenGroup, { phase: "generated" }> => g.phase === "generated");
+    const byId = new Map(generated.map((g) => [g.group.groupId, g]));
+    for (const id of kept) {
+      const g = byId.get(id) as Extract<SeenGroup, { phase: "generated" }>;
+      const v = this.verdictFor(ex, id, g.round);
+      list.push({ kind: "group.filtered", payload: { groupId: id, round: g.round, step: ex.step, keep: true, reason: v.reason } });
+      list.push({ kind: "group.outcome", payload: { groupId: id, step: ex.step, outcome: "kept", reason: null } });
+      historyKeys.push({ groupId: id, round: g.round, outcome: "kept", reason: null });
+    }
+    for (const g of generated.filter((x) => !keptSet.has(x.group.groupId)).sort((a, b) => a.group.groupId - b.group.groupId)) {
+      const id = g.group.groupId;
+      const v = this.verdictFor(ex, id, g.round);
+      const outcome = v.keep ? "discarded" : "filtered";
+      const reason = v.keep ? "not_returned" : (v.reason ?? "filtered");
+      list.push({ kind: "group.filtered", payload: { groupId: id, round: g.round, step: ex.step, keep: v.keep, reason: v.reason } });
+      list.push({ kind: "group.outcome", payload: { groupId: id, step: ex.step, outcome, reason } });
+      historyKeys.push({ groupId: id, round: g.round, outcome, reason });
+    }
+    // Drawn and never generated: discarded (addToBuffer keeps a group for later). Their history row
+    // uses the group's last judged round, as `rlq replay` does.
+    const unused = [...ex.seen.values()].filter((g) => g.phase === "drawn").map((g) => g.group.groupId).sort((a, b) => a - b);
+    for (const id of unused) {
+      const judged = await findDecisions(this.host.db, s.runId, "group.filtered", { groupId: id });
+      list.push({ kind: "group.outcome", payload: { groupId: id, step: ex.step, outcome: "discarded", reason: "unused" } });
+      historyKeys.push({ groupId: id, round: judged[judged.length - 1]?.round ?? 0, outcome: "discarded", reason: "unused" });
+    }
+    // Generations the function did not wait for: aborted with the seal, then buffered or discarded by the drain.
+    const aborted = [...ex.seen.values()]
+      .filter((g) => g.phase === "generating")
+      .map((g) => ({ groupId: g.group.groupId, round: s.groups.get(g.group.groupId)?.round ?? 0 }))
+      .sort((a, b) => a.groupId - b.groupId);
+    list.push({ kind: "step.sealed", payload: { step: ex.step, kept, aborted } });
+
+    const rows: Parameters<typeof insertHistory>[1] = [];
+    for (const k of historyKeys) {
+      const mask = c.mask_offpolicy_in_partial_rollout ? k.round : null;
+      const view = (await loadGroupsWithRewards(this.host.db, s.runId, [{ groupId: k.groupId, round: k.round, maskBeforeRound: mask }], c.n_samples_per_prompt)).get(k.groupId);
+      if (view) rows.push(...historyRows(s.runId, ex.step, view, view.rewards, k.outcome, k.reason, (ids) => this.host.tokenizer.decode(ids), null));
+    }
+    this.host.crashPoint("rollout_fn.before_seal");
+    await this.host.commit(list, (tx) => insertHistory(tx, rows));
+    this.host.log.info({ runId: s.runId, step: ex.step, kept: kept.length, calls: ex.journal.calls.length, metrics }, "rollout function sealed the step");
+    this.host.crashPoint("controller.after_seal");
+  }
+
+  /** The returned groups: exactly rollout_batch_size groups of n_samples_per_prompt samples, each generated in this step. */
+  private validate(ex: Execution, value: unknown): { kept: number[]; metrics: Record<string, number> | null } {
+    const c = this.host.state().config;
+    const rbs = c.rollout_batch_size;
+    const n = c.n_samples_per_prompt;
+    const bad = (detail: string) => badReturn(this.path, ex.step, false, detail);
+    const parsed = trainOutputSchema.safeParse(value);
+    if (!parsed.success) {
+      throw bad(`${describe(value)}; expected {samples: Sample[][], metrics?} (or Sample[][]): rollout_batch_size (${rbs}) groups from ctx.generate (${zodDetail(parsed.error)})`);
+    }
+    const groups = parsed.data.samples;
+    if (groups.length !== rbs) throw bad(`${groups.length} group(s); expected exactly rollout_batch_size = ${rbs} groups of n_samples_per_prompt = ${n} samples`);
+    const ids: number[] = [];
+    for (const [i, group] of groups.entries()) {
+      const id = group[0]?.groupId;
+      if (group.length !== n || id === undefined) throw bad(`group #${i} with ${group.length} sample(s); expected n_samples_per_prompt = ${n}`);
+      if (ids.includes(id)) throw bad(`group ${id} twice`);
+      const seen = ex.seen.get(id);
+      if (!seen || seen.phase !== "generated") {
+        throw bad(`group ${id}, which ${seen ? `is ${seen.phase}` : "was not drawn"} in this step; every returned group must come from an awaited ctx.generate of this step`);
+      }
+      const indices = new Set<number>();
+      for (const x of group) {
+        const rec = seen.samples[x.sampleIndex];
+        if (x.groupId !== id || !rec || indices.has(x.sampleIndex)) throw bad(`group #${i} mixing groups or repeating samples (group ${x.groupId} sample ${x.sampleIndex}); return the groups ctx.generate gave`);
+        indices.add(x.sampleIndex);
+        if ((x.reward !== undefined && x.reward !== rec.reward) || (x.response !== undefined && x.response !== rec.response)) {
+          throw bad(`group ${id} sample ${x.sampleIndex} with an edited reward or response; rlq trains on the recorded samples (change rewards with custom_rm_path)`);
+        }
+      }
+      ids.push(id);
+    }
+    return { kept: ids, metrics: parsed.data.metrics ?? null };
+  }
+}
+
+function describe(value: unknown): string {
+  if (value === undefined) return "undefined";
+  const text = JSON.stringify(value);
+  return text === undefined ? typeof value : text.length > 120 ? `${text.slice(0, 120)}…` : text;
+}

@@ -1,0 +1,89 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createWorld, type World } from "../helpers/run-fixture.ts";
+import { spawnRlq } from "../helpers/processes.ts";
+import { checkRunInvariants } from "../helpers/invariants.ts";
+
+/**
+ * Asynchronous mode (train_async, DESIGN §1): generation keeps going while
+ * steps train, under admission control; weight syncs abort in-flight requests
+ * by id and they resume as new segments under the new version; no trained
+ * token is staler than max_staleness.
+ */
+describe("asynchronous mode", () => {
+  let w: World;
+  beforeAll(async () => {
+    // Generation (~40 tokens × 20 ms per sample) is slower than a train step (150 ms): rounds are
+    // in flight at every weight sync.
+    w = await createWorld("async", { engineArgs: ["--token-delay-ms", "20", "--stop-prob", "0.02"], trainerArgs: ["--step-ms", "150"] });
+  });
+  afterAll(async () => {
+    await w?.close();
+  });
+
+  const q = async (sql: string, runId: string) => (await w.db.pool.query(sql, [runId])).rows;
+
+  it("overlaps generation with training, splits segments at weight syncs and keeps staleness within the bound", async () => {
+    const runId = await w.start({
+      train_async: true,
+      max_staleness: 1,
+      staleness_policy: "mask",
+      num_rollout: 4,
+      rollout_max_response_len: 40,
+      dynamic_sampling_filter_path: null,
+      engine: { kind: "sglang", urls: [await w.freshEngine()] },
+    });
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
+    expect(await up.exited, up.output()).toBe(0);
+
+    await checkRunInvariants(w.db, runId, { numRollout: 4, datasetSize: 64, shuffle: false, seed: 42, rbs: 4 });
+
+    // The bound, over every trained sample (tokens with loss mask 1).
+    const worst = await q("SELECT coalesce(max(staleness), 0)::int AS s FROM staleness WHERE run_id = $1", runId);
+    expect(worst[0].s).toBeLessThanOrEqual(1);
+    // Generation overlapped training: some step trained samples from the version before its own.
+    const overlapped = await q("SELECT count(*)::int AS n FROM staleness WHERE run_id = $1 AND staleness = 1", runId);
+    expect(overlapped[0].n).toBeGreaterThan(0);
+
+    // Weight syncs aborted in-flight rounds, which resumed as new rounds at the new version:
+    // one segment, one version, as the engine reported it.
+    const syncs = await q("SELECT payload FROM decisions WHERE run_id = $1 AND kind = 'weights.syncing' ORDER BY seq", runId);
+    expect(syncs.map((s) => s.payload.weightVersion)).toEqual([1, 2, 3, 4]);
+    const aborted = await q("SELECT count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind = 'group.aborted'", runId);
+    expect(aborted[0].n).toBeGreaterThan(0);
+    // An aborted request kept its tokens and the sample went on under the next version.
+    const spanning = await q("SELECT count(*)::int AS n FROM (SELECT 1 FROM sample_segments WHERE run_id = $1 AND token_end > token_start GROUP BY group_id, sample_index HAVING count(DISTINCT weight_version) > 1) x", runId);
+    expect(spanning[0].n).toBeGreaterThan(0);
+    expect(await q("SELECT count(*)::int AS n FROM sample_segments WHERE run_id = $1 AND is_version_mismatch", runId)).toEqual([{ n: 0 }]);
+    // A sample's versions never go down, segment after segment.
+    expect(
+      await q(
+        `SELECT 1 FROM (SELECT weight_version, lag(weight_version) OVER (PARTITION BY group_id, sample_index ORDER BY segment_index) AS prev
+           FROM sample_segments WHERE run_id = $1 AND token_end > token_start) x WHERE prev > weight_version`,
+        runId,
+      ),
+    ).toEqual([]);
+
+    // Admission control: while the engines served version v, at most (k + v + 1) × rbs groups were accepted or running.
+    const draws = await q("SELECT step, payload FROM decisions WHERE run_id = $1 AND kind IN ('prompts.drawn', 'weights.synced') ORDER BY seq", runId);
+    let v = 0;
+    let drawn = 0;
+    for (const d of draws) {
+      if ("fresh" in d.payload) {
+        drawn += (d.payload.fresh as unknown[]).length;
+        // Drawn ⊇ accepted + running; filtered groups free their place, so only the cap on draws minus filtered holds.
+        const filtered = await w.db.pool.query(
+          "SELECT count(*)::int AS n FROM decisions x WHERE x.run_id = $1 AND x.kind = 'group.outcome' AND x.payload->>'outcome' <> 'kept' AND x.seq < (SELECT min(seq) FROM decisions WHERE run_id = $1 AND kind = 'prompts.drawn' AND payload = $2::jsonb)",
+          [runId, JSON.stringify(d.payload)],
+        );
+        expect(drawn - filtered.rows[0].n).toBeLessThanOrEqual((1 + v + 1) * 4);
+      } else v = d.payload.weightVersion;
+    }
+
+    // Per-step staleness metrics landed with each step.
+    const hist = await q("SELECT step, key, value FROM train_metrics WHERE run_id = $1 AND key LIKE 'staleness_%' ORDER BY step, key", runId);
+    expect(new Set(hist.map((h) => h.step))).toEqual(new Set([0, 1, 2, 3]));
+
+    const replay = spawnRlq(["replay", runId, "--check"], w.env);
+    expect(await replay.exited, replay.output()).toBe(0);
+  });
+});
