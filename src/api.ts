@@ -2,6 +2,7 @@ import { randomBytes } from "node:crypto";
 import { dirname, isAbsolute, resolve } from "node:path";
 import type { Db } from "./store/db.ts";
 import { insertRun, loadRunRow } from "./store/run-facts.ts";
+import { pipelineReport, type PipelineReport } from "./store/pipeline.ts";
 import { listTrainSteps } from "./store/train-facts.ts";
 import { loadEvalResults } from "./store/eval-facts.ts";
 import { loadEngineMetrics } from "./store/engine-metrics.ts";
@@ -94,6 +95,8 @@ export interface RunStatusReport {
   evals: Array<{ dataset: string; step: number; weightVersion: number; meanReward: number; passAtK: Record<string, number> }>;
   /** Engine-pool metrics as last published by each rollout worker process. */
   engines: Array<{ worker: string; at: string; engineId: string; state: string; weightVersion: number | null; requests: number; errors: number; aborted: number; tokensPerSecond: number; latencyMs: { p50: number | null; p95: number | null; p99: number | null } }>;
+  /** The pipeline: groups in flight per version, staleness of trained samples, trainer busy fraction. */
+  pipeline: PipelineReport;
   updatedAt: string;
 }
 
@@ -132,6 +135,7 @@ export async function runStatus(db: Db, runId: string, queues?: Queues): Promise
         latencyMs: e.latencyMs,
       })),
     ),
+    pipeline: await pipelineReport(db, runId),
     updatedAt: row.updatedAt.toISOString(),
   };
 }

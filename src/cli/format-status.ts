@@ -9,6 +9,13 @@ export function formatStatus(r: RunStatusReport): string {
     `  train steps:     ${r.trainSteps}`,
   ];
   if (r.lastError) lines.push(`  last error:      ${r.lastError}`);
+  const p = r.pipeline;
+  const kv = (o: Record<string, number>) => (Object.keys(o).length === 0 ? "-" : Object.entries(o).map(([k, v]) => `${k}:${v}`).join(" "));
+  lines.push(`  in flight:       ${kv(Object.fromEntries(Object.entries(p.inflightByVersion).map(([v, n]) => [`v${v}`, n])))} (groups by weight version)`);
+  lines.push(`  staleness:       ${kv(p.stalenessHistogram)} (trained samples by versions stale)${p.regenerations + p.staleDiscards > 0 ? `; ${p.regenerations} regenerated, ${p.staleDiscards} discarded as stale` : ""}`);
+  lines.push(
+    `  trainer:         busy ${(100 * p.trainer.busyFraction).toFixed(0)}% (${p.trainer.busySeconds.toFixed(1)} s of ${p.trainer.wallSeconds.toFixed(1)} s)${p.sealedNotTrained > 0 ? `, ${p.sealedNotTrained} sealed step(s) waiting` : ""}`,
+  );
   const m = Object.entries(r.lastMetrics);
   if (m.length > 0) lines.push(`  last metrics:    ${m.map(([k, v]) => `${k}=${Number(v.toPrecision(4))}`).join(" ")}`);
   for (const e of r.evals) {
