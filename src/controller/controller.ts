@@ -374,6 +374,7 @@ class RunController {
     ];
     const list: Decision[] = [
       { kind: "prompts.drawn", payload: { step: s.step, fromBuffer, fresh: draws, cursor } },
+      ...(await this.cutStaleBuffered(fromBuffer)),
       ...dispatches.map((d) => this.dispatchDecision(d.groupId, d.round)),
     ];
     await this.commit(list, async (tx) => {
@@ -381,6 +382,32 @@ class RunController {
     });
     this.deps.crashPoint("controller.after_draw");
     await this.enqueueRollouts(dispatches);
+  }
+
+  /**
+   * staleness_policy drop: a buffered group resuming in this step with samples
+   * already too stale for it is cut before it resumes (they regenerate from the
+   * prompt), rather than continued and cut when it completes. Groups out of
+   * regenerations resume as they are and are discarded when they complete.
+   */
+  private async cutStaleBuffered(fromBuffer: readonly number[]): Promise<Decision[]> {
+    const s = this.state;
+    const c = s.config;
+    const rule = stalenessRule(c);
+    if (fromBuffer.length === 0 || rule.policy !== "drop" || rule.maxStaleness === null) return [];
+    const keys = fromBuffer.map((groupId) => ({ groupId, round: -1, maskBeforeRound: null }));
+    const views = await loadGroupsWithRewards(this.deps.db, s.runId, keys, c.n_samples_per_prompt);
+    const out: Decision[] = [];
+    for (const groupId of fromBuffer) {
+      const g = views.get(groupId);
+      const st = s.groups.get(groupId);
+      if (!g || !st) continue;
+      // With mask_offpolicy the resumed round masks everything before it: nothing earlier is trained, nothing is stale.
+      if (c.mask_offpolicy_in_partial_rollout) continue;
+      const verdict = judgeStaleness(g.samples, s.step, rule, st.regenerations);
+      if (verdict.kind === "cut") out.push({ kind: "group.cut", payload: { groupId, step: s.step, round: st.round + 1, samples: verdict.samples, reason: verdict.reason } });
+    }
+    return out;
   }
 
   private dispatchDecision(groupId: number, round: number): Decision {

@@ -123,4 +123,23 @@ describe("asynchronous mode", () => {
     const worst = await q("SELECT coalesce(max(staleness), 0)::int AS s FROM staleness WHERE run_id = $1", runId);
     expect(worst[0].s).toBeLessThanOrEqual(2);
   });
+
+  it("train_async alone is slime's one-step-off pipeline (k = 1); update_weights_interval spaces the syncs", async () => {
+    const runId = await w.start({
+      train_async: true,
+      staleness_policy: "mask",
+      update_weights_interval: 2,
+      num_rollout: 4,
+      rollout_max_response_len: 24,
+      dynamic_sampling_filter_path: null,
+      engine: { kind: "sglang", urls: [await w.freshEngine()] },
+    });
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
+    expect(await up.exited, up.output()).toBe(0);
+    await checkRunInvariants(w.db, runId, { numRollout: 4, datasetSize: 64, shuffle: false, seed: 42, rbs: 4 });
+    const syncs = await q("SELECT payload FROM decisions WHERE run_id = $1 AND kind = 'weights.synced' ORDER BY seq", runId);
+    expect(syncs.map((s) => s.payload.weightVersion)).toEqual([2, 4]);
+    const worst = await q("SELECT coalesce(max(staleness), 0)::int AS s FROM staleness WHERE run_id = $1", runId);
+    expect(worst[0].s).toBeLessThanOrEqual(1);
+  });
 });

@@ -10,7 +10,7 @@ import { checkRunInvariants } from "../helpers/invariants.ts";
  * max_regenerations times, then the group is discarded with a recorded
  * reason: the run always finishes (no livelock), and no trained token is stale.
  */
-describe("staleness_policy drop", () => {
+describe("staleness policies in sync mode", () => {
   let w: World;
   beforeAll(async () => {
     w = await createWorld("drop", { engineArgs: ["--token-delay-ms", "12", "--stop-prob", "0.04"] });
@@ -32,7 +32,7 @@ describe("staleness_policy drop", () => {
   };
   const q = async (sql: string, runId: string) => (await w.db.pool.query(sql, [runId])).rows;
 
-  it.each([1, 0])("finishes when every resumed partial rollout is stale (max_regenerations %i)", async (maxRegenerations) => {
+  it.each([1, 0])("drop finishes when every resumed partial rollout is stale (max_regenerations %i)", async (maxRegenerations) => {
     const runId = await w.start({ ...config, max_regenerations: maxRegenerations, engine: { kind: "sglang", urls: [await w.freshEngine()] } });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     expect(await up.exited, up.output()).toBe(0);
@@ -72,6 +72,30 @@ describe("staleness_policy drop", () => {
     const worst = await q("SELECT coalesce(max(staleness), 0)::int AS s, count(*)::int AS n FROM staleness WHERE run_id = $1", runId);
     expect(worst[0]).toEqual({ s: 0, n: 4 * 2 * 2 });
 
+    const replay = spawnRlq(["replay", runId, "--check"], w.env);
+    expect(await replay.exited, replay.output()).toBe(0);
+  });
+
+  it("mask: resumed partial tokens from an older version get loss mask 0 in the trained history", async () => {
+    const runId = await w.start({ ...config, staleness_policy: "mask", engine: { kind: "sglang", urls: [await w.freshEngine()] } });
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
+    expect(await up.exited, up.output()).toBe(0);
+    await checkRunInvariants(w.db, runId, { numRollout: 4, datasetSize: 64, shuffle: false, seed: 42, rbs: 2 });
+    // Trained samples that span versions: their older tokens are masked, the current step's are trained.
+    const spanning = await q(
+      `SELECT h.trained_step, h.token_versions, h.loss_mask FROM rollout_history h
+        WHERE h.run_id = $1 AND h.trained_step IS NOT NULL
+          AND EXISTS (SELECT 1 FROM unnest(h.token_versions) v WHERE v >= 0 AND v < h.trained_step)`,
+      runId,
+    );
+    expect(spanning.length).toBeGreaterThan(0);
+    for (const r of spanning) {
+      (r.token_versions as number[]).forEach((v, i) => {
+        if (v >= 0) expect((r.loss_mask as number[])[i]).toBe(v < r.trained_step ? 0 : 1);
+      });
+    }
+    const worst = await q("SELECT coalesce(max(staleness), 0)::int AS s FROM staleness WHERE run_id = $1", runId);
+    expect(worst[0].s).toBe(0);
     const replay = spawnRlq(["replay", runId, "--check"], w.env);
     expect(await replay.exited, replay.output()).toBe(0);
   });
