@@ -1,6 +1,7 @@
+import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
-import { spawnRlq } from "../helpers/processes.ts";
+import { repoRoot, spawnRlq } from "../helpers/processes.ts";
 import { checkRunInvariants } from "../helpers/invariants.ts";
 
 /**
@@ -129,6 +130,9 @@ describe("asynchronous mode", () => {
       train_async: true,
       staleness_policy: "mask",
       update_weights_interval: 2,
+      eval_interval: 2,
+      eval_prompt_data: { small: join(repoRoot, "test/fixtures/eval.jsonl") },
+      n_samples_per_eval_prompt: 2,
       num_rollout: 4,
       rollout_max_response_len: 24,
       dynamic_sampling_filter_path: null,
@@ -139,6 +143,9 @@ describe("asynchronous mode", () => {
     await checkRunInvariants(w.db, runId, { numRollout: 4, datasetSize: 64, shuffle: false, seed: 42, rbs: 4 });
     const syncs = await q("SELECT payload FROM decisions WHERE run_id = $1 AND kind = 'weights.synced' ORDER BY seq", runId);
     expect(syncs.map((s) => s.payload.weightVersion)).toEqual([2, 4]);
+    // Evals run right after a sync, at the synced version: before training, then every 2 steps.
+    const evals = await q("SELECT step, weight_version FROM eval_results WHERE run_id = $1 ORDER BY step", runId);
+    expect(evals).toEqual([0, 2, 4].map((step) => ({ step, weight_version: step })));
     const worst = await q("SELECT coalesce(max(staleness), 0)::int AS s FROM staleness WHERE run_id = $1", runId);
     expect(worst[0].s).toBeLessThanOrEqual(1);
   });

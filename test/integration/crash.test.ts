@@ -70,6 +70,7 @@ describe.each([
   ["redis", kills, 30, {}],
   ["postgres", kills, 30, {}],
   ["redis", Math.ceil(kills / 2), 16, asyncConfig],
+  ["postgres", Math.ceil(kills / 4), 8, { ...asyncConfig, staleness_policy: "mask" }],
 ] as const)("crash anywhere, queue backend %s", (queue, killCount, numRollout, overrides) => {
   let w: World | undefined;
   afterAll(async () => {
