@@ -8,3 +8,12 @@ export { readEnv } from "./config/env.ts";
 export { runConfigSchema, parseRunConfig, type RunConfig, type RunConfigInput } from "./config/run-config.ts";
 export type { Engine, GenerateRequest, GenerateResult } from "./engines/engine.ts";
 export type { Trainer, TrainRequest, TrainResult, TrainBatch, TrainSample } from "./trainer/trainer.ts";
+export type {
+  RolloutFunction,
+  RolloutTrainContext,
+  RolloutEvalContext,
+  RolloutGroup,
+  RolloutSample,
+  EvalPrompt,
+  EvalSample,
+} from "./rollout/rollout-function-contract.ts";

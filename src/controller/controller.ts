@@ -14,7 +14,7 @@ import { jobIds, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "../q
 import { amendableKeys, effectiveMaxStaleness, overSamplingBatchSize, parseRunConfig } from "../config/run-config.ts";
 import { fold, apply, isAsync, totalSteps, type RunState } from "../core/run-state.ts";
 import { maskStale } from "../core/sample.ts";
-import { judgeStaleness, maskMinVersion, stalenessRule, type StalenessRule } from "../core/staleness.ts";
+import { judgeStaleness, maskMinVersion, stalenessRule } from "../core/staleness.ts";
 import { drawFresh } from "../core/data-buffer.ts";
 import type { Decision } from "../core/decisions.ts";
 import type { Dataset } from "../data/dataset.ts";

@@ -1,6 +1,6 @@
 import type { Db, Database } from "../store/db.ts";
 import { LeaseLostError } from "../store/decision-log.ts";
-import { findDecisions, loadDrawnPrompts } from "../store/run-facts.ts";
+import { findDecisions, loadDrawnPrompts, setRunProjection } from "../store/run-facts.ts";
 import { loadRoundStatuses } from "../store/rollout-facts.ts";
 import { loadGroupsWithRewards } from "../store/group-view.ts";
 import { historyRows, insertHistory } from "../store/history.ts";
@@ -104,7 +104,14 @@ interface Execution {
 }
 
 export async function createRolloutFunctionDriver(host: RolloutFunctionHost, path: string, baseDir = process.cwd()): Promise<RolloutFunctionDriver> {
-  const fn = await loadRolloutFunction(path, baseDir);
+  let fn: RolloutFunction;
+  try {
+    fn = await loadRolloutFunction(path, baseDir);
+  } catch (e) {
+    // The controller cannot start without it: say why where `rlq run status` shows it.
+    await setRunProjection(host.db, host.state().runId, { lastError: errorMessage(e) });
+    throw e;
+  }
   return new Driver(host, path, fn);
 }
 
@@ -166,7 +173,9 @@ class Driver implements RolloutFunctionDriver {
     };
     if (records.length > 0) this.host.log.info({ runId: s.runId, step, calls: records.length }, "replaying the rollout function");
     const ctx = this.context(ex);
-    await ex.journal.start(() => this.fn(s.config, ctx));
+    // A copy: the function must not be able to change the run's config under the controller.
+    const args = deepFreeze(structuredClone(s.config));
+    await ex.journal.start(() => this.fn(args, ctx));
     return ex;
   }
 

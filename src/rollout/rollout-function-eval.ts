@@ -147,7 +147,7 @@ export async function runRolloutFunctionEval(deps: RolloutEvalDeps, ctx: RunCont
 
   let value: unknown;
   try {
-    value = await fn(c, evalCtx);
+    value = await fn(deepFreeze(structuredClone(c)), evalCtx);
   } catch (e) {
     if (e instanceof RlqError) throw e;
     throw new RlqError("plugin_threw", `${where}: the function threw: ${errorMessage(e)}`, { cause: e });
