@@ -2,7 +2,10 @@
  * Asynchronous vs synchronous mode on the demo config (examples/demo.yaml:
  * embedded ONNX engine + embedded trainer): the trainer's busy fraction and
  * samples trained per minute, same run length, alternating modes so that
- * both see the same machine noise. Writes bench/results/async-pipeline.json.
+ * both see the same machine noise. Both modes train with TIS (use_tis: the
+ * off-policy correction async mode needs; in sync mode it is a no-op here).
+ * One extra async run without TIS records what the correction is for.
+ * Writes bench/results/async-pipeline.json.
  *
  *   npx tsx bench/async-pipeline.ts [--reps 3] [--steps 20] [--k 1]
  *
@@ -29,14 +32,15 @@ interface Sample {
   mode: string;
   seconds: number;
   busyFraction: number;
+  trainSecondsPerStep: number;
   samplesPerMinute: number;
   rewardFirst3: number;
   rewardLast3: number;
   maxStaleness: number;
 }
 
-async function once(mode: "sync" | "async"): Promise<Sample> {
-  const set = [`num_rollout=${steps}`, ...(mode === "async" ? ["train_async=true", `max_staleness=${values.k}`, "staleness_policy=mask"] : [])];
+async function once(mode: "sync" | "async" | "async_no_tis"): Promise<Sample> {
+  const set = [`num_rollout=${steps}`, `use_tis=${mode !== "async_no_tis"}`, ...(mode !== "sync" ? ["train_async=true", `max_staleness=${values.k}`, "staleness_policy=mask"] : [])];
   const { runId } = await startRun(s.db, { config, set, name: `bench-${mode}` });
   const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], childEnv);
   if ((await up.exited) !== 0) throw new Error(`rlq up failed for ${mode}: ${up.output().slice(-2000)}`);
@@ -50,6 +54,7 @@ async function once(mode: "sync" | "async"): Promise<Sample> {
     mode,
     seconds: util.wallSeconds,
     busyFraction: util.busyFraction,
+    trainSecondsPerStep: util.busySeconds / util.stepsTrained,
     samplesPerMinute: trained / (util.wallSeconds / 60),
     rewardFirst3: mean(rewards.slice(0, 3)),
     rewardLast3: mean(rewards.slice(-3)),
@@ -61,10 +66,20 @@ async function once(mode: "sync" | "async"): Promise<Sample> {
 
 const runs: Sample[] = [];
 for (let i = 0; i < reps; i++) for (const mode of ["sync", "async"] as const) runs.push(await once(mode));
+runs.push(await once("async_no_tis"));
 const of = (mode: string, key: keyof Sample) => median(runs.filter((r) => r.mode === mode).map((r) => r[key] as number));
 const summary = {
-  sync: { busy_fraction: of("sync", "busyFraction"), samples_per_minute: of("sync", "samplesPerMinute"), seconds: of("sync", "seconds"), reward_last3: of("sync", "rewardLast3") },
-  async: { busy_fraction: of("async", "busyFraction"), samples_per_minute: of("async", "samplesPerMinute"), seconds: of("async", "seconds"), reward_last3: of("async", "rewardLast3"), max_staleness: of("async", "maxStaleness") },
+  sync: { busy_fraction: of("sync", "busyFraction"), train_seconds_per_step: of("sync", "trainSecondsPerStep"), samples_per_minute: of("sync", "samplesPerMinute"), seconds: of("sync", "seconds"), reward_first3: of("sync", "rewardFirst3"), reward_last3: of("sync", "rewardLast3") },
+  async: {
+    busy_fraction: of("async", "busyFraction"),
+    train_seconds_per_step: of("async", "trainSecondsPerStep"),
+    samples_per_minute: of("async", "samplesPerMinute"),
+    seconds: of("async", "seconds"),
+    reward_first3: of("async", "rewardFirst3"),
+    reward_last3: of("async", "rewardLast3"),
+    max_staleness: of("async", "maxStaleness"),
+  },
+  async_no_tis: { reward_first3: of("async_no_tis", "rewardFirst3"), reward_last3: of("async_no_tis", "rewardLast3") },
 };
 await writeResult("async-pipeline", {
   bench: "async-pipeline",

@@ -129,6 +129,12 @@ class RunController {
         c.rollout_function_path,
       );
     }
+    if (isAsync(state) && !c.use_tis && !c.use_rollout_logprobs) {
+      deps.log.warn(
+        { runId: lease.runId },
+        "train_async without use_tis: samples one or more versions stale are trained without importance correction (on the demo task k = 1 without TIS unlearns; see bench/results/async-pipeline.json)",
+      );
+    }
     await deps.queues.ensureSentinel(lease.runId);
     await ctl.resyncEngines();
     await ctl.reconcile(false);
