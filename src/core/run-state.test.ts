@@ -15,7 +15,7 @@ const config = (over: Record<string, unknown>) => ({
 });
 
 function log(list: Decision[]): LoggedDecision[] {
-  return list.map((d, seq) => ({ ...d, seq }) as LoggedDecision);
+  return list.map((d, seq) => ({ ...d, seq }));
 }
 
 const created = (over: Record<string, unknown>): Decision => ({
