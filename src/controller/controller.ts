@@ -1,13 +1,12 @@
 import { pathToFileURL } from "node:url";
 import type { Db, Database } from "../store/db.ts";
 import { appendDecisions, LeaseLostError, loadDecisions, tryAcquireLease, type Lease } from "../store/decision-log.ts";
-import { projectRunInTx, setRunProjection } from "../store/run-facts.ts";
+import { insertDrawnPrompts, projectRunInTx, setRunProjection } from "../store/run-facts.ts";
 import { loadRoundStatuses } from "../store/rollout-facts.ts";
 import { loadGroupWithRewards, loadGroupsWithRewards } from "../store/group-view.ts";
 import { historyRows, insertHistory } from "../store/history.ts";
 import { loadTrainStep } from "../store/train-facts.ts";
 import { loadEvalResults } from "../store/eval-facts.ts";
-import { drawnPrompts } from "../store/schema/index.ts";
 import { markRunRequest, pendingRunRequests } from "../store/run-requests.ts";
 import type { Queues } from "../queue/queues.ts";
 import { jobIds, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "../queue/payloads.ts";
@@ -384,7 +383,7 @@ class RunController {
       ...dispatches.map((d) => this.dispatchDecision(d.groupId, d.round)),
     ];
     await this.commit(list, async (tx) => {
-      if (rows.length > 0) await tx.insert(drawnPrompts).values(rows);
+      await insertDrawnPrompts(tx, rows);
     });
     this.deps.crashPoint("controller.after_draw");
     await this.enqueueRollouts(dispatches);
@@ -699,26 +698,39 @@ class RunController {
       for (const k of keys) {
         const st = statuses.get(k.groupId);
         const data = { runId: s.runId, groupId: k.groupId, round: k.round, step: s.groups.get(k.groupId)?.step ?? s.step };
-        if (!st) await this.ensureJob("rollout", { ...data, weightVersion: s.weightVersion }, isResume);
-        else if (s.phase === "collect" && st.isComplete && st.rewardCount < n) await this.ensureJob("reward", data, isResume);
+        const roundStatus = async () => (await loadRoundStatuses(this.deps.db, s.runId, [k])).get(k.groupId);
+        if (!st) await this.ensureJob("rollout", { ...data, weightVersion: s.weightVersion }, isResume, async () => (await roundStatus()) !== undefined);
+        else if (s.phase === "collect" && st.isComplete && st.rewardCount < n) {
+          await this.ensureJob("reward", data, isResume, async () => ((await roundStatus())?.rewardCount ?? 0) >= n);
+        }
       }
     }
-    if (s.pendingEval && (await loadEvalResults(this.deps.db, s.runId, s.pendingEval.step)).length === 0) {
-      await this.ensureJob("eval", { runId: s.runId, step: s.pendingEval.step }, isResume);
+    const pendingEval = s.pendingEval;
+    const hasEval = async () => pendingEval !== null && (await loadEvalResults(this.deps.db, s.runId, pendingEval.step)).length > 0;
+    if (pendingEval && !(await hasEval())) {
+      await this.ensureJob("eval", { runId: s.runId, step: pendingEval.step }, isResume, hasEval);
     }
     const training = async ? s.training : s.phase === "train" ? s.step : null;
-    if (training !== null && !(await loadTrainStep(this.deps.db, s.runId, training))) {
-      await this.ensureJob("train", { runId: s.runId, step: training }, isResume, s.config.max_attempts);
+    const hasTrained = async () => training !== null && (await loadTrainStep(this.deps.db, s.runId, training)) !== null;
+    if (training !== null && !(await hasTrained())) {
+      await this.ensureJob("train", { runId: s.runId, step: training }, isResume, hasTrained, s.config.max_attempts);
     }
   }
 
-  private async ensureJob<K extends QueueKind>(kind: K, data: JobData<K>, isResume: boolean, attempts?: number): Promise<void> {
+  /**
+   * Make one expected job exist. `hasFact` is read again before a completed
+   * job is re-run: a job that finished between the caller's fact check and
+   * this look at the queue is done, not lost.
+   */
+  private async ensureJob<K extends QueueKind>(kind: K, data: JobData<K>, isResume: boolean, hasFact: () => Promise<boolean>, attempts?: number): Promise<void> {
     const q = this.deps.queues;
     const id = (jobIds[kind] as (d: JobData<K>) => string)(data);
     const info = await q.info(kind, id);
     if (info.state === "missing") {
+      if (await hasFact()) return;
       await q.enqueue(kind, data, attempts === undefined ? {} : { attempts });
     } else if (info.state === "completed") {
+      if (await hasFact()) return;
       // Completed without its fact (cannot normally happen): run it again.
       await q.remove(kind, id);
       await q.enqueue(kind, data, attempts === undefined ? {} : { attempts });

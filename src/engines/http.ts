@@ -1,3 +1,5 @@
+import http from "node:http";
+import https from "node:https";
 import { RlqError } from "../lib/errors.ts";
 
 /**
@@ -25,25 +27,26 @@ export class EngineHttpError extends RlqError {
   }
 }
 
-function linkedSignal(options: HttpCallOptions): { signal: AbortSignal; isTimedOut(): boolean; dispose(): void } {
-  const controller = new AbortController();
-  let timedOut = false;
-  const timer = setTimeout(() => {
-    timedOut = true;
-    controller.abort(new Error("timeout"));
-  }, options.timeoutMs);
-  timer.unref?.();
-  const onAbort = () => controller.abort(options.signal?.reason);
-  if (options.signal?.aborted) controller.abort(options.signal.reason);
-  else options.signal?.addEventListener("abort", onAbort, { once: true });
-  return {
-    signal: controller.signal,
-    isTimedOut: () => timedOut,
-    dispose: () => {
-      clearTimeout(timer);
-      options.signal?.removeEventListener("abort", onAbort);
-    },
+/**
+ * The transport is node:http with a keep-alive agent, not fetch: undici's
+ * fetch costs about 4x more CPU per request (WHATWG streams, an AbortSignal
+ * and a Request object each), which was the largest single cost of a rollout
+ * job against an instant engine (bench/control-plane.ts; measured with the
+ * same server: 2048 small POSTs, ~1.8 s of CPU with fetch, ~0.4 s with
+ * node:http). Idle sockets are closed after IDLE_SOCKET_MS, under the 5 s
+ * keep-alive of uvicorn (SGLang, vLLM) and Node servers, so a request is not
+ * written to a socket the server is closing; if that still happens on a
+ * reused socket before any answer, the request is sent once more on a new one.
+ */
+const IDLE_SOCKET_MS = 4_000;
+let agents: { http: http.Agent; https: https.Agent } | null = null;
+
+function agentFor(u: URL): http.Agent {
+  agents ??= {
+    http: new http.Agent({ keepAlive: true, timeout: IDLE_SOCKET_MS }),
+    https: new https.Agent({ keepAlive: true, timeout: IDLE_SOCKET_MS }),
   };
+  return u.protocol === "https:" ? agents.https : agents.http;
 }
 
 /** True when the error is the caller's own cancellation (not a timeout, not a network fault). */
@@ -53,50 +56,142 @@ export function isLocalCancel(error: unknown, signal: AbortSignal | undefined): 
 
 function networkError(url: string, e: unknown, timedOut: boolean): EngineHttpError {
   if (timedOut) return new EngineHttpError("engine_timeout", `${url}: no answer in time`, { cause: e, isRetriable: true });
-  const cause = (e as { cause?: { code?: string } }).cause;
-  const detail = cause?.code ?? (e as Error).message;
+  const code = (e as { code?: string }).code ?? (e as { cause?: { code?: string } }).cause?.code;
+  const detail = code ?? (e as Error).message;
   return new EngineHttpError("engine_unreachable", `${url}: ${detail}`, { cause: e, isRetriable: true });
 }
 
-async function failOnStatus(url: string, res: Response): Promise<void> {
-  if (res.ok) return;
-  const text = await res.text().catch(() => "");
-  throw new EngineHttpError("engine_http_error", `${url}: HTTP ${res.status}: ${text.slice(0, 300)}`, {
-    isRetriable: res.status >= 500 || res.status === 429,
-    status: res.status,
+function statusError(url: string, status: number, text: string): EngineHttpError {
+  return new EngineHttpError("engine_http_error", `${url}: HTTP ${status}: ${text.slice(0, 300)}`, {
+    isRetriable: status >= 500 || status === 429,
+    status,
   });
+}
+
+/** Takes a response body chunk by chunk (decoded); `end` gives the call's result. Throwing from either ends the call with that error. */
+interface BodySink<T> {
+  write(chunk: string): void;
+  end(): T;
+}
+
+/**
+ * One request. `onResponse` gets the status and the content type and returns
+ * the sink for the body; resolves with the sink's result once the body ended.
+ * The timeout covers the whole call; the caller's signal cancels it (the
+ * socket is destroyed, so the server sees the disconnect).
+ */
+function request<T>(
+  method: "GET" | "POST" | "DELETE",
+  url: string,
+  body: unknown,
+  headers: Record<string, string>,
+  options: HttpCallOptions,
+  onResponse: (status: number, contentType: string) => BodySink<T>,
+): Promise<T> {
+  const u = new URL(url);
+  const payload = body === undefined ? undefined : JSON.stringify(body);
+  const signal = options.signal;
+  return new Promise<T>((resolve, reject) => {
+    let timedOut = false;
+    let isDone = false;
+    let current: http.ClientRequest | null = null;
+    const finish = (error: unknown, value?: T) => {
+      if (isDone) return;
+      isDone = true;
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", onAbort);
+      if (error === null) resolve(value as T);
+      else reject(error instanceof RlqError ? error : networkError(url, error, timedOut));
+    };
+    const timer = setTimeout(() => {
+      timedOut = true;
+      current?.destroy(new Error("timeout"));
+      finish(new Error("timeout"));
+    }, options.timeoutMs);
+    timer.unref?.();
+    const onAbort = () => {
+      const e = Object.assign(new Error("aborted by caller"), { name: "AbortError", code: "ABORT_ERR" });
+      current?.destroy(e);
+      finish(e);
+    };
+    if (signal?.aborted) return onAbort();
+    signal?.addEventListener("abort", onAbort, { once: true });
+
+    const send = (isRetry: boolean) => {
+      let hasAnswer = false;
+      const req = (u.protocol === "https:" ? https : http).request(u, {
+        method,
+        agent: agentFor(u),
+        headers: payload === undefined ? headers : { ...headers, "content-type": "application/json", "content-length": Buffer.byteLength(payload) },
+      });
+      current = req;
+      req.on("error", (e: NodeJS.ErrnoException) => {
+        // A keep-alive socket the server closed while idle: the request never reached it.
+        if (!hasAnswer && !isRetry && !isDone && req.reusedSocket && (e.code === "ECONNRESET" || e.code === "EPIPE")) return send(true);
+        finish(e);
+      });
+      req.on("response", (res) => {
+        hasAnswer = true;
+        let sink: BodySink<T> | null = null;
+        let failed: unknown = null;
+        try {
+          sink = onResponse(res.statusCode ?? 0, String(res.headers["content-type"] ?? ""));
+        } catch (e) {
+          failed = e;
+        }
+        res.setEncoding("utf8");
+        res.on("data", (chunk: string) => {
+          if (failed !== null || sink === null) return;
+          try {
+            sink.write(chunk);
+          } catch (e) {
+            failed = e;
+            res.destroy();
+            finish(e);
+          }
+        });
+        res.on("end", () => {
+          if (failed !== null) return finish(failed);
+          try {
+            finish(null, (sink as BodySink<T>).end());
+          } catch (e) {
+            finish(e);
+          }
+        });
+        // The connection died mid-body (the server process exited, a reset).
+        res.on("error", (e) => finish(e));
+        res.on("close", () => {
+          if (!res.complete) finish(Object.assign(new Error("socket closed mid-answer"), { code: "ECONNRESET" }));
+        });
+      });
+      req.end(payload);
+    };
+    send(false);
+  });
+}
+
+/** The whole body as text; a non-2xx status becomes an EngineHttpError once the body is in. */
+function textSink(url: string, status: number): BodySink<string> {
+  let text = "";
+  return {
+    write(chunk) {
+      text += chunk;
+    },
+    end() {
+      if (status < 200 || status >= 300) throw statusError(url, status, text);
+      return text;
+    },
+  };
 }
 
 /** GET or POST a JSON body; resolves with the parsed JSON answer ({} for an empty body). */
 export async function callJson(method: "GET" | "POST" | "DELETE", url: string, body: unknown, options: HttpCallOptions): Promise<unknown> {
-  const link = linkedSignal(options);
+  const text = await request(method, url, body, {}, options, (status) => textSink(url, status));
+  if (text.length === 0) return {};
   try {
-    let res: Response;
-    try {
-      res = await fetch(url, {
-        method,
-        headers: body === undefined ? {} : { "content-type": "application/json" },
-        body: body === undefined ? undefined : JSON.stringify(body),
-        signal: link.signal,
-      });
-    } catch (e) {
-      throw networkError(url, e, link.isTimedOut());
-    }
-    await failOnStatus(url, res);
-    let text: string;
-    try {
-      text = await res.text();
-    } catch (e) {
-      throw networkError(url, e, link.isTimedOut());
-    }
-    if (text.length === 0) return {};
-    try {
-      return JSON.parse(text) as unknown;
-    } catch (e) {
-      throw new EngineHttpError("engine_bad_response", `${url}: response is not JSON: ${text.slice(0, 200)}`, { cause: e, isRetriable: true });
-    }
-  } finally {
-    link.dispose();
+    return JSON.parse(text) as unknown;
+  } catch (e) {
+    throw new EngineHttpError("engine_bad_response", `${url}: response is not JSON: ${text.slice(0, 200)}`, { cause: e, isRetriable: true });
   }
 }
 
@@ -105,48 +200,44 @@ export async function callJson(method: "GET" | "POST" | "DELETE", url: string, b
  * `data:` payload parsed as JSON, in order; `[DONE]` ends the stream. A
  * non-streaming answer (application/json) is handed to `onData` once, so a
  * server that ignores `stream: true` still works. Rejects with an
- * EngineHttpError on network faults, timeouts and cancellation.
+ * EngineHttpError on network faults, timeouts and cancellation; an RlqError
+ * thrown by `onData` ends the request and is passed through.
  */
 export async function postStream(url: string, body: unknown, options: HttpCallOptions, onData: (payload: unknown) => void): Promise<void> {
-  const link = linkedSignal(options);
-  try {
-    let res: Response;
-    try {
-      res = await fetch(url, {
-        method: "POST",
-        headers: { "content-type": "application/json", accept: "text/event-stream" },
-        body: JSON.stringify(body),
-        signal: link.signal,
-      });
-    } catch (e) {
-      throw networkError(url, e, link.isTimedOut());
+  const headers = { accept: "text/event-stream" };
+  await request("POST", url, body, headers, options, (status, contentType): BodySink<void> => {
+    if (status < 200 || status >= 300 || !contentType.includes("text/event-stream")) {
+      const text = textSink(url, status);
+      return {
+        write: (chunk) => text.write(chunk),
+        end() {
+          const t = text.end();
+          try {
+            onData(JSON.parse(t) as unknown);
+          } catch (e) {
+            if (e instanceof RlqError) throw e;
+            throw new EngineHttpError("engine_bad_response", `${url}: response is not JSON: ${t.slice(0, 200)}`, { cause: e, isRetriable: true });
+          }
+        },
+      };
     }
-    await failOnStatus(url, res);
-    const isEventStream = (res.headers.get("content-type") ?? "").includes("text/event-stream");
-    if (!isEventStream || !res.body) {
-      const text = await res.text().catch((e: unknown) => {
-        throw networkError(url, e, link.isTimedOut());
-      });
-      try {
-        onData(JSON.parse(text) as unknown);
-      } catch (e) {
-        if (e instanceof RlqError) throw e;
-        throw new EngineHttpError("engine_bad_response", `${url}: response is not JSON: ${text.slice(0, 200)}`, { cause: e, isRetriable: true });
-      }
-      return;
-    }
-    const decoder = new TextDecoder();
     let buffer = "";
-    try {
-      for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-        buffer += decoder.decode(chunk, { stream: true });
+    let isDone = false;
+    return {
+      write(chunk) {
+        if (isDone) return;
+        buffer += chunk;
         let nl: number;
         while ((nl = buffer.indexOf("\n")) >= 0) {
           const line = buffer.slice(0, nl).replace(/\r$/, "");
           buffer = buffer.slice(nl + 1);
           if (!line.startsWith("data:")) continue;
           const data = line.slice(5).trim();
-          if (data === "[DONE]") return;
+          if (data === "[DONE]") {
+            // Events after [DONE] are ignored; the body still ends normally, so the socket is reused.
+            isDone = true;
+            return;
+          }
           if (data.length === 0) continue;
           let payload: unknown;
           try {
@@ -156,12 +247,8 @@ export async function postStream(url: string, body: unknown, options: HttpCallOp
           }
           onData(payload);
         }
-      }
-    } catch (e) {
-      if (e instanceof RlqError) throw e;
-      throw networkError(url, e, link.isTimedOut());
-    }
-  } finally {
-    link.dispose();
-  }
+      },
+      end() {},
+    };
+  });
 }

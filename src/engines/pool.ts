@@ -99,6 +99,8 @@ interface Member {
   metrics: EngineMetrics;
   isChecking: boolean;
   consecutiveErrors: number;
+  /** Errors already counted in consecutiveErrors. */
+  countedErrors: WeakSet<object>;
   /** Slots taken by requests routed here that have not started yet. */
   reserved: number;
 }
@@ -137,6 +139,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     metrics: new EngineMetrics(),
     isChecking: false,
     consecutiveErrors: 0,
+    countedErrors: new WeakSet(),
     reserved: 0,
   }));
   const byId = new Map(members.map((m) => [m.engine.id, m]));
@@ -396,7 +399,12 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
           return abortedResult(out.partial, m.engine.id, current ?? m.version ?? 0);
         }
         failed.add(m.engine.id);
-        m.consecutiveErrors++;
+        // One failed HTTP call is one failure, however many requests it carried (the
+        // SGLang adapter's non-streaming batches reject every request of one with the same error).
+        if (typeof e !== "object" || e === null || !m.countedErrors.has(e)) {
+          if (typeof e === "object" && e !== null) m.countedErrors.add(e);
+          m.consecutiveErrors++;
+        }
         if (e instanceof RlqError && (e.code === "engine_unreachable" || e.code === "engine_timeout")) void checkMember(m);
         else if (m.consecutiveErrors >= 3) markDead(m, `3 consecutive failed requests: ${errorMessage(e)}`);
       }

@@ -38,6 +38,7 @@ export interface RemoteEngine extends Engine {
   readonly canAbortById: boolean;
   /** False for OpenAI-compatible servers: rlq does not push weights to them. */
   readonly canLoadWeights: boolean;
+  /** The pool's entry point; `request` has been validated by the pool (generateRequestSchema). */
   generateWith(request: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult>;
   /** Two short greedy requests that reveal what the server's log-probs are (logprob-check.ts). */
   probeLogProbs(inputIds: readonly number[]): Promise<LogprobProbe>;

@@ -17,7 +17,9 @@ import { RlqError } from "../lib/errors.ts";
  * Generation streams by default: SGLang's stream events carry the cumulative
  * meta_info.output_token_logprobs, so if the server dies mid-generation the
  * tokens received so far are kept and the request comes back as an aborted
- * partial (the rollout resumes it) instead of being lost.
+ * partial (the rollout resumes it) instead of being lost. Without streaming,
+ * the requests of one event-loop turn go out as one batch /generate
+ * (`createBatcher` below).
  */
 export const sglangMetaInfoSchema = z
   .object({
@@ -74,7 +76,10 @@ export interface SglangServerOptions {
   adminTimeoutMs?: number;
   /** update_weights_from_disk. Default 600 s. */
   loadTimeoutMs?: number;
-  /** Default true; false sends one request and loses the tokens of a server that dies mid-request. */
+  /**
+   * Default true; false sends one request (one batch request for the requests of an event-loop turn)
+   * and loses the tokens of a server that dies mid-request.
+   */
   isStreaming?: boolean;
 }
 
@@ -84,56 +89,42 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
   const isStreaming = options.isStreaming ?? true;
   let lastVersion = 0;
 
-  async function generateWith(request: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult> {
-    const req = generateRequestSchema.parse(request);
-    const s = req.sampling;
-    const where = `SGLang ${url}/generate (rid ${req.requestId})`;
-    const body = {
-      rid: req.requestId,
-      input_ids: req.inputIds,
-      return_logprob: true,
-      stream: isStreaming,
-      sampling_params: {
-        temperature: s.temperature,
-        top_p: s.topP,
-        top_k: s.topK,
-        max_new_tokens: s.maxNewTokens,
-        stop_token_ids: s.stopTokenIds,
-        ...(s.stop && s.stop.length > 0 ? { stop: s.stop } : {}),
-        // Token ids are never trimmed; this keeps the text in step with them (slime sets it too).
-        no_stop_trim: true,
-        skip_special_tokens: s.skipSpecialTokens ?? false,
-        spaces_between_special_tokens: false,
-        ...(s.seed === undefined ? {} : { sampling_seed: s.seed }),
-      },
+  function samplingParams(s: GenerateRequest["sampling"]): Record<string, unknown> {
+    return {
+      temperature: s.temperature,
+      top_p: s.topP,
+      top_k: s.topK,
+      max_new_tokens: s.maxNewTokens,
+      stop_token_ids: s.stopTokenIds,
+      ...(s.stop && s.stop.length > 0 ? { stop: s.stop } : {}),
+      // Token ids are never trimmed; this keeps the text in step with them (slime sets it too).
+      no_stop_trim: true,
+      skip_special_tokens: s.skipSpecialTokens ?? false,
+      spaces_between_special_tokens: false,
+      ...(s.seed === undefined ? {} : { sampling_seed: s.seed }),
     };
-    const partial = hooks.partial;
-    let finish: "stop" | "length" | "abort" | null = null;
-    try {
-      await postStream(`${url}/generate`, body, { timeoutMs: options.requestTimeoutMs, signal: hooks.signal }, (payload) => {
-        const parsed = sglangGenerateChunkSchema.safeParse(payload);
-        if (!parsed.success) {
-          const issue = parsed.error.issues[0];
-          throw new RlqError("engine_bad_response", `${where}: unexpected answer: ${issue?.message} at ${issue?.path.join(".")}`, { isRetriable: true });
-        }
-        const meta = parsed.data.meta_info;
-        if (partial.weightVersion !== null && meta.weight_version !== undefined && parseWeightVersion(meta.weight_version, where) !== partial.weightVersion) {
-          // Weights changed under this request (a trainer push with generation paused, not
-          // stopped): one segment holds one version, so it ends at the last event of the old one.
-          throw new VersionChanged();
-        }
-        finish = applySglangMeta(partial, meta, where) ?? finish;
-      });
-    } catch (e) {
-      if (isLocalCancel(e, hooks.signal)) return abortedResult(partial, url, lastVersion);
-      if (e instanceof VersionChanged) {
-        await engine.abort([req.requestId]).catch(() => undefined);
-        return abortedResult(partial, url, lastVersion);
-      }
-      throw e;
+  }
+
+  /** Fold one answer (a stream event, a whole body, or one output of a batch) into `partial`. */
+  function applyAnswer(partial: PartialOutput, payload: unknown, where: string): "stop" | "length" | "abort" | null {
+    const parsed = sglangGenerateChunkSchema.safeParse(payload);
+    if (!parsed.success) {
+      const issue = parsed.error.issues[0];
+      throw new RlqError("engine_bad_response", `${where}: unexpected answer: ${issue?.message} at ${issue?.path.join(".")}`, { isRetriable: true });
     }
+    const meta = parsed.data.meta_info;
+    if (partial.weightVersion !== null && meta.weight_version !== undefined && parseWeightVersion(meta.weight_version, where) !== partial.weightVersion) {
+      // Weights changed under this request (a trainer push with generation paused, not
+      // stopped): one segment holds one version, so it ends at the last event of the old one.
+      throw new VersionChanged();
+    }
+    return applySglangMeta(partial, meta, where);
+  }
+
+  /** The result once the answer is in (or the request was cancelled locally). */
+  function resultOf(partial: PartialOutput, finish: "stop" | "length" | "abort" | null, signal: AbortSignal | undefined, where: string): GenerateResult {
     if (finish === null) {
-      if (hooks.signal?.aborted) return abortedResult(partial, url, lastVersion);
+      if (signal?.aborted) return abortedResult(partial, url, lastVersion);
       throw new RlqError("engine_unreachable", `${where}: the stream ended without a finish_reason after ${partial.tokenIds.length} token(s)`, { isRetriable: true });
     }
     if (partial.weightVersion !== null) lastVersion = partial.weightVersion;
@@ -146,13 +137,43 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
     };
   }
 
+  /** `request` is already validated: by `generate` below, or by the pool that calls this (validated once per request). */
+  async function generateWith(req: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult> {
+    const where = `SGLang ${url}/generate (rid ${req.requestId})`;
+    if (!isStreaming) return batcher.submit(req, hooks, where);
+    const body = { rid: req.requestId, input_ids: req.inputIds, return_logprob: true, stream: true, sampling_params: samplingParams(req.sampling) };
+    const partial = hooks.partial;
+    let finish: "stop" | "length" | "abort" | null = null;
+    try {
+      await postStream(`${url}/generate`, body, { timeoutMs: options.requestTimeoutMs, signal: hooks.signal }, (payload) => {
+        finish = applyAnswer(partial, payload, where) ?? finish;
+      });
+    } catch (e) {
+      if (isLocalCancel(e, hooks.signal)) return abortedResult(partial, url, lastVersion);
+      if (e instanceof VersionChanged) {
+        await engine.abort([req.requestId]).catch(() => undefined);
+        return abortedResult(partial, url, lastVersion);
+      }
+      throw e;
+    }
+    return resultOf(partial, finish, hooks.signal, where);
+  }
+
+  const batcher = createBatcher({
+    url,
+    timeoutMs: options.requestTimeoutMs,
+    samplingParams,
+    finish: (item, payload) => resultOf(item.hooks.partial, applyAnswer(item.hooks.partial, payload, item.where), item.hooks.signal, item.where),
+    aborted: (item) => abortedResult(item.hooks.partial, url, lastVersion),
+  });
+
   const engine: RemoteEngine = {
     kind: "sglang",
     id: url,
     url,
     canAbortById: true,
     canLoadWeights: true,
-    generate: (request) => generateWith(request, { partial: emptyPartial() }),
+    generate: (request) => generateWith(generateRequestSchema.parse(request), { partial: emptyPartial() }),
     generateWith,
     async abort(requestIds) {
       // The server answers each aborted request with its tokens so far; the
@@ -229,6 +250,126 @@ export async function checkSglangModel(url: string, timeoutMs = 10_000): Promise
 }
 
 export type { LogprobProbe };
+
+interface BatchItem {
+  req: GenerateRequest;
+  hooks: GenerateHooks;
+  where: string;
+  resolve(r: GenerateResult): void;
+  reject(e: unknown): void;
+  isSettled: boolean;
+}
+
+/** Most requests in one batch /generate. */
+const MAX_BATCH = 64;
+
+/**
+ * Non-streaming requests to one server that arrive in the same event-loop
+ * turn (a rollout job sends its group's samples together) go out as ONE
+ * SGLang batch /generate: input_ids, rid and sampling_params as lists; the
+ * answer is the list of outputs in order. A lone request keeps the single
+ * form. Each item stays its own request everywhere else: the pool routes,
+ * counts, retries and aborts it by its rid (SGLang aborts one item of a batch
+ * by rid and answers it with its tokens so far), so nothing above this adapter
+ * changes. A local cancel (the pool giving up on an abort, an engine declared
+ * dead) resolves that item at once as an aborted partial; the HTTP request is
+ * cancelled when every item of it is. A failed batch fails each item with the
+ * same error; the pool retries each, and counts the failure once toward the
+ * engine's consecutive errors.
+ *
+ * Why: against an instant engine the per-request HTTP cost was the largest
+ * cost of a rollout job after its queries (bench/control-plane.ts). With
+ * streaming on, requests stay one per sample: a streamed batch interleaves its
+ * items' events, and the per-request stream is what keeps a dying server's
+ * tokens.
+ */
+function createBatcher(deps: {
+  url: string;
+  timeoutMs: number;
+  samplingParams(s: GenerateRequest["sampling"]): Record<string, unknown>;
+  finish(item: BatchItem, payload: unknown): GenerateResult;
+  aborted(item: BatchItem): GenerateResult;
+}) {
+  let queued: BatchItem[] = [];
+  let isScheduled = false;
+
+  function settle(item: BatchItem, fn: () => void): void {
+    if (item.isSettled) return;
+    item.isSettled = true;
+    fn();
+  }
+
+  async function send(items: BatchItem[]): Promise<void> {
+    const live = items.filter((item) => {
+      if (!item.hooks.signal?.aborted) return true;
+      settle(item, () => item.resolve(deps.aborted(item)));
+      return false;
+    });
+    if (live.length === 0) return;
+    const http = new AbortController();
+    const detach: Array<() => void> = [];
+    for (const item of live) {
+      const signal = item.hooks.signal;
+      if (!signal) continue;
+      const onAbort = () => {
+        settle(item, () => item.resolve(deps.aborted(item)));
+        if (live.every((x) => x.isSettled)) http.abort();
+      };
+      signal.addEventListener("abort", onAbort, { once: true });
+      detach.push(() => signal.removeEventListener("abort", onAbort));
+    }
+    const one = live.length === 1 ? live[0] : undefined;
+    const body = one
+      ? { rid: one.req.requestId, input_ids: one.req.inputIds, return_logprob: true, stream: false, sampling_params: deps.samplingParams(one.req.sampling) }
+      : {
+          rid: live.map((x) => x.req.requestId),
+          input_ids: live.map((x) => x.req.inputIds),
+          return_logprob: true,
+          stream: false,
+          sampling_params: live.map((x) => deps.samplingParams(x.req.sampling)),
+        };
+    try {
+      const answer = await callJson("POST", `${deps.url}/generate`, body, { timeoutMs: deps.timeoutMs, signal: http.signal });
+      const outputs = one ? [answer] : answer;
+      if (!Array.isArray(outputs) || outputs.length !== live.length) {
+        throw new RlqError("engine_bad_response", `SGLang ${deps.url}/generate: a batch of ${live.length} was answered with ${JSON.stringify(answer)?.slice(0, 200)}`, { isRetriable: true });
+      }
+      live.forEach((item, i) =>
+        settle(item, () => {
+          try {
+            item.resolve(deps.finish(item, outputs[i]));
+          } catch (e) {
+            item.reject(e);
+          }
+        }),
+      );
+    } catch (e) {
+      for (const item of live) settle(item, () => (isLocalCancel(e, item.hooks.signal) ? item.resolve(deps.aborted(item)) : item.reject(e)));
+    } finally {
+      for (const d of detach) d();
+    }
+  }
+
+  function flush(): void {
+    isScheduled = false;
+    const all = queued;
+    queued = [];
+    for (let i = 0; i < all.length; i += MAX_BATCH) void send(all.slice(i, i + MAX_BATCH));
+  }
+
+  return {
+    submit(req: GenerateRequest, hooks: GenerateHooks, where: string): Promise<GenerateResult> {
+      return new Promise<GenerateResult>((resolve, reject) => {
+        queued.push({ req, hooks, where, resolve, reject, isSettled: false });
+        if (!isScheduled) {
+          isScheduled = true;
+          // After the current turn's microtasks: every sample of a job has reached here by then.
+          setImmediate(flush);
+        }
+      });
+    },
+  };
+}
 
 /**
  * Compatibility entry point (src/runtime/engines.ts and

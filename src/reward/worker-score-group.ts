@@ -1,7 +1,6 @@
 import type { Db } from "../store/db.ts";
-import { findDecisions } from "../store/run-facts.ts";
-import { hasRound, loadRewards, writeRewards, type RewardFact } from "../store/rollout-facts.ts";
-import { loadGroupView } from "../store/group-view.ts";
+import { writeRewards, type RewardFact } from "../store/rollout-facts.ts";
+import { loadRewardJobView } from "../store/job-views.ts";
 import type { RewardJob } from "../queue/payloads.ts";
 import type { RunContext } from "../runtime/run-context.ts";
 import { RlqError } from "../lib/errors.ts";
@@ -13,17 +12,17 @@ import { RlqError } from "../lib/errors.ts";
  */
 export async function scoreGroupRound(db: Db, ctx: RunContext, job: RewardJob, jobId: string): Promise<void> {
   const { runId, groupId, round, step } = job;
-  if (!(await hasRound(db, runId, groupId, round))) {
+  const n = ctx.config.n_samples_per_prompt;
+  // One round trip: the round's facts, the decision behind them, rewards already stored, the group.
+  const start = await loadRewardJobView(db, job, n);
+  if (!start.hasRound) {
     throw new RlqError("no_fact_behind_job", `reward job ${jobId}: round ${round} of group ${groupId} has no generation facts`);
   }
-  const dispatched = await findDecisions(db, runId, "group.dispatched", { groupId });
-  if (!dispatched.some((d) => d.round === round)) {
+  if (!start.isDispatched) {
     throw new RlqError("no_decision_behind_job", `reward job ${jobId}: no dispatch decision for group ${groupId} round ${round}`);
   }
-  const n = ctx.config.n_samples_per_prompt;
-  const existing = await loadRewards(db, runId, groupId, round);
-  if (existing.size >= n) return;
-  const view = await loadGroupView(db, runId, groupId, n, null);
+  const view = start.view;
+  if (start.rewardCount >= n || view === null) return;
   const inputs = view.samples.map((s) => ({
     sampleIndex: s.sampleIndex,
     prompt: view.prompt.prompt,

@@ -1,7 +1,6 @@
 import type { Db } from "../store/db.ts";
-import { findDecisions } from "../store/run-facts.ts";
-import { hasRound, isRoundAborted, writeRound, type RoundFacts } from "../store/rollout-facts.ts";
-import { loadGroupView } from "../store/group-view.ts";
+import { isRoundAborted, writeRound, type RoundFacts } from "../store/rollout-facts.ts";
+import { loadRolloutJobView } from "../store/job-views.ts";
 import type { Engine, GenerateResult } from "../engines/engine.ts";
 import { requestId, type RolloutJob } from "../queue/payloads.ts";
 import type { RunContext } from "../runtime/run-context.ts";
@@ -29,17 +28,18 @@ export interface RolloutDeps {
 export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job: RolloutJob, jobId: string): Promise<void> {
   const { db } = deps;
   const { runId, groupId, round, step } = job;
-  const dispatched = await findDecisions(db, runId, "group.dispatched", { groupId });
-  if (!dispatched.some((d) => d.round === round && d.step === step)) {
+  const c = ctx.config;
+  // One round trip: the dispatch decision, the round's marker, an abort, and the group so far.
+  const start = await loadRolloutJobView(db, job, c.n_samples_per_prompt);
+  if (!start.isDispatched) {
     throw new RlqError("no_decision_behind_job", `rollout job ${jobId}: no dispatch decision for group ${groupId} round ${round} step ${step}`);
   }
-  if (await hasRound(db, runId, groupId, round)) {
+  if (start.hasRound || start.view === null) {
     await deps.onRoundComplete(job); // idempotent: the reward job id is deterministic
     return;
   }
-  const c = ctx.config;
-  const view = await loadGroupView(db, runId, groupId, c.n_samples_per_prompt, null);
-  let wasAborted = await isRoundAborted(db, job);
+  const view = start.view;
+  let wasAborted = start.isAborted;
   const engine = wasAborted ? null : await deps.engineFor(ctx, job.weightVersion);
   const pending = view.samples.filter((s) => !isTerminal(s.status));
   const inflight = new Set<string>();

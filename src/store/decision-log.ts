@@ -103,9 +103,17 @@ export async function appendDecisions(
   try {
     await db.db.transaction(async (tx) => {
       if (logged.length > 0) {
-        await tx.insert(decisions).values(
-          logged.map((d) => ({ runId, seq: d.seq, leaseEpoch: epoch, kind: d.kind, payload: d.payload, ...decisionKeys(d) })),
-        );
+        // One parameter per column (unnest), in seq order: the fence trigger checks each row
+        // against the rows before it. Drizzle's per-value insert building was a visible cost of
+        // the controller's bulk decisions (bench/control-plane.ts).
+        const keys = logged.map((d) => decisionKeys(d));
+        await tx.execute(sql`
+          INSERT INTO decisions (run_id, seq, lease_epoch, kind, step, group_id, payload)
+          SELECT ${runId}::text, d.seq, ${epoch}::int, d.kind, d.step, d.group_id, d.payload::jsonb
+            FROM unnest(${sql.param(logged.map((d) => d.seq))}::bigint[], ${sql.param(logged.map((d) => d.kind))}::text[],
+                        ${sql.param(keys.map((k) => k.step))}::int[], ${sql.param(keys.map((k) => k.groupId))}::bigint[],
+                        ${sql.param(logged.map((d) => JSON.stringify(d.payload)))}::text[]) WITH ORDINALITY AS d(seq, kind, step, group_id, payload, ord)
+           ORDER BY d.ord`);
         await tx.execute(sql`UPDATE runs SET last_seq = ${logged[logged.length - 1]?.seq ?? 0}, updated_at = now() WHERE id = ${runId}`);
       }
       if (extra) await extra(tx);

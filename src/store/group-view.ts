@@ -1,7 +1,7 @@
 import type { Db } from "./db.ts";
 import { loadDrawnPrompts, type DrawnPromptRow } from "./run-facts.ts";
 import { loadCutsOfGroups, loadRewardsOfGroups, loadSegmentsOfGroups, type RewardFact } from "./rollout-facts.ts";
-import { assembleSample, type AssembledSample } from "../core/sample.ts";
+import { assembleSample, type AssembledSample, type SegmentFact } from "../core/sample.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /** A group as the workers and the controller see it: its prompt and its samples so far. */
@@ -63,15 +63,31 @@ export async function loadGroupsWithRewards(
   for (const k of keys) {
     const prompt = prompts.get(k.groupId);
     if (!prompt) throw new RlqError("group_not_found", `run ${runId}: group ${k.groupId} was never drawn`);
-    const segs = segments.get(k.groupId) ?? new Map();
-    const samples: AssembledSample[] = [];
-    const cut = cuts.get(k.groupId);
-    for (let i = 0; i < nSamples; i++) {
-      samples.push(assembleSample(i, segs.get(i) ?? [], { maskBeforeRound: k.maskBeforeRound, cutBeforeRound: cut?.get(i) ?? null }));
-    }
+    const view = assembleGroupView(k.groupId, prompt, segments.get(k.groupId), cuts.get(k.groupId), nSamples, k.maskBeforeRound);
     const r = new Map<number, RewardFact>();
     for (const f of rewards.get(k.groupId) ?? []) if (f.round === k.round) r.set(f.sampleIndex, f);
-    out.set(k.groupId, { groupId: k.groupId, prompt, samples, rewards: r });
+    out.set(k.groupId, { ...view, rewards: r });
   }
   return out;
+}
+
+/**
+ * A group from its loaded facts (pure): `segments` by sample index, `cuts`
+ * (sample index → the round from which its segments count, see
+ * `loadCutsOfGroups`). Every loader of a group goes through here, so the
+ * workers and the controller see a group the same way.
+ */
+export function assembleGroupView(
+  groupId: number,
+  prompt: DrawnPromptRow,
+  segments: ReadonlyMap<number, readonly SegmentFact[]> | undefined,
+  cuts: ReadonlyMap<number, number> | undefined,
+  nSamples: number,
+  maskBeforeRound: number | null,
+): GroupView {
+  const samples: AssembledSample[] = [];
+  for (let i = 0; i < nSamples; i++) {
+    samples.push(assembleSample(i, segments?.get(i) ?? [], { maskBeforeRound, cutBeforeRound: cuts?.get(i) ?? null }));
+  }
+  return { groupId, prompt, samples };
 }

@@ -1,4 +1,4 @@
-import { and, eq, inArray, sql } from "drizzle-orm";
+import { and, eq, inArray } from "drizzle-orm";
 import type { Db } from "./db.ts";
 import { decisions, groupRounds, sampleRewards, sampleSegments } from "./schema/index.ts";
 import type { SampleStatus, SegmentFact } from "../core/sample.ts";
@@ -17,53 +17,55 @@ export interface RoundFacts {
 }
 
 /**
- * Write a round's segments and its `group_rounds` marker in one transaction.
+ * Write a round's segments and its `group_rounds` marker atomically.
  * Idempotent per (run, group, round): if the marker is already there (a
  * retried or duplicated job), nothing is written and `false` is returned —
  * the caller reads the stored facts back and continues with them.
+ *
+ * One statement, one round trip: the marker insert and the segment insert are
+ * data-modifying CTEs of one statement (so one implicit transaction), and the
+ * segments are inserted only if the marker was won. A concurrent writer of
+ * the same marker makes ON CONFLICT wait for it and then do nothing, so the
+ * loser writes no segment. Plain SQL: this runs once per rollout job, and
+ * drizzle's per-value query building showed up in its CPU profile
+ * (bench/control-plane.ts).
  */
 export async function writeRound(db: Db, facts: RoundFacts): Promise<boolean> {
-  // Plain SQL: this runs once per rollout job, and drizzle's per-value query
-  // building showed up in its CPU profile (bench/control-plane.ts).
-  const client = await db.pool.connect();
-  try {
-    await client.query("BEGIN");
-    const marker = await client.query(
-      `INSERT INTO group_rounds (run_id, group_id, round, step, job_id, is_complete, was_aborted)
-       VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING RETURNING round`,
-      [facts.runId, facts.groupId, facts.round, facts.step, facts.jobId, facts.isComplete, facts.wasAborted],
+  const values: unknown[] = [facts.runId, facts.groupId, facts.round, facts.step, facts.jobId, facts.isComplete, facts.wasAborted];
+  // $8, the expected version, only where segments use it: Postgres refuses a parameter the statement never references.
+  if (facts.segments.length > 0) values.push(facts.expectedWeightVersion);
+  // Every parameter is cast: inside INSERT ... SELECT FROM (VALUES ...) Postgres cannot infer them from the target columns.
+  const rows = facts.segments.map((seg) => {
+    const b = values.length;
+    values.push(
+      seg.sampleIndex, seg.segmentIndex, seg.round, seg.weightVersion, seg.weightVersion !== facts.expectedWeightVersion,
+      // Array literals built here (join is native): pg's per-element array serialisation showed in the profile.
+      seg.tokenStart, seg.tokenStart + seg.tokens.length, `{${seg.tokens.join(",")}}`, `{${seg.logProbs.join(",")}}`, `{${seg.lossMask.join(",")}}`,
+      seg.engine, seg.finishReason, seg.status, seg.error,
     );
-    if (marker.rowCount === 0) {
-      await client.query("ROLLBACK");
-      return false;
-    }
-    if (facts.segments.length > 0) {
-      const values: unknown[] = [];
-      const rows = facts.segments.map((seg, i) => {
-        values.push(
-          facts.runId, facts.groupId, seg.sampleIndex, seg.segmentIndex, seg.round, facts.step, facts.jobId,
-          seg.weightVersion, facts.expectedWeightVersion, seg.weightVersion !== facts.expectedWeightVersion,
-          seg.tokenStart, seg.tokenStart + seg.tokens.length, seg.tokens, seg.logProbs, seg.lossMask,
-          seg.engine, seg.finishReason, seg.status, seg.error,
-        );
-        const b = i * 19;
-        return `(${Array.from({ length: 19 }, (_, k) => `$${b + k + 1}`).join(", ")})`;
-      });
-      await client.query(
-        `INSERT INTO sample_segments (run_id, group_id, sample_index, segment_index, round, step, job_id,
+    return `($${b + 1}::int, $${b + 2}::int, $${b + 3}::int, $${b + 4}::int, $${b + 5}::boolean, $${b + 6}::int, $${b + 7}::int, ` +
+      `$${b + 8}::int4[], $${b + 9}::float4[], $${b + 10}::int2[], $${b + 11}::text, $${b + 12}::text, $${b + 13}::text, $${b + 14}::text)`;
+  });
+  const segmentInsert = rows.length === 0
+    ? ""
+    : `, segments AS (
+         INSERT INTO sample_segments (run_id, group_id, sample_index, segment_index, round, step, job_id,
            weight_version, expected_weight_version, is_version_mismatch, token_start, token_end, tokens, log_probs, loss_mask,
-           engine, finish_reason, status, error) VALUES ${rows.join(", ")}`,
-        values,
-      );
-    }
-    await client.query("COMMIT");
-    return true;
-  } catch (e) {
-    await client.query("ROLLBACK").catch(() => undefined);
-    throw e;
-  } finally {
-    client.release();
-  }
+           engine, finish_reason, status, error)
+         SELECT $1, $2::bigint, v.sample_index, v.segment_index, v.round, $4::int, $5, v.weight_version, $8::int, v.is_version_mismatch,
+                v.token_start, v.token_end, v.tokens, v.log_probs, v.loss_mask, v.engine, v.finish_reason, v.status, v.error
+           FROM (VALUES ${rows.join(", ")}) AS v(sample_index, segment_index, round, weight_version, is_version_mismatch,
+                  token_start, token_end, tokens, log_probs, loss_mask, engine, finish_reason, status, error)
+          WHERE EXISTS (SELECT 1 FROM marker)
+         RETURNING 1)`;
+  const res = await db.pool.query<{ won: number }>(
+    `WITH marker AS (
+       INSERT INTO group_rounds (run_id, group_id, round, step, job_id, is_complete, was_aborted)
+       VALUES ($1, $2::bigint, $3::int, $4::int, $5, $6::boolean, $7::boolean) ON CONFLICT DO NOTHING RETURNING round)${segmentInsert}
+     SELECT (SELECT count(*) FROM marker)::int AS won`,
+    values,
+  );
+  return (res.rows[0]?.won ?? 0) > 0;
 }
 
 /** Segments of several groups: group id → sample index → segments. */
@@ -102,7 +104,11 @@ export interface RoundStatus {
   rewardCount: number;
 }
 
-/** The round markers (and how many rewards landed) for the given (group, round) pairs. */
+/**
+ * The round markers (and how many rewards landed) for the given (group, round)
+ * pairs. The controller polls this for every live group each tick: one plain
+ * statement, no query building per id.
+ */
 export async function loadRoundStatuses(
   db: Db,
   runId: string,
@@ -110,21 +116,17 @@ export async function loadRoundStatuses(
 ): Promise<Map<number, RoundStatus>> {
   const out = new Map<number, RoundStatus>();
   if (keys.length === 0) return out;
-  const groupIds = [...new Set(keys.map((k) => k.groupId))];
   const wanted = new Map(keys.map((k) => [k.groupId, k.round]));
-  const rounds = await db.db
-    .select()
-    .from(groupRounds)
-    .where(and(eq(groupRounds.runId, runId), inArray(groupRounds.groupId, groupIds)));
-  const rewards = await db.db
-    .select({ groupId: sampleRewards.groupId, round: sampleRewards.round, n: sql<number>`count(*)::int` })
-    .from(sampleRewards)
-    .where(and(eq(sampleRewards.runId, runId), inArray(sampleRewards.groupId, groupIds)))
-    .groupBy(sampleRewards.groupId, sampleRewards.round);
-  for (const r of rounds) {
-    if (wanted.get(r.groupId) !== r.round) continue;
-    const n = rewards.find((x) => x.groupId === r.groupId && x.round === r.round)?.n ?? 0;
-    out.set(r.groupId, { groupId: r.groupId, round: r.round, isComplete: r.isComplete, wasAborted: r.wasAborted, rewardCount: n });
+  const res = await db.pool.query<{ group_id: number; round: number; is_complete: boolean; was_aborted: boolean; reward_count: number }>(
+    `SELECT r.group_id, r.round, r.is_complete, r.was_aborted,
+            (SELECT count(*)::int FROM sample_rewards w WHERE w.run_id = r.run_id AND w.group_id = r.group_id AND w.round = r.round) AS reward_count
+       FROM unnest($2::bigint[], $3::int[]) AS k(group_id, round)
+       JOIN group_rounds r ON r.run_id = $1 AND r.group_id = k.group_id AND r.round = k.round`,
+    [runId, [...wanted.keys()], [...wanted.values()]],
+  );
+  for (const r of res.rows) {
+    if (wanted.get(r.group_id) !== r.round) continue;
+    out.set(r.group_id, { groupId: r.group_id, round: r.round, isComplete: r.is_complete, wasAborted: r.was_aborted, rewardCount: r.reward_count });
   }
   return out;
 }
@@ -196,12 +198,17 @@ export async function loadCutsOfGroups(db: Db, runId: string, groupIds: readonly
     .from(decisions)
     .where(and(eq(decisions.runId, runId), eq(decisions.kind, "group.cut"), inArray(decisions.groupId, [...groupIds])));
   for (const r of rows) {
-    const p = r.payload as { round: number; samples: number[] };
     const byGroup = out.get(r.groupId as number) ?? new Map<number, number>();
     out.set(r.groupId as number, byGroup);
-    for (const i of p.samples) byGroup.set(i, Math.max(byGroup.get(i) ?? 0, p.round));
+    addCut(byGroup, r.payload);
   }
   return out;
+}
+
+/** Fold one `group.cut` payload into sample index → cut round (the latest cut wins). */
+export function addCut(byGroup: Map<number, number>, payload: unknown): void {
+  const p = payload as { round: number; samples: number[] };
+  for (const i of p.samples) byGroup.set(i, Math.max(byGroup.get(i) ?? 0, p.round));
 }
 
 /**

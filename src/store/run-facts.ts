@@ -93,6 +93,26 @@ export async function loadDrawnPrompts(db: Db, runId: string, groupIds: readonly
   return new Map(rows.map((r) => [r.drawOrdinal, r]));
 }
 
+/**
+ * Insert a draw's `drawn_prompts` rows in the controller's decision
+ * transaction: one parameter per column (unnest), not one per value. A step
+ * starts with a draw of over_sampling_batch_size rows and no rollout job can
+ * start before it commits; drizzle's per-value insert building was most of
+ * that commit's CPU in the control-plane bench.
+ */
+export async function insertDrawnPrompts(tx: import("./db.ts").Database, rows: ReadonlyArray<typeof drawnPrompts.$inferInsert>): Promise<void> {
+  if (rows.length === 0) return;
+  const col = (f: (r: (typeof rows)[number]) => unknown) => sql.param(rows.map(f));
+  await tx.execute(sql`
+    INSERT INTO drawn_prompts (run_id, draw_ordinal, epoch, dataset_index, step, prompt, label, metadata, prompt_tokens)
+    SELECT run_id, draw_ordinal, epoch, dataset_index, step, prompt, label, metadata::jsonb, prompt_tokens::int4[]
+      FROM unnest(${col((r) => r.runId)}::text[], ${col((r) => r.drawOrdinal)}::bigint[], ${col((r) => r.epoch)}::int[],
+                  ${col((r) => r.datasetIndex)}::int[], ${col((r) => r.step)}::int[], ${col((r) => r.prompt)}::text[],
+                  ${col((r) => r.label ?? null)}::text[], ${col((r) => JSON.stringify(r.metadata))}::text[],
+                  ${col((r) => `{${r.promptTokens.join(",")}}`)}::text[])
+        AS t(run_id, draw_ordinal, epoch, dataset_index, step, prompt, label, metadata, prompt_tokens)`);
+}
+
 /** Update the run projection's status fields (the decision is the fact). */
 export async function setRunProjection(
   db: Db,

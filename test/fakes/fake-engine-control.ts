@@ -27,7 +27,7 @@ export async function setFault(url: string, fault: Record<string, unknown>): Pro
   if (!res.ok) throw new Error(`fault ${JSON.stringify(fault)} on ${url}: HTTP ${res.status}`);
 }
 
-export async function fakeStats(url: string): Promise<{ generate: number; aborted: number; loads: number; abortRequests: number; live: number; maxLive: number; weightVersion: number; failed5xx: number }> {
+export async function fakeStats(url: string): Promise<{ generate: number; batches: number; aborted: number; loads: number; abortRequests: number; live: number; maxLive: number; weightVersion: number; failed5xx: number }> {
   const res = await fetch(`${url}/stats`);
   return (await res.json()) as never;
 }

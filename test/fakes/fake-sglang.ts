@@ -6,6 +6,8 @@
  *        finish_reason: {type: stop|length|abort} | null, weight_version,
  *        prompt_tokens, completion_tokens}}; with stream: SSE `data:` events
  *        carrying the cumulative token list, then `data: [DONE]`.
+ *     Batch form without streaming: input_ids a list of lists, rid and
+ *     sampling_params lists → the list of outputs in order (stats.batches).
  *   POST /abort_request {rid}  (abort_all is refused: rlq must never send it)
  *   POST /update_weights_from_disk {model_path, weight_version}: like SGLang it
  *     waits for in-flight requests and holds new ones until loaded.
@@ -72,7 +74,7 @@ let fault: Fault = {
 };
 let faultEpoch = 0;
 const live = new Map<string, { aborted: boolean }>();
-const stats = { generate: 0, aborted: 0, loads: 0, abortRequests: 0, failed5xx: 0, maxLive: 0 };
+const stats = { generate: 0, batches: 0, aborted: 0, loads: 0, abortRequests: 0, failed5xx: 0, maxLive: 0 };
 /** Loads wait for in-flight requests; new requests wait for a load (SGLang's model update lock). */
 let loading: Promise<void> | null = null;
 let drained: (() => void) | null = null;
@@ -108,15 +110,20 @@ async function hangWhileFaulted(): Promise<void> {
   while (isHanging() && faultEpoch === epoch) await sleep(20);
 }
 
-async function generate(b: Record<string, unknown>, req: IncomingMessage, res: ServerResponse): Promise<void> {
-  const ids = b.input_ids as number[];
-  const sp = (b.sampling_params ?? {}) as Record<string, unknown>;
-  if (!Array.isArray(ids) || ids.length === 0) return send(res, 400, { error: { message: "input_ids required" } });
-  if (b.return_logprob !== true) return send(res, 400, { error: { message: "rlq always asks for return_logprob" } });
-  if (take5xx("generate")) return send(res, 503, { error: { message: "injected 5xx" } });
-  while (loading) await loading;
-  if (isHanging() && fault.afterTokens <= 0) await hangWhileFaulted();
-  const isStream = b.stream === true;
+type Finish = "stop" | "length" | "abort";
+interface Generated {
+  out: Array<[number, number, null]>;
+  finish: Finish;
+}
+
+/** One request's (or one batch item's) generation; `onToken` sees each token but the last (streaming). */
+async function generateOne(
+  ids: number[],
+  sp: Record<string, unknown>,
+  rid: string,
+  isClientGone: () => boolean,
+  onToken: ((g: Generated) => void) | null,
+): Promise<Generated> {
   const maxNew = Number(sp.max_new_tokens ?? 128);
   const seed = Number(sp.sampling_seed ?? 0);
   const temperature = Number(sp.temperature ?? 1);
@@ -125,35 +132,18 @@ async function generate(b: Record<string, unknown>, req: IncomingMessage, res: S
   const ignoreEos = sp.ignore_eos === true;
   const stopIds = new Set((sp.stop_token_ids as number[] | undefined) ?? []);
   if (!ignoreEos) stopIds.add(EOS);
-  const rid = typeof b.rid === "string" ? b.rid : String(Math.random());
   const state = { aborted: false };
   live.set(rid, state);
   stats.maxLive = Math.max(stats.maxLive, live.size);
   stats.generate++;
-  const out: Array<[number, number, null]> = [];
-  let finish: "stop" | "length" | "abort" = "length";
+  const g: Generated = { out: [], finish: "length" };
   let prev = ids[ids.length - 1] ?? 0;
-  let isClientGone = false;
-  res.on("close", () => {
-    // SGLang aborts a request whose client disconnected.
-    if (!res.writableFinished) isClientGone = true;
-  });
-  const meta = (finishType: string | null) => ({
-    id: rid,
-    output_token_logprobs: out,
-    finish_reason: finishType === null ? null : { type: finishType, ...(finishType === "abort" ? { message: "Abort before finishing." } : {}) },
-    weight_version: String(reportedVersion()),
-    prompt_tokens: ids.length,
-    completion_tokens: out.length,
-    cached_tokens: 0,
-  });
-  if (isStream) res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
   try {
     for (let i = 0; i < maxNew; i++) {
       if (tokenDelayMs > 0) await sleep(tokenDelayMs);
-      if (isHanging() && out.length >= fault.afterTokens) await hangWhileFaulted();
-      if (state.aborted || isClientGone || (fault.mode === "abort_mid" && out.length >= fault.afterTokens)) {
-        finish = "abort";
+      if (isHanging() && g.out.length >= fault.afterTokens) await hangWhileFaulted();
+      if (state.aborted || isClientGone() || (fault.mode === "abort_mid" && g.out.length >= fault.afterTokens)) {
+        g.finish = "abort";
         break;
       }
       const version = weightVersion;
@@ -169,29 +159,97 @@ async function generate(b: Record<string, unknown>, req: IncomingMessage, res: S
         isEosAllowed: i > 0 && !ignoreEos,
         mode: logprobMode,
       });
-      out.push([logProb, token, null]);
+      g.out.push([logProb, token, null]);
       prev = token;
-      if (fault.mode === "die" && out.length >= fault.afterTokens) {
-        process.stderr.write(`fake-sglang: injected death after ${out.length} tokens of ${rid}\n`);
+      if (fault.mode === "die" && g.out.length >= fault.afterTokens) {
+        process.stderr.write(`fake-sglang: injected death after ${g.out.length} tokens of ${rid}\n`);
         process.exit(1);
       }
       if (stopIds.has(token)) {
-        finish = "stop";
+        g.finish = "stop";
         break;
       }
-      if (isStream && i + 1 < maxNew) res.write(`data: ${JSON.stringify({ text: "", meta_info: meta(null) })}\n\n`);
+      if (onToken && i + 1 < maxNew) onToken(g);
     }
   } finally {
     live.delete(rid);
     if (live.size === 0 && drained) drained();
   }
-  if (finish === "abort") stats.aborted++;
+  if (g.finish === "abort") stats.aborted++;
+  return g;
+}
+
+function metaInfo(rid: string, promptTokens: number, g: Generated, finishType: string | null) {
+  return {
+    id: rid,
+    output_token_logprobs: g.out,
+    finish_reason: finishType === null ? null : { type: finishType, ...(finishType === "abort" ? { message: "Abort before finishing." } : {}) },
+    weight_version: String(reportedVersion()),
+    prompt_tokens: promptTokens,
+    completion_tokens: g.out.length,
+    cached_tokens: 0,
+  };
+}
+
+/**
+ * SGLang's batch form (input_ids a list of lists, rid and sampling_params
+ * lists): every item is its own request (abortable by its rid); the answer is
+ * the list of outputs in order. Only without streaming: rlq batches only then.
+ */
+async function generateBatch(b: Record<string, unknown>, res: ServerResponse): Promise<void> {
+  const ids = b.input_ids as number[][];
+  const rids = b.rid;
+  const sps = b.sampling_params;
+  if (b.stream === true) return send(res, 400, { error: { message: "the fake answers batch requests only without streaming" } });
+  if (!Array.isArray(rids) || rids.length !== ids.length || (Array.isArray(sps) && sps.length !== ids.length)) {
+    return send(res, 400, { error: { message: "rid (and a sampling_params list) must have one entry per input" } });
+  }
+  if (ids.some((x) => !Array.isArray(x) || x.length === 0)) return send(res, 400, { error: { message: "input_ids required" } });
+  if (b.return_logprob !== true) return send(res, 400, { error: { message: "rlq always asks for return_logprob" } });
+  if (take5xx("generate")) return send(res, 503, { error: { message: "injected 5xx" } });
+  while (loading) await loading;
+  if (isHanging() && fault.afterTokens <= 0) await hangWhileFaulted();
+  stats.batches++;
+  let isClientGone = false;
+  res.on("close", () => {
+    if (!res.writableFinished) isClientGone = true;
+  });
+  const outs = await Promise.all(
+    ids.map(async (x, i) => {
+      const sp = ((Array.isArray(sps) ? sps[i] : sps) ?? {}) as Record<string, unknown>;
+      const rid = String(rids[i]);
+      const g = await generateOne(x, sp, rid, () => isClientGone, null);
+      return { text: "", meta_info: metaInfo(rid, x.length, g, g.finish) };
+    }),
+  );
+  if (!isClientGone) send(res, 200, outs);
+}
+
+async function generate(b: Record<string, unknown>, req: IncomingMessage, res: ServerResponse): Promise<void> {
+  const ids = b.input_ids as number[];
+  const sp = (b.sampling_params ?? {}) as Record<string, unknown>;
+  if (Array.isArray(ids) && Array.isArray(ids[0])) return generateBatch(b, res);
+  if (!Array.isArray(ids) || ids.length === 0) return send(res, 400, { error: { message: "input_ids required" } });
+  if (b.return_logprob !== true) return send(res, 400, { error: { message: "rlq always asks for return_logprob" } });
+  if (take5xx("generate")) return send(res, 503, { error: { message: "injected 5xx" } });
+  while (loading) await loading;
+  if (isHanging() && fault.afterTokens <= 0) await hangWhileFaulted();
+  const isStream = b.stream === true;
+  const rid = typeof b.rid === "string" ? b.rid : String(Math.random());
+  let isClientGone = false;
+  res.on("close", () => {
+    // SGLang aborts a request whose client disconnected.
+    if (!res.writableFinished) isClientGone = true;
+  });
+  if (isStream) res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+  const onToken = isStream ? (g: Generated) => void res.write(`data: ${JSON.stringify({ text: "", meta_info: metaInfo(rid, ids.length, g, null) })}\n\n`) : null;
+  const g = await generateOne(ids, sp, rid, () => isClientGone, onToken);
   if (isClientGone) return;
   if (isStream) {
-    res.write(`data: ${JSON.stringify({ text: "", meta_info: meta(finish) })}\n\n`);
+    res.write(`data: ${JSON.stringify({ text: "", meta_info: metaInfo(rid, ids.length, g, g.finish) })}\n\n`);
     res.end("data: [DONE]\n\n");
   } else {
-    send(res, 200, { text: "", meta_info: meta(finish) });
+    send(res, 200, { text: "", meta_info: metaInfo(rid, ids.length, g, g.finish) });
   }
 }
 

@@ -227,3 +227,64 @@ describe("SGLang adapter", () => {
     await expect(p.loadWeights(2, "file:///tmp/missing")).rejects.toMatchObject({ code: "engine_load_failed" });
   });
 });
+
+describe("SGLang adapter without streaming: one batch /generate per event-loop turn", () => {
+  function batchedPool(url: string): EnginePool {
+    const p = createEnginePool({ members: [createSglangServer({ url, requestTimeoutMs: 10_000, isStreaming: false })], healthIntervalMs: 200, warmupGraceMs: 0 });
+    pools.push(p);
+    return p;
+  }
+
+  it("sends a group's requests as one batch, each answered exactly as if it had been sent alone", async () => {
+    const f = await fake(["--stop-prob", "0.2", "--weight-version", "3"]);
+    const p = batchedPool(f.url);
+    await p.awaitReady(10_000);
+    const before = (await fakeStats(f.url)).generate; // the log-prob probe's requests
+    const asked = Array.from({ length: 8 }, (_, i) => request(`b-${i}`, { maxNewTokens: 16 + i, seed: 100 + i }));
+    const batched = await Promise.all(asked.map((r) => p.generate(r)));
+    const stats = await fakeStats(f.url);
+    expect(stats.batches).toBe(1);
+    expect(stats.generate - before).toBe(8);
+    const alone = createSglangServer({ url: f.url, requestTimeoutMs: 10_000 });
+    for (const [i, r] of asked.entries()) {
+      expect(batched[i]).toEqual(await alone.generate({ ...r, requestId: `alone-${i}` }));
+      expect(batched[i]?.weightVersion).toBe(3);
+    }
+    // A lone request keeps the single form.
+    await p.generate(request("b-lone"));
+    expect((await fakeStats(f.url)).batches).toBe(1);
+  });
+
+  it("aborts one request of a batch by its id: it returns with its tokens, the others finish", async () => {
+    const f = await fake(["--token-delay-ms", "5", "--stop-prob", "0.000001"]);
+    const p = batchedPool(f.url);
+    await p.awaitReady(10_000);
+    const long = p.generate(request("ba-0", { maxNewTokens: 2000 }));
+    const short = [1, 2].map((i) => p.generate(request(`ba-${i}`, { maxNewTokens: 30 })));
+    await until("tokens flowing", async () => (await fakeStats(f.url)).live === 3);
+    await until("short ones done", async () => (await fakeStats(f.url)).live === 1, 10_000);
+    await p.abort(["ba-0"]);
+    const r = await long;
+    expect(r.finishReason).toBe("abort");
+    expect(r.tokenIds.length).toBeGreaterThan(0);
+    expect(r.tokenIds.length).toBeLessThan(2000);
+    for (const s of await Promise.all(short)) expect(s).toMatchObject({ finishReason: "length" });
+    expect((await fakeStats(f.url)).batches).toBe(1);
+  });
+
+  it("a failed batch: every request of it is retried", async () => {
+    const f = await fake();
+    const p = batchedPool(f.url);
+    await p.awaitReady(10_000);
+    const before = (await fakeStats(f.url)).generate;
+    await setFault(f.url, { mode: "5xx", count: 1 });
+    const results = await Promise.all(Array.from({ length: 4 }, (_, i) => p.generate(request(`bf-${i}`))));
+    for (const r of results) expect(r.finishReason).not.toBe("abort");
+    const stats = await fakeStats(f.url);
+    expect(stats.failed5xx).toBe(1);
+    expect(stats.generate - before).toBe(4);
+    // One failed batch is one failure of the engine, not one per request: it stays in the rotation.
+    expect(p.engineStates()[f.url]).toBe("healthy");
+    expect(p.snapshot().engines[0]?.deaths).toBe(0);
+  });
+});

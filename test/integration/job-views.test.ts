@@ -1,0 +1,116 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createDb, type Db } from "../../src/store/db.ts";
+import { createTestDatabase } from "../helpers/services.ts";
+import { insertDrawnPrompts, insertRun } from "../../src/store/run-facts.ts";
+import { appendDecisions } from "../../src/store/decision-log.ts";
+import { writeRewards, writeRound, type RoundFacts } from "../../src/store/rollout-facts.ts";
+import { loadGroupView, loadGroupWithRewards } from "../../src/store/group-view.ts";
+import { loadRewardJobView, loadRolloutJobView } from "../../src/store/job-views.ts";
+import type { Decision } from "../../src/core/decisions.ts";
+
+/**
+ * The one-statement reads and writes of the rollout and reward jobs
+ * (store/job-views.ts, writeRound) against the multi-query loaders the
+ * controller uses: a job must see a group exactly as the controller does.
+ */
+describe("job views and the one-statement round write", () => {
+  let db: Db;
+  let drop: () => Promise<void>;
+  const runId = "jv1";
+  const n = 3;
+  let seq = 2;
+  const decide = async (list: Decision[]) => {
+    await appendDecisions(db, runId, 0, seq, list);
+    seq += list.length;
+  };
+  const segment = (sampleIndex: number, segmentIndex: number, round: number, tokens: number[], logProbs: number[], status: "completed" | "aborted" | "truncated"): RoundFacts["segments"][number] => ({
+    sampleIndex,
+    segmentIndex,
+    round,
+    weightVersion: round,
+    tokens,
+    logProbs,
+    lossMask: tokens.map(() => 1),
+    finishReason: status === "completed" ? "stop" : status === "aborted" ? "abort" : "length",
+    status,
+    engine: "http://e",
+    tokenStart: 0,
+    error: null,
+  });
+
+  // The controller's loader also returns the drawn row's run id and the rewards; a job uses neither.
+  const asJobSees = async () => {
+    const g = await loadGroupView(db, runId, 0, n, null);
+    const { runId: _runId, ...prompt } = g.prompt as typeof g.prompt & { runId?: string };
+    return { groupId: g.groupId, prompt, samples: g.samples };
+  };
+
+  beforeAll(async () => {
+    const database = await createTestDatabase("rlq_jobviews");
+    drop = () => database.drop();
+    db = createDb(database.url, { max: 4 });
+    await insertRun(db, { runId, name: runId, config: {}, datasetFingerprint: "x", datasetSize: 1, datasetErrors: [], pluginFingerprints: {} });
+    await appendDecisions(db, runId, 0, seq, [], (tx) =>
+      insertDrawnPrompts(tx, [{ runId, drawOrdinal: 0, epoch: 0, datasetIndex: 4, step: 0, prompt: 'say "hi", {x}\\n', label: null, metadata: { k: [1, "a"] }, promptTokens: [256, 72, 105] }]),
+    );
+  });
+  afterAll(async () => {
+    await db?.close();
+    await drop?.();
+  });
+
+  it("round 0: a job without its decision is refused; the marker wins once; a round with no segment is written too", async () => {
+    expect(await loadRolloutJobView(db, { runId, groupId: 0, round: 0, step: 0 }, n)).toMatchObject({ isDispatched: false, hasRound: false, view: null });
+    await decide([{ kind: "group.dispatched", payload: { groupId: 0, round: 0, step: 0, weightVersion: 0 } }]);
+    const start = await loadRolloutJobView(db, { runId, groupId: 0, round: 0, step: 0 }, n);
+    expect(start).toMatchObject({ isDispatched: true, hasRound: false, isAborted: false });
+    expect(start.view).toEqual(await asJobSees());
+    expect(start.view?.prompt).toMatchObject({ prompt: 'say "hi", {x}\\n', metadata: { k: [1, "a"] }, promptTokens: [256, 72, 105], datasetIndex: 4 });
+    // Another step's dispatch is not this job's.
+    expect((await loadRolloutJobView(db, { runId, groupId: 0, round: 0, step: 1 }, n)).isDispatched).toBe(false);
+
+    const facts: RoundFacts = {
+      runId, groupId: 0, round: 0, step: 0, jobId: "gen-0-0", expectedWeightVersion: 0, isComplete: false, wasAborted: true,
+      segments: [
+        segment(0, 0, 0, [65, 66, 257], [-0.5, -1.25e-7, -Infinity], "completed"),
+        segment(1, 0, 0, [67, 68], [-0.1, -2], "aborted"),
+        segment(2, 0, 0, [69], [-3.4028234e38], "aborted"),
+      ],
+    };
+    expect(await writeRound(db, facts)).toBe(true);
+    // A duplicate job loses: nothing of it is written.
+    expect(await writeRound(db, { ...facts, jobId: "gen-0-0-dup", segments: [segment(0, 1, 0, [70], [-1], "completed")] })).toBe(false);
+    const rows = await db.pool.query("SELECT job_id, segment_index FROM sample_segments WHERE run_id = $1 ORDER BY sample_index", [runId]);
+    expect(rows.rows).toEqual([0, 1, 2].map(() => ({ job_id: "gen-0-0", segment_index: 0 })));
+    expect((await loadRolloutJobView(db, { runId, groupId: 0, round: 0, step: 0 }, n)).hasRound).toBe(true);
+    // An aborted round that generated nothing still lands its marker (no segment parameter to bind).
+    await decide([{ kind: "group.dispatched", payload: { groupId: 0, round: 9, step: 0, weightVersion: 0 } }]);
+    expect(await writeRound(db, { ...facts, round: 9, jobId: "gen-0-9", segments: [] })).toBe(true);
+  });
+
+  it("round 1 after a cut: the job sees the group's segments and cuts as the controller's loader does, -Infinity included", async () => {
+    await decide([
+      { kind: "group.cut", payload: { groupId: 0, step: 0, round: 1, samples: [2], reason: "stale" } },
+      { kind: "group.dispatched", payload: { groupId: 0, round: 1, step: 0, weightVersion: 1 } },
+    ]);
+    const start = await loadRolloutJobView(db, { runId, groupId: 0, round: 1, step: 0 }, n);
+    expect(start).toMatchObject({ isDispatched: true, hasRound: false });
+    const expected = await asJobSees();
+    expect(start.view).toEqual(expected);
+    expect(start.view?.samples[0]?.logProbs).toEqual([-0.5, expected.samples[0]?.logProbs[1], -Infinity]);
+    // The cut sample starts over (its segment index moves on), the aborted one continues.
+    expect(start.view?.samples.map((s) => [s.responseTokens.length, s.nextSegmentIndex, s.status])).toEqual([[3, 1, "completed"], [2, 1, "aborted"], [0, 1, "pending"]]);
+  });
+
+  it("the reward job's view: the round's facts, its decision, the rewards already stored", async () => {
+    const key = { runId, groupId: 0, round: 0 };
+    expect(await loadRewardJobView(db, { ...key, round: 5 }, n)).toMatchObject({ hasRound: false, view: null });
+    const start = await loadRewardJobView(db, key, n);
+    expect(start).toMatchObject({ hasRound: true, isDispatched: true, rewardCount: 0 });
+    expect(start.view).toEqual(await asJobSees());
+    await writeRewards(db, { ...key, step: 0, jobId: "rwd-0-0" }, [0, 1, 2].map((i) => ({ sampleIndex: i, reward: i, components: {} })));
+    const done = await loadRewardJobView(db, key, n);
+    expect(done).toMatchObject({ rewardCount: 3, view: null });
+    expect((await loadGroupWithRewards(db, runId, 0, 0, n, null)).rewards.size).toBe(3);
+  });
+});
