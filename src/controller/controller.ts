@@ -14,13 +14,13 @@ import { amendableKeys, effectiveMaxStaleness, overSamplingBatchSize, parseRunCo
 import { fold, apply, isAsync, totalSteps, type RunState } from "../core/run-state.ts";
 import { maskStale } from "../core/sample.ts";
 import { judgeStaleness, maskMinVersion, stalenessRule } from "../core/staleness.ts";
-import { drawFresh } from "../core/data-buffer.ts";
 import type { Decision } from "../core/decisions.ts";
 import type { Dataset } from "../data/dataset.ts";
 import { loadRunDataset } from "../runtime/plugins-registry.ts";
 import { createBufferFilter, createDynamicFilter, shouldDrop, type BufferFilter, type DynamicFilter } from "../runtime/filters.ts";
 import type { RunContext, RunContextCache } from "../runtime/run-context.ts";
 import { createEngineAdmin, type EngineAdmin } from "./engine-admin.ts";
+import { planDraw } from "./draw.ts";
 import { checkFingerprints } from "./fingerprints.ts";
 import { createRolloutFunctionDriver, type RolloutFunctionDriver } from "./rollout-function.ts";
 import type { Logger } from "../observability/logger.ts";
@@ -234,21 +234,12 @@ class RunController {
     if (this.rolloutFunction) return this.rolloutFunction.tick();
     const s = this.state;
     const c = s.config;
-    const n = c.n_samples_per_prompt;
     const rbs = c.rollout_batch_size;
     const keys = [...s.inflight].map((groupId) => ({ groupId, round: s.groups.get(groupId)?.round ?? 0 }));
-    const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
-    const ready: number[] = [];
-    const redo: Array<{ groupId: number; round: number }> = [];
-    for (const k of keys) {
-      const st = statuses.get(k.groupId);
-      if (!st) continue;
-      if (st.isComplete && st.rewardCount >= n) ready.push(k.groupId);
-      else if (!st.isComplete) redo.push(k);
-    }
+    const { ready, redo } = await this.landedRounds(keys);
     if (redo.length > 0) {
       // A round that ended unfinished without a seal (engine abort or failure): continue it as a new round.
-      await this.dispatch(redo.map((k) => ({ groupId: k.groupId, round: k.round + 1 })));
+      await this.dispatch(redo);
     }
     if (c.deterministic && ready.length < keys.length) return redo.length > 0;
     ready.sort((a, b) => a - b);
@@ -355,24 +346,7 @@ class RunController {
 
   private async drawAndDispatch(want = overSamplingBatchSize(this.state.config)): Promise<void> {
     const s = this.state;
-    const c = s.config;
-    const fromBuffer = s.buffer.length > 0 ? await this.bufferFilter(s.buffer, want) : [];
-    const { draws, cursor } = drawFresh({ size: this.dataset.rows.length, shuffle: c.rollout_shuffle, seed: c.rollout_seed }, s.cursor, want - fromBuffer.length);
-    const rows = draws.map((d) => {
-      const row = this.dataset.rows[d.datasetIndex];
-      if (!row) throw new RlqError("dataset_changed", `dataset index ${d.datasetIndex} is out of range`);
-      return {
-        runId: s.runId,
-        drawOrdinal: d.groupId,
-        epoch: d.epoch,
-        datasetIndex: d.datasetIndex,
-        step: s.step,
-        prompt: row.prompt,
-        label: row.label,
-        metadata: row.metadata,
-        promptTokens: this.ctx.tokenizer.encode(row.prompt),
-      };
-    });
+    const { fromBuffer, draws, cursor, rows } = await planDraw({ dataset: this.dataset, tokenizer: this.ctx.tokenizer, bufferFilter: this.bufferFilter }, s, want, s.step);
     const dispatches = [
       ...fromBuffer.map((groupId) => ({ groupId, round: (s.groups.get(groupId)?.round ?? -1) + 1 })),
       ...draws.map((d) => ({ groupId: d.groupId, round: 0 })),
@@ -526,6 +500,25 @@ class RunController {
     return progressed;
   }
 
+  /**
+   * Of these rounds, the landed ones: complete with every reward in (ready to
+   * decide), or unfinished (aborted or an engine failure: `redo` holds the
+   * round that continues them). Rounds still generating are in neither.
+   */
+  private async landedRounds(keys: ReadonlyArray<{ groupId: number; round: number }>): Promise<{ ready: number[]; redo: Array<{ groupId: number; round: number }> }> {
+    const n = this.state.config.n_samples_per_prompt;
+    const statuses = await loadRoundStatuses(this.deps.db, this.state.runId, keys);
+    const ready: number[] = [];
+    const redo: Array<{ groupId: number; round: number }> = [];
+    for (const k of keys) {
+      const st = statuses.get(k.groupId);
+      if (!st) continue;
+      if (!st.isComplete) redo.push({ groupId: k.groupId, round: k.round + 1 });
+      else if (st.rewardCount >= n) ready.push(k.groupId);
+    }
+    return { ready, redo };
+  }
+
   /** Every group generating or aborted-and-not-landed, with its current round. */
   private liveRounds(): Array<{ groupId: number; round: number }> {
     const s = this.state;
@@ -547,15 +540,7 @@ class RunController {
     if (s.syncing !== null) return false;
     const keys = this.liveRounds();
     if (keys.length === 0) return false;
-    const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
-    const ready: number[] = [];
-    const redo: Array<{ groupId: number; round: number }> = [];
-    for (const k of keys) {
-      const st = statuses.get(k.groupId);
-      if (!st) continue;
-      if (!st.isComplete) redo.push({ groupId: k.groupId, round: k.round + 1 });
-      else if (st.rewardCount >= s.config.n_samples_per_prompt) ready.push(k.groupId);
-    }
+    const { ready, redo } = await this.landedRounds(keys);
     if (redo.length > 0) await this.dispatch(redo);
     ready.sort((a, b) => a - b);
     await this.decideGroups(ready);

@@ -1,14 +1,12 @@
 import type { Db, Database } from "../store/db.ts";
 import { LeaseLostError } from "../store/decision-log.ts";
-import { findDecisions, loadDrawnPrompts, setRunProjection } from "../store/run-facts.ts";
+import { findDecisions, insertDrawnPrompts, loadDrawnPrompts, setRunProjection } from "../store/run-facts.ts";
 import { loadRoundStatuses } from "../store/rollout-facts.ts";
 import { loadGroupsWithRewards } from "../store/group-view.ts";
 import { historyRows, insertHistory } from "../store/history.ts";
-import { drawnPrompts } from "../store/schema/index.ts";
 import type { Queues } from "../queue/queues.ts";
 import type { RunState } from "../core/run-state.ts";
 import type { Decision, DecisionPayload } from "../core/decisions.ts";
-import { drawFresh } from "../core/data-buffer.ts";
 import type { Dataset } from "../data/dataset.ts";
 import type { Tokenizer } from "../data/tokenizer.ts";
 import type { BufferFilter, DynamicFilter } from "../runtime/filters.ts";
@@ -25,6 +23,7 @@ import {
   type RolloutSample,
   type RolloutTrainContext,
 } from "../rollout/rollout-function-contract.ts";
+import { planDraw } from "./draw.ts";
 import { CallJournal, type JournalCall, type JournalEffects } from "./rollout-journal.ts";
 import { errorMessage, RlqError } from "../lib/errors.ts";
 
@@ -316,25 +315,7 @@ class Driver implements RolloutFunctionDriver {
 
   /** The built-in draw: buffer first through the buffer filter, then the cursor. */
   private async draw(ex: Execution, c: Call, n: number): Promise<CallRecord> {
-    const s = this.host.state();
-    const cfg = s.config;
-    const fromBuffer = s.buffer.length > 0 && n > 0 ? await this.host.bufferFilter(s.buffer, n) : [];
-    const { draws, cursor } = drawFresh({ size: this.host.dataset.rows.length, shuffle: cfg.rollout_shuffle, seed: cfg.rollout_seed }, s.cursor, n - fromBuffer.length);
-    const rows = draws.map((d) => {
-      const row = this.host.dataset.rows[d.datasetIndex];
-      if (!row) throw new RlqError("dataset_changed", `dataset index ${d.datasetIndex} is out of range`);
-      return {
-        runId: s.runId,
-        drawOrdinal: d.groupId,
-        epoch: d.epoch,
-        datasetIndex: d.datasetIndex,
-        step: ex.step,
-        prompt: row.prompt,
-        label: row.label,
-        metadata: row.metadata,
-        promptTokens: this.host.tokenizer.encode(row.prompt),
-      };
-    });
+    const { fromBuffer, draws, cursor, rows } = await planDraw(this.host, this.host.state(), n, ex.step);
     const rec = this.record(ex, c, { groupIds: [...fromBuffer, ...draws.map((d) => d.groupId)], bufferCount: fromBuffer.length });
     await this.host.commit(
       [
@@ -342,7 +323,7 @@ class Driver implements RolloutFunctionDriver {
         { kind: "rollout_fn.called", payload: rec },
       ],
       async (tx) => {
-        if (rows.length > 0) await tx.insert(drawnPrompts).values(rows);
+        await insertDrawnPrompts(tx, rows);
       },
     );
     this.host.crashPoint("rollout_fn.after_draw");
