@@ -590,7 +590,7 @@ class RunController {
     }
     const last = s.lastTrainedStep;
     if (s.trainedVersion === s.weightVersion) {
-      if (last + 1 >= total && !s.pendingEval && s.inflight.size === 0 && s.draining.size === 0) {
+      if (last + 1 >= total && s.training === null && s.trainQueue.length === 0 && !s.pendingEval && s.inflight.size === 0 && s.draining.size === 0) {
         await this.commit([{ kind: "run.status", payload: { status: "completed", reason: null } }]);
         this.deps.log.info({ runId: s.runId, steps: total }, "run completed");
         return true;
@@ -648,7 +648,12 @@ class RunController {
           const changes = (r.payload as { changes?: Record<string, unknown> }).changes ?? {};
           const bad = Object.keys(changes).filter((k) => !(k in amendableKeys));
           if (bad.length > 0) throw new Error(`keys ${bad.join(", ")} cannot be amended on a live run (allowed: ${Object.keys(amendableKeys).join(", ")})`);
-          parseRunConfig({ ...s.config, ...changes }, "amended config");
+          const next = parseRunConfig({ ...s.config, ...changes }, "amended config");
+          if (isAsync(s) && next.num_rollout !== null) {
+            // Async mode may have sealed steps ahead of the trainer: they are decided, so they are trained.
+            const sealed = s.lastTrainedStep + 1 + (s.training !== null ? 1 : 0) + s.trainQueue.length;
+            if (next.num_rollout < sealed) throw new Error(`num_rollout ${next.num_rollout} is below the ${sealed} step(s) already sealed; the smallest allowed is ${sealed}`);
+          }
           const amended = { ...s.config, ...changes } as Record<string, unknown>;
           await this.commit([{ kind: "run.amended", payload: { changes } }], (tx) => projectRunInTx(tx, s.runId, { config: amended }));
         }

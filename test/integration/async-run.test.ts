@@ -1,7 +1,7 @@
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
-import { repoRoot, spawnRlq } from "../helpers/processes.ts";
+import { repoRoot, spawnRlq, waitFor } from "../helpers/processes.ts";
 import { checkRunInvariants } from "../helpers/invariants.ts";
 
 /**
@@ -148,5 +148,17 @@ describe("asynchronous mode", () => {
     expect(evals).toEqual([0, 2, 4].map((step) => ({ step, weight_version: step })));
     const worst = await q("SELECT coalesce(max(staleness), 0)::int AS s FROM staleness WHERE run_id = $1", runId);
     expect(worst[0].s).toBeLessThanOrEqual(1);
+  });
+
+  it("refuses to shorten num_rollout below the steps already sealed", async () => {
+    const runId = await w.start({ train_async: true, num_rollout: 4, rollout_max_response_len: 24, dynamic_sampling_filter_path: null, engine: { kind: "sglang", urls: [await w.freshEngine()] } });
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
+    await waitFor("two sealed steps", async () => (await q("SELECT count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind = 'step.sealed'", runId))[0].n >= 2, 60_000, 50);
+    const amend = spawnRlq(["run", "amend", runId, "--set", "num_rollout=1"], w.env);
+    expect(await amend.exited).toBe(0);
+    expect(await up.exited, up.output()).toBe(0);
+    const reqs = await q("SELECT error FROM run_requests WHERE run_id = $1", runId);
+    expect(reqs[0].error).toMatch(/^num_rollout 1 is below the [2-4] step\(s\) already sealed/);
+    expect(await q("SELECT count(*)::int AS n FROM train_steps WHERE run_id = $1", runId)).toEqual([{ n: 4 }]);
   });
 });
