@@ -1,34 +1,16 @@
-import { afterAll, afterEach, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
+import { engineHarness } from "../helpers/engine-harness.ts";
 import { createOpenAiCompatEngine } from "../../src/engines/openai-compat.ts";
-import { createEnginePool, type EnginePool } from "../../src/engines/pool.ts";
+import type { EnginePool } from "../../src/engines/pool.ts";
 import { createWeightSync } from "../../src/engines/weight-sync.ts";
-import { request, startFake, until, type FakeServer } from "../fakes/fake-engine-control.ts";
+import { request, until } from "../fakes/fake-engine-control.ts";
 
 /** The OpenAI-compatible adapter (vLLM) against the fake vLLM server as a separate process. */
-const started: FakeServer[] = [];
-const pools: EnginePool[] = [];
-async function fake(args: string[] = []): Promise<FakeServer> {
-  const f = await startFake("vllm", args);
-  started.push(f);
-  return f;
-}
+const h = engineHarness("vllm");
+const fake = (args: string[] = []) => h.fake(args);
 function pool(urls: string[], logprobsMode: "raw_logprobs" | "processed_logprobs" = "raw_logprobs"): EnginePool {
-  const p = createEnginePool({
-    members: urls.map((url) => createOpenAiCompatEngine({ url, model: "fake/model", requestTimeoutMs: 10_000, logprobsMode })),
-    healthIntervalMs: 200,
-    healthTimeoutMs: 1_000,
-    warmupGraceMs: 0,
-    noEngineWaitMs: 5_000,
-  });
-  pools.push(p);
-  return p;
+  return h.pool(urls.map((url) => createOpenAiCompatEngine({ url, model: "fake/model", requestTimeoutMs: 10_000, logprobsMode })));
 }
-afterEach(async () => {
-  await Promise.all(pools.splice(0).map((p) => p.close()));
-});
-afterAll(() => {
-  for (const f of started) f.kill("SIGKILL");
-});
 
 describe("OpenAI-compatible adapter (vLLM)", () => {
   it("generates from token ids with log-probs and token ids, mapping stop and length", async () => {

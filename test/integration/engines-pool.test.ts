@@ -1,40 +1,24 @@
-import { afterAll, afterEach, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
+import { engineHarness } from "../helpers/engine-harness.ts";
 import { createSglangServer } from "../../src/engines/sglang.ts";
 import { createEnginePool, type EnginePool } from "../../src/engines/pool.ts";
 import { createWeightSync } from "../../src/engines/weight-sync.ts";
 import type { GenerateResult } from "../../src/engines/engine.ts";
-import { fakeStats, request, restartFake, setFault, startFake, until, type FakeServer } from "../fakes/fake-engine-control.ts";
+import { fakeStats, request, restartFake, setFault, until } from "../fakes/fake-engine-control.ts";
 
 /**
  * The engine pool over several fake SGLang processes: an engine killed
  * mid-generation, restarted, re-admitted on the current weights; the
  * concurrency cap; prefix affinity; trainer_push fencing.
  */
-const started: FakeServer[] = [];
-const pools: EnginePool[] = [];
-async function fake(args: string[] = []): Promise<FakeServer> {
-  const f = await startFake("sglang", args);
-  started.push(f);
-  return f;
-}
+const h = engineHarness("sglang");
+const fake = (args: string[] = []) => h.fake(args);
 function pool(urls: string[], extra: Partial<Parameters<typeof createEnginePool>[0]> = {}): EnginePool {
-  const p = createEnginePool({
-    members: urls.map((url) => createSglangServer({ url, requestTimeoutMs: 20_000 })),
-    healthIntervalMs: 200,
-    healthTimeoutMs: 1_000,
-    warmupGraceMs: 0,
-    noEngineWaitMs: 10_000,
-    ...extra,
-  });
-  pools.push(p);
-  return p;
+  return h.pool(
+    urls.map((url) => createSglangServer({ url, requestTimeoutMs: 20_000 })),
+    { noEngineWaitMs: 10_000, ...extra },
+  );
 }
-afterEach(async () => {
-  await Promise.all(pools.splice(0).map((p) => p.close()));
-});
-afterAll(() => {
-  for (const f of started) f.kill("SIGKILL");
-});
 
 describe("engine pool", () => {
   it("an engine killed mid-generation: its in-flight requests come back as aborted partials with their tokens; it is re-admitted on the current weights after a restart", async () => {
@@ -76,7 +60,7 @@ describe("engine pool", () => {
 
     // Restarted from the initial checkpoint (version 0): the pool loads version 1 into it before routing to it.
     const a2 = await restartFake("sglang", a.port, slow);
-    started.push(a2);
+    h.track(a2);
     await until("restarted engine re-admitted", () => p.engineStates()[a.url] === "healthy", 20_000);
     expect(await fakeStats(a.url)).toMatchObject({ weightVersion: 1, loads: 1 });
     const after = await Promise.all(Array.from({ length: 8 }, (_, k) => p.generate(request(`after-${k}`, { maxNewTokens: 5, seed: k }))));
@@ -139,7 +123,7 @@ describe("engine pool", () => {
     await until("dead", () => p.engineStates()[f.url] === "dead");
     await expect(p.generate(request("none-1"))).rejects.toMatchObject({ code: "engine_unavailable", isRetriable: true });
     const f2 = await restartFake("sglang", f.port);
-    started.push(f2);
+    h.track(f2);
     await until("back", () => p.engineStates()[f.url] === "healthy");
     expect((await p.generate(request("none-2"))).tokenIds.length).toBeGreaterThan(0);
   });

@@ -1,41 +1,24 @@
-import { afterAll, afterEach, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
+import { engineHarness } from "../helpers/engine-harness.ts";
 import { createSglangServer } from "../../src/engines/sglang.ts";
 import { createEnginePool, type EnginePool } from "../../src/engines/pool.ts";
 import { createEnginesFromConfig } from "../../src/engines/from-config.ts";
 import { sglangEngineConfigSchema, engineRuntimeDefaults } from "../../src/engines/config-schema.ts";
 import { RlqError } from "../../src/lib/errors.ts";
-import { fakeStats, request, setFault, startFake, until, type FakeServer } from "../fakes/fake-engine-control.ts";
+import { fakeStats, request, setFault, startFake, until } from "../fakes/fake-engine-control.ts";
 
 /**
  * The SGLang adapter and the pool against the fake SGLang server as a
  * separate process, one injected failure at a time.
  */
-const started: FakeServer[] = [];
-const pools: EnginePool[] = [];
-async function fake(args: string[] = []): Promise<FakeServer> {
-  const f = await startFake("sglang", args);
-  started.push(f);
-  return f;
-}
+const h = engineHarness("sglang");
+const fake = (args: string[] = []) => h.fake(args);
 function pool(urls: string[], extra: Partial<Parameters<typeof createEnginePool>[0]> = {}, requestTimeoutMs = 10_000): EnginePool {
-  const p = createEnginePool({
-    members: urls.map((url) => createSglangServer({ url, requestTimeoutMs })),
-    healthIntervalMs: 200,
-    healthTimeoutMs: 500,
-    warmupGraceMs: 0,
-    noEngineWaitMs: 5_000,
-    ...extra,
-  });
-  pools.push(p);
-  return p;
+  return h.pool(
+    urls.map((url) => createSglangServer({ url, requestTimeoutMs })),
+    { healthTimeoutMs: 500, ...extra },
+  );
 }
-
-afterEach(async () => {
-  await Promise.all(pools.splice(0).map((p) => p.close()));
-});
-afterAll(() => {
-  for (const f of started) f.kill("SIGKILL");
-});
 
 describe("SGLang adapter", () => {
   it("sends the sampling params and parses tokens, log-probs, finish reason and version, streamed or not", async () => {
@@ -185,12 +168,12 @@ describe("SGLang adapter", () => {
     const a = await fake();
     const b = await fake();
     const router = await startFake("sglang-router", ["--workers", `${a.url},127.0.0.1:${b.port}`]);
-    started.push(router);
+    h.track(router);
     const p = await createEnginesFromConfig(
       sglangEngineConfigSchema.parse({ kind: "sglang", router_url: router.url }),
       engineRuntimeDefaults({ rollout_health_check_interval: 0.2, rollout_health_check_timeout: 1 }),
     );
-    pools.push(p);
+    h.trackPool(p);
     await p.awaitReady(10_000);
     await p.checkHealth();
     const rs = await Promise.all(Array.from({ length: 10 }, (_, i) => p.generate(request(`rt-${i}`, { seed: i }))));
@@ -231,7 +214,7 @@ describe("SGLang adapter", () => {
 describe("SGLang adapter without streaming: one batch /generate per event-loop turn", () => {
   function batchedPool(url: string): EnginePool {
     const p = createEnginePool({ members: [createSglangServer({ url, requestTimeoutMs: 10_000, isStreaming: false })], healthIntervalMs: 200, warmupGraceMs: 0 });
-    pools.push(p);
+    h.trackPool(p);
     return p;
   }
 
