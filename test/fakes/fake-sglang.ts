@@ -35,6 +35,7 @@ import { createServer, type IncomingMessage, type ServerResponse } from "node:ht
 import type { AddressInfo } from "node:net";
 import { parseArgs } from "node:util";
 import { EOS, sampleToken, type LogprobMode } from "./fake-lm.ts";
+import { readJson, sendJson } from "./http-json.ts";
 
 const { values } = parseArgs({
   options: {
@@ -82,19 +83,6 @@ let drained: (() => void) | null = null;
 const reportedVersion = () => (fault.mode === "stale_version" ? fault.version : weightVersion);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const isHanging = () => fault.mode === "hang";
-
-async function body(req: IncomingMessage): Promise<Record<string, unknown>> {
-  const chunks: Buffer[] = [];
-  for await (const c of req) chunks.push(c as Buffer);
-  const text = Buffer.concat(chunks).toString("utf8");
-  return text ? (JSON.parse(text) as Record<string, unknown>) : {};
-}
-
-function send(res: ServerResponse, status: number, obj: unknown): void {
-  const text = JSON.stringify(obj);
-  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
-  res.end(text);
-}
 
 function take5xx(scope: "generate" | "health"): boolean {
   if (fault.mode !== "5xx") return false;
@@ -200,13 +188,13 @@ async function generateBatch(b: Record<string, unknown>, res: ServerResponse): P
   const ids = b.input_ids as number[][];
   const rids = b.rid;
   const sps = b.sampling_params;
-  if (b.stream === true) return send(res, 400, { error: { message: "the fake answers batch requests only without streaming" } });
+  if (b.stream === true) return sendJson(res, 400, { error: { message: "the fake answers batch requests only without streaming" } });
   if (!Array.isArray(rids) || rids.length !== ids.length || (Array.isArray(sps) && sps.length !== ids.length)) {
-    return send(res, 400, { error: { message: "rid (and a sampling_params list) must have one entry per input" } });
+    return sendJson(res, 400, { error: { message: "rid (and a sampling_params list) must have one entry per input" } });
   }
-  if (ids.some((x) => !Array.isArray(x) || x.length === 0)) return send(res, 400, { error: { message: "input_ids required" } });
-  if (b.return_logprob !== true) return send(res, 400, { error: { message: "rlq always asks for return_logprob" } });
-  if (take5xx("generate")) return send(res, 503, { error: { message: "injected 5xx" } });
+  if (ids.some((x) => !Array.isArray(x) || x.length === 0)) return sendJson(res, 400, { error: { message: "input_ids required" } });
+  if (b.return_logprob !== true) return sendJson(res, 400, { error: { message: "rlq always asks for return_logprob" } });
+  if (take5xx("generate")) return sendJson(res, 503, { error: { message: "injected 5xx" } });
   while (loading) await loading;
   if (isHanging() && fault.afterTokens <= 0) await hangWhileFaulted();
   stats.batches++;
@@ -222,16 +210,16 @@ async function generateBatch(b: Record<string, unknown>, res: ServerResponse): P
       return { text: "", meta_info: metaInfo(rid, x.length, g, g.finish) };
     }),
   );
-  if (!isClientGone) send(res, 200, outs);
+  if (!isClientGone) sendJson(res, 200, outs);
 }
 
 async function generate(b: Record<string, unknown>, req: IncomingMessage, res: ServerResponse): Promise<void> {
   const ids = b.input_ids as number[];
   const sp = (b.sampling_params ?? {}) as Record<string, unknown>;
   if (Array.isArray(ids) && Array.isArray(ids[0])) return generateBatch(b, res);
-  if (!Array.isArray(ids) || ids.length === 0) return send(res, 400, { error: { message: "input_ids required" } });
-  if (b.return_logprob !== true) return send(res, 400, { error: { message: "rlq always asks for return_logprob" } });
-  if (take5xx("generate")) return send(res, 503, { error: { message: "injected 5xx" } });
+  if (!Array.isArray(ids) || ids.length === 0) return sendJson(res, 400, { error: { message: "input_ids required" } });
+  if (b.return_logprob !== true) return sendJson(res, 400, { error: { message: "rlq always asks for return_logprob" } });
+  if (take5xx("generate")) return sendJson(res, 503, { error: { message: "injected 5xx" } });
   while (loading) await loading;
   if (isHanging() && fault.afterTokens <= 0) await hangWhileFaulted();
   const isStream = b.stream === true;
@@ -249,12 +237,12 @@ async function generate(b: Record<string, unknown>, req: IncomingMessage, res: S
     res.write(`data: ${JSON.stringify({ text: "", meta_info: metaInfo(rid, ids.length, g, g.finish) })}\n\n`);
     res.end("data: [DONE]\n\n");
   } else {
-    send(res, 200, { text: "", meta_info: metaInfo(rid, ids.length, g, g.finish) });
+    sendJson(res, 200, { text: "", meta_info: metaInfo(rid, ids.length, g, g.finish) });
   }
 }
 
 async function loadWeights(b: Record<string, unknown>, res: ServerResponse): Promise<void> {
-  if (take5xx("health")) return send(res, 503, { error: { message: "injected 5xx" } });
+  if (take5xx("health")) return sendJson(res, 503, { error: { message: "injected 5xx" } });
   while (loading) await loading;
   let done!: () => void;
   loading = new Promise<void>((r) => (done = r));
@@ -263,11 +251,11 @@ async function loadWeights(b: Record<string, unknown>, res: ServerResponse): Pro
     drained = null;
     if (loadDelayMs > 0) await sleep(loadDelayMs);
     if (typeof b.model_path !== "string" || b.model_path.includes("missing")) {
-      return send(res, 200, { success: false, message: `cannot load ${String(b.model_path)}` });
+      return sendJson(res, 200, { success: false, message: `cannot load ${String(b.model_path)}` });
     }
     weightVersion = Number(b.weight_version);
     stats.loads++;
-    send(res, 200, { success: true, message: `loaded ${String(b.model_path)}`, num_paused_requests: 0 });
+    sendJson(res, 200, { success: true, message: `loaded ${String(b.model_path)}`, num_paused_requests: 0 });
   } finally {
     loading = null;
     done();
@@ -278,27 +266,27 @@ const server = createServer((req, res) => {
   void (async () => {
     try {
       const url = (req.url ?? "/").split("?")[0];
-      if (req.method === "POST" && url === "/generate") return await generate(await body(req), req, res);
+      if (req.method === "POST" && url === "/generate") return await generate(await readJson(req), req, res);
       if (req.method === "POST" && url === "/abort_request") {
-        const b = await body(req);
-        if (b.abort_all === true) return send(res, 400, { error: { message: "rlq must never abort_all" } });
+        const b = await readJson(req);
+        if (b.abort_all === true) return sendJson(res, 400, { error: { message: "rlq must never abort_all" } });
         stats.abortRequests++;
         const s = live.get(String(b.rid));
         if (s) s.aborted = true;
-        return send(res, 200, {});
+        return sendJson(res, 200, {});
       }
-      if (req.method === "POST" && url === "/update_weights_from_disk") return await loadWeights(await body(req), res);
+      if (req.method === "POST" && url === "/update_weights_from_disk") return await loadWeights(await readJson(req), res);
       if (req.method === "POST" && url === "/update_weights_from_distributed") {
         // A trainer push (slime: pause_generation, NCCL broadcast, continue_generation): in-flight
         // requests are paused, not drained, and continue on the new weights.
-        const b = await body(req);
+        const b = await readJson(req);
         weightVersion = Number(b.weight_version);
         stats.loads++;
-        return send(res, 200, { success: true, message: "updated" });
+        return sendJson(res, 200, { success: true, message: "updated" });
       }
       if (url === "/_fault") {
         if (req.method === "POST") {
-          const b = await body(req);
+          const b = await readJson(req);
           fault = {
             mode: (b.mode as FaultMode | undefined) ?? "none",
             afterTokens: Number(b.afterTokens ?? 0),
@@ -307,27 +295,27 @@ const server = createServer((req, res) => {
             scope: b.scope === "all" ? "all" : "generate",
           };
           faultEpoch++;
-          send(res, 200, fault);
+          sendJson(res, 200, fault);
           if (fault.mode === "die" && fault.afterTokens <= 0) setTimeout(() => process.exit(1), 10);
           return;
         }
-        return send(res, 200, fault);
+        return sendJson(res, 200, fault);
       }
       if (url === "/health_generate" || url === "/health") {
-        if (isHanging()) return await hangWhileFaulted().then(() => send(res, 200, {}));
-        if (take5xx("health")) return send(res, 503, { error: { message: "injected 5xx" } });
-        return send(res, 200, {});
+        if (isHanging()) return await hangWhileFaulted().then(() => sendJson(res, 200, {}));
+        if (take5xx("health")) return sendJson(res, 503, { error: { message: "injected 5xx" } });
+        return sendJson(res, 200, {});
       }
-      if (url === "/get_weight_version") return send(res, 200, { weight_version: String(reportedVersion()) });
-      if (url === "/get_model_info") return send(res, 200, { model_path: "fake/model", tokenizer_path: "fake/model", is_generation: true, weight_version: String(reportedVersion()) });
+      if (url === "/get_weight_version") return sendJson(res, 200, { weight_version: String(reportedVersion()) });
+      if (url === "/get_model_info") return sendJson(res, 200, { model_path: "fake/model", tokenizer_path: "fake/model", is_generation: true, weight_version: String(reportedVersion()) });
       if (url === "/get_server_info") {
-        return send(res, 200, { model_path: "fake/model", weight_version: String(reportedVersion()), max_running_requests: 4096, version: "fake-sglang", internal_states: [{}] });
+        return sendJson(res, 200, { model_path: "fake/model", weight_version: String(reportedVersion()), max_running_requests: 4096, version: "fake-sglang", internal_states: [{}] });
       }
-      if (url === "/v1/loads") return send(res, 200, { loads: [{ dp_rank: 0, num_running_reqs: live.size, num_waiting_reqs: 0 }] });
-      if (url === "/stats") return send(res, 200, { ...stats, live: live.size, weightVersion, fault });
-      send(res, 404, { error: { message: `no route ${req.method} ${url}` } });
+      if (url === "/v1/loads") return sendJson(res, 200, { loads: [{ dp_rank: 0, num_running_reqs: live.size, num_waiting_reqs: 0 }] });
+      if (url === "/stats") return sendJson(res, 200, { ...stats, live: live.size, weightVersion, fault });
+      sendJson(res, 404, { error: { message: `no route ${req.method} ${url}` } });
     } catch (e) {
-      if (!res.headersSent) send(res, 500, { error: { message: (e as Error).message } });
+      if (!res.headersSent) sendJson(res, 500, { error: { message: (e as Error).message } });
       else res.destroy();
     }
   })();

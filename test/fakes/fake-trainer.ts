@@ -10,13 +10,14 @@
  * --fail-step N: every attempt of step N fails with a retryable error.
  */
 import { createHash } from "node:crypto";
-import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
+import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { decodeBatch } from "../../src/trainer/batch-codec.ts";
+import { readJson, sendJson } from "./http-json.ts";
 
 const { values } = parseArgs({
   options: {
@@ -44,16 +45,6 @@ interface StepState {
 }
 const steps = new Map<string, StepState>();
 const WEIGHTS = 64;
-
-async function body(req: IncomingMessage): Promise<Record<string, unknown>> {
-  const chunks: Buffer[] = [];
-  for await (const c of req) chunks.push(c as Buffer);
-  return JSON.parse(Buffer.concat(chunks).toString("utf8") || "{}") as Record<string, unknown>;
-}
-function send(res: ServerResponse, status: number, obj: unknown): void {
-  res.writeHead(status, { "content-type": "application/json" });
-  res.end(JSON.stringify(obj));
-}
 
 async function train(st: StepState, req: Record<string, unknown>): Promise<void> {
   const total = 4;
@@ -116,34 +107,34 @@ const server = createServer((req, res) => {
     const url = req.url ?? "/";
     if (req.method === "POST" && url === "/_fault") {
       // Test control: change the injected failure at run time.
-      const b = await body(req);
+      const b = await readJson(req);
       if (typeof b.fail_step === "number") failStep = b.fail_step;
-      return send(res, 200, { fail_step: failStep });
+      return sendJson(res, 200, { fail_step: failStep });
     }
-    if (url === "/v1/health") return send(res, 200, { ok: true, weight_version: null, busy: [...steps.values()].some((s) => s.state === "running") });
+    if (url === "/v1/health") return sendJson(res, 200, { ok: true, weight_version: null, busy: [...steps.values()].some((s) => s.state === "running") });
     if (req.method === "POST" && url === "/v1/steps") {
-      const b = await body(req);
+      const b = await readJson(req);
       const key = `${String(b.run_id)}/${Number(b.step)}`;
       const cur = steps.get(key);
-      if (cur && (cur.state === "done" || (cur.state === "running" && cur.attempt === b.attempt))) return send(res, 200, cur);
+      if (cur && (cur.state === "done" || (cur.state === "running" && cur.attempt === b.attempt))) return sendJson(res, 200, cur);
       if (cur && cur.state === "running") cur.cancelled = true; // a new attempt supersedes the old one
       const st: StepState = { run_id: String(b.run_id), step: Number(b.step), attempt: String(b.attempt), state: "running", progress: { done: 0, total: 4, phase: "queued" }, progress_seq: 0, result: null, error: null, cancelled: false };
       steps.set(key, st);
       void train(st, b);
-      return send(res, 202, st);
+      return sendJson(res, 202, st);
     }
     const m = /^\/v1\/steps\/([^/]+)\/(\d+)(\/cancel)?$/.exec(url);
     if (m) {
       const st = steps.get(`${decodeURIComponent(m[1] as string)}/${m[2]}`);
-      if (!st) return send(res, 404, { error: { code: "not_found", message: "no such step", retryable: false } });
+      if (!st) return sendJson(res, 404, { error: { code: "not_found", message: "no such step", retryable: false } });
       if (m[3]) {
         st.cancelled = true;
         if (st.state === "running") st.state = "cancelled";
       }
-      return send(res, 200, st);
+      return sendJson(res, 200, st);
     }
-    send(res, 404, { error: { code: "not_found", message: url, retryable: false } });
-  })().catch((e: unknown) => send(res, 500, { error: { code: "internal", message: String(e), retryable: true } }));
+    sendJson(res, 404, { error: { code: "not_found", message: url, retryable: false } });
+  })().catch((e: unknown) => sendJson(res, 500, { error: { code: "internal", message: String(e), retryable: true } }));
 });
 server.listen(Number(values.port), "127.0.0.1", () => process.stdout.write(`listening ${(server.address() as AddressInfo).port}\n`));
 process.on("SIGTERM", () => server.close(() => process.exit(0)));

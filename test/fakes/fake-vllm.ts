@@ -12,10 +12,11 @@
  *   tsx test/fakes/fake-vllm.ts --port 0 [--model fake/model] [--token-delay-ms 0]
  *     [--logprobs-mode raw_logprobs] [--legacy-token-strings]
  */
-import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
+import { createServer, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { parseArgs } from "node:util";
 import { EOS, sampleToken } from "./fake-lm.ts";
+import { readJson, sendJson } from "./http-json.ts";
 
 const { values } = parseArgs({
   options: {
@@ -33,19 +34,6 @@ const stopProb = Number(values["stop-prob"]);
 const mode = values["logprobs-mode"] === "processed_logprobs" ? "truncated" : "original";
 let dieAfterTokens = -1;
 
-async function body(req: IncomingMessage): Promise<Record<string, unknown>> {
-  const chunks: Buffer[] = [];
-  for await (const c of req) chunks.push(c as Buffer);
-  const text = Buffer.concat(chunks).toString("utf8");
-  return text ? (JSON.parse(text) as Record<string, unknown>) : {};
-}
-
-function send(res: ServerResponse, status: number, obj: unknown): void {
-  const text = JSON.stringify(obj);
-  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
-  res.end(text);
-}
-
 function choice(ids: number[], lps: number[], finish: string | null, withIds: boolean) {
   return {
     index: 0,
@@ -58,10 +46,10 @@ function choice(ids: number[], lps: number[], finish: string | null, withIds: bo
 }
 
 async function completions(b: Record<string, unknown>, res: ServerResponse): Promise<void> {
-  if (b.model !== values.model) return send(res, 404, { error: { message: `The model \`${String(b.model)}\` does not exist.` } });
+  if (b.model !== values.model) return sendJson(res, 404, { error: { message: `The model \`${String(b.model)}\` does not exist.` } });
   const prompt = b.prompt as number[];
-  if (!Array.isArray(prompt) || prompt.length === 0 || typeof prompt[0] !== "number") return send(res, 400, { error: { message: "prompt must be token ids" } });
-  if (typeof b.logprobs !== "number") return send(res, 400, { error: { message: "rlq always asks for logprobs" } });
+  if (!Array.isArray(prompt) || prompt.length === 0 || typeof prompt[0] !== "number") return sendJson(res, 400, { error: { message: "prompt must be token ids" } });
+  if (typeof b.logprobs !== "number") return sendJson(res, 400, { error: { message: "rlq always asks for logprobs" } });
   const withIds = b.return_token_ids === true && !values["legacy-token-strings"];
   const isStream = b.stream === true;
   const maxNew = Number(b.max_tokens ?? 16);
@@ -106,26 +94,26 @@ async function completions(b: Record<string, unknown>, res: ServerResponse): Pro
     res.end("data: [DONE]\n\n");
     return;
   }
-  send(res, 200, { id: "cmpl-x", object: "text_completion", created: 0, model: values.model, choices: [choice(ids, lps, finish, withIds)], usage: { prompt_tokens: prompt.length, completion_tokens: ids.length, total_tokens: prompt.length + ids.length } });
+  sendJson(res, 200, { id: "cmpl-x", object: "text_completion", created: 0, model: values.model, choices: [choice(ids, lps, finish, withIds)], usage: { prompt_tokens: prompt.length, completion_tokens: ids.length, total_tokens: prompt.length + ids.length } });
 }
 
 const server = createServer((req, res) => {
   void (async () => {
     try {
       const url = (req.url ?? "/").split("?")[0];
-      if (req.method === "POST" && url === "/v1/completions") return await completions(await body(req), res);
-      if (url === "/v1/models") return send(res, 200, { object: "list", data: [{ id: values.model, object: "model" }] });
-      if (url === "/health") return send(res, 200, {});
+      if (req.method === "POST" && url === "/v1/completions") return await completions(await readJson(req), res);
+      if (url === "/v1/models") return sendJson(res, 200, { object: "list", data: [{ id: values.model, object: "model" }] });
+      if (url === "/health") return sendJson(res, 200, {});
       if (req.method === "POST" && url === "/_fault") {
-        const b = await body(req);
+        const b = await readJson(req);
         dieAfterTokens = b.mode === "die" ? Number(b.afterTokens ?? 0) : -1;
-        send(res, 200, { ok: true });
+        sendJson(res, 200, { ok: true });
         if (dieAfterTokens === 0) setTimeout(() => process.exit(1), 10);
         return;
       }
-      send(res, 404, { error: { message: `no route ${req.method} ${url}` } });
+      sendJson(res, 404, { error: { message: `no route ${req.method} ${url}` } });
     } catch (e) {
-      if (!res.headersSent) send(res, 500, { error: { message: (e as Error).message } });
+      if (!res.headersSent) sendJson(res, 500, { error: { message: (e as Error).message } });
       else res.destroy();
     }
   })();
