@@ -1,6 +1,6 @@
 import type { Db } from "./db.ts";
 import type { DrawnPromptRow } from "./run-facts.ts";
-import { addCut } from "./rollout-facts.ts";
+import { addCut, roundAbortedSql } from "./rollout-facts.ts";
 import { assembleGroupView, type GroupView } from "./group-view.ts";
 import type { SampleStatus, SegmentFact } from "../core/sample.ts";
 import { RlqError } from "../lib/errors.ts";
@@ -98,10 +98,7 @@ export async function loadRolloutJobView(
        EXISTS (SELECT 1 FROM decisions WHERE run_id = $1 AND group_id = $2::bigint AND kind = 'group.dispatched'
                  AND step = $4::int AND (payload->>'round')::int = $3::int) AS is_dispatched,
        EXISTS (SELECT 1 FROM group_rounds WHERE run_id = $1 AND group_id = $2::bigint AND round = $3::int) AS has_round,
-       EXISTS (SELECT 1 FROM decisions WHERE run_id = $1 AND (
-         (kind = 'step.sealed' AND step = $4::int
-           AND payload->'aborted' @> jsonb_build_array(jsonb_build_object('groupId', $2::bigint, 'round', $3::int)))
-         OR (kind = 'group.aborted' AND group_id = $2::bigint AND (payload->>'round')::int = $3::int))) AS is_aborted,
+       ${roundAbortedSql({ runId: "$1", groupId: "$2", round: "$3", step: "$4" })} AS is_aborted,
        ${groupColumns}
      ${fromGroup}`,
     [key.runId, key.groupId, key.round, key.step],

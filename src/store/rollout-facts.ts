@@ -212,18 +212,24 @@ export function addCut(byGroup: Map<number, number>, payload: unknown): void {
 }
 
 /**
- * Whether a rollout job's round is being aborted: listed in its step's seal
- * (sync mode) or by a `group.aborted` decision (a weight sync in async mode).
- * One indexed query: the rollout job's abort watcher polls it.
+ * SQL: "this round is being aborted": listed in its step's seal (sync mode)
+ * or by a `group.aborted` decision (a weight sync in async mode), written with
+ * the caller's placeholders. Indexed on (run_id, kind, step) and (run_id, group_id).
  */
+export function roundAbortedSql(p: { runId: string; groupId: string; round: string; step: string }): string {
+  return `EXISTS (SELECT 1 FROM decisions WHERE run_id = ${p.runId} AND (
+    (kind = 'step.sealed' AND step = ${p.step}::int
+      AND payload->'aborted' @> jsonb_build_array(jsonb_build_object('groupId', ${p.groupId}::bigint, 'round', ${p.round}::int)))
+    OR (kind = 'group.aborted' AND group_id = ${p.groupId}::bigint AND (payload->>'round')::int = ${p.round}::int)))`;
+}
+
+/** Whether a rollout job's round is being aborted (`roundAbortedSql`): the abort watcher polls it. */
 export async function isRoundAborted(db: Db, key: { runId: string; groupId: number; round: number; step: number }): Promise<boolean> {
-  const res = await db.pool.query(
-    `SELECT 1 FROM decisions
-      WHERE run_id = $1 AND (
-        (kind = 'step.sealed' AND step = $2 AND payload->'aborted' @> jsonb_build_array(jsonb_build_object('groupId', $3::bigint, 'round', $4::int)))
-        OR (kind = 'group.aborted' AND group_id = $3 AND (payload->>'round')::int = $4))
-      LIMIT 1`,
-    [key.runId, key.step, key.groupId, key.round],
-  );
-  return (res.rowCount ?? 0) > 0;
+  const res = await db.pool.query<{ is_aborted: boolean }>(`SELECT ${roundAbortedSql({ runId: "$1", groupId: "$2", round: "$3", step: "$4" })} AS is_aborted`, [
+    key.runId,
+    key.groupId,
+    key.round,
+    key.step,
+  ]);
+  return res.rows[0]?.is_aborted === true;
 }
