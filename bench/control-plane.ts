@@ -5,7 +5,9 @@
  * measured in the same run (the Postgres ingest ceiling). Both queue
  * backends; medians of several runs.
  *
- *   npx tsx bench/control-plane.ts [--reps 3] [--steps 3] [--rbs 64]
+ *   npx tsx bench/control-plane.ts [--reps 3] [--steps 3] [--rbs 64] [--queues redis,postgres] [--prof DIR]
+ *
+ * --prof DIR writes a V8 CPU profile of `rlq up` per run into DIR.
  */
 import { parseArgs } from "node:util";
 import { join } from "node:path";
@@ -15,9 +17,9 @@ import pg from "pg";
 import { from as copyFrom } from "pg-copy-streams";
 import { createWorld } from "../test/helpers/run-fixture.ts";
 import { repoRoot, spawnRlq } from "../test/helpers/processes.ts";
-import { median, writeResult } from "./lib.ts";
+import { median, writeResult, prepareServices, startCpuSampler } from "./lib.ts";
 
-const { values } = parseArgs({ options: { reps: { type: "string", default: "3" }, steps: { type: "string", default: "3" }, rbs: { type: "string", default: "64" } } });
+const { values } = parseArgs({ options: { reps: { type: "string", default: "3" }, steps: { type: "string", default: "3" }, rbs: { type: "string", default: "64" }, queues: { type: "string", default: "redis,postgres" }, prof: { type: "string" } } });
 const reps = Number(values.reps);
 const steps = Number(values.steps);
 const rbs = Number(values.rbs);
@@ -58,8 +60,19 @@ async function once(queue: "redis" | "postgres") {
       custom_rm_path: join(repoRoot, "test/fixtures/reward-parity.mjs"),
       engine: { kind: "sglang", urls: [w.engine.url], logprob_check: "off", stream: false },
     });
-    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
-    if ((await up.exited) !== 0) throw new Error(up.output());
+    const upPid = { value: -1 };
+    const cpu = startCpuSampler((pid, cmd) => {
+      if (pid === upPid.value) return "rlq_up";
+      if (pid === w.engine.child.pid) return "fake_engine";
+      if (/^postgres: /.test(cmd)) return "postgres";
+      if (cmd.startsWith("redis-server") || cmd.includes("/redis-server")) return "redis";
+      return null;
+    });
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env, [...(values.prof ? ["--cpu-prof", `--cpu-prof-dir=${values.prof}`] : []), ...(process.env.RLQ_BENCH_HOOK ? ["--import", process.env.RLQ_BENCH_HOOK] : [])]);
+    upPid.value = up.child.pid ?? -1;
+    const code = await up.exited;
+    cpu.stop();
+    if (code !== 0) throw new Error(up.output());
     const t = (await w.db.pool.query(
       `SELECT (SELECT min(created_at) FROM decisions WHERE run_id = $1 AND kind = 'prompts.drawn') AS first_draw,
               (SELECT max(created_at) FROM sample_rewards WHERE run_id = $1) AS last_reward,
@@ -67,15 +80,30 @@ async function once(queue: "redis" | "postgres") {
       [runId],
     )).rows[0] as { first_draw: Date; last_reward: Date; rewards: number };
     const seconds = (t.last_reward.getTime() - t.first_draw.getTime()) / 1000;
+    // CPU seconds per process in the window, per 1000 samples: what the control plane costs, whatever the box.
+    const cpuInWindow = cpu.between(t.first_draw.getTime(), t.last_reward.getTime());
+    const cpuMsPerSample = Object.fromEntries(Object.entries(cpuInWindow).map(([k, v]) => [k, Math.round((v / t.rewards) * 1e6) / 1000]));
+    // Where the time went: ms after the first draw at which the first, median and last fact of each kind landed.
+    const timeline = Object.fromEntries((await w.db.pool.query<{ kind: string; ms: number[] }>(
+      `WITH t0 AS (SELECT min(created_at) AS t FROM decisions WHERE run_id = $1 AND kind = 'prompts.drawn'),
+            facts AS (
+              SELECT 'dispatched' AS kind, created_at FROM decisions WHERE run_id = $1 AND kind = 'group.dispatched'
+              UNION ALL SELECT 'generated', created_at FROM group_rounds WHERE run_id = $1
+              UNION ALL SELECT 'rewarded', created_at FROM sample_rewards WHERE run_id = $1)
+       SELECT kind, percentile_disc(ARRAY[0, 0.5, 1]::float8[]) WITHIN GROUP (ORDER BY ms) AS ms
+         FROM (SELECT kind, (extract(epoch FROM created_at - (SELECT t FROM t0)) * 1000)::int AS ms FROM facts) f GROUP BY kind`,
+      [runId],
+    )).rows.map((r) => [r.kind, r.ms]));
     const copy = await copyRate(w.env.DATABASE_URL as string, runId);
-    return { samplesPerS: t.rewards / seconds, samples: t.rewards, seconds, copyRowsPerS: copy.rowsPerS, copyRows: copy.rows };
+    return { samplesPerS: t.rewards / seconds, samples: t.rewards, seconds, timelineMs: timeline, cpuSecondsInWindow: cpuInWindow, cpuMsPerSample, copyRowsPerS: copy.rowsPerS, copyRows: copy.rows };
   } finally {
     await w.close();
   }
 }
 
+await prepareServices();
 const out: Record<string, unknown> = { bench: "control-plane", steps, rollout_batch_size: rbs, n_samples_per_prompt: 8, reps };
-for (const queue of ["redis", "postgres"] as const) {
+for (const queue of values.queues.split(",") as Array<"redis" | "postgres">) {
   const runs = [];
   for (let i = 0; i < reps; i++) runs.push(await once(queue));
   const sps = median(runs.map((r) => r.samplesPerS));

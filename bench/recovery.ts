@@ -11,12 +11,13 @@ import { parseArgs } from "node:util";
 import { join } from "node:path";
 import { createWorld } from "../test/helpers/run-fixture.ts";
 import { repoRoot, spawnRlq, waitFor } from "../test/helpers/processes.ts";
-import { median, writeResult } from "./lib.ts";
+import { median, writeResult, prepareServices } from "./lib.ts";
 
 const { values } = parseArgs({ options: { reps: { type: "string", default: "3" }, samples: { type: "string", default: "10000" } } });
 const reps = Number(values.reps);
 const targetSamples = Number(values.samples);
 
+await prepareServices();
 const w = await createWorld("brecov", { engineArgs: ["--token-delay-ms", "0", "--stop-prob", "0.2"], trainerArgs: ["--step-ms", "0"] });
 const results: Array<{ fromSpawnMs: number; inProcessMs: number; samplesAtKill: number; decisionsAtKill: number }> = [];
 try {

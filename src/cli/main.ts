@@ -9,7 +9,7 @@ import { exportRun } from "./export.ts";
 import { replayRun } from "../controller/replay.ts";
 import { applyOverrides } from "../config/load.ts";
 import { queueKinds, type QueueKind } from "../queue/payloads.ts";
-import { startWorkers } from "../runtime/workers.ts";
+import { defaultConcurrency, startWorkers } from "../runtime/workers.ts";
 import { loadEmbedded } from "../runtime/embedded.ts";
 import { formatStatus } from "./format-status.ts";
 import { runDemo } from "./demo.ts";
@@ -95,7 +95,7 @@ export async function main(argv: string[]): Promise<number> {
       if (concurrency !== undefined && (!Number.isInteger(concurrency) || concurrency <= 0)) throw new ConfigError(`--concurrency ${values.concurrency}: expected a positive integer`);
       const { signal } = waitForSignal();
       return withServices(`rlq-worker-${kinds.join("-")}`, async (s) => {
-        const conc = Object.fromEntries(kinds.map((k) => [k, concurrency ?? (k === "train" ? 1 : 16)]));
+        const conc = Object.fromEntries(kinds.map((k) => [k, concurrency ?? defaultConcurrency[k as QueueKind]]));
         const workers = await startWorkers(s, kinds as QueueKind[], { concurrency: conc, embedded: await loadEmbedded() });
         s.log.info({ kinds, concurrency: conc }, "workers started");
         await new Promise<void>((r) => signal.addEventListener("abort", () => r(), { once: true }));

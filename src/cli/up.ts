@@ -1,5 +1,5 @@
 import type { Services } from "../runtime/services.ts";
-import { startWorkers } from "../runtime/workers.ts";
+import { defaultConcurrency, startWorkers } from "../runtime/workers.ts";
 import { loadEmbedded } from "../runtime/embedded.ts";
 import { runController, type ControllerExit } from "../controller/controller.ts";
 import { listRuns } from "../store/run-facts.ts";
@@ -15,7 +15,7 @@ export async function runUp(
   options: { runId: string | null; exitWhenDone: boolean; signal: AbortSignal; workers?: readonly QueueKind[] },
 ): Promise<number> {
   const workers = await startWorkers(s, options.workers ?? queueKinds, {
-    concurrency: { rollout: 16, reward: 8, train: 1, eval: 2 },
+    concurrency: defaultConcurrency,
     embedded: await loadEmbedded(),
   });
   const active = new Map<string, Promise<ControllerExit>>();

@@ -3,7 +3,7 @@ import type { Db, Database } from "../store/db.ts";
 import { appendDecisions, LeaseLostError, loadDecisions, tryAcquireLease, type Lease } from "../store/decision-log.ts";
 import { insertDrawnPrompts, projectRunInTx, setRunProjection } from "../store/run-facts.ts";
 import { loadRoundStatuses } from "../store/rollout-facts.ts";
-import { loadGroupWithRewards, loadGroupsWithRewards } from "../store/group-view.ts";
+import { loadGroupsWithRewards } from "../store/group-view.ts";
 import { historyRows, insertHistory } from "../store/history.ts";
 import { loadTrainStep } from "../store/train-facts.ts";
 import { loadEvalResults } from "../store/eval-facts.ts";
@@ -402,10 +402,9 @@ class RunController {
   /** Enqueue the rollout jobs of committed dispatch decisions (step and version as the decisions recorded them). */
   private async enqueueRollouts(list: Array<{ groupId: number; round: number }>): Promise<void> {
     const s = this.state;
-    await Promise.all(
-      list.map((d) =>
-        this.deps.queues.enqueue("rollout", { runId: s.runId, groupId: d.groupId, round: d.round, step: s.groups.get(d.groupId)?.step ?? s.step, weightVersion: s.weightVersion }),
-      ),
+    await this.deps.queues.enqueueMany(
+      "rollout",
+      list.map((d) => ({ runId: s.runId, groupId: d.groupId, round: d.round, step: s.groups.get(d.groupId)?.step ?? s.step, weightVersion: s.weightVersion })),
     );
   }
 
@@ -415,14 +414,20 @@ class RunController {
     const keys = [...s.draining].map(([groupId, round]) => ({ groupId, round }));
     const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
     const landed = keys.filter((k) => statuses.has(k.groupId)).sort((a, b) => a.groupId - b.groupId);
-    for (const k of landed) {
-      if (c.partial_rollout) {
-        await this.commit([{ kind: "group.outcome", payload: { groupId: k.groupId, step: s.step, outcome: "buffered", reason: "aborted" } }]);
-      } else {
-        const g = await loadGroupWithRewards(this.deps.db, s.runId, k.groupId, k.round, c.n_samples_per_prompt, null);
-        const rows = historyRows(s.runId, s.step, g, null, "discarded", "aborted", (ids) => this.ctx.tokenizer.decode(ids), null);
-        await this.commit([{ kind: "group.outcome", payload: { groupId: k.groupId, step: s.step, outcome: "discarded", reason: "aborted" } }], (tx) => insertHistory(tx, rows));
-      }
+    // Every landed group's outcome in one commit (with its history rows when discarded).
+    if (landed.length > 0 && c.partial_rollout) {
+      await this.commit(landed.map((k) => ({ kind: "group.outcome", payload: { groupId: k.groupId, step: s.step, outcome: "buffered", reason: "aborted" } })));
+    } else if (landed.length > 0) {
+      const views = await loadGroupsWithRewards(this.deps.db, s.runId, landed.map((k) => ({ ...k, maskBeforeRound: null })), c.n_samples_per_prompt);
+      const rows = landed.flatMap((k) => {
+        const g = views.get(k.groupId);
+        if (!g) throw new RlqError("group_not_found", `run ${s.runId}: group ${k.groupId} was never drawn`);
+        return historyRows(s.runId, s.step, g, null, "discarded", "aborted", (ids) => this.ctx.tokenizer.decode(ids), null);
+      });
+      await this.commit(
+        landed.map((k) => ({ kind: "group.outcome", payload: { groupId: k.groupId, step: s.step, outcome: "discarded", reason: "aborted" } })),
+        (tx) => insertHistory(tx, rows),
+      );
     }
     if (s.draining.size > 0) return landed.length > 0;
     await this.commit([{ kind: "train.dispatched", payload: { step: s.step, weightVersionIn: s.trainedVersion } }]);

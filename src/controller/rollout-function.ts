@@ -363,7 +363,7 @@ class Driver implements RolloutFunctionDriver {
 
   private async enqueue(jobs: Array<{ groupId: number; round: number }>): Promise<void> {
     const s = this.host.state();
-    await Promise.all(jobs.map((j) => this.host.queues.enqueue("rollout", { runId: s.runId, groupId: j.groupId, round: j.round, step: s.step, weightVersion: s.weightVersion })));
+    await this.host.queues.enqueueMany("rollout", jobs.map((j) => ({ runId: s.runId, groupId: j.groupId, round: j.round, step: s.step, weightVersion: s.weightVersion })));
   }
 
   /** Generate calls waiting on a round: finished and scored → the result; ended unfinished → continue as the next round. */

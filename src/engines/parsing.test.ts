@@ -1,17 +1,50 @@
 import { describe, expect, it } from "vitest";
-import { applySglangMeta, sglangGenerateChunkSchema } from "./sglang.ts";
+import { applySglangMeta, readSglangAnswer } from "./sglang.ts";
 import { applyCompletionChoice } from "./openai-compat.ts";
 import { emptyPartial, parseWeightVersion } from "./remote.ts";
 
 describe("SGLang /generate answers", () => {
   it("reads [logprob, id, text] tuples, the finish reason and the version", () => {
     const p = emptyPartial();
-    const chunk = sglangGenerateChunkSchema.parse({
-      text: "ab",
-      meta_info: { id: "r", output_token_logprobs: [[-0.5, 97, "a"], [-1.25, 98, null]], finish_reason: { type: "length", length: 2 }, weight_version: "3", completion_tokens: 2 },
-    });
-    expect(applySglangMeta(p, chunk.meta_info, "t")).toBe("length");
+    const meta = readSglangAnswer(
+      {
+        text: "ab",
+        meta_info: { id: "r", output_token_logprobs: [[-0.5, 97, "a"], [-1.25, 98, null]], finish_reason: { type: "length", length: 2 }, weight_version: "3", completion_tokens: 2 },
+      },
+      "t",
+    );
+    expect(applySglangMeta(p, meta, "t")).toBe("length");
     expect(p).toEqual({ tokenIds: [97, 98], logProbs: [-0.5, -1.25], weightVersion: 3 });
+  });
+
+  it("refuses a malformed answer, naming the field", () => {
+    const where = "SGLang http://e/generate (rid x)";
+    const ok = { output_token_logprobs: [[-0.5, 97]], finish_reason: null };
+    expect(readSglangAnswer({ meta_info: ok }, where)).toEqual(ok);
+    const cases: Array<[unknown, RegExp]> = [
+      [null, /expected an object at \(answer\)/],
+      [[], /expected an object at \(answer\)/],
+      [{ text: "a" }, /expected an object at meta_info$/],
+      [{ text: 3, meta_info: ok }, /expected a string at text$/],
+      [{ meta_info: { ...ok, id: 5 } }, /at meta_info.id$/],
+      [{ meta_info: { output_token_logprobs: {} } }, /expected an array at meta_info.output_token_logprobs$/],
+      [{ meta_info: { output_token_logprobs: [[-1, 2], [-1]] } }, /expected \[logprob, token_id, \.\.\.\] at meta_info.output_token_logprobs.1$/],
+      [{ meta_info: { output_token_logprobs: [["-1", 2]] } }, /expected a number at meta_info.output_token_logprobs.0.0$/],
+      [{ meta_info: { output_token_logprobs: [[-1, 2.5]] } }, /non-negative integer token id at meta_info.output_token_logprobs.0.1$/],
+      [{ meta_info: { output_token_logprobs: [[-1, -2]] } }, /non-negative integer token id at meta_info.output_token_logprobs.0.1$/],
+      [{ meta_info: { finish_reason: "stop" } }, /expected null or \{type: string\} at meta_info.finish_reason$/],
+      [{ meta_info: { weight_version: [] } }, /at meta_info.weight_version$/],
+      [{ meta_info: { completion_tokens: -1 } }, /at meta_info.completion_tokens$/],
+    ];
+    for (const [payload, message] of cases) {
+      expect(() => readSglangAnswer(payload, where), JSON.stringify(payload)).toThrow(message);
+      try {
+        readSglangAnswer(payload, where);
+      } catch (e) {
+        expect((e as Error).message.startsWith(`${where}: unexpected answer: `)).toBe(true);
+        expect((e as { code?: string }).code).toBe("engine_bad_response");
+      }
+    }
   });
 
   it("replaces on cumulative stream events and appends on deltas", () => {

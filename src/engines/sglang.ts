@@ -1,5 +1,4 @@
 import { randomUUID } from "node:crypto";
-import { z } from "zod";
 import { generateRequestSchema, type Engine, type GenerateRequest, type GenerateResult } from "./engine.ts";
 import { callJson, isLocalCancel, postStream } from "./http.ts";
 import { classifyProbe, type LogprobProbe } from "./logprob-check.ts";
@@ -21,18 +20,54 @@ import { RlqError } from "../lib/errors.ts";
  * the requests of one event-loop turn go out as one batch /generate
  * (`createBatcher` below).
  */
-export const sglangMetaInfoSchema = z
-  .object({
-    id: z.string().optional(),
-    // [logprob, token_id, (text)] per generated token
-    output_token_logprobs: z.array(z.tuple([z.number(), z.number().int().nonnegative()]).rest(z.unknown())).optional(),
-    finish_reason: z.union([z.null(), z.object({ type: z.string() }).passthrough()]).optional(),
-    weight_version: z.union([z.string(), z.number()]).optional(),
-    completion_tokens: z.number().int().nonnegative().optional(),
-  })
-  .passthrough();
-export const sglangGenerateChunkSchema = z.object({ text: z.string().optional(), meta_info: sglangMetaInfoSchema }).passthrough();
-export type SglangMetaInfo = z.infer<typeof sglangMetaInfoSchema>;
+export interface SglangMetaInfo {
+  id?: string;
+  /** [logprob, token_id, (text)] per generated token. */
+  output_token_logprobs?: Array<[number, number, ...unknown[]]>;
+  finish_reason?: null | ({ type: string } & Record<string, unknown>);
+  weight_version?: string | number;
+  completion_tokens?: number;
+  [key: string]: unknown;
+}
+
+/**
+ * Check one /generate answer (a stream event, a body, or one output of a
+ * batch) and return its meta_info; a bad answer throws `engine_bad_response`
+ * naming the field. Hand-written rather than zod: it runs for every answer,
+ * streamed ones carry the cumulative token list in every event, and zod's
+ * per-tuple checks cost ~10x JSON.parse for short answers and ~1.6x for 4k
+ * tokens (bench/control-plane.ts showed it in rlq up's profile).
+ */
+export function readSglangAnswer(payload: unknown, where: string): SglangMetaInfo {
+  const bad = (what: string, path: string): never => {
+    throw new RlqError("engine_bad_response", `${where}: unexpected answer: ${what} at ${path}`, { isRetriable: true });
+  };
+  const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
+  const isCount = (v: unknown): v is number => typeof v === "number" && Number.isInteger(v) && v >= 0;
+  if (!isObject(payload)) return bad("expected an object", "(answer)");
+  if (payload.text !== undefined && typeof payload.text !== "string") bad("expected a string", "text");
+  const meta = payload.meta_info;
+  if (!isObject(meta)) return bad("expected an object", "meta_info");
+  if (meta.id !== undefined && typeof meta.id !== "string") bad("expected a string", "meta_info.id");
+  const lps = meta.output_token_logprobs;
+  if (lps !== undefined) {
+    if (!Array.isArray(lps)) bad("expected an array", "meta_info.output_token_logprobs");
+    const list = lps as unknown[];
+    for (let i = 0; i < list.length; i++) {
+      const t = list[i];
+      if (!Array.isArray(t) || t.length < 2) bad("expected [logprob, token_id, ...]", `meta_info.output_token_logprobs.${i}`);
+      const pair = t as unknown[];
+      if (typeof pair[0] !== "number") bad("expected a number", `meta_info.output_token_logprobs.${i}.0`);
+      if (!isCount(pair[1])) bad("expected a non-negative integer token id", `meta_info.output_token_logprobs.${i}.1`);
+    }
+  }
+  const fr = meta.finish_reason;
+  if (fr !== undefined && fr !== null && !(isObject(fr) && typeof fr.type === "string")) bad("expected null or {type: string}", "meta_info.finish_reason");
+  const wv = meta.weight_version;
+  if (wv !== undefined && typeof wv !== "string" && typeof wv !== "number") bad("expected a string or a number", "meta_info.weight_version");
+  if (meta.completion_tokens !== undefined && !isCount(meta.completion_tokens)) bad("expected a non-negative integer", "meta_info.completion_tokens");
+  return meta; // checked field by field above
+}
 
 /**
  * Fold one /generate answer (a stream event or the whole non-streamed body)
@@ -107,12 +142,7 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
 
   /** Fold one answer (a stream event, a whole body, or one output of a batch) into `partial`. */
   function applyAnswer(partial: PartialOutput, payload: unknown, where: string): "stop" | "length" | "abort" | null {
-    const parsed = sglangGenerateChunkSchema.safeParse(payload);
-    if (!parsed.success) {
-      const issue = parsed.error.issues[0];
-      throw new RlqError("engine_bad_response", `${where}: unexpected answer: ${issue?.message} at ${issue?.path.join(".")}`, { isRetriable: true });
-    }
-    const meta = parsed.data.meta_info;
+    const meta = readSglangAnswer(payload, where);
     if (partial.weightVersion !== null && meta.weight_version !== undefined && parseWeightVersion(meta.weight_version, where) !== partial.weightVersion) {
       // Weights changed under this request (a trainer push with generation paused, not
       // stopped): one segment holds one version, so it ends at the last event of the old one.
@@ -223,9 +253,9 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
           },
           { timeoutMs: options.requestTimeoutMs },
         );
-        const parsed = sglangGenerateChunkSchema.parse(res);
+        const where = `SGLang ${url} probe`;
         const p = emptyPartial();
-        applySglangMeta(p, parsed.meta_info, `SGLang ${url} probe`);
+        applySglangMeta(p, readSglangAnswer(res, where), where);
         return p;
       };
       const a = await run(1);

@@ -19,6 +19,8 @@ export interface JobInfo {
 export interface Queues {
   readonly backend: QueueBackend;
   enqueue<K extends QueueKind>(kind: K, data: JobData<K>, options?: { attempts?: number }): Promise<string>;
+  /** `enqueue` for many jobs of one kind in one round trip (BullMQ addBulk; ids already there are left alone). */
+  enqueueMany<K extends QueueKind>(kind: K, data: ReadonlyArray<JobData<K>>, options?: { attempts?: number }): Promise<string[]>;
   info(kind: QueueKind, jobId: string): Promise<JobInfo>;
   /** Move a failed job back to waiting (keeps its id). */
   retry(kind: QueueKind, jobId: string): Promise<void>;
@@ -50,18 +52,26 @@ export function createQueues(backend: QueueBackend): Queues {
   const idFor = <K extends QueueKind>(kind: K, data: JobData<K>): string =>
     (jobIds[kind] as (d: JobData<K>) => string)(data);
 
+  const jobOptions = (kind: QueueKind, id: string, options: { attempts?: number }) => ({
+    jobId: id,
+    attempts: options.attempts ?? defaultAttempts[kind],
+    backoff: { type: "exponential" as const, delay: 500 },
+    removeOnComplete: { age: 3600, count: 10_000 },
+    removeOnFail: false,
+  });
+
   return {
     backend,
     async enqueue(kind, data, options = {}) {
       const id = idFor(kind, data);
-      await get(kind).add(kind, data, {
-        jobId: id,
-        attempts: options.attempts ?? defaultAttempts[kind],
-        backoff: { type: "exponential", delay: 500 },
-        removeOnComplete: { age: 3600, count: 10_000 },
-        removeOnFail: false,
-      });
+      await get(kind).add(kind, data, jobOptions(kind, id, options));
       return id;
+    },
+    async enqueueMany(kind, data, options = {}) {
+      if (data.length === 0) return [];
+      const ids = data.map((d) => idFor(kind, d));
+      await get(kind).addBulk(data.map((d, i) => ({ name: kind, data: d, opts: jobOptions(kind, ids[i] as string, options) })));
+      return ids;
     },
     async info(kind, jobId) {
       const job = await get(kind).getJob(jobId);

@@ -1,6 +1,5 @@
-import type { Db } from "../store/db.ts";
-import { writeRewards, type RewardFact } from "../store/rollout-facts.ts";
-import { loadRewardJobView } from "../store/job-views.ts";
+import type { RewardFact } from "../store/rollout-facts.ts";
+import type { JobStore } from "../store/job-batch.ts";
 import type { RewardJob } from "../queue/payloads.ts";
 import type { RunContext } from "../runtime/run-context.ts";
 import { RlqError } from "../lib/errors.ts";
@@ -10,11 +9,11 @@ import { RlqError } from "../lib/errors.ts";
  * the rewards keyed by (group, sample, round). Idempotent: rewards already
  * there are kept (the first write wins) and not recomputed.
  */
-export async function scoreGroupRound(db: Db, ctx: RunContext, job: RewardJob, jobId: string): Promise<void> {
+export async function scoreGroupRound(store: JobStore, ctx: RunContext, job: RewardJob, jobId: string): Promise<void> {
   const { runId, groupId, round, step } = job;
   const n = ctx.config.n_samples_per_prompt;
   // One round trip: the round's facts, the decision behind them, rewards already stored, the group.
-  const start = await loadRewardJobView(db, job, n);
+  const start = await store.loadRewardView(job, n);
   if (!start.hasRound) {
     throw new RlqError("no_fact_behind_job", `reward job ${jobId}: round ${round} of group ${groupId} has no generation facts`);
   }
@@ -33,5 +32,5 @@ export async function scoreGroupRound(db: Db, ctx: RunContext, job: RewardJob, j
   }));
   const scored = await ctx.reward.score(inputs);
   const facts: RewardFact[] = scored.map((r, i) => ({ sampleIndex: i, reward: r.value, components: r.components }));
-  await writeRewards(db, { runId, groupId, round, step, jobId }, facts);
+  await store.writeRewards({ key: { runId, groupId, round, step, jobId }, rewards: facts });
 }

@@ -1,6 +1,5 @@
-import type { Db } from "../store/db.ts";
-import { isRoundAborted, writeRound, type RoundFacts } from "../store/rollout-facts.ts";
-import { loadRolloutJobView } from "../store/job-views.ts";
+import type { RoundFacts } from "../store/rollout-facts.ts";
+import type { JobStore } from "../store/job-batch.ts";
 import type { Engine, GenerateResult } from "../engines/engine.ts";
 import { requestId, type RolloutJob } from "../queue/payloads.ts";
 import type { RunContext } from "../runtime/run-context.ts";
@@ -18,7 +17,8 @@ import { generateCustomRound } from "./custom-generate.ts";
  * id and the partial tokens kept.
  */
 export interface RolloutDeps {
-  db: Db;
+  /** The job's statements, coalesced with the other jobs of this worker (store/job-batch.ts). */
+  store: JobStore;
   engineFor(ctx: RunContext, weightVersion: number): Promise<Engine>;
   /** Called after the round is written and complete: enqueue its reward job. */
   onRoundComplete(job: RolloutJob): Promise<void>;
@@ -26,11 +26,11 @@ export interface RolloutDeps {
 }
 
 export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job: RolloutJob, jobId: string): Promise<void> {
-  const { db } = deps;
+  const { store } = deps;
   const { runId, groupId, round, step } = job;
   const c = ctx.config;
   // One round trip: the dispatch decision, the round's marker, an abort, and the group so far.
-  const start = await loadRolloutJobView(db, job, c.n_samples_per_prompt);
+  const start = await store.loadRolloutView(job, c.n_samples_per_prompt);
   if (!start.isDispatched) {
     throw new RlqError("no_decision_behind_job", `rollout job ${jobId}: no dispatch decision for group ${groupId} round ${round} step ${step}`);
   }
@@ -57,7 +57,7 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
         };
       });
       if (!watching) break;
-      if (await isRoundAborted(db, job).catch(() => false)) {
+      if (await store.isRoundAborted(job).catch(() => false)) {
         wasAborted = true;
         watching = false;
         if (engine) await engine.abort([...inflight]).catch(() => undefined);
@@ -87,7 +87,7 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
   for (const seg of segments) finalStatus.set(seg.sampleIndex, seg.status);
   const isComplete = [...finalStatus.values()].every(isTerminal);
   segments.sort((a, b) => a.sampleIndex - b.sampleIndex);
-  await writeRound(db, {
+  await store.writeRound({
     runId,
     groupId,
     round,

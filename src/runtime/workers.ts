@@ -6,7 +6,18 @@ import { scoreGroupRound } from "../reward/worker-score-group.ts";
 import { runTrainStep } from "../trainer/run-train-step.ts";
 import { runEval } from "../rollout/run-eval.ts";
 import { upsertEngineMetrics } from "../store/engine-metrics.ts";
+import { createJobStore } from "../store/job-batch.ts";
+import { coalesce } from "../lib/coalesce.ts";
+import type { RewardJob } from "../queue/payloads.ts";
 import { createEngineProvider, createTrainerProvider, type EmbeddedFactories } from "./engines.ts";
+
+/**
+ * Jobs per queue one process runs at once. Rollout and reward jobs mostly
+ * wait (on the engine, on Postgres) and their statements are coalesced
+ * (store/job-batch.ts), so more of them at once means larger batches, not more
+ * CPU; a train job holds a trainer.
+ */
+export const defaultConcurrency: Record<QueueKind, number> = { rollout: 64, reward: 32, train: 1, eval: 2 };
 
 /** Start the workers for the given queues in this process. */
 export async function startWorkers(
@@ -18,20 +29,23 @@ export async function startWorkers(
   const engines = createEngineProvider(db, options.embedded);
   const trainers = createTrainerProvider(options.embedded);
   const handles: WorkerHandle[] = [];
+  // Concurrent jobs share statements and queue round trips (store/job-batch.ts).
+  const store = createJobStore(db);
+  const enqueueReward = coalesce<RewardJob, string>((jobs) => queues.enqueueMany("reward", jobs), { maxBatch: 256, maxInFlight: 2 });
   const onError = (kind: QueueKind) => (e: unknown, jobId: string | undefined) => log.warn({ kind, jobId, err: e instanceof Error ? e.message : String(e) }, "job failed");
   for (const kind of kinds) {
-    const concurrency = options.concurrency[kind] ?? (kind === "train" ? 1 : 16);
+    const concurrency = options.concurrency[kind] ?? defaultConcurrency[kind];
     if (kind === "rollout") {
       handles.push(
         startWorker(services.backend, "rollout", async (data, job) => {
           const ctx = await contexts.get(data.runId);
           await generateGroupRound(
             {
-              db,
+              store,
               engineFor: (c, v) => engines.engineFor(c, v),
               onRoundComplete: async (j) => {
                 services.crashPoint("rollout.before_reward_enqueue");
-                await queues.enqueue("reward", { runId: j.runId, groupId: j.groupId, round: j.round, step: j.step });
+                await enqueueReward({ runId: j.runId, groupId: j.groupId, round: j.round, step: j.step });
               },
             },
             ctx,
@@ -44,7 +58,7 @@ export async function startWorkers(
       handles.push(
         startWorker(services.backend, "reward", async (data, job) => {
           const ctx = await contexts.get(data.runId);
-          await scoreGroupRound(db, ctx, data, job.jobId);
+          await scoreGroupRound(store, ctx, data, job.jobId);
         }, { concurrency, onError: onError(kind) }),
       );
     } else if (kind === "train") {

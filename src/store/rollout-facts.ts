@@ -21,51 +21,84 @@ export interface RoundFacts {
  * Idempotent per (run, group, round): if the marker is already there (a
  * retried or duplicated job), nothing is written and `false` is returned —
  * the caller reads the stored facts back and continues with them.
- *
- * One statement, one round trip: the marker insert and the segment insert are
- * data-modifying CTEs of one statement (so one implicit transaction), and the
- * segments are inserted only if the marker was won. A concurrent writer of
- * the same marker makes ON CONFLICT wait for it and then do nothing, so the
- * loser writes no segment. Plain SQL: this runs once per rollout job, and
- * drizzle's per-value query building showed up in its CPU profile
- * (bench/control-plane.ts).
  */
 export async function writeRound(db: Db, facts: RoundFacts): Promise<boolean> {
-  const values: unknown[] = [facts.runId, facts.groupId, facts.round, facts.step, facts.jobId, facts.isComplete, facts.wasAborted];
-  // $8, the expected version, only where segments use it: Postgres refuses a parameter the statement never references.
-  if (facts.segments.length > 0) values.push(facts.expectedWeightVersion);
-  // Every parameter is cast: inside INSERT ... SELECT FROM (VALUES ...) Postgres cannot infer them from the target columns.
-  const rows = facts.segments.map((seg) => {
-    const b = values.length;
-    values.push(
-      seg.sampleIndex, seg.segmentIndex, seg.round, seg.weightVersion, seg.weightVersion !== facts.expectedWeightVersion,
-      // Array literals built here (join is native): pg's per-element array serialisation showed in the profile.
-      seg.tokenStart, seg.tokenStart + seg.tokens.length, `{${seg.tokens.join(",")}}`, `{${seg.logProbs.join(",")}}`, `{${seg.lossMask.join(",")}}`,
-      seg.engine, seg.finishReason, seg.status, seg.error,
-    );
-    return `($${b + 1}::int, $${b + 2}::int, $${b + 3}::int, $${b + 4}::int, $${b + 5}::boolean, $${b + 6}::int, $${b + 7}::int, ` +
-      `$${b + 8}::int4[], $${b + 9}::float4[], $${b + 10}::int2[], $${b + 11}::text, $${b + 12}::text, $${b + 13}::text, $${b + 14}::text)`;
+  const [won] = await writeRounds(db, [facts]);
+  return won === true;
+}
+
+/**
+ * Write several rounds (of any runs) in ONE statement: the worker coalesces
+ * concurrent rollout jobs (store/job-batch.ts). Per round, exactly what
+ * `writeRound` promises: its marker and its segments land together or not at
+ * all, and the first writer of a marker wins. Returns, per round in order,
+ * whether this call won its marker.
+ *
+ * How: the markers are inserted from unnested arrays with ON CONFLICT DO
+ * NOTHING RETURNING the keys won; the segments are inserted joined to those
+ * keys, in the same statement (data-modifying CTEs, one implicit
+ * transaction). A concurrent writer of the same marker makes ON CONFLICT wait
+ * for it and then skip it, so the loser writes no segment of that round.
+ * Markers go in key order so two overlapping batches lock in the same order.
+ * A round listed twice in one batch is written once (the later copy loses).
+ * One parameter per column (per-token arrays as array literals built here:
+ * join is native, pg's per-element serialisation showed in the profile).
+ */
+export async function writeRounds(db: Db, rounds: readonly RoundFacts[]): Promise<boolean[]> {
+  if (rounds.length === 0) return [];
+  const keyOf = (r: { runId: string; groupId: number; round: number }) => `${r.runId}\u0000${r.groupId}\u0000${r.round}`;
+  const firstIndex = new Map<string, number>();
+  rounds.forEach((r, i) => {
+    if (!firstIndex.has(keyOf(r))) firstIndex.set(keyOf(r), i);
   });
-  const segmentInsert = rows.length === 0
-    ? ""
-    : `, segments AS (
-         INSERT INTO sample_segments (run_id, group_id, sample_index, segment_index, round, step, job_id,
-           weight_version, expected_weight_version, is_version_mismatch, token_start, token_end, tokens, log_probs, loss_mask,
-           engine, finish_reason, status, error)
-         SELECT $1, $2::bigint, v.sample_index, v.segment_index, v.round, $4::int, $5, v.weight_version, $8::int, v.is_version_mismatch,
-                v.token_start, v.token_end, v.tokens, v.log_probs, v.loss_mask, v.engine, v.finish_reason, v.status, v.error
-           FROM (VALUES ${rows.join(", ")}) AS v(sample_index, segment_index, round, weight_version, is_version_mismatch,
-                  token_start, token_end, tokens, log_probs, loss_mask, engine, finish_reason, status, error)
-          WHERE EXISTS (SELECT 1 FROM marker)
-         RETURNING 1)`;
-  const res = await db.pool.query<{ won: number }>(
+  const unique = [...firstIndex.values()].map((i) => rounds[i] as RoundFacts);
+  unique.sort((a, b) => (a.runId < b.runId ? -1 : a.runId > b.runId ? 1 : a.groupId - b.groupId || a.round - b.round));
+  const m = { runId: [] as string[], groupId: [] as number[], round: [] as number[], step: [] as number[], jobId: [] as string[], isComplete: [] as boolean[], wasAborted: [] as boolean[] };
+  const g = {
+    runId: [] as string[], groupId: [] as number[], round: [] as number[], step: [] as number[], jobId: [] as string[], expected: [] as number[],
+    sampleIndex: [] as number[], segmentIndex: [] as number[], segRound: [] as number[], weightVersion: [] as number[], isMismatch: [] as boolean[],
+    tokenStart: [] as number[], tokenEnd: [] as number[], tokens: [] as string[], logProbs: [] as string[], lossMask: [] as string[],
+    engine: [] as string[], finishReason: [] as string[], status: [] as string[], error: [] as Array<string | null>,
+  };
+  for (const r of unique) {
+    m.runId.push(r.runId); m.groupId.push(r.groupId); m.round.push(r.round); m.step.push(r.step); m.jobId.push(r.jobId);
+    m.isComplete.push(r.isComplete); m.wasAborted.push(r.wasAborted);
+    for (const seg of r.segments) {
+      g.runId.push(r.runId); g.groupId.push(r.groupId); g.round.push(r.round); g.step.push(r.step); g.jobId.push(r.jobId); g.expected.push(r.expectedWeightVersion);
+      g.sampleIndex.push(seg.sampleIndex); g.segmentIndex.push(seg.segmentIndex); g.segRound.push(seg.round); g.weightVersion.push(seg.weightVersion);
+      g.isMismatch.push(seg.weightVersion !== r.expectedWeightVersion);
+      g.tokenStart.push(seg.tokenStart); g.tokenEnd.push(seg.tokenStart + seg.tokens.length);
+      g.tokens.push(`{${seg.tokens.join(",")}}`); g.logProbs.push(`{${seg.logProbs.join(",")}}`); g.lossMask.push(`{${seg.lossMask.join(",")}}`);
+      g.engine.push(seg.engine); g.finishReason.push(seg.finishReason); g.status.push(seg.status); g.error.push(seg.error);
+    }
+  }
+  const res = await db.pool.query<{ run_id: string; group_id: string; round: number }>(
     `WITH marker AS (
        INSERT INTO group_rounds (run_id, group_id, round, step, job_id, is_complete, was_aborted)
-       VALUES ($1, $2::bigint, $3::int, $4::int, $5, $6::boolean, $7::boolean) ON CONFLICT DO NOTHING RETURNING round)${segmentInsert}
-     SELECT (SELECT count(*) FROM marker)::int AS won`,
-    values,
+       SELECT * FROM unnest($1::text[], $2::bigint[], $3::int[], $4::int[], $5::text[], $6::boolean[], $7::boolean[])
+       ON CONFLICT DO NOTHING RETURNING run_id, group_id, round),
+     segments AS (
+       INSERT INTO sample_segments (run_id, group_id, sample_index, segment_index, round, step, job_id,
+         weight_version, expected_weight_version, is_version_mismatch, token_start, token_end, tokens, log_probs, loss_mask,
+         engine, finish_reason, status, error)
+       SELECT v.run_id, v.group_id, v.sample_index, v.segment_index, v.seg_round, v.step, v.job_id, v.weight_version, v.expected,
+              v.is_mismatch, v.token_start, v.token_end, v.tokens::int4[], v.log_probs::float4[], v.loss_mask::int2[],
+              v.engine, v.finish_reason, v.status, v.error
+         FROM unnest($8::text[], $9::bigint[], $10::int[], $11::int[], $12::text[], $13::int[], $14::int[], $15::int[], $16::int[], $17::int[],
+                     $18::boolean[], $19::int[], $20::int[], $21::text[], $22::text[], $23::text[], $24::text[], $25::text[], $26::text[], $27::text[])
+           AS v(run_id, group_id, round, step, job_id, expected, sample_index, segment_index, seg_round, weight_version,
+                is_mismatch, token_start, token_end, tokens, log_probs, loss_mask, engine, finish_reason, status, error)
+         JOIN marker w ON w.run_id = v.run_id AND w.group_id = v.group_id AND w.round = v.round
+       RETURNING 1)
+     SELECT run_id, group_id, round FROM marker`,
+    [
+      m.runId, m.groupId, m.round, m.step, m.jobId, m.isComplete, m.wasAborted,
+      g.runId, g.groupId, g.round, g.step, g.jobId, g.expected, g.sampleIndex, g.segmentIndex, g.segRound, g.weightVersion,
+      g.isMismatch, g.tokenStart, g.tokenEnd, g.tokens, g.logProbs, g.lossMask, g.engine, g.finishReason, g.status, g.error,
+    ],
   );
-  return (res.rows[0]?.won ?? 0) > 0;
+  const won = new Set(res.rows.map((r) => keyOf({ runId: r.run_id, groupId: Number(r.group_id), round: r.round })));
+  return rounds.map((r, i) => firstIndex.get(keyOf(r)) === i && won.has(keyOf(r)));
 }
 
 /** Segments of several groups: group id → sample index → segments. */
@@ -137,22 +170,30 @@ export interface RewardFact {
   components: Record<string, unknown>;
 }
 
+export interface RewardWrite {
+  key: { runId: string; groupId: number; round: number; step: number; jobId: string };
+  rewards: readonly RewardFact[];
+}
+
 /** Write a round's rewards (idempotent per sample and round; the first write wins). */
-export async function writeRewards(
-  db: Db,
-  key: { runId: string; groupId: number; round: number; step: number; jobId: string },
-  rewards: readonly RewardFact[],
-): Promise<void> {
-  if (rewards.length === 0) return;
-  const values: unknown[] = [];
-  const rows = rewards.map((r, i) => {
-    values.push(key.runId, key.groupId, r.sampleIndex, key.round, key.step, key.jobId, r.reward, JSON.stringify(r.components));
-    const b = i * 8;
-    return `($${b + 1}, $${b + 2}, $${b + 3}, $${b + 4}, $${b + 5}, $${b + 6}, $${b + 7}, $${b + 8}::jsonb)`;
-  });
+export async function writeRewards(db: Db, key: RewardWrite["key"], rewards: readonly RewardFact[]): Promise<void> {
+  await writeRewardsOfRounds(db, [{ key, rewards }]);
+}
+
+/** The rewards of several rounds (of any runs) in one statement, one parameter per column; the first write of each wins. */
+export async function writeRewardsOfRounds(db: Db, writes: readonly RewardWrite[]): Promise<void> {
+  const rows = writes.flatMap((w) => w.rewards.map((r) => ({ ...w.key, ...r })));
+  if (rows.length === 0) return;
+  // Key order: two overlapping statements take their row locks in the same order.
+  rows.sort((a, b) => (a.runId < b.runId ? -1 : a.runId > b.runId ? 1 : a.groupId - b.groupId || a.round - b.round || a.sampleIndex - b.sampleIndex));
   await db.pool.query(
-    `INSERT INTO sample_rewards (run_id, group_id, sample_index, round, step, job_id, reward, components) VALUES ${rows.join(", ")} ON CONFLICT DO NOTHING`,
-    values,
+    `INSERT INTO sample_rewards (run_id, group_id, sample_index, round, step, job_id, reward, components)
+     SELECT * FROM unnest($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[], $6::text[], $7::float8[], $8::jsonb[])
+     ON CONFLICT DO NOTHING`,
+    [
+      rows.map((r) => r.runId), rows.map((r) => r.groupId), rows.map((r) => r.sampleIndex), rows.map((r) => r.round),
+      rows.map((r) => r.step), rows.map((r) => r.jobId), rows.map((r) => r.reward), rows.map((r) => JSON.stringify(r.components)),
+    ],
   );
 }
 
@@ -225,11 +266,18 @@ export function roundAbortedSql(p: { runId: string; groupId: string; round: stri
 
 /** Whether a rollout job's round is being aborted (`roundAbortedSql`): the abort watcher polls it. */
 export async function isRoundAborted(db: Db, key: { runId: string; groupId: number; round: number; step: number }): Promise<boolean> {
-  const res = await db.pool.query<{ is_aborted: boolean }>(`SELECT ${roundAbortedSql({ runId: "$1", groupId: "$2", round: "$3", step: "$4" })} AS is_aborted`, [
-    key.runId,
-    key.groupId,
-    key.round,
-    key.step,
-  ]);
-  return res.rows[0]?.is_aborted === true;
+  const [r] = await areRoundsAborted(db, [key]);
+  return r === true;
+}
+
+/** `isRoundAborted` for several rounds (of any runs) in one statement, in key order. */
+export async function areRoundsAborted(db: Db, keys: ReadonlyArray<{ runId: string; groupId: number; round: number; step: number }>): Promise<boolean[]> {
+  if (keys.length === 0) return [];
+  const res = await db.pool.query<{ i: string; is_aborted: boolean }>(
+    `SELECT k.i, ${roundAbortedSql({ runId: "k.run_id", groupId: "k.group_id", round: "k.round", step: "k.step" })} AS is_aborted
+       FROM unnest($1::text[], $2::bigint[], $3::int[], $4::int[]) WITH ORDINALITY AS k(run_id, group_id, round, step, i)`,
+    [keys.map((k) => k.runId), keys.map((k) => k.groupId), keys.map((k) => k.round), keys.map((k) => k.step)],
+  );
+  const aborted = new Map(res.rows.map((r) => [Number(r.i), r.is_aborted]));
+  return keys.map((_, i) => aborted.get(i + 1) === true);
 }

@@ -4,7 +4,7 @@ import { basename, dirname, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import type { Db } from "../store/db.ts";
 import { findDecisions } from "../store/run-facts.ts";
-import { loadGroupWithRewards } from "../store/group-view.ts";
+import { loadGroupsWithRewards } from "../store/group-view.ts";
 import { commitTrainStep, loadTrainStep } from "../store/train-facts.ts";
 import type { TrainJob } from "../queue/payloads.ts";
 import type { RunContext } from "../runtime/run-context.ts";
@@ -45,15 +45,25 @@ export async function loadTrainBatch(db: Db, ctx: RunContext, step: number): Pro
   let numTokens = 0;
   // staleness_policy mask: tokens older than the bound get loss mask 0 (the same rule the controller's history rows used).
   const minVersion = maskMinVersion(stalenessRule(config), step);
-  for (const [gi, groupId] of seal.kept.entries()) {
-    const kept = verdicts.filter((v) => v.groupId === groupId && v.keep).pop();
+  // Each kept group's last keep verdict of the step says which round's rewards it trains on.
+  const lastKeep = new Map(verdicts.filter((v) => v.keep).map((v) => [v.groupId, v]));
+  const keys = seal.kept.map((groupId) => {
+    const kept = lastKeep.get(groupId);
     if (!kept) throw new RlqError("batch_inconsistent", `train step ${step}: kept group ${groupId} has no keep verdict`);
-    const mask = config.mask_offpolicy_in_partial_rollout ? kept.round : null;
-    const g = await loadGroupWithRewards(db, runId, groupId, kept.round, config.n_samples_per_prompt, mask);
+    return { groupId, round: kept.round, maskBeforeRound: config.mask_offpolicy_in_partial_rollout ? kept.round : null };
+  });
+  // Groups load in chunks (four statements per chunk, not per group: a 1k-group step was 4k statements).
+  const views: Awaited<ReturnType<typeof loadGroupsWithRewards>> = new Map();
+  for (let i = 0; i < keys.length; i += 256) {
+    for (const [id, v] of await loadGroupsWithRewards(db, runId, keys.slice(i, i + 256), config.n_samples_per_prompt)) views.set(id, v);
+  }
+  for (const [gi, { groupId, round }] of keys.entries()) {
+    const g = views.get(groupId);
+    if (!g) throw new RlqError("group_not_found", `train step ${step}: run ${runId}: group ${groupId} was never drawn`);
     for (const assembled of g.samples) {
       const s = maskStale(assembled, minVersion);
       const r = g.rewards.get(s.sampleIndex);
-      if (!r) throw new RlqError("batch_inconsistent", `train step ${step}: group ${groupId} sample ${s.sampleIndex} has no reward for round ${kept.round}`);
+      if (!r) throw new RlqError("batch_inconsistent", `train step ${step}: group ${groupId} sample ${s.sampleIndex} has no reward for round ${round}`);
       samples.push({
         tokens: Int32Array.from([...g.prompt.promptTokens, ...s.responseTokens]),
         promptLength: g.prompt.promptTokens.length,

@@ -11,8 +11,8 @@ export interface Proc {
   kill(signal?: NodeJS.Signals): void;
 }
 
-export function spawnTs(script: string, args: string[], env: Record<string, string> = {}): Proc {
-  const child = spawn(process.execPath, ["--import", "tsx", script, ...args], {
+export function spawnTs(script: string, args: string[], env: Record<string, string> = {}, nodeArgs: string[] = []): Proc {
+  const child = spawn(process.execPath, [...nodeArgs, "--import", "tsx", script, ...args], {
     cwd: repoRoot,
     env: { ...process.env, ...env },
     stdio: ["ignore", "pipe", "pipe"],
@@ -49,8 +49,8 @@ export async function spawnFake(script: string, args: string[] = []): Promise<Pr
   return { ...p, url: `http://127.0.0.1:${port}` };
 }
 
-export function spawnRlq(args: string[], env: Record<string, string>): Proc {
-  return spawnTs("src/cli/main.ts", args, env);
+export function spawnRlq(args: string[], env: Record<string, string>, nodeArgs: string[] = []): Proc {
+  return spawnTs("src/cli/main.ts", args, env, nodeArgs);
 }
 
 /** Poll a predicate over facts until it holds (the timeout only bounds a broken run). */

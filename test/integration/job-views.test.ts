@@ -3,9 +3,10 @@ import { createDb, type Db } from "../../src/store/db.ts";
 import { createTestDatabase } from "../helpers/services.ts";
 import { insertDrawnPrompts, insertRun } from "../../src/store/run-facts.ts";
 import { appendDecisions } from "../../src/store/decision-log.ts";
-import { writeRewards, writeRound, type RoundFacts } from "../../src/store/rollout-facts.ts";
+import { areRoundsAborted, writeRewards, writeRewardsOfRounds, writeRound, writeRounds, type RoundFacts } from "../../src/store/rollout-facts.ts";
 import { loadGroupView, loadGroupWithRewards } from "../../src/store/group-view.ts";
-import { loadRewardJobView, loadRolloutJobView } from "../../src/store/job-views.ts";
+import { loadRewardJobView, loadRewardJobViews, loadRolloutJobView, loadRolloutJobViews } from "../../src/store/job-views.ts";
+import { createJobStore } from "../../src/store/job-batch.ts";
 import type { Decision } from "../../src/core/decisions.ts";
 
 /**
@@ -112,5 +113,86 @@ describe("job views and the one-statement round write", () => {
     const done = await loadRewardJobView(db, key, n);
     expect(done).toMatchObject({ rewardCount: 3, view: null });
     expect((await loadGroupWithRewards(db, runId, 0, 0, n, null)).rewards.size).toBe(3);
+  });
+
+  it("batched: one statement serves jobs of several runs, each key gets its own answer, a duplicate round is written once", async () => {
+    const other = "jv2";
+    await insertRun(db, { runId: other, name: other, config: {}, datasetFingerprint: "x", datasetSize: 1, datasetErrors: [], pluginFingerprints: {} });
+    await appendDecisions(db, other, 0, 2, [{ kind: "group.dispatched", payload: { groupId: 0, round: 0, step: 0, weightVersion: 0 } }], (tx) =>
+      insertDrawnPrompts(tx, [{ runId: other, drawOrdinal: 0, epoch: 0, datasetIndex: 1, step: 0, prompt: "other", label: null, metadata: {}, promptTokens: [256] }]),
+    );
+    const views = await loadRolloutJobViews(
+      db,
+      [
+        { runId, groupId: 0, round: 7, step: 0 }, // not dispatched
+        { runId: other, groupId: 0, round: 0, step: 0 },
+        { runId, groupId: 0, round: 0, step: 0 }, // already written
+        { runId, groupId: 5, round: 0, step: 0 }, // never drawn, never dispatched: refused, not an error
+      ],
+      (id) => (id === other ? 2 : n),
+    );
+    expect(views.map((v) => (v instanceof Error ? v.message : [v.isDispatched, v.hasRound, v.view?.samples.length ?? null]))).toEqual([
+      [false, false, null],
+      [true, false, 2],
+      [true, true, null],
+      [false, false, null],
+    ]);
+    const single = await loadRolloutJobView(db, { runId: other, groupId: 0, round: 0, step: 0 }, 2);
+    expect(views[1]).toEqual(single);
+
+    const mine: RoundFacts = {
+      runId: other, groupId: 0, round: 0, step: 0, jobId: "gen-jv2-0-0", expectedWeightVersion: 0, isComplete: true, wasAborted: false,
+      segments: [segment(0, 0, 0, [80, 257], [-1, -0.5], "completed"), { ...segment(1, 0, 0, [81], [-2], "truncated"), weightVersion: 3 }],
+    };
+    const won = await writeRounds(db, [
+      mine,
+      { ...mine, jobId: "gen-jv2-0-0-dup", segments: [segment(0, 0, 0, [99], [-9], "completed")] },
+      { runId, groupId: 0, round: 0, step: 0, jobId: "gen-0-0-late", expectedWeightVersion: 0, isComplete: true, wasAborted: false, segments: [] },
+    ]);
+    expect(won).toEqual([true, false, false]);
+    const rows = await db.pool.query("SELECT run_id, sample_index, job_id, tokens, is_version_mismatch FROM sample_segments WHERE run_id = $1 ORDER BY sample_index", [other]);
+    expect(rows.rows).toEqual([
+      { run_id: other, sample_index: 0, job_id: "gen-jv2-0-0", tokens: [80, 257], is_version_mismatch: false },
+      { run_id: other, sample_index: 1, job_id: "gen-jv2-0-0", tokens: [81], is_version_mismatch: true },
+    ]);
+
+    // Reward views and writes, batched the same way; the first write of a reward wins.
+    await writeRewardsOfRounds(db, [
+      { key: { runId: other, groupId: 0, round: 0, step: 0, jobId: "rwd-jv2-0-0" }, rewards: [{ sampleIndex: 0, reward: 1, components: { a: 1 } }] },
+      { key: { runId: other, groupId: 0, round: 0, step: 0, jobId: "rwd-jv2-0-0-dup" }, rewards: [{ sampleIndex: 0, reward: 5, components: {} }, { sampleIndex: 1, reward: 0, components: {} }] },
+    ]);
+    const rewards = await db.pool.query("SELECT sample_index, reward, job_id, components FROM sample_rewards WHERE run_id = $1 ORDER BY sample_index", [other]);
+    expect(rewards.rows).toEqual([
+      { sample_index: 0, reward: 1, job_id: "rwd-jv2-0-0", components: { a: 1 } },
+      { sample_index: 1, reward: 0, job_id: "rwd-jv2-0-0-dup", components: {} },
+    ]);
+    const rv = await loadRewardJobViews(db, [{ runId: other, groupId: 0, round: 0 }, { runId, groupId: 0, round: 0 }, { runId, groupId: 0, round: 4 }], (id) => (id === other ? 2 : n));
+    expect(rv.map((v) => (v instanceof Error ? v.message : [v.hasRound, v.isDispatched, v.rewardCount, v.view === null]))).toEqual([
+      [true, true, 2, true],
+      [true, true, 3, true],
+      [false, false, 0, true],
+    ]);
+
+    // The abort check, batched: round 0 of jv1 group 0 is listed by no seal and no group.aborted.
+    await decide([{ kind: "group.aborted", payload: { groupId: 0, round: 1, step: 0, reason: "test" } }]);
+    expect(await areRoundsAborted(db, [{ runId, groupId: 0, round: 0, step: 0 }, { runId, groupId: 0, round: 1, step: 0 }, { runId: other, groupId: 0, round: 1, step: 0 }])).toEqual([false, true, false]);
+  });
+
+  it("the job store coalesces concurrent jobs' statements and answers each job as the one-job statements do", async () => {
+    const store = createJobStore(db, { maxBatch: 3 });
+    const keys = [0, 1, 2, 3, 4].map((round) => ({ runId, groupId: 0, round, step: 0 }));
+    const [views, singles] = await Promise.all([
+      Promise.all(keys.map((k) => store.loadRolloutView(k, n))),
+      Promise.all(keys.map((k) => loadRolloutJobView(db, k, n))),
+    ]);
+    expect(views).toEqual(singles);
+    // A bad round (a token id out of int4 range: the statement fails) fails its own job only.
+    await decide([3, 4].map((round) => ({ kind: "group.dispatched" as const, payload: { groupId: 0, round, step: 0, weightVersion: 0 } })));
+    const ok: RoundFacts = { runId, groupId: 0, round: 3, step: 0, jobId: "gen-0-3", expectedWeightVersion: 0, isComplete: false, wasAborted: true, segments: [] };
+    const bad: RoundFacts = { ...ok, round: 4, jobId: "gen-0-4", segments: [segment(0, 1, 4, [2 ** 40], [-1], "aborted")] };
+    const out = await Promise.allSettled([store.writeRound(ok), store.writeRound(bad)]);
+    expect(out[0]).toEqual({ status: "fulfilled", value: true });
+    expect(out[1]?.status).toBe("rejected");
+    expect((await loadRolloutJobView(db, { runId, groupId: 0, round: 4, step: 0 }, n)).hasRound).toBe(false);
   });
 });
