@@ -19,6 +19,9 @@ import { RlqError } from "../lib/errors.ts";
  * exactly what the controller sees. Segments come back as JSON: float4 values
  * print the same shortest text as in the array format the driver parses
  * (non-finite ones come back as strings and are converted).
+ *
+ * The statements take a batch of keys (of any runs): a worker coalesces the
+ * starts of the jobs it runs at once into one statement (store/job-batch.ts).
  */
 function groupColumns(runId: string, groupId: string): string {
   return `
