@@ -414,20 +414,18 @@ class RunController {
     const keys = [...s.draining].map(([groupId, round]) => ({ groupId, round }));
     const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
     const landed = keys.filter((k) => statuses.has(k.groupId)).sort((a, b) => a.groupId - b.groupId);
-    // Every landed group's outcome in one commit (with its history rows when discarded).
-    if (landed.length > 0 && c.partial_rollout) {
-      await this.commit(landed.map((k) => ({ kind: "group.outcome", payload: { groupId: k.groupId, step: s.step, outcome: "buffered", reason: "aborted" } })));
-    } else if (landed.length > 0) {
-      const views = await loadGroupsWithRewards(this.deps.db, s.runId, landed.map((k) => ({ ...k, maskBeforeRound: null })), c.n_samples_per_prompt);
-      const rows = landed.flatMap((k) => {
-        const g = views.get(k.groupId);
-        if (!g) throw new RlqError("group_not_found", `run ${s.runId}: group ${k.groupId} was never drawn`);
-        return historyRows(s.runId, s.step, g, null, "discarded", "aborted", (ids) => this.ctx.tokenizer.decode(ids), null);
-      });
-      await this.commit(
-        landed.map((k) => ({ kind: "group.outcome", payload: { groupId: k.groupId, step: s.step, outcome: "discarded", reason: "aborted" } })),
-        (tx) => insertHistory(tx, rows),
-      );
+    // The landed groups' outcomes, 256 groups per commit (with their history rows when discarded).
+    for (let i = 0; i < landed.length; i += 256) {
+      const chunk = landed.slice(i, i + 256);
+      const outcome = c.partial_rollout ? ("buffered" as const) : ("discarded" as const);
+      const decisions = chunk.map((k) => ({ kind: "group.outcome" as const, payload: { groupId: k.groupId, step: s.step, outcome, reason: "aborted" } }));
+      if (c.partial_rollout) {
+        await this.commit(decisions);
+        continue;
+      }
+      const views = await loadGroupsWithRewards(this.deps.db, s.runId, chunk.map((k) => ({ ...k, maskBeforeRound: null })), c.n_samples_per_prompt);
+      const rows = [...views.values()].flatMap((g) => historyRows(s.runId, s.step, g, null, "discarded", "aborted", (ids) => this.ctx.tokenizer.decode(ids), null));
+      await this.commit(decisions, (tx) => insertHistory(tx, rows));
     }
     if (s.draining.size > 0) return landed.length > 0;
     await this.commit([{ kind: "train.dispatched", payload: { step: s.step, weightVersionIn: s.trainedVersion } }]);

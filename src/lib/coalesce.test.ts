@@ -83,7 +83,8 @@ describe("coalesce", () => {
     await expect(call(1)).rejects.toThrow(/fewer results than keys/);
   });
 
-  it("refuses a bad maxBatch", () => {
+  it("refuses a bad maxBatch or maxInFlight", () => {
     expect(() => coalesce(async () => [], { maxBatch: 0 })).toThrow(/maxBatch must be a positive integer, got 0/);
+    expect(() => coalesce(async () => [], { maxBatch: 1, maxInFlight: 0 })).toThrow(/maxInFlight must be a positive integer, got 0/);
   });
 });

@@ -9,7 +9,8 @@
  * per key, in order; an `Error` entry rejects only that caller. If `run`
  * throws for a batch of several keys (one bad row fails a multi-row
  * statement), each key is retried alone, so one caller's bad input cannot
- * fail the others' work.
+ * fail the others' work. A batch runner must therefore be safe to run again
+ * for keys whose batch failed: idempotent writes, as every rlq fact write is.
  */
 export interface CoalesceOptions {
   /** Most keys per batch. */
@@ -23,6 +24,7 @@ export type BatchRunner<K, R> = (keys: K[]) => Promise<Array<R | Error>>;
 export function coalesce<K, R>(run: BatchRunner<K, R>, options: CoalesceOptions): (key: K) => Promise<R> {
   if (!Number.isInteger(options.maxBatch) || options.maxBatch < 1) throw new Error(`coalesce: maxBatch must be a positive integer, got ${options.maxBatch}`);
   const maxInFlight = options.maxInFlight ?? 1;
+  if (!Number.isInteger(maxInFlight) || maxInFlight < 1) throw new Error(`coalesce: maxInFlight must be a positive integer, got ${options.maxInFlight}`);
   type Waiter = { key: K; resolve(r: R): void; reject(e: unknown): void };
   const queue: Waiter[] = [];
   let inFlight = 0;
@@ -43,16 +45,15 @@ export function coalesce<K, R>(run: BatchRunner<K, R>, options: CoalesceOptions)
         (batch[0] as Waiter).reject(e);
         return;
       }
-      // Isolate the failure: each key alone.
-      await Promise.all(
-        batch.map(async (w) => {
-          try {
-            settle(w, (await run([w.key]))[0]);
-          } catch (e1) {
-            w.reject(e1);
-          }
-        }),
-      );
+      // Isolate the failure: each key alone, one after another (a burst of
+      // single calls would compete with the other batches for connections).
+      for (const w of batch) {
+        try {
+          settle(w, (await run([w.key]))[0]);
+        } catch (e1) {
+          w.reject(e1);
+        }
+      }
     }
   };
 

@@ -15,6 +15,11 @@ import { areRoundsAborted, writeRewardsOfRounds, writeRounds, type RewardWrite, 
  */
 export interface JobStore {
   loadRolloutView(key: RolloutJobKey, nSamples: number): Promise<RolloutJobView>;
+  /**
+   * Whether this call won the round's marker. Advisory: if a batch committed but
+   * its answer was lost, the per-key retry reports false for a round it did write.
+   * Callers read the stored facts back either way.
+   */
   writeRound(facts: RoundFacts): Promise<boolean>;
   isRoundAborted(key: RolloutJobKey): Promise<boolean>;
   loadRewardView(key: RewardJobKey, nSamples: number): Promise<RewardJobView>;

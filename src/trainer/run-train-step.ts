@@ -53,13 +53,12 @@ export async function loadTrainBatch(db: Db, ctx: RunContext, step: number): Pro
     return { groupId, round: kept.round, maskBeforeRound: config.mask_offpolicy_in_partial_rollout ? kept.round : null };
   });
   // Groups load in chunks (four statements per chunk, not per group: a 1k-group step was 4k statements).
-  const views: Awaited<ReturnType<typeof loadGroupsWithRewards>> = new Map();
-  for (let i = 0; i < keys.length; i += 256) {
-    for (const [id, v] of await loadGroupsWithRewards(db, runId, keys.slice(i, i + 256), config.n_samples_per_prompt)) views.set(id, v);
-  }
+  const chunk = 256;
+  let views: Awaited<ReturnType<typeof loadGroupsWithRewards>> = new Map();
   for (const [gi, { groupId, round }] of keys.entries()) {
+    if (gi % chunk === 0) views = await loadGroupsWithRewards(db, runId, keys.slice(gi, gi + chunk), config.n_samples_per_prompt);
     const g = views.get(groupId);
-    if (!g) throw new RlqError("group_not_found", `train step ${step}: run ${runId}: group ${groupId} was never drawn`);
+    if (!g) throw new Error(`unreachable: group ${groupId} was loaded with its chunk`);
     for (const assembled of g.samples) {
       const s = maskStale(assembled, minVersion);
       const r = g.rewards.get(s.sampleIndex);
