@@ -5,7 +5,7 @@
  */
 import { spawnSync } from "node:child_process";
 
-const all = ["control-plane", "recovery", "embedded-model", "engine-pool", "tis-mismatch"];
+const all = ["control-plane", "recovery", "group-load", "embedded-model", "engine-pool", "tis-mismatch"];
 const pick = process.argv.slice(2).filter((a) => !a.startsWith("-"));
 for (const name of pick.length > 0 ? pick : all) {
   const r = spawnSync(process.execPath, ["--import", "tsx", `bench/${name}.ts`], { stdio: "inherit" });

@@ -1,9 +1,6 @@
 import type { Db } from "./db.ts";
-import type { DrawnPromptRow } from "./run-facts.ts";
-import { addCut, roundAbortedSql } from "./rollout-facts.ts";
-import { assembleGroupView, type GroupView } from "./group-view.ts";
-import type { SampleStatus, SegmentFact } from "../core/sample.ts";
-import { RlqError } from "../lib/errors.ts";
+import { roundAbortedSql } from "./rollout-facts.ts";
+import { groupColumns, groupFromRow, groupKeysFrom, type GroupRow, type GroupView } from "./group-view.ts";
 
 /**
  * What a rollout or reward job reads when it starts, in ONE round trip: the
@@ -23,72 +20,6 @@ import { RlqError } from "../lib/errors.ts";
  * The statements take a batch of keys (of any runs): a worker coalesces the
  * starts of the jobs it runs at once into one statement (store/job-batch.ts).
  */
-function groupColumns(runId: string, groupId: string): string {
-  return `
-  p.draw_ordinal, p.epoch, p.dataset_index, p.step AS draw_step, p.prompt, p.label, p.metadata, p.prompt_tokens,
-  (SELECT json_agg(json_build_array(s.sample_index, s.segment_index, s.round, s.weight_version, s.tokens, s.log_probs,
-                                    s.loss_mask, s.finish_reason, s.status, s.engine))
-     FROM sample_segments s WHERE s.run_id = ${runId} AND s.group_id = ${groupId}) AS segments,
-  (SELECT json_agg(c.payload) FROM decisions c WHERE c.run_id = ${runId} AND c.group_id = ${groupId} AND c.kind = 'group.cut') AS cuts`;
-}
-
-/** The keys of a batch as a relation `k` with an ordinal `i` (1-based): one statement serves many jobs. */
-function keysFrom(columns: string[]): string {
-  const names = columns.map((c) => c.split(" ")[0]).join(", ");
-  const arrays = columns.map((c, i) => `$${i + 1}::${c.split(" ")[1]}[]`).join(", ");
-  return `unnest(${arrays}) WITH ORDINALITY AS k(${names}, i)
-     LEFT JOIN drawn_prompts p ON p.run_id = k.run_id AND p.draw_ordinal = k.group_id`;
-}
-
-interface GroupRow {
-  draw_ordinal: number | null;
-  epoch: number;
-  dataset_index: number;
-  draw_step: number;
-  prompt: string;
-  label: string | null;
-  metadata: unknown;
-  prompt_tokens: number[];
-  /** [sample_index, segment_index, round, weight_version, tokens, log_probs, loss_mask, finish_reason, status, engine] */
-  segments: Array<[number, number, number, number, number[], Array<number | string>, number[], string, string, string]> | null;
-  cuts: unknown[] | null;
-}
-
-function groupFromRow(runId: string, groupId: number, row: GroupRow, nSamples: number): GroupView {
-  if (row.draw_ordinal === null) throw new RlqError("group_not_found", `run ${runId}: group ${groupId} was never drawn`);
-  const prompt: DrawnPromptRow = {
-    drawOrdinal: row.draw_ordinal,
-    epoch: row.epoch,
-    datasetIndex: row.dataset_index,
-    step: row.draw_step,
-    prompt: row.prompt,
-    label: row.label,
-    metadata: row.metadata,
-    promptTokens: row.prompt_tokens,
-  };
-  const segments = new Map<number, SegmentFact[]>();
-  for (const [sampleIndex, segmentIndex, round, weightVersion, tokens, logProbs, lossMask, finishReason, status, engine] of row.segments ?? []) {
-    const list = segments.get(sampleIndex) ?? [];
-    segments.set(sampleIndex, list);
-    list.push({
-      sampleIndex,
-      segmentIndex,
-      round,
-      weightVersion,
-      tokens,
-      // JSON has no -Infinity/NaN: Postgres quotes them.
-      logProbs: logProbs.map((v) => (typeof v === "number" ? v : Number(v))),
-      lossMask,
-      finishReason,
-      status: status as SampleStatus,
-      engine,
-    });
-  }
-  const cuts = new Map<number, number>();
-  for (const payload of row.cuts ?? []) addCut(cuts, payload);
-  return assembleGroupView(groupId, prompt, segments, cuts, nSamples, null);
-}
-
 export interface RolloutJobView {
   /** A `group.dispatched` decision for this (group, round, step) exists. */
   isDispatched: boolean;
@@ -121,7 +52,7 @@ export async function loadRolloutJobViews(db: Db, keys: readonly RolloutJobKey[]
        EXISTS (SELECT 1 FROM group_rounds r WHERE r.run_id = k.run_id AND r.group_id = k.group_id AND r.round = k.round) AS has_round,
        ${roundAbortedSql({ runId: "k.run_id", groupId: "k.group_id", round: "k.round", step: "k.step" })} AS is_aborted,
        ${groupColumns("k.run_id", "k.group_id")}
-     FROM ${keysFrom(["run_id text", "group_id bigint", "round int", "step int"])}`,
+     FROM ${groupKeysFrom(["run_id text", "group_id bigint", "round int", "step int"])}`,
     [keys.map((k) => k.runId), keys.map((k) => k.groupId), keys.map((k) => k.round), keys.map((k) => k.step)],
   );
   return inKeyOrder(keys, res.rows, (key, row) => {
@@ -130,7 +61,7 @@ export async function loadRolloutJobViews(db: Db, keys: readonly RolloutJobKey[]
       isDispatched: row.is_dispatched,
       hasRound: row.has_round,
       isAborted: row.is_aborted,
-      view: isUsable ? groupFromRow(key.runId, key.groupId, row, nSamples(key.runId)) : null,
+      view: isUsable ? groupFromRow(key.runId, key.groupId, row, nSamples(key.runId), null) : null,
     };
   });
 }
@@ -186,7 +117,7 @@ export async function loadRewardJobViews(db: Db, keys: readonly RewardJobKey[], 
                  AND (d.payload->>'round')::int = k.round) AS is_dispatched,
        (SELECT count(*)::int FROM sample_rewards w WHERE w.run_id = k.run_id AND w.group_id = k.group_id AND w.round = k.round) AS reward_count,
        ${groupColumns("k.run_id", "k.group_id")}
-     FROM ${keysFrom(["run_id text", "group_id bigint", "round int"])}`,
+     FROM ${groupKeysFrom(["run_id text", "group_id bigint", "round int"])}`,
     [keys.map((k) => k.runId), keys.map((k) => k.groupId), keys.map((k) => k.round)],
   );
   return inKeyOrder(keys, res.rows, (key, row) => {
@@ -196,7 +127,7 @@ export async function loadRewardJobViews(db: Db, keys: readonly RewardJobKey[], 
       hasRound: row.has_round,
       isDispatched: row.is_dispatched,
       rewardCount: row.reward_count,
-      view: isUsable ? groupFromRow(key.runId, key.groupId, row, n) : null,
+      view: isUsable ? groupFromRow(key.runId, key.groupId, row, n, null) : null,
     };
   });
 }

@@ -1,7 +1,5 @@
-import { and, eq, inArray } from "drizzle-orm";
 import type { Db } from "./db.ts";
-import { decisions, groupRounds, sampleRewards, sampleSegments } from "./schema/index.ts";
-import type { SampleStatus, SegmentFact } from "../core/sample.ts";
+import type { SegmentFact } from "../core/sample.ts";
 
 /** What one rollout job (a group's round) produced. */
 export interface RoundFacts {
@@ -101,34 +99,6 @@ export async function writeRounds(db: Db, rounds: readonly RoundFacts[]): Promis
   return rounds.map((r, i) => firstIndex.get(keyOf(r)) === i && won.has(keyOf(r)));
 }
 
-/** Segments of several groups: group id → sample index → segments. */
-export async function loadSegmentsOfGroups(db: Db, runId: string, groupIds: readonly number[]): Promise<Map<number, Map<number, SegmentFact[]>>> {
-  const rows = await db.db
-    .select()
-    .from(sampleSegments)
-    .where(and(eq(sampleSegments.runId, runId), inArray(sampleSegments.groupId, [...groupIds])));
-  const out = new Map<number, Map<number, SegmentFact[]>>();
-  for (const r of rows) {
-    const group = out.get(r.groupId) ?? new Map<number, SegmentFact[]>();
-    out.set(r.groupId, group);
-    const list = group.get(r.sampleIndex) ?? [];
-    group.set(r.sampleIndex, list);
-    list.push({
-      sampleIndex: r.sampleIndex,
-      segmentIndex: r.segmentIndex,
-      round: r.round,
-      weightVersion: r.weightVersion,
-      tokens: r.tokens,
-      logProbs: r.logProbs,
-      lossMask: r.lossMask,
-      finishReason: r.finishReason,
-      status: r.status as SampleStatus,
-      engine: r.engine,
-    });
-  }
-  return out;
-}
-
 export interface RoundStatus {
   groupId: number;
   round: number;
@@ -195,55 +165,6 @@ export async function writeRewardsOfRounds(db: Db, writes: readonly RewardWrite[
       rows.map((r) => r.step), rows.map((r) => r.jobId), rows.map((r) => r.reward), rows.map((r) => JSON.stringify(r.components)),
     ],
   );
-}
-
-export async function loadRewards(db: Db, runId: string, groupId: number, round: number): Promise<Map<number, RewardFact>> {
-  const rows = await db.db
-    .select()
-    .from(sampleRewards)
-    .where(and(eq(sampleRewards.runId, runId), eq(sampleRewards.groupId, groupId), eq(sampleRewards.round, round)));
-  return new Map(rows.map((r) => [r.sampleIndex, { sampleIndex: r.sampleIndex, reward: r.reward, components: r.components as Record<string, unknown> }]));
-}
-
-export async function loadRewardsOfGroups(db: Db, runId: string, groupIds: readonly number[]): Promise<Map<number, Array<RewardFact & { round: number }>>> {
-  const rows = await db.db
-    .select()
-    .from(sampleRewards)
-    .where(and(eq(sampleRewards.runId, runId), inArray(sampleRewards.groupId, [...groupIds])));
-  const out = new Map<number, Array<RewardFact & { round: number }>>();
-  for (const r of rows) {
-    const list = out.get(r.groupId) ?? [];
-    list.push({ sampleIndex: r.sampleIndex, round: r.round, reward: r.reward, components: r.components as Record<string, unknown> });
-    out.set(r.groupId, list);
-  }
-  return out;
-}
-
-export async function hasRound(db: Db, runId: string, groupId: number, round: number): Promise<boolean> {
-  const rows = await db.db
-    .select({ r: groupRounds.round })
-    .from(groupRounds)
-    .where(and(eq(groupRounds.runId, runId), eq(groupRounds.groupId, groupId), eq(groupRounds.round, round)));
-  return rows.length > 0;
-}
-
-/**
- * The drop policy's cuts (`group.cut` decisions): group id → sample index →
- * the round from which the sample's segments count (the latest cut wins).
- */
-export async function loadCutsOfGroups(db: Db, runId: string, groupIds: readonly number[]): Promise<Map<number, Map<number, number>>> {
-  const out = new Map<number, Map<number, number>>();
-  if (groupIds.length === 0) return out;
-  const rows = await db.db
-    .select({ groupId: decisions.groupId, payload: decisions.payload })
-    .from(decisions)
-    .where(and(eq(decisions.runId, runId), eq(decisions.kind, "group.cut"), inArray(decisions.groupId, [...groupIds])));
-  for (const r of rows) {
-    const byGroup = out.get(r.groupId as number) ?? new Map<number, number>();
-    out.set(r.groupId as number, byGroup);
-    addCut(byGroup, r.payload);
-  }
-  return out;
 }
 
 /** Fold one `group.cut` payload into sample index → cut round (the latest cut wins). */
