@@ -6,6 +6,7 @@
  * backends; medians of several runs.
  *
  *   npx tsx bench/control-plane.ts [--reps 3] [--steps 3] [--rbs 64] [--queues redis,postgres] [--prof DIR]
+ *     [--max-len 16] [--stop-prob 0.2]   (response length: at most max-len tokens, EOS with this probability per token)
  *
  * --prof DIR writes a V8 CPU profile of `rlq up` per run into DIR.
  */
@@ -19,7 +20,7 @@ import { createWorld } from "../test/helpers/run-fixture.ts";
 import { repoRoot, spawnRlq } from "../test/helpers/processes.ts";
 import { median, writeResult, prepareServices, startCpuSampler } from "./lib.ts";
 
-const { values } = parseArgs({ options: { reps: { type: "string", default: "3" }, steps: { type: "string", default: "3" }, rbs: { type: "string", default: "64" }, queues: { type: "string", default: "redis,postgres" }, prof: { type: "string" } } });
+const { values } = parseArgs({ options: { reps: { type: "string", default: "3" }, steps: { type: "string", default: "3" }, rbs: { type: "string", default: "64" }, queues: { type: "string", default: "redis,postgres" }, prof: { type: "string" }, "max-len": { type: "string", default: "16" }, "stop-prob": { type: "string", default: "0.2" } } });
 const reps = Number(values.reps);
 const steps = Number(values.steps);
 const rbs = Number(values.rbs);
@@ -53,14 +54,14 @@ async function copyRate(url: string, runId: string): Promise<{ rows: number; row
 }
 
 async function once(queue: "redis" | "postgres") {
-  const w = await createWorld(`bcp${queue}`, { queue, engineArgs: ["--token-delay-ms", "0", "--stop-prob", "0.2"], trainerArgs: ["--step-ms", "0"] });
+  const w = await createWorld(`bcp${queue}`, { queue, engineArgs: ["--token-delay-ms", "0", "--stop-prob", values["stop-prob"]], trainerArgs: ["--step-ms", "0"] });
   try {
     const runId = await w.start({
       num_rollout: steps,
       rollout_batch_size: rbs,
       n_samples_per_prompt: 8,
       over_sampling_batch_size: rbs,
-      rollout_max_response_len: 16,
+      rollout_max_response_len: Number(values["max-len"]),
       dynamic_sampling_filter_path: null,
       custom_rm_path: join(repoRoot, "test/fixtures/reward-parity.mjs"),
       engine: { kind: "sglang", urls: [w.engine.url], logprob_check: "off", stream: false },
@@ -107,7 +108,7 @@ async function once(queue: "redis" | "postgres") {
 }
 
 await prepareServices();
-const out: Record<string, unknown> = { bench: "control-plane", steps, rollout_batch_size: rbs, n_samples_per_prompt: 8, reps };
+const out: Record<string, unknown> = { bench: "control-plane", steps, rollout_batch_size: rbs, n_samples_per_prompt: 8, reps, rollout_max_response_len: Number(values["max-len"]), stop_prob: Number(values["stop-prob"]) };
 for (const queue of values.queues.split(",") as Array<"redis" | "postgres">) {
   const runs = [];
   for (let i = 0; i < reps; i++) runs.push(await once(queue));
@@ -116,4 +117,5 @@ for (const queue of values.queues.split(",") as Array<"redis" | "postgres">) {
   out[queue] = { runs, median_samples_per_s: sps, median_copy_rows_per_s: copy, ratio_vs_copy: sps / copy };
   process.stderr.write(`${queue}: ${sps.toFixed(0)} samples/s vs COPY ${copy.toFixed(0)} rows/s (x${(sps / copy).toFixed(2)})\n`);
 }
-await writeResult("control-plane", out);
+// The default shape keeps bench/results/control-plane.json; long responses get their own file.
+await writeResult(values["max-len"] === "16" ? "control-plane" : `control-plane-len${values["max-len"]}`, out);
