@@ -8,7 +8,7 @@ import { historyRows, insertHistory } from "../store/history.ts";
 import { loadTrainStep } from "../store/train-facts.ts";
 import { loadEvalResults } from "../store/eval-facts.ts";
 import { markRunRequest, pendingRunRequests } from "../store/run-requests.ts";
-import type { Queues } from "../queue/queues.ts";
+import type { JobInfo, Queues } from "../queue/queues.ts";
 import { jobIds, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "../queue/payloads.ts";
 import { amendableKeys, effectiveMaxStaleness, overSamplingBatchSize, parseRunConfig } from "../config/run-config.ts";
 import { fold, apply, isAsync, totalSteps, type RunState } from "../core/run-state.ts";
@@ -711,31 +711,57 @@ class RunController {
   }
 
   /**
-   * Make one expected job exist. `hasFact` is read again before a completed
-   * job is re-run: a job that finished between the caller's fact check and
-   * this look at the queue is done, not lost.
+   * Make one expected job exist (`reconcileAction` decides from the job's
+   * state). `hasFact` is read again before a job is added or re-run: a job
+   * that finished between the caller's fact check and this look at the queue
+   * is done, not lost.
    */
   private async ensureJob<K extends QueueKind>(kind: K, data: JobData<K>, isResume: boolean, hasFact: () => Promise<boolean>, attempts?: number): Promise<void> {
     const q = this.deps.queues;
     const id = (jobIds[kind] as (d: JobData<K>) => string)(data);
     const info = await q.info(kind, id);
-    if (info.state === "missing") {
+    const action = reconcileAction(kind, info, isResume);
+    if (action === "add" || action === "replace") {
       if (await hasFact()) return;
-      await q.enqueue(kind, data, attempts === undefined ? {} : { attempts });
-    } else if (info.state === "completed") {
-      if (await hasFact()) return;
-      // Completed without its fact (cannot normally happen): run it again.
-      await q.remove(kind, id);
-      await q.enqueue(kind, data, attempts === undefined ? {} : { attempts });
-    } else if (info.state === "failed") {
-      const reason = info.failedReason ?? "unknown error";
-      const isFatal = reason.startsWith(UNRECOVERABLE_PREFIX) || kind === "train";
-      if (isFatal && !isResume) {
-        await this.pause(`${kind} job ${id} failed after ${info.attemptsMade} attempt(s): ${reason}`);
-      } else {
-        await q.retry(kind, id);
+      if (action === "replace") {
+        this.deps.log.warn({ runId: data.runId, kind, jobId: id, state: info.state }, `${kind} job ${info.state === "unknown" ? "in no queue list" : "completed"} without its fact: adding it again`);
+        await q.remove(kind, id);
       }
+      await q.enqueue(kind, data, attempts === undefined ? {} : { attempts });
+    } else if (action === "pause") {
+      await this.pause(`${kind} job ${id} failed after ${info.attemptsMade} attempt(s): ${info.failedReason ?? "unknown error"}`);
+    } else if (action === "retry") {
+      await q.retry(kind, id);
     }
+  }
+}
+
+/**
+ * What reconcile does with an expected job whose fact is missing, from the
+ * job's queue state:
+ * - missing: add it;
+ * - completed without its fact (cannot normally happen), or a job record in
+ *   no list at all (state "unknown": a partial loss of the queue state, e.g.
+ *   keys lost in a failover or a non-atomic flush, leaves the record but not
+ *   its list entry; BullMQ would ignore a plain add of its id): remove and
+ *   add again;
+ * - failed: retry; an unrecoverable failure or a train job that used up its
+ *   attempts pauses the run instead, except while resuming (a resume retries);
+ * - waiting, active, delayed: nothing (BullMQ's stall check covers a dead worker).
+ */
+export function reconcileAction(kind: QueueKind, info: JobInfo, isResume: boolean): "none" | "add" | "replace" | "retry" | "pause" {
+  switch (info.state) {
+    case "missing":
+      return "add";
+    case "completed":
+    case "unknown":
+      return "replace";
+    case "failed": {
+      const isFatal = (info.failedReason ?? "").startsWith(UNRECOVERABLE_PREFIX) || kind === "train";
+      return isFatal && !isResume ? "pause" : "retry";
+    }
+    default:
+      return "none";
   }
 }
 

@@ -4,6 +4,8 @@ import { spawnRlq, waitFor, type Proc } from "../helpers/processes.ts";
 import { checkRunInvariants } from "../helpers/invariants.ts";
 import { mulberry32 } from "../../src/core/random.ts";
 import { createQueueBackend } from "../../src/queue/backend.ts";
+import { createQueues } from "../../src/queue/queues.ts";
+import { jobIds } from "../../src/queue/payloads.ts";
 import { readEnv } from "../../src/config/env.ts";
 
 /**
@@ -52,8 +54,17 @@ async function chaosRun(
       }, 150_000, 250);
     } catch (e) {
       const run = await w.db.pool.query("SELECT status, step, last_error FROM runs WHERE id = $1", [runId]);
-      const last = await w.db.pool.query("SELECT seq, kind, step, group_id, payload FROM decisions WHERE run_id = $1 ORDER BY seq DESC LIMIT 12", [runId]);
-      throw new Error(`${(e as Error).message}\nrun: ${JSON.stringify(run.rows)}\nlast decisions: ${JSON.stringify(last.rows, null, 1)}\nup: ${procs.up.output().slice(-3000)}\nworker: ${procs.worker.output().slice(-3000)}`, { cause: e });
+      const last = await w.db.pool.query("SELECT seq, kind, step, group_id, payload FROM decisions WHERE run_id = $1 ORDER BY seq DESC LIMIT 6", [runId]);
+      const trained = await w.db.pool.query("SELECT step, attempt, created_at FROM train_steps WHERE run_id = $1 ORDER BY step DESC LIMIT 2", [runId]);
+      const step = (run.rows[0] as { step?: number } | undefined)?.step ?? 0;
+      const queues = createQueues(backend);
+      const jobs = { train: await queues.info("train", jobIds.train({ runId, step })), depths: await queues.depths() };
+      await queues.close();
+      throw new Error(
+        `${(e as Error).message}\nrun: ${JSON.stringify(run.rows)}\nlast decisions: ${JSON.stringify(last.rows)}\ntrain_steps: ${JSON.stringify(trained.rows)}\n` +
+          `queue: ${JSON.stringify(jobs)}\nup: ${procs.up.output().slice(-3000)}\nworker: ${procs.worker.output().slice(-3000)}`,
+        { cause: e },
+      );
     }
   } finally {
     procs.up.kill("SIGTERM");
