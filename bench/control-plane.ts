@@ -74,7 +74,7 @@ async function once(queue: "redis" | "postgres") {
       if (cmd.startsWith("redis-server") || cmd.includes("/redis-server")) return "redis";
       return null;
     });
-    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env, [...(values.prof ? ["--cpu-prof", `--cpu-prof-dir=${values.prof}`] : []), ...(process.env.RLQ_BENCH_HOOK ? ["--import", process.env.RLQ_BENCH_HOOK] : [])]);
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env, values.prof ? ["--cpu-prof", `--cpu-prof-dir=${values.prof}`] : []);
     upPid.value = up.child.pid ?? -1;
     const code = await up.exited;
     cpu.stop();
@@ -86,7 +86,7 @@ async function once(queue: "redis" | "postgres") {
       [runId],
     )).rows[0] as { first_draw: Date; last_reward: Date; rewards: number };
     const seconds = (t.last_reward.getTime() - t.first_draw.getTime()) / 1000;
-    // CPU seconds per process in the window, per 1000 samples: what the control plane costs, whatever the box.
+    // CPU per process in the window (seconds, and ms per sample): what the control plane costs, whatever the box.
     const cpuInWindow = cpu.between(t.first_draw.getTime(), t.last_reward.getTime());
     const cpuMsPerSample = Object.fromEntries(Object.entries(cpuInWindow).map(([k, v]) => [k, Math.round((v / t.rewards) * 1e6) / 1000]));
     // Where the time went: ms after the first draw at which the first, median and last fact of each kind landed.

@@ -1,6 +1,6 @@
 import type { Db } from "./db.ts";
 import type { DrawnPromptRow } from "./run-facts.ts";
-import { addCut, type RewardFact } from "./rollout-facts.ts";
+import type { RewardFact } from "./rollout-facts.ts";
 import { assembleSample, type AssembledSample, type SampleStatus, type SegmentFact } from "../core/sample.ts";
 import { RlqError } from "../lib/errors.ts";
 
@@ -48,9 +48,8 @@ export interface GroupKey {
  * For 256 groups x 8 samples x 1000 tokens the whole load takes ~540 ms,
  * against ~1130 ms for the segments alone as array rows through the driver's
  * per-element parser (how the four drizzle queries read them before;
- * bench/group-load.ts). Samples
- * cut by the drop policy (`group.cut`) are assembled from their segments
- * after the cut.
+ * bench/group-load.ts). Samples cut by the drop policy (`group.cut`) are
+ * assembled from their segments after the cut.
  */
 export async function loadGroupsWithRewards(
   db: Db,
@@ -67,14 +66,16 @@ export async function loadGroupsWithRewards(
      FROM ${groupKeysFrom(["run_id text", "group_id bigint", "round int"])}`,
     [keys.map(() => runId), keys.map((k) => k.groupId), keys.map((k) => k.round)],
   );
-  const byOrdinal = new Map(res.rows.map((r) => [Number(r.i), r]));
-  keys.forEach((k, idx) => {
-    const row = byOrdinal.get(idx + 1);
-    if (!row) throw new Error("unreachable: the statement returns one row per key");
+  const views = inKeyOrder(keys, res.rows, (k, row) => {
     const view = groupFromRow(runId, k.groupId, row, nSamples, k.maskBeforeRound);
     // JSON has no NaN/Infinity: Postgres quotes them.
     const rewards = new Map<number, RewardFact>((row.rewards ?? []).map(([sampleIndex, reward, components]) => [sampleIndex, { sampleIndex, reward: Number(reward), components }]));
-    out.set(k.groupId, { ...view, rewards });
+    return { ...view, rewards };
+  });
+  keys.forEach((k, idx) => {
+    const view = views[idx];
+    if (view instanceof Error || view === undefined) throw view ?? new Error("unreachable: one result per key");
+    out.set(k.groupId, view);
   });
   return out;
 }
@@ -99,6 +100,24 @@ export function groupKeysFrom(columns: string[]): string {
   const arrays = columns.map((c, i) => `$${i + 1}::${c.split(" ")[1]}[]`).join(", ");
   return `unnest(${arrays}) WITH ORDINALITY AS k(${names}, i)
      LEFT JOIN drawn_prompts p ON p.run_id = k.run_id AND p.draw_ordinal = k.group_id`;
+}
+
+/**
+ * Rows of a batched statement (ordinal `i`, 1-based, as `groupKeysFrom` and
+ * WITH ORDINALITY give it) back to one result per key, in key order; a key
+ * whose `build` throws gets its Error, the others their results.
+ */
+export function inKeyOrder<K, Row extends { i: string }, R>(keys: readonly K[], rows: readonly Row[], build: (key: K, row: Row) => R): Array<R | Error> {
+  const byOrdinal = new Map(rows.map((r) => [Number(r.i), r]));
+  return keys.map((key, idx) => {
+    const row = byOrdinal.get(idx + 1);
+    if (!row) return new Error("unreachable: the statement returns one row per key");
+    try {
+      return build(key, row);
+    } catch (e) {
+      return e instanceof Error ? e : new Error(String(e));
+    }
+  });
 }
 
 export interface GroupRow {
@@ -148,6 +167,12 @@ export function groupFromRow(runId: string, groupId: number, row: GroupRow, nSam
   const cuts = new Map<number, number>();
   for (const payload of row.cuts ?? []) addCut(cuts, payload);
   return assembleGroupView(groupId, prompt, segments, cuts, nSamples, maskBeforeRound);
+}
+
+/** Fold one `group.cut` payload into sample index → cut round (the latest cut wins). */
+function addCut(byGroup: Map<number, number>, payload: unknown): void {
+  const p = payload as { round: number; samples: number[] };
+  for (const i of p.samples) byGroup.set(i, Math.max(byGroup.get(i) ?? 0, p.round));
 }
 
 /**

@@ -1,6 +1,6 @@
 import type { Db } from "./db.ts";
 import { roundAbortedSql } from "./rollout-facts.ts";
-import { groupColumns, groupFromRow, groupKeysFrom, type GroupRow, type GroupView } from "./group-view.ts";
+import { groupColumns, groupFromRow, groupKeysFrom, inKeyOrder, type GroupRow, type GroupView } from "./group-view.ts";
 
 /**
  * What a rollout or reward job reads when it starts, in ONE round trip: the
@@ -9,7 +9,7 @@ import { groupColumns, groupFromRow, groupKeysFrom, type GroupRow, type GroupVie
  *
  * Why one statement: at the control-plane bench's rate (an instant engine,
  * bench/control-plane.ts) the rollout job's eight separate reads (findDecisions,
- * hasRound, the four group-view queries, isRoundAborted) and their drizzle
+ * hasRound, the four group-view queries, the abort check) and their drizzle
  * query building were the largest CPU cost per group in `rlq up`. One
  * statement also reads every check from one snapshot. The group is assembled
  * by `assembleGroupView`, as for the controller's bulk loader, so a job sees
@@ -25,7 +25,7 @@ export interface RolloutJobView {
   isDispatched: boolean;
   /** The round's `group_rounds` marker is already there (a retried or duplicated job). */
   hasRound: boolean;
-  /** The round is being aborted (the step's seal or a `group.aborted`; see `isRoundAborted`). */
+  /** The round is being aborted (the step's seal or a `group.aborted`; see `roundAbortedSql`). */
   isAborted: boolean;
   /** Null when the job is refused or already done (the group is then not assembled). */
   view: GroupView | null;
@@ -75,20 +75,6 @@ function unwrap<T>(r: T | Error | undefined): T {
   if (r === undefined) throw new Error("unreachable: one result per key");
   if (r instanceof Error) throw r;
   return r;
-}
-
-/** Rows of a batched statement (ordinal `i`, 1-based) back to one result per key; a failing key gets its Error. */
-function inKeyOrder<K, Row extends { i: string }, R>(keys: readonly K[], rows: readonly Row[], build: (key: K, row: Row) => R): Array<R | Error> {
-  const byOrdinal = new Map(rows.map((r) => [Number(r.i), r]));
-  return keys.map((key, idx) => {
-    const row = byOrdinal.get(idx + 1);
-    if (!row) return new Error("unreachable: the statement returns one row per key");
-    try {
-      return build(key, row);
-    } catch (e) {
-      return e instanceof Error ? e : new Error(String(e));
-    }
-  });
 }
 
 export interface RewardJobView {

@@ -1,5 +1,6 @@
 import type { Db } from "./db.ts";
 import type { SegmentFact } from "../core/sample.ts";
+import { inKeyOrder } from "./group-view.ts";
 
 /** What one rollout job (a group's round) produced. */
 export interface RoundFacts {
@@ -12,6 +13,11 @@ export interface RoundFacts {
   segments: Array<SegmentFact & { tokenStart: number; error: string | null }>;
   isComplete: boolean;
   wasAborted: boolean;
+}
+
+/** Order of (run, group, round) keys: batched writes take their row locks in this order, so overlapping batches cannot deadlock. */
+function compareRoundKeys(a: { runId: string; groupId: number; round: number }, b: { runId: string; groupId: number; round: number }): number {
+  return a.runId < b.runId ? -1 : a.runId > b.runId ? 1 : a.groupId - b.groupId || a.round - b.round;
 }
 
 /**
@@ -50,7 +56,7 @@ export async function writeRounds(db: Db, rounds: readonly RoundFacts[]): Promis
     if (!firstIndex.has(keyOf(r))) firstIndex.set(keyOf(r), i);
   });
   const unique = [...firstIndex.values()].map((i) => rounds[i] as RoundFacts);
-  unique.sort((a, b) => (a.runId < b.runId ? -1 : a.runId > b.runId ? 1 : a.groupId - b.groupId || a.round - b.round));
+  unique.sort(compareRoundKeys);
   const m = { runId: [] as string[], groupId: [] as number[], round: [] as number[], step: [] as number[], jobId: [] as string[], isComplete: [] as boolean[], wasAborted: [] as boolean[] };
   const g = {
     runId: [] as string[], groupId: [] as number[], round: [] as number[], step: [] as number[], jobId: [] as string[], expected: [] as number[],
@@ -155,7 +161,7 @@ export async function writeRewardsOfRounds(db: Db, writes: readonly RewardWrite[
   const rows = writes.flatMap((w) => w.rewards.map((r) => ({ ...w.key, ...r })));
   if (rows.length === 0) return;
   // Key order: two overlapping statements take their row locks in the same order.
-  rows.sort((a, b) => (a.runId < b.runId ? -1 : a.runId > b.runId ? 1 : a.groupId - b.groupId || a.round - b.round || a.sampleIndex - b.sampleIndex));
+  rows.sort((a, b) => compareRoundKeys(a, b) || a.sampleIndex - b.sampleIndex);
   await db.pool.query(
     `INSERT INTO sample_rewards (run_id, group_id, sample_index, round, step, job_id, reward, components)
      SELECT * FROM unnest($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[], $6::text[], $7::float8[], $8::jsonb[])
@@ -165,12 +171,6 @@ export async function writeRewardsOfRounds(db: Db, writes: readonly RewardWrite[
       rows.map((r) => r.step), rows.map((r) => r.jobId), rows.map((r) => r.reward), rows.map((r) => JSON.stringify(r.components)),
     ],
   );
-}
-
-/** Fold one `group.cut` payload into sample index → cut round (the latest cut wins). */
-export function addCut(byGroup: Map<number, number>, payload: unknown): void {
-  const p = payload as { round: number; samples: number[] };
-  for (const i of p.samples) byGroup.set(i, Math.max(byGroup.get(i) ?? 0, p.round));
 }
 
 /**
@@ -185,13 +185,7 @@ export function roundAbortedSql(p: { runId: string; groupId: string; round: stri
     OR (kind = 'group.aborted' AND group_id = ${p.groupId}::bigint AND (payload->>'round')::int = ${p.round}::int)))`;
 }
 
-/** Whether a rollout job's round is being aborted (`roundAbortedSql`): the abort watcher polls it. */
-export async function isRoundAborted(db: Db, key: { runId: string; groupId: number; round: number; step: number }): Promise<boolean> {
-  const [r] = await areRoundsAborted(db, [key]);
-  return r === true;
-}
-
-/** `isRoundAborted` for several rounds (of any runs) in one statement, in key order. */
+/** Whether each round (of any runs) is being aborted (`roundAbortedSql`), in one statement, in key order: the rollout jobs' abort watchers poll it. */
 export async function areRoundsAborted(db: Db, keys: ReadonlyArray<{ runId: string; groupId: number; round: number; step: number }>): Promise<boolean[]> {
   if (keys.length === 0) return [];
   const res = await db.pool.query<{ i: string; is_aborted: boolean }>(
@@ -199,6 +193,5 @@ export async function areRoundsAborted(db: Db, keys: ReadonlyArray<{ runId: stri
        FROM unnest($1::text[], $2::bigint[], $3::int[], $4::int[]) WITH ORDINALITY AS k(run_id, group_id, round, step, i)`,
     [keys.map((k) => k.runId), keys.map((k) => k.groupId), keys.map((k) => k.round), keys.map((k) => k.step)],
   );
-  const aborted = new Map(res.rows.map((r) => [Number(r.i), r.is_aborted]));
-  return keys.map((_, i) => aborted.get(i + 1) === true);
+  return inKeyOrder(keys, res.rows, (_, r) => r.is_aborted).map((r) => r === true);
 }

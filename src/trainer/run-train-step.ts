@@ -52,7 +52,7 @@ export async function loadTrainBatch(db: Db, ctx: RunContext, step: number): Pro
     if (!kept) throw new RlqError("batch_inconsistent", `train step ${step}: kept group ${groupId} has no keep verdict`);
     return { groupId, round: kept.round, maskBeforeRound: config.mask_offpolicy_in_partial_rollout ? kept.round : null };
   });
-  // Groups load in chunks (four statements per chunk, not per group: a 1k-group step was 4k statements).
+  // Groups load 256 at a time, one statement per chunk (it was four statements per group: 4k for a 1k-group step).
   const chunk = 256;
   let views: Awaited<ReturnType<typeof loadGroupsWithRewards>> = new Map();
   for (const [gi, { groupId, round }] of keys.entries()) {
