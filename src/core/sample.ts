@@ -53,9 +53,7 @@ export interface AssembleOptions {
 export function assembleSample(sampleIndex: number, segments: readonly SegmentFact[], options: AssembleOptions | number | null = null): AssembledSample {
   const o: AssembleOptions = typeof options === "number" || options === null ? { maskBeforeRound: options } : options;
   const maskBeforeRound = o.maskBeforeRound ?? null;
-  const cut = o.cutBeforeRound ?? null;
-  const all = [...segments].sort((a, b) => a.segmentIndex - b.segmentIndex);
-  const sorted = cut === null ? all : all.filter((s) => s.round >= cut);
+  const { all, sorted } = orderSegments(segments, o.cutBeforeRound ?? null);
   const out: AssembledSample = {
     sampleIndex,
     responseTokens: [],
@@ -85,6 +83,34 @@ export function assembleSample(sampleIndex: number, segments: readonly SegmentFa
     if (s.tokens.length > 0 && out.weightVersions[out.weightVersions.length - 1] !== s.weightVersion) {
       out.weightVersions.push(s.weightVersion);
     }
+    out.status = s.status;
+    out.finishReason = s.finishReason;
+  }
+  return out;
+}
+
+/** A sample's segments in order (`all`), and those that count (`sorted`: the ones cut away dropped). */
+function orderSegments<S extends Pick<SegmentFact, "segmentIndex" | "round">>(segments: readonly S[], cutBeforeRound: number | null): { all: S[]; sorted: S[] } {
+  const all = [...segments].sort((a, b) => a.segmentIndex - b.segmentIndex);
+  return { all, sorted: cutBeforeRound === null ? all : all.filter((s) => s.round >= cutBeforeRound) };
+}
+
+/** A segment without its per-token log-probs and loss mask: what a reader of responses loads. */
+export type SegmentTokens = Omit<SegmentFact, "logProbs" | "lossMask">;
+
+/** A sample's response as a reward sees it: `assembleSample`'s tokens and status, without the training columns. */
+export interface AssembledResponse {
+  sampleIndex: number;
+  responseTokens: number[];
+  status: SampleStatus;
+  finishReason: string;
+}
+
+/** The response part of `assembleSample` (same order, same cut), from segments loaded without log-probs and loss masks. Pure. */
+export function assembleResponse(sampleIndex: number, segments: readonly SegmentTokens[], cutBeforeRound: number | null): AssembledResponse {
+  const out: AssembledResponse = { sampleIndex, responseTokens: [], status: "pending", finishReason: "" };
+  for (const s of orderSegments(segments, cutBeforeRound).sorted) {
+    for (const t of s.tokens) out.responseTokens.push(t);
     out.status = s.status;
     out.finishReason = s.finishReason;
   }

@@ -1,7 +1,7 @@
 import type { Db } from "./db.ts";
 import type { DrawnPromptRow } from "./run-facts.ts";
 import type { RewardFact } from "./rollout-facts.ts";
-import { assembleSample, type AssembledSample, type SampleStatus, type SegmentFact } from "../core/sample.ts";
+import { assembleResponse, assembleSample, type AssembledResponse, type AssembledSample, type SampleStatus, type SegmentFact, type SegmentTokens } from "../core/sample.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /** A group as the workers and the controller see it: its prompt and its samples so far. */
@@ -9,6 +9,13 @@ export interface GroupView {
   groupId: number;
   prompt: DrawnPromptRow;
   samples: AssembledSample[];
+}
+
+/** A group as a reward sees it: its prompt and its samples' responses (no training columns). */
+export interface GroupResponses {
+  groupId: number;
+  prompt: DrawnPromptRow;
+  samples: AssembledResponse[];
 }
 
 /**
@@ -84,12 +91,15 @@ export async function loadGroupsWithRewards(
  * SQL select-list: a group's drawn prompt (from `p`, see `groupKeysFrom`), its
  * segments and its cuts as JSON, for the group named by the given SQL
  * expressions. Shared by every group reader (here and store/job-views.ts).
+ * `perToken` "tokens" leaves out the log-probs and loss masks (null in their
+ * places): a reader of responses (the reward job, `responsesFromRow`) parses
+ * about a quarter of the JSON.
  */
-export function groupColumns(runId: string, groupId: string): string {
+export function groupColumns(runId: string, groupId: string, perToken: "all" | "tokens" = "all"): string {
   return `
   p.draw_ordinal, p.epoch, p.dataset_index, p.step AS draw_step, p.prompt, p.label, p.metadata, p.prompt_tokens,
-  (SELECT json_agg(json_build_array(s.sample_index, s.segment_index, s.round, s.weight_version, s.tokens, s.log_probs,
-                                    s.loss_mask, s.finish_reason, s.status, s.engine))
+  (SELECT json_agg(json_build_array(s.sample_index, s.segment_index, s.round, s.weight_version, s.tokens,
+                                    ${perToken === "all" ? "s.log_probs, s.loss_mask" : "NULL, NULL"}, s.finish_reason, s.status, s.engine))
      FROM sample_segments s WHERE s.run_id = ${runId} AND s.group_id = ${groupId}) AS segments,
   (SELECT json_agg(c.payload) FROM decisions c WHERE c.run_id = ${runId} AND c.group_id = ${groupId} AND c.kind = 'group.cut') AS cuts`;
 }
@@ -129,14 +139,34 @@ export interface GroupRow {
   label: string | null;
   metadata: unknown;
   prompt_tokens: number[];
-  /** [sample_index, segment_index, round, weight_version, tokens, log_probs, loss_mask, finish_reason, status, engine] */
-  segments: Array<[number, number, number, number, number[], Array<number | string>, number[], string, string, string]> | null;
+  /** [sample_index, segment_index, round, weight_version, tokens, log_probs, loss_mask, finish_reason, status, engine]; log_probs and loss_mask null when loaded with `perToken` "tokens". */
+  segments: Array<[number, number, number, number, number[], Array<number | string> | null, number[] | null, string, string, string]> | null;
   cuts: unknown[] | null;
 }
 
+/** A group with its full samples, from a row of `groupColumns(…, "all")`. */
 export function groupFromRow(runId: string, groupId: number, row: GroupRow, nSamples: number, maskBeforeRound: number | null): GroupView {
+  const segments = segmentsBySample(row, (tokens, logProbs, lossMask) => {
+    if (logProbs === null || lossMask === null) throw new Error("unreachable: groupFromRow needs a row loaded with perToken \"all\"");
+    // JSON has no -Infinity/NaN: Postgres quotes them.
+    return { logProbs: logProbs.map((v) => (typeof v === "number" ? v : Number(v))), lossMask };
+  });
+  return assembleGroupView(groupId, promptFromRow(runId, groupId, row), segments, cutsFromRow(row), nSamples, maskBeforeRound);
+}
+
+/** A group's responses, from a row of `groupColumns(…, "tokens")` (or "all"): what the reward job reads. */
+export function responsesFromRow(runId: string, groupId: number, row: GroupRow, nSamples: number): GroupResponses {
+  const prompt = promptFromRow(runId, groupId, row);
+  const segments = segmentsBySample(row, () => ({}));
+  const cuts = cutsFromRow(row);
+  const samples: AssembledResponse[] = [];
+  for (let i = 0; i < nSamples; i++) samples.push(assembleResponse(i, segments.get(i) ?? [], cuts.get(i) ?? null));
+  return { groupId, prompt, samples };
+}
+
+function promptFromRow(runId: string, groupId: number, row: GroupRow): DrawnPromptRow {
   if (row.draw_ordinal === null) throw new RlqError("group_not_found", `run ${runId}: group ${groupId} was never drawn`);
-  const prompt: DrawnPromptRow = {
+  return {
     drawOrdinal: row.draw_ordinal,
     epoch: row.epoch,
     datasetIndex: row.dataset_index,
@@ -146,27 +176,26 @@ export function groupFromRow(runId: string, groupId: number, row: GroupRow, nSam
     metadata: row.metadata,
     promptTokens: row.prompt_tokens,
   };
-  const segments = new Map<number, SegmentFact[]>();
+}
+
+/** The row's segments by sample index; `perToken` turns the per-token columns into what the reader keeps of them. */
+function segmentsBySample<T extends object>(
+  row: GroupRow,
+  perToken: (tokens: number[], logProbs: Array<number | string> | null, lossMask: number[] | null) => T,
+): Map<number, Array<SegmentTokens & T>> {
+  const out = new Map<number, Array<SegmentTokens & T>>();
   for (const [sampleIndex, segmentIndex, round, weightVersion, tokens, logProbs, lossMask, finishReason, status, engine] of row.segments ?? []) {
-    const list = segments.get(sampleIndex) ?? [];
-    segments.set(sampleIndex, list);
-    list.push({
-      sampleIndex,
-      segmentIndex,
-      round,
-      weightVersion,
-      tokens,
-      // JSON has no -Infinity/NaN: Postgres quotes them.
-      logProbs: logProbs.map((v) => (typeof v === "number" ? v : Number(v))),
-      lossMask,
-      finishReason,
-      status: status as SampleStatus,
-      engine,
-    });
+    const list = out.get(sampleIndex) ?? [];
+    out.set(sampleIndex, list);
+    list.push({ sampleIndex, segmentIndex, round, weightVersion, tokens, finishReason, status: status as SampleStatus, engine, ...perToken(tokens, logProbs, lossMask) });
   }
+  return out;
+}
+
+function cutsFromRow(row: GroupRow): Map<number, number> {
   const cuts = new Map<number, number>();
   for (const payload of row.cuts ?? []) addCut(cuts, payload);
-  return assembleGroupView(groupId, prompt, segments, cuts, nSamples, maskBeforeRound);
+  return cuts;
 }
 
 /** Fold one `group.cut` payload into sample index → cut round (the latest cut wins). */

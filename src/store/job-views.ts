@@ -1,6 +1,6 @@
 import type { Db } from "./db.ts";
 import { roundAbortedSql } from "./rollout-facts.ts";
-import { groupColumns, groupFromRow, groupKeysFrom, inKeyOrder, type GroupRow, type GroupView } from "./group-view.ts";
+import { groupColumns, groupFromRow, groupKeysFrom, inKeyOrder, responsesFromRow, type GroupResponses, type GroupRow, type GroupView } from "./group-view.ts";
 
 /**
  * What a rollout or reward job reads when it starts, in ONE round trip: the
@@ -84,7 +84,8 @@ export interface RewardJobView {
   isDispatched: boolean;
   /** Rewards already stored for this round (the first write wins). */
   rewardCount: number;
-  view: GroupView | null;
+  /** The responses only: a reward reads no log-probs or loss masks (a quarter of the JSON). */
+  view: GroupResponses | null;
 }
 
 export interface RewardJobKey {
@@ -102,7 +103,7 @@ export async function loadRewardJobViews(db: Db, keys: readonly RewardJobKey[], 
        EXISTS (SELECT 1 FROM decisions d WHERE d.run_id = k.run_id AND d.group_id = k.group_id AND d.kind = 'group.dispatched'
                  AND (d.payload->>'round')::int = k.round) AS is_dispatched,
        (SELECT count(*)::int FROM sample_rewards w WHERE w.run_id = k.run_id AND w.group_id = k.group_id AND w.round = k.round) AS reward_count,
-       ${groupColumns("k.run_id", "k.group_id")}
+       ${groupColumns("k.run_id", "k.group_id", "tokens")}
      FROM ${groupKeysFrom(["run_id text", "group_id bigint", "round int"])}`,
     [keys.map((k) => k.runId), keys.map((k) => k.groupId), keys.map((k) => k.round)],
   );
@@ -113,7 +114,7 @@ export async function loadRewardJobViews(db: Db, keys: readonly RewardJobKey[], 
       hasRound: row.has_round,
       isDispatched: row.is_dispatched,
       rewardCount: row.reward_count,
-      view: isUsable ? groupFromRow(key.runId, key.groupId, row, n, null) : null,
+      view: isUsable ? responsesFromRow(key.runId, key.groupId, row, n) : null,
     };
   });
 }

@@ -87,3 +87,21 @@ export function sampleToken(x: SampleInput): { token: number; logProb: number } 
   else logProb = (lp[pick] as number) - Math.log(mass);
   return { token: VOCAB[pick] as number, logProb: Math.min(0, logProb) };
 }
+
+/**
+ * The "instant" model (fake-sglang --model instant): the same determinism
+ * (a pure function of seed, version, position and previous token) at a few
+ * hash rounds per token instead of a softmax over the vocabulary, so that a
+ * throughput bench measures rlq and not the fake. EOS with probability
+ * stopProb where allowed, else a uniform printable byte; the log-prob is that
+ * of the draw under this distribution. Temperature, top-k and top-p are
+ * ignored (and the log-prob mode with them): benches only.
+ */
+export function instantToken(x: Pick<SampleInput, "seed" | "version" | "position" | "prev" | "stopProb" | "isEosAllowed">): { token: number; logProb: number } {
+  const u = mix(x.seed, x.version, x.position, x.prev);
+  const others = VOCAB.length - 1;
+  const pStop = x.isEosAllowed ? Math.min(Math.max(x.stopProb, 0), 1) : 0;
+  if (u < pStop) return { token: EOS, logProb: Math.log(pStop) };
+  const pick = Math.min(others - 1, Math.floor(((u - pStop) / (1 - pStop)) * others));
+  return { token: VOCAB[pick] as number, logProb: Math.log((1 - pStop) / others) };
+}

@@ -29,12 +29,13 @@
  *   tsx test/fakes/fake-sglang.ts --port 0 [--token-delay-ms 2] [--stop-prob 0.08]
  *     [--weight-version 0] [--logprob-mode scaled|original|truncated]
  *     [--fault MODE] [--fault-after-tokens N] [--fault-version V] [--load-delay-ms 0]
+ *     [--model full|instant]   (instant: fake-lm.ts instantToken, for throughput benches)
  * prints "listening <port>" on stdout.
  */
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { parseArgs } from "node:util";
-import { EOS, sampleToken, type LogprobMode } from "./fake-lm.ts";
+import { EOS, instantToken, sampleToken, type LogprobMode } from "./fake-lm.ts";
 import { readJson, sendJson } from "./http-json.ts";
 
 const { values } = parseArgs({
@@ -45,6 +46,7 @@ const { values } = parseArgs({
     "weight-version": { type: "string", default: "0" },
     "logprob-mode": { type: "string", default: "scaled" },
     "load-delay-ms": { type: "string", default: "0" },
+    model: { type: "string", default: "full" },
     fault: { type: "string", default: "none" },
     "fault-after-tokens": { type: "string", default: "0" },
     "fault-version": { type: "string", default: "0" },
@@ -55,6 +57,8 @@ const tokenDelayMs = Number(values["token-delay-ms"]);
 const stopProb = Number(values["stop-prob"]);
 const logprobMode = values["logprob-mode"] as LogprobMode;
 const loadDelayMs = Number(values["load-delay-ms"]);
+if (values.model !== "full" && values.model !== "instant") throw new Error(`--model: expected full or instant, got ${values.model}`);
+const isInstant = values.model === "instant";
 let weightVersion = Number(values["weight-version"]);
 
 type FaultMode = "none" | "5xx" | "hang" | "abort_mid" | "die" | "stale_version";
@@ -135,7 +139,8 @@ async function generateOne(
         break;
       }
       const version = weightVersion;
-      const { token, logProb } = sampleToken({
+      const draw = isInstant ? instantToken : sampleToken;
+      const { token, logProb } = draw({
         seed,
         version,
         position: ids.length + i,

@@ -108,7 +108,10 @@ describe("job views and the one-statement round write", () => {
     expect(await loadRewardJobView(db, { ...key, round: 5 }, n)).toMatchObject({ hasRound: false, view: null });
     const start = await loadRewardJobView(db, key, n);
     expect(start).toMatchObject({ hasRound: true, isDispatched: true, rewardCount: 0 });
-    expect(start.view).toEqual(await asJobSees());
+    // The responses of the rollout job's full view, nothing else.
+    const full = await asJobSees();
+    expect(start.view).toEqual({ ...full, samples: full.samples.map((x) => ({ sampleIndex: x.sampleIndex, responseTokens: x.responseTokens, status: x.status, finishReason: x.finishReason })) });
+    expect(start.view?.samples.some((x) => x.responseTokens.length > 0)).toBe(true);
     await writeRewards(db, { ...key, step: 0, jobId: "rwd-0-0" }, [0, 1, 2].map((i) => ({ sampleIndex: i, reward: i, components: {} })));
     const done = await loadRewardJobView(db, key, n);
     expect(done).toMatchObject({ rewardCount: 3, view: null });
