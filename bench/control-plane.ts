@@ -5,7 +5,7 @@
  * measured in the same run (the Postgres ingest ceiling; `copyRate` says
  * into which tables). Both queue backends; medians of several runs.
  *
- *   npx tsx bench/control-plane.ts [--reps 3] [--steps 3] [--rbs 64] [--queues redis,postgres] [--prof DIR]
+ *   npx tsx bench/control-plane.ts [--reps 3] [--steps 1] [--rbs 1024] [--queues redis,postgres] [--prof DIR]
  *     [--max-len 16] [--stop-prob 0.2]   (response length: at most max-len tokens, EOS with this probability per token)
  *     [--engine-model instant|full]     (the fake engine's token model: instant by default; full is the softmax fake the tests use)
  *     [--split]   (the rollout and reward workers in their own process, `rlq worker rollout reward`, beside
@@ -23,7 +23,7 @@ import { createWorld } from "../test/helpers/run-fixture.ts";
 import { repoRoot, spawnRlq } from "../test/helpers/processes.ts";
 import { median, writeResult, prepareServices, startCpuSampler } from "./lib.ts";
 
-const { values } = parseArgs({ options: { reps: { type: "string", default: "3" }, steps: { type: "string", default: "3" }, rbs: { type: "string", default: "64" }, queues: { type: "string", default: "redis,postgres" }, prof: { type: "string" }, "max-len": { type: "string", default: "16" }, "stop-prob": { type: "string", default: "0.2" }, "engine-model": { type: "string", default: "instant" }, split: { type: "boolean", default: false } } });
+const { values } = parseArgs({ options: { reps: { type: "string", default: "3" }, steps: { type: "string", default: "1" }, rbs: { type: "string", default: "1024" }, queues: { type: "string", default: "redis,postgres" }, prof: { type: "string" }, "max-len": { type: "string", default: "16" }, "stop-prob": { type: "string", default: "0.2" }, "engine-model": { type: "string", default: "instant" }, split: { type: "boolean", default: false } } });
 const reps = Number(values.reps);
 const steps = Number(values.steps);
 const rbs = Number(values.rbs);

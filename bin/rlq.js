@@ -1,7 +1,8 @@
-#!/usr/bin/env node
+#!/usr/bin/env -S node --max-semi-space-size=64
 // The rlq command. Runs the TypeScript sources through tsx (a dependency) so
 // the command always matches the sources; falls back to the compiled CLI
-// (npm run build) when the sources are not shipped.
+// (npm run build) when the sources are not shipped. The shebang's V8 flags are
+// src/runtime/node-flags.ts's (why there; a test keeps the two equal).
 import { existsSync } from "node:fs";
 
 const src = new URL("../src/cli/main.ts", import.meta.url);

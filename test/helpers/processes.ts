@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
+import { rlqNodeFlags } from "../../src/runtime/node-flags.ts";
 
 export const repoRoot = fileURLToPath(new URL("../..", import.meta.url));
 
@@ -49,8 +50,9 @@ export async function spawnFake(script: string, args: string[] = []): Promise<Pr
   return { ...p, url: `http://127.0.0.1:${port}` };
 }
 
+/** An rlq process as `bin/rlq.js` starts one: with rlq's V8 flags (src/runtime/node-flags.ts). */
 export function spawnRlq(args: string[], env: Record<string, string>, nodeArgs: string[] = []): Proc {
-  return spawnTs("src/cli/main.ts", args, env, nodeArgs);
+  return spawnTs("src/cli/main.ts", args, env, [...rlqNodeFlags, ...nodeArgs]);
 }
 
 /** Poll a predicate over facts until it holds (the timeout only bounds a broken run). */
