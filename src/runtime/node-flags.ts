@@ -11,6 +11,7 @@
  * generation's collections took 20-30% of the worker's main thread. With 64 MB
  * the long-response control-plane bench ran ×1.18 faster (medians of three
  * interleaved runs, `BENCH_NODE_FLAGS` in bench/control-plane.ts). The young
- * generation grows to it only under that load.
+ * generation grows to it only under that load. (The shebang needs `env -S`:
+ * coreutils 8.30+, macOS; elsewhere NODE_OPTIONS=--max-semi-space-size=64.)
  */
 export const rlqNodeFlags: readonly string[] = ["--max-semi-space-size=64"];
