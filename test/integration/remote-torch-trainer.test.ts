@@ -142,14 +142,20 @@ describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protoc
     const first = await startTrainer(py, 0, ["--debug-delay-s", "2"]);
     trainer = first;
     const url = `http://127.0.0.1:${first.port}`;
-    const { runId } = await startRun(w.db, { config: join(repoRoot, "examples/demo.yaml"), set: ["num_rollout=3", `trainer={kind: remote, url: '${url}'}`] });
+    // max_attempts 8 as in the test above: the train job's retries (0.5 s exponential backoff) must
+    // outlast the new trainer's start (Python and torch import: seconds here), or the run pauses
+    // after the default 3, as designed, and this test would wait for it forever.
+    const { runId } = await startRun(w.db, { config: join(repoRoot, "examples/demo.yaml"), set: ["num_rollout=3", "max_attempts=8", `trainer={kind: remote, url: '${url}'}`] });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     try {
       await waitFor("step 1 to start on the trainer", async () => new RegExp(`step ${runId}/1 attempt \\S+: queued`).test(first.log()), 120_000, 50);
       first.child.kill("SIGKILL");
       expect(await first.exited).toBe("SIGKILL");
-      trainer = await startTrainer(py, first.port);
-      expect(await up.exited, up.output()).toBe(0);
+      const second = await startTrainer(py, first.port);
+      trainer = second;
+      // Bounded, so a stuck run fails with what rlq and both trainers said instead of the test's timeout.
+      const code = await Promise.race([up.exited, new Promise<string>((r) => setTimeout(() => r("still running after 100 s"), 100_000))]);
+      expect(code, `${up.output()}\n--- trainer (killed) ---\n${first.log()}\n--- trainer ---\n${second.log()}`).toBe(0);
       const steps = (await w.db.pool.query("SELECT step, weight_version_out, num_samples FROM train_steps WHERE run_id = $1 ORDER BY step", [runId])).rows;
       expect(steps).toEqual([0, 1, 2].map((st) => ({ step: st, weight_version_out: st + 1, num_samples: 256 })));
       // The ONNX engine generated from the PyTorch trainer's checkpoints: versions 0..2 in the samples,
