@@ -58,7 +58,7 @@ const stopProb = Number(values["stop-prob"]);
 const logprobMode = values["logprob-mode"] as LogprobMode;
 const loadDelayMs = Number(values["load-delay-ms"]);
 if (values.model !== "full" && values.model !== "instant") throw new Error(`--model: expected full or instant, got ${values.model}`);
-const isInstant = values.model === "instant";
+const drawToken = values.model === "instant" ? instantToken : sampleToken;
 let weightVersion = Number(values["weight-version"]);
 
 type FaultMode = "none" | "5xx" | "hang" | "abort_mid" | "die" | "stale_version";
@@ -139,8 +139,7 @@ async function generateOne(
         break;
       }
       const version = weightVersion;
-      const draw = isInstant ? instantToken : sampleToken;
-      const { token, logProb } = draw({
+      const { token, logProb } = drawToken({
         seed,
         version,
         position: ids.length + i,

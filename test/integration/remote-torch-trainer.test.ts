@@ -154,7 +154,9 @@ describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protoc
       const second = await startTrainer(py, first.port);
       trainer = second;
       // Bounded, so a stuck run fails with what rlq and both trainers said instead of the test's timeout.
-      const code = await Promise.race([up.exited, new Promise<string>((r) => setTimeout(() => r("still running after 100 s"), 100_000))]);
+      let timer: NodeJS.Timeout | undefined;
+      const code = await Promise.race([up.exited, new Promise<string>((r) => (timer = setTimeout(() => r("still running after 100 s"), 100_000)))]);
+      clearTimeout(timer);
       expect(code, `${up.output()}\n--- trainer (killed) ---\n${first.log()}\n--- trainer ---\n${second.log()}`).toBe(0);
       const steps = (await w.db.pool.query("SELECT step, weight_version_out, num_samples FROM train_steps WHERE run_id = $1 ORDER BY step", [runId])).rows;
       expect(steps).toEqual([0, 1, 2].map((st) => ({ step: st, weight_version_out: st + 1, num_samples: 256 })));
