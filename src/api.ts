@@ -14,6 +14,7 @@ import { createByteTokenizer } from "./data/tokenizer.ts";
 import { loadRunDataset, tokenizerFor } from "./runtime/plugins-registry.ts";
 import { fingerprintPlugins, pluginKeys } from "./controller/fingerprints.ts";
 import type { Queues } from "./queue/queues.ts";
+import { jobIds } from "./queue/payloads.ts";
 import { RlqError } from "./lib/errors.ts";
 
 /** Relative paths in a config file are relative to the file, not to the shell's directory. */
@@ -91,6 +92,12 @@ export interface RunStatusReport {
   trainSteps: number;
   lastMetrics: Record<string, number>;
   queues: Record<string, Record<string, number>> | null;
+  /**
+   * The job of the next step to commit, when queues were given and it exists:
+   * its state, attempts used, and last progress (e.g. "waiting for the
+   * trainer: unreachable for 42 s").
+   */
+  trainJob: { step: number; state: string; attemptsMade: number; phase: string | null } | null;
   /** Latest eval per dataset: step, weight version, mean reward, pass@k. */
   evals: Array<{ dataset: string; step: number; weightVersion: number; meanReward: number; passAtK: Record<string, number> }>;
   /** Engine-pool metrics as last published by each rollout worker process. */
@@ -120,6 +127,7 @@ export async function runStatus(db: Db, runId: string, queues?: Queues): Promise
     trainSteps: steps.length,
     lastMetrics: Object.fromEntries(rows.map((r) => [r.key, r.value])),
     queues: queues ? await queues.depths() : null,
+    trainJob: queues ? await trainJobReport(queues, runId, steps.length) : null,
     evals: latestEvals(await loadEvalResults(db, runId)),
     engines: (await loadEngineMetrics(db, runId)).flatMap((m) =>
       ((m.snapshot as { engines?: EngineMetricsSnapshot[] }).engines ?? []).map((e) => ({
@@ -138,6 +146,13 @@ export async function runStatus(db: Db, runId: string, queues?: Queues): Promise
     pipeline: await pipelineReport(db, runId),
     updatedAt: row.updatedAt.toISOString(),
   };
+}
+
+async function trainJobReport(queues: Queues, runId: string, step: number): Promise<RunStatusReport["trainJob"]> {
+  const info = await queues.info("train", jobIds.train({ runId, step }));
+  if (info.state === "missing") return null;
+  const phase = (info.progress as { phase?: unknown } | null)?.phase;
+  return { step, state: info.state, attemptsMade: info.attemptsMade, phase: typeof phase === "string" ? phase : null };
 }
 
 /** Ask the run's controller to pause, resume, cancel or amend (it records the decision). */

@@ -16,6 +16,8 @@ export function formatStatus(r: RunStatusReport): string {
   lines.push(
     `  trainer:         busy ${(100 * p.trainer.busyFraction).toFixed(0)}% (${p.trainer.busySeconds.toFixed(1)} s of ${p.trainer.wallSeconds.toFixed(1)} s)${p.sealedNotTrained > 0 ? `, ${p.sealedNotTrained} sealed step(s) waiting` : ""}`,
   );
+  const tj = r.trainJob;
+  if (tj) lines.push(`  train job:       step ${tj.step} ${tj.state}, ${tj.attemptsMade} attempt(s) used${tj.phase ? `, ${tj.phase}` : ""}`);
   const m = Object.entries(r.lastMetrics);
   if (m.length > 0) lines.push(`  last metrics:    ${m.map(([k, v]) => `${k}=${Number(v.toPrecision(4))}`).join(" ")}`);
   for (const e of r.evals) {

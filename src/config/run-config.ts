@@ -132,6 +132,13 @@ export const runConfigSchema = z
     train_stall_timeout_s: z.number().positive().default(120),
     max_attempts: z.number().int().positive().default(3),
     /**
+     * How long a train job waits for a trainer it cannot connect to (a GPU
+     * trainer restarting, reloading a model) before the run pauses with that
+     * reason. The wait uses no attempt: max_attempts counts attempts the
+     * trainer took and lost (failed, stalled, or died with the process).
+     */
+    trainer_unreachable_timeout_s: z.number().positive().default(300),
+    /**
      * Asynchronous mode (slime's train_async): generation keeps going while steps
      * train, under admission control (DESIGN §1). max_staleness defaults to 1 here
      * (slime's one-step-off pipeline).
@@ -223,6 +230,7 @@ export const amendableKeys = {
   save_interval: "only changes when checkpoints are kept",
   train_stall_timeout_s: "only changes fault detection",
   max_attempts: "only changes fault handling",
+  trainer_unreachable_timeout_s: "only changes fault handling",
 } as const;
 
 export class ConfigError extends Error {

@@ -3,7 +3,7 @@ import { reconcileAction } from "./controller.ts";
 import { UNRECOVERABLE_PREFIX } from "../queue/payloads.ts";
 import type { JobInfo } from "../queue/queues.ts";
 
-const info = (state: JobInfo["state"], failedReason: string | null = null): JobInfo => ({ state, failedReason, attemptsMade: 1 });
+const info = (state: JobInfo["state"], failedReason: string | null = null): JobInfo => ({ state, failedReason, attemptsMade: 1, progress: null });
 
 describe("reconcileAction: an expected job whose fact is missing", () => {
   it("adds a missing job and replaces a completed one or one in no queue list", () => {

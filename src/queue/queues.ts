@@ -14,6 +14,8 @@ export interface JobInfo {
   state: JobState;
   failedReason: string | null;
   attemptsMade: number;
+  /** What the job last reported (a train job: `{done, total, phase}`); null if nothing. */
+  progress: unknown;
 }
 
 export interface Queues {
@@ -79,9 +81,10 @@ export function createQueues(backend: QueueBackend): Queues {
     },
     async info(kind, jobId) {
       const job = await get(kind).getJob(jobId);
-      if (!job) return { state: "missing", failedReason: null, attemptsMade: 0 };
+      if (!job) return { state: "missing", failedReason: null, attemptsMade: 0, progress: null };
       const state = (await job.getState()) as JobState;
-      return { state, failedReason: job.failedReason ?? null, attemptsMade: job.attemptsMade };
+      const progress = typeof job.progress === "object" && job.progress !== null ? job.progress : null;
+      return { state, failedReason: job.failedReason ?? null, attemptsMade: job.attemptsMade, progress };
     },
     async retry(kind, jobId) {
       const job = await get(kind).getJob(jobId);

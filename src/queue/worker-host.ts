@@ -1,8 +1,8 @@
-import { UnrecoverableError, type Job, type Worker } from "bullmq";
+import { DelayedError, UnrecoverableError, type Job, type Worker } from "bullmq";
 import type { QueueBackend } from "./backend.ts";
 import { jobSchemas, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "./payloads.ts";
 import { queueName } from "./queues.ts";
-import { isRetriable, errorMessage } from "../lib/errors.ts";
+import { isRetriable, errorMessage, RlqError } from "../lib/errors.ts";
 
 /**
  * Runs a processor for one queue. Decides once, here, whether an error is
@@ -17,6 +17,12 @@ export interface JobContext {
   jobId: string;
   attemptsMade: number;
   updateProgress(p: object): Promise<void>;
+  /**
+   * Aborted when the worker starts closing. A job that is only waiting (for
+   * an unreachable trainer, say) stops and throws `worker_shutdown`: the job
+   * goes back to the queue without using an attempt.
+   */
+  shutdown: AbortSignal;
 }
 
 export type Processor<K extends QueueKind> = (data: JobData<K>, job: JobContext) => Promise<void>;
@@ -35,9 +41,10 @@ export function startWorker<K extends QueueKind>(
   options: { concurrency: number; onError?: (e: unknown, jobId: string | undefined) => void },
 ): WorkerHandle {
   const schema = jobSchemas[kind];
+  const closing = new AbortController();
   const worker: Worker = new backend.Worker(
     queueName(kind),
-    async (job: Job) => {
+    async (job: Job, token?: string) => {
       const parsed = schema.safeParse(job.data);
       if (!parsed.success) {
         throw new UnrecoverableError(`${UNRECOVERABLE_PREFIX}job ${job.id}: bad payload: ${parsed.error.issues[0]?.message} at ${parsed.error.issues[0]?.path.join(".")}`);
@@ -47,8 +54,14 @@ export function startWorker<K extends QueueKind>(
           jobId: job.id as string,
           attemptsMade: job.attemptsMade,
           updateProgress: (p) => job.updateProgress(p),
+          shutdown: closing.signal,
         });
       } catch (e) {
+        if (closing.signal.aborted && e instanceof RlqError && e.code === "worker_shutdown") {
+          // Back to the queue as delayed: BullMQ counts no attempt for a DelayedError.
+          await job.moveToDelayed(Date.now() + 1000, token);
+          throw new DelayedError(errorMessage(e));
+        }
         options.onError?.(e, job.id);
         if (!isRetriable(e)) throw new UnrecoverableError(`${UNRECOVERABLE_PREFIX}${errorMessage(e)}`);
         throw e;
@@ -60,6 +73,7 @@ export function startWorker<K extends QueueKind>(
   return {
     kind,
     async close() {
+      closing.abort();
       await worker.close();
     },
   };

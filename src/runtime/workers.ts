@@ -72,6 +72,7 @@ export async function startWorkers(
               trainerFor: (c) => trainers.trainerFor(c),
               reportProgress: (p) => job.updateProgress(p),
               crashPoint: (name) => services.crashPoint(name),
+              shutdown: job.shutdown,
             },
             ctx,
             data,

@@ -28,6 +28,8 @@ export interface TrainDeps {
   reportProgress(p: TrainProgress): Promise<void>;
   /** Test-only crash points. */
   crashPoint(name: string): void;
+  /** Fires when the worker shuts down: stop waiting for an unreachable trainer. */
+  shutdown?: AbortSignal;
 }
 
 export function stepDir(root: string, runId: string, step: number): string {
@@ -111,6 +113,7 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
         void deps.reportProgress(p).catch(() => undefined);
       },
       controller.signal,
+      deps.shutdown,
     );
   } catch (e) {
     await rm(outputDir, { recursive: true, force: true });

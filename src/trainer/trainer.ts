@@ -77,7 +77,13 @@ export interface TrainRequest {
 }
 
 export interface Trainer {
-  trainStep(request: TrainRequest, onProgress: (p: TrainProgress) => void, signal: AbortSignal): Promise<TrainResult>;
+  /**
+   * Train one step. `signal` cancels the attempt (the stall watchdog).
+   * `shutdown` says the worker is closing: a trainer that is waiting for
+   * its server to come back stops waiting and throws `worker_shutdown`
+   * (a step that is running is left to finish).
+   */
+  trainStep(request: TrainRequest, onProgress: (p: TrainProgress) => void, signal: AbortSignal, shutdown?: AbortSignal): Promise<TrainResult>;
   health(): Promise<boolean>;
   close(): Promise<void>;
 }

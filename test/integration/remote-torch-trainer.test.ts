@@ -86,7 +86,8 @@ describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protoc
     const first = await startTrainer(py, 0, ["--debug-delay-s", "2"]);
     trainer = first;
     const url = `http://127.0.0.1:${first.port}`;
-    const runId = await w.start({ trainer: { kind: "remote", url }, num_rollout: 3, lr: 1e-3, max_attempts: 8, train_stall_timeout_s: 30 });
+    // Default max_attempts (3): the killed attempt is one; the wait for the restarted trainer uses none.
+    const runId = await w.start({ trainer: { kind: "remote", url }, num_rollout: 3, lr: 1e-3, train_stall_timeout_s: 30 });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     try {
       // Step 1 reaches the trainer: kill it in the middle of that step.
@@ -142,10 +143,9 @@ describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protoc
     const first = await startTrainer(py, 0, ["--debug-delay-s", "2"]);
     trainer = first;
     const url = `http://127.0.0.1:${first.port}`;
-    // max_attempts 8 as in the test above: the train job's retries (0.5 s exponential backoff) must
-    // outlast the new trainer's start (Python and torch import: seconds here), or the run pauses
-    // after the default 3, as designed, and this test would wait for it forever.
-    const { runId } = await startRun(w.db, { config: join(repoRoot, "examples/demo.yaml"), set: ["num_rollout=3", "max_attempts=8", `trainer={kind: remote, url: '${url}'}`] });
+    // The default max_attempts: the train job waits for the new trainer (Python and torch import
+    // take seconds) without spending attempts (trainer_unreachable_timeout_s).
+    const { runId } = await startRun(w.db, { config: join(repoRoot, "examples/demo.yaml"), set: ["num_rollout=3", `trainer={kind: remote, url: '${url}'}`] });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     try {
       await waitFor("step 1 to start on the trainer", async () => new RegExp(`step ${runId}/1 attempt \\S+: queued`).test(first.log()), 120_000, 50);

@@ -6,13 +6,16 @@ import { spawnFake, spawnRlq, waitFor } from "../helpers/processes.ts";
 import { createQueues } from "../../src/queue/queues.ts";
 import { createQueueBackend } from "../../src/queue/backend.ts";
 import { readEnv } from "../../src/config/env.ts";
+import { runStatus } from "../../src/api.ts";
 
 /**
  * Train steps commit once (DESIGN §2): an attempt killed after writing its
  * checkpoint but before committing leaves no trace once the step commits,
  * and the retried step's weights equal an uninterrupted run's; a trainer
  * that stops reporting progress is cancelled and retried; after
- * max_attempts the run pauses with its reason and `rlq run resume` continues.
+ * max_attempts the run pauses with its reason and `rlq run resume` continues;
+ * a trainer that cannot be reached (restarting) is waited for, using no
+ * attempt, up to trainer_unreachable_timeout_s, then the run pauses.
  */
 describe("train step faults", () => {
   let w: World;
@@ -106,5 +109,101 @@ describe("train step faults", () => {
     const resumed = (await w.db.pool.query("SELECT payload FROM decisions WHERE run_id = $1 AND kind = 'run.status' ORDER BY seq", [runId])).rows.map((r) => r.payload.status);
     expect(resumed).toEqual(["running", "paused", "running", "completed"]);
     trainer.kill("SIGTERM");
+  });
+
+  /** A port nothing listens on: a trainer's, once it is stopped. */
+  const deadTrainerPort = async (): Promise<string> => {
+    const t = await spawnFake("test/fakes/fake-trainer.ts", []);
+    t.kill("SIGTERM");
+    await t.exited;
+    return new URL(t.url).port;
+  };
+  const bounded = async <T>(p: Promise<T>, ms: number, what: () => string): Promise<T> => {
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      return await Promise.race([p, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what()}`)), ms)))]);
+    } finally {
+      clearTimeout(timer);
+    }
+  };
+
+  it("a trainer that is down longer than the retries' backoff is waited for, using no attempt; SIGTERM stops the wait", async () => {
+    const port = await deadTrainerPort();
+    // max_attempts 1: any attempt spent on the outage would pause the run.
+    const runId = await w.start({ num_rollout: 2, max_attempts: 1, trainer: { kind: "remote", url: `http://127.0.0.1:${port}` }, engine: { kind: "sglang", urls: [await w.freshEngine()] } });
+    const queues = createQueues(createQueueBackend(readEnv({ ...process.env, ...w.env }), w.env.DATABASE_URL as string));
+    try {
+      const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
+      // The step-0 job has waited 3 s for the trainer: past the 1.5 s that three attempts' backoff took before.
+      const waiting = await waitFor("the train job to wait for the trainer", async () => {
+        const st = await runStatus(w.db, runId, queues);
+        return /unreachable for ([3-9]|\d\d+) s/.test(st.trainJob?.phase ?? "") ? st : null;
+      }, 60_000, 200);
+      expect(waiting.status).toBe("running");
+      expect(waiting.trainJob).toMatchObject({ step: 0, state: "active", attemptsMade: 0 });
+
+      // SIGTERM ends the wait: the process exits and the job goes back to the queue, its attempt unspent.
+      up.kill("SIGTERM");
+      await bounded(up.exited, 30_000, () => `rlq up did not exit on SIGTERM while waiting for the trainer:\n${up.output()}`);
+      const job = await queues.info("train", `train-${runId}-0`);
+      expect(["delayed", "waiting"]).toContain(job.state);
+      expect(job.attemptsMade).toBe(0);
+
+      const trainer = await spawnFake("test/fakes/fake-trainer.ts", ["--port", port, "--step-ms", "20"]);
+      const up2 = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
+      expect(await bounded(up2.exited, 120_000, () => `run did not finish:\n${up2.output()}`), up2.output()).toBe(0);
+      trainer.kill("SIGTERM");
+      const steps = (await w.db.pool.query("SELECT step, attempt FROM train_steps WHERE run_id = $1 ORDER BY step", [runId])).rows;
+      expect(steps.map((r) => r.step)).toEqual([0, 1]);
+      // Both steps committed their first attempt.
+      for (const r of steps) expect(r.attempt).toMatch(/^0-/);
+    } finally {
+      await queues.close();
+    }
+  });
+
+  it("a trainer unreachable for trainer_unreachable_timeout_s pauses the run with that reason; resume continues", async () => {
+    const port = await deadTrainerPort();
+    const runId = await w.start({ num_rollout: 2, trainer_unreachable_timeout_s: 2, trainer: { kind: "remote", url: `http://127.0.0.1:${port}` }, engine: { kind: "sglang", urls: [await w.freshEngine()] } });
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
+    const paused = await waitFor("the run to pause", async () => {
+      const s = await status(runId);
+      return s.status === "paused" ? s : null;
+    }, 60_000, 200);
+    expect(paused.last_error).toMatch(/train job .*-0 failed .*unreachable for 2 s \(trainer_unreachable_timeout_s 2\)/);
+    expect((await w.db.pool.query("SELECT count(*)::int AS n FROM train_steps WHERE run_id = $1", [runId])).rows[0].n).toBe(0);
+
+    const trainer = await spawnFake("test/fakes/fake-trainer.ts", ["--port", port, "--step-ms", "20"]);
+    const resume = spawnRlq(["run", "resume", runId], w.env);
+    expect(await resume.exited, resume.output()).toBe(0);
+    expect(await bounded(up.exited, 120_000, () => `run did not finish after resume:\n${up.output()}`), up.output()).toBe(0);
+    trainer.kill("SIGTERM");
+    expect((await status(runId)).status).toBe("completed");
+    expect((await w.db.pool.query("SELECT step FROM train_steps WHERE run_id = $1 ORDER BY step", [runId])).rows).toEqual([{ step: 0 }, { step: 1 }]);
+  });
+
+  it("a trainer killed mid-step and restarted: that attempt is lost (one used), the next waits for the trainer", async () => {
+    let trainer = await spawnFake("test/fakes/fake-trainer.ts", ["--step-ms", "1000"]);
+    const port = new URL(trainer.url).port;
+    const runId = await w.start({ num_rollout: 1, max_attempts: 2, trainer: { kind: "remote", url: trainer.url }, engine: { kind: "sglang", urls: [await w.freshEngine()] } });
+    const queues = createQueues(createQueueBackend(readEnv({ ...process.env, ...w.env }), w.env.DATABASE_URL as string));
+    try {
+      const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
+      await waitFor("step 0 to run on the trainer", async () => {
+        const r = await fetch(`${trainer.url}/v1/steps/${runId}/0`).catch(() => null);
+        return r?.ok && ((await r.json()) as { state: string }).state === "running";
+      }, 120_000, 50);
+      trainer.kill("SIGKILL");
+      await trainer.exited;
+      await waitFor("the train job to wait for the trainer", async () => /unreachable for [1-9]/.test((await runStatus(w.db, runId, queues)).trainJob?.phase ?? ""), 60_000, 100);
+      trainer = await spawnFake("test/fakes/fake-trainer.ts", ["--port", port, "--step-ms", "20"]);
+      expect(await bounded(up.exited, 120_000, () => `run did not finish:\n${up.output()}`), up.output()).toBe(0);
+      trainer.kill("SIGTERM");
+      const steps = (await w.db.pool.query("SELECT step, attempt FROM train_steps WHERE run_id = $1", [runId])).rows;
+      // The restarted trainer no longer knew attempt 0: it counted as lost, and attempt 1 committed.
+      expect(steps).toEqual([{ step: 0, attempt: expect.stringMatching(/^1-/) }]);
+    } finally {
+      await queues.close();
+    }
   });
 });
