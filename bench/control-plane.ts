@@ -13,6 +13,7 @@
  *
  * --prof DIR writes a V8 CPU profile of `rlq up` per run into DIR.
  */
+import { cpus } from "node:os";
 import { parseArgs } from "node:util";
 import { join } from "node:path";
 import { pipeline } from "node:stream/promises";
@@ -37,7 +38,7 @@ const rbs = Number(values.rbs);
  *           (run_id, step) index, WAL-logged), committed: what ingesting those rows
  *           into a table a crash cannot lose costs, which is what the run's writes pay.
  */
-async function copyRate(url: string, runId: string): Promise<{ rows: number; rowsPerS: number; loggedRowsPerS: number }> {
+async function copyRate(url: string, runId: string): Promise<{ rows: number; rowsPerS: number; loggedRowsPerS: number; pgCpuMsPerRow: number; loggedPgCpuMsPerRow: number }> {
   const c = new pg.Client({ connectionString: url });
   await c.connect();
   try {
@@ -59,19 +60,26 @@ async function copyRate(url: string, runId: string): Promise<{ rows: number; row
     }
     const chunks: string[] = [];
     for (let i = 0; i < all.length; i += 1000) chunks.push(all.slice(i, i + 1000).join(""));
-    const timeCopy = async (table: string): Promise<number> => {
+    // Postgres's own CPU per row during the COPY (all its processes: the backend, the WAL writer, ...).
+    const timeCopy = async (table: string): Promise<{ rowsPerS: number; pgCpuMsPerRow: number }> => {
+      const cpu = startCpuSampler((_pid, cmd) => (/^postgres: /.test(cmd) ? "postgres" : null), 20);
       const t0 = performance.now();
+      const w0 = Date.now();
       await c.query("BEGIN");
       await pipeline(Readable.from(chunks), c.query(copyFrom(`COPY ${table} (${cols.join(",")}) FROM STDIN`)));
       await c.query("COMMIT");
-      return all.length / ((performance.now() - t0) / 1000);
+      const rowsPerS = all.length / ((performance.now() - t0) / 1000);
+      await new Promise((r) => setTimeout(r, 40)); // one more sample after the commit
+      cpu.stop();
+      return { rowsPerS, pgCpuMsPerRow: ((cpu.between(w0, Date.now()).postgres ?? 0) * 1000) / all.length };
     };
     await c.query("CREATE TEMP TABLE seg_copy (LIKE sample_segments)");
-    const rowsPerS = await timeCopy("seg_copy");
+    const temp = await timeCopy("seg_copy");
     await c.query("DROP TABLE IF EXISTS bench_seg_copy_logged");
     await c.query("CREATE TABLE bench_seg_copy_logged (LIKE sample_segments INCLUDING ALL)");
     try {
-      return { rows: all.length, rowsPerS, loggedRowsPerS: await timeCopy("bench_seg_copy_logged") };
+      const logged = await timeCopy("bench_seg_copy_logged");
+      return { rows: all.length, rowsPerS: temp.rowsPerS, loggedRowsPerS: logged.rowsPerS, pgCpuMsPerRow: temp.pgCpuMsPerRow, loggedPgCpuMsPerRow: logged.pgCpuMsPerRow };
     } finally {
       await c.query("DROP TABLE bench_seg_copy_logged");
     }
@@ -135,7 +143,26 @@ async function once(queue: "redis" | "postgres") {
       [runId],
     )).rows.map((r) => [r.kind, r.ms]));
     const copy = await copyRate(w.env.DATABASE_URL as string, runId);
-    return { samplesPerS: t.rewards / seconds, samples: t.rewards, seconds, timelineMs: timeline, cpuSecondsInWindow: cpuInWindow, cpuMsPerSample, copyRowsPerS: copy.rowsPerS, copyLoggedRowsPerS: copy.loggedRowsPerS, copyRows: copy.rows };
+    // The ceiling on this box: the most samples/s any control plane could reach if it cost no CPU at all,
+    // while the fake engine still answers each sample and Postgres still ingests its row as a COPY
+    // would (both share the box's cores), as a ratio to the COPY rate: the best `ratio_vs_copy` possible here.
+    const engineMs = (cpuInWindow.fake_engine ?? 0) * 1000 / t.rewards;
+    const ceiling = (pgMsPerRow: number, rate: number) => (cpus().length * 1000) / (engineMs + pgMsPerRow) / rate;
+    return {
+      samplesPerS: t.rewards / seconds,
+      samples: t.rewards,
+      seconds,
+      timelineMs: timeline,
+      cpuSecondsInWindow: cpuInWindow,
+      cpuMsPerSample,
+      copyRowsPerS: copy.rowsPerS,
+      copyLoggedRowsPerS: copy.loggedRowsPerS,
+      copyRows: copy.rows,
+      copyPgCpuMsPerRow: copy.pgCpuMsPerRow,
+      copyLoggedPgCpuMsPerRow: copy.loggedPgCpuMsPerRow,
+      ceilingRatioVsCopy: ceiling(copy.pgCpuMsPerRow, copy.rowsPerS),
+      ceilingRatioVsCopyLogged: ceiling(copy.loggedPgCpuMsPerRow, copy.loggedRowsPerS),
+    };
   } finally {
     await w.close();
   }
@@ -156,8 +183,10 @@ for (const queue of values.queues.split(",") as Array<"redis" | "postgres">) {
     ratio_vs_copy: sps / copy,
     median_copy_logged_rows_per_s: logged,
     ratio_vs_copy_logged: sps / logged,
+    median_ceiling_ratio_vs_copy: median(runs.map((r) => r.ceilingRatioVsCopy)),
+    median_ceiling_ratio_vs_copy_logged: median(runs.map((r) => r.ceilingRatioVsCopyLogged)),
   };
-  process.stderr.write(`${queue}: ${sps.toFixed(0)} samples/s vs COPY ${copy.toFixed(0)} rows/s into a temp table (x${(sps / copy).toFixed(2)}), ${logged.toFixed(0)} rows/s into a logged indexed table (x${(sps / logged).toFixed(2)})\n`);
+  process.stderr.write(`${queue}: ${sps.toFixed(0)} samples/s vs COPY ${copy.toFixed(0)} rows/s into a temp table (x${(sps / copy).toFixed(2)}), ${logged.toFixed(0)} rows/s into a logged indexed table (x${(sps / logged).toFixed(2)}); ceiling on this box with a free control plane x${median(runs.map((r) => r.ceilingRatioVsCopy)).toFixed(2)} / x${median(runs.map((r) => r.ceilingRatioVsCopyLogged)).toFixed(2)}\n`);
 }
 // The default shape keeps bench/results/control-plane.json; long responses get their own file.
 await writeResult(`control-plane${values["max-len"] === "16" ? "" : `-len${values["max-len"]}`}${values.split ? "-split" : ""}`, out);

@@ -141,6 +141,9 @@ describe("train step faults", () => {
       }, 60_000, 200);
       expect(waiting.status).toBe("running");
       expect(waiting.trainJob).toMatchObject({ step: 0, state: "active", attemptsMade: 0 });
+      const shown = spawnRlq(["run", "status", runId], w.env);
+      expect(await shown.exited, shown.output()).toBe(0);
+      expect(shown.output()).toMatch(/train job: +step 0 active, 0 attempt\(s\) used, waiting for the trainer: unreachable for \d+ s/);
 
       // SIGTERM ends the wait: the process exits and the job goes back to the queue, its attempt unspent.
       up.kill("SIGTERM");
