@@ -2,8 +2,14 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { z } from "zod";
 import { encodeBatch } from "./batch-codec.ts";
-import { trainResultSchema, type Trainer, type TrainProgress, type TrainRequest, type TrainResult } from "./trainer.ts";
+import { trainResultSchema, type Trainer, type TrainHooks, type TrainProgress, type TrainRequest, type TrainResult } from "./trainer.ts";
 import { RlqError } from "../lib/errors.ts";
+
+function describe(e: unknown): string {
+  const cause = (e as { cause?: unknown }).cause;
+  const detail = cause instanceof Error ? `: ${cause.message}` : "";
+  return `${(e as Error).message}${detail}`;
+}
 
 /**
  * Client of rlq's trainer protocol (docs/trainer-protocol.md): a GPU trainer
@@ -37,24 +43,43 @@ interface OutageWait {
   /** When the current outage began (null: the trainer answers). */
   since: number | null;
   timeoutMs: number;
-  /** The attempt's cancel signal; `stop` is it or the worker's shutdown. */
+  /** The attempt's cancel signal (the stall watchdog). */
   cancel: AbortSignal;
-  stop: AbortSignal;
-  onWaiting(waitedMs: number): void;
+  /** The worker's shutdown, if any. */
+  shutdown: AbortSignal | null;
+  onOutage(waitedMs: number | null): void;
 }
 
-/** Sleeps `ms`; true if `stop` fired first (or already had). */
-function sleepUnless(ms: number, stop: AbortSignal): Promise<boolean> {
-  if (stop.aborted) return Promise.resolve(true);
+/**
+ * Errors that mean "no trainer there right now": nothing listens, the
+ * connection was reset or closed mid-answer (the process died), the host or
+ * its name cannot be reached (a machine or pod restarting). A request that
+ * connected and got no answer in time is not one of them: that trainer is
+ * there and hung, which the stall watchdog handles.
+ */
+const outageCodes = new Set(["ECONNREFUSED", "ECONNRESET", "EPIPE", "EHOSTUNREACH", "ENETUNREACH", "EHOSTDOWN", "ENOTFOUND", "EAI_AGAIN", "UND_ERR_SOCKET", "UND_ERR_CONNECT_TIMEOUT"]);
+
+export function isTrainerOutage(e: unknown): boolean {
+  for (let c: unknown = e, depth = 0; c instanceof Error && depth < 5; c = c.cause, depth++) {
+    const code = (c as { code?: unknown }).code;
+    if (typeof code === "string" && outageCodes.has(code)) return true;
+  }
+  return false;
+}
+
+/** Sleeps `ms`; true if a signal fired first (or already had). */
+function sleepUnless(ms: number, signals: ReadonlyArray<AbortSignal | null>): Promise<boolean> {
+  const live = signals.filter((x): x is AbortSignal => x !== null);
+  if (live.some((x) => x.aborted)) return Promise.resolve(true);
   return new Promise((resolve) => {
     const done = (stopped: boolean) => {
       clearTimeout(timer);
-      stop.removeEventListener("abort", onStop);
+      for (const x of live) x.removeEventListener("abort", onStop);
       resolve(stopped);
     };
     const onStop = () => done(true);
     const timer = setTimeout(() => done(false), ms);
-    stop.addEventListener("abort", onStop, { once: true });
+    for (const x of live) x.addEventListener("abort", onStop, { once: true });
   });
 }
 
@@ -63,25 +88,33 @@ export interface RemoteTrainerOptions {
   /** Host the trainer can reach this process on, for the batch URL. */
   batchHost?: string;
   pollMs?: number;
+  /** A request that connected but got no answer in this long fails (`trainer_timeout`). Default 30 s. */
+  requestTimeoutMs?: number;
 }
 
 export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
   const base = options.url.replace(/\/$/, "");
   const pollMs = options.pollMs ?? 100;
+  const requestTimeoutMs = options.requestTimeoutMs ?? 30_000;
 
-  async function call(method: string, path: string, body?: unknown): Promise<unknown> {
+  /** One request. `stop` (only during an outage) ends it early when the attempt is cancelled or the worker closes. */
+  async function call(method: string, path: string, body?: unknown, stop: AbortSignal[] = []): Promise<unknown> {
     let res: Response;
+    let text: string;
     try {
+      const timeout = AbortSignal.timeout(requestTimeoutMs);
       res = await fetch(`${base}${path}`, {
         method,
         headers: body === undefined ? {} : { "content-type": "application/json" },
         body: body === undefined ? null : JSON.stringify(body),
-        signal: AbortSignal.timeout(30_000),
+        signal: stop.length === 0 ? timeout : AbortSignal.any([timeout, ...stop]),
       });
+      text = await res.text(); // a trainer that dies mid-answer fails here, as an outage
     } catch (e) {
-      throw new RlqError("trainer_unreachable", `trainer ${base}${path}: ${(e as Error).message}`, { cause: e, isRetriable: true });
+      if (isTrainerOutage(e)) throw new RlqError("trainer_unreachable", `trainer ${base}${path}: ${describe(e)}`, { cause: e, isRetriable: true });
+      if ((e as Error).name === "TimeoutError") throw new RlqError("trainer_timeout", `trainer ${base}${path}: no answer within ${requestTimeoutMs / 1000} s`, { cause: e, isRetriable: true });
+      throw new RlqError("trainer_request_failed", `trainer ${base}${path}: ${describe(e)}`, { cause: e, isRetriable: true });
     }
-    const text = await res.text();
     let parsed: unknown;
     try {
       parsed = text ? JSON.parse(text) : null;
@@ -98,44 +131,45 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
 
   /**
    * Runs `fn`, waiting out a trainer it cannot connect to (a restart, a model
-   * reload): retried with backoff up to `trainer_unreachable_timeout_s` from
-   * the outage's start, reported as progress so the stall watchdog (which
-   * measures the trainer's progress, not the network) leaves the wait to its
-   * own bound. After the bound: a non-retriable error, so the run pauses
-   * with it. On `shutdown`: `worker_shutdown`, so the job is put back.
+   * reload): retried with backoff (0.25 s doubling to 5 s) up to
+   * `trainer_unreachable_timeout_s` from the outage's start, told to
+   * `onOutage` so the stall watchdog pauses for it. After the bound: a
+   * non-retriable error, so the run pauses with it. A cancel or a shutdown
+   * ends the wait (`train_cancelled`, `worker_shutdown`).
    */
-  async function reachable<T>(fn: () => Promise<T>, w: OutageWait): Promise<T> {
+  async function reachable<T>(fn: (stop: AbortSignal[]) => Promise<T>, w: OutageWait): Promise<T> {
+    const stops = [w.cancel, ...(w.shutdown ? [w.shutdown] : [])];
     for (let delayMs = 250; ; delayMs = Math.min(delayMs * 2, 5000)) {
       try {
-        const v = await fn();
-        w.since = null;
+        const v = await fn(w.since === null ? [] : stops);
+        if (w.since !== null) {
+          w.since = null;
+          w.onOutage(null);
+        }
         return v;
       } catch (e) {
+        if (w.since !== null && stops.some((x) => x.aborted)) throw stopped(w, e);
         if (!(e instanceof RlqError && e.code === "trainer_unreachable")) throw e;
         w.since ??= Date.now();
         const waited = Date.now() - w.since;
         if (waited >= w.timeoutMs) {
           throw new RlqError("trainer_unreachable", `trainer ${base} unreachable for ${Math.round(waited / 1000)} s (trainer_unreachable_timeout_s ${w.timeoutMs / 1000}): ${e.message}`, { cause: e, isRetriable: false });
         }
-        w.onWaiting(waited);
-        if (await sleepUnless(Math.min(delayMs, w.timeoutMs - waited), w.stop)) {
-          if (w.cancel.aborted) throw new RlqError("train_cancelled", `train step cancelled while waiting for trainer ${base}: ${String(w.cancel.reason ?? "")}`, { cause: e, isRetriable: true });
-          throw new RlqError("worker_shutdown", `train step stopped waiting for trainer ${base}: the worker is shutting down`, { cause: e, isRetriable: true });
-        }
+        w.onOutage(waited);
+        if (await sleepUnless(Math.min(delayMs, w.timeoutMs - waited), stops)) throw stopped(w, e);
       }
     }
   }
 
+  function stopped(w: OutageWait, cause: unknown): RlqError {
+    if (w.cancel.aborted) return new RlqError("train_cancelled", `train step cancelled while waiting for trainer ${base}: ${String(w.cancel.reason ?? "")}`, { cause, isRetriable: true });
+    return new RlqError("worker_shutdown", `train step stopped waiting for trainer ${base}: the worker is shutting down`, { cause, isRetriable: true });
+  }
+
   return {
-    async trainStep(req: TrainRequest, onProgress: (p: TrainProgress) => void, signal: AbortSignal, shutdown?: AbortSignal): Promise<TrainResult> {
+    async trainStep(req: TrainRequest, onProgress: (p: TrainProgress) => void, signal: AbortSignal, hooks: TrainHooks = {}): Promise<TrainResult> {
       const timeoutS = typeof req.config.trainer_unreachable_timeout_s === "number" ? req.config.trainer_unreachable_timeout_s : 300;
-      const wait: OutageWait = {
-        since: null,
-        timeoutMs: timeoutS * 1000,
-        cancel: signal,
-        stop: shutdown ? AbortSignal.any([signal, shutdown]) : signal,
-        onWaiting: (ms) => onProgress({ done: 0, total: 1, phase: `waiting for the trainer: unreachable for ${Math.round(ms / 1000)} s` }),
-      };
+      const wait: OutageWait = { since: null, timeoutMs: timeoutS * 1000, cancel: signal, shutdown: hooks.shutdown ?? null, onOutage: (ms) => hooks.onOutage?.(ms) };
       const bytes = encodeBatch(req.batch);
       const server: Server = createServer((_q, res) => {
         res.writeHead(200, { "content-type": "application/octet-stream", "content-length": bytes.byteLength });
@@ -147,7 +181,7 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
       try {
         // Re-sending the start is safe: the trainer joins a running attempt with the same number.
         await reachable(
-          () =>
+          (stop) =>
             call("POST", "/v1/steps", {
               run_id: req.runId,
               step: req.step,
@@ -157,7 +191,7 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
               output_dir: req.outputDir,
               batch_url: `http://${options.batchHost ?? "127.0.0.1"}:${port}/batch`,
               config: req.config,
-            }),
+            }, stop),
           wait,
         );
         let lastSeq = -1;
@@ -168,7 +202,7 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
           }
           let raw: unknown;
           try {
-            raw = await reachable(() => call("GET", stepPath), wait);
+            raw = await reachable((stop) => call("GET", stepPath, undefined, stop), wait);
           } catch (e) {
             // The trainer answers again but no longer knows the step: it restarted and lost this attempt.
             if (e instanceof RlqError && e.code === "trainer_not_found") {

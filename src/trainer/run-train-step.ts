@@ -101,9 +101,22 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
   const controller = new AbortController();
   const stallMs = ctx.config.train_stall_timeout_s * 1000;
   let lastProgressAt = Date.now();
+  // An outage (trainer unreachable) is not a stall: the watchdog pauses for it, and its length is
+  // added back, so a step that makes no progress around an outage is still cancelled.
+  let outageSince: number | null = null;
   const watchdog = setInterval(() => {
-    if (Date.now() - lastProgressAt > stallMs) controller.abort(`no progress for ${ctx.config.train_stall_timeout_s}s`);
+    if (outageSince === null && Date.now() - lastProgressAt > stallMs) controller.abort(`no progress for ${ctx.config.train_stall_timeout_s}s`);
   }, Math.min(1000, stallMs / 4));
+  const onOutage = (waitedMs: number | null) => {
+    if (waitedMs === null) {
+      if (outageSince !== null) lastProgressAt += Date.now() - outageSince;
+      outageSince = null;
+      void deps.reportProgress({ done: 0, total: 1, phase: "the trainer answers again" }).catch(() => undefined);
+      return;
+    }
+    outageSince ??= Date.now();
+    void deps.reportProgress({ done: 0, total: 1, phase: `waiting for the trainer: unreachable for ${Math.round(waitedMs / 1000)} s` }).catch(() => undefined);
+  };
   let result;
   try {
     result = await trainer.trainStep(
@@ -113,10 +126,12 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
         void deps.reportProgress(p).catch(() => undefined);
       },
       controller.signal,
-      deps.shutdown,
+      { ...(deps.shutdown ? { shutdown: deps.shutdown } : {}), onOutage },
     );
   } catch (e) {
-    await rm(outputDir, { recursive: true, force: true });
+    // On shutdown the trainer may still be running this attempt (the job comes back with the same
+    // attempt number and joins it), so its directory stays; the commit collects it if it loses.
+    if (!(e instanceof RlqError && e.code === "worker_shutdown")) await rm(outputDir, { recursive: true, force: true });
     if (controller.signal.aborted) throw new RlqError("train_stalled", `train step ${step} attempt ${attempt}: ${String(controller.signal.reason)}`, { cause: e, isRetriable: true });
     throw e;
   } finally {

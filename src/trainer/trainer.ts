@@ -76,14 +76,16 @@ export interface TrainRequest {
   batch: TrainBatch;
 }
 
+export interface TrainHooks {
+  /** The worker is closing: a trainer waiting for its server to come back stops and throws `worker_shutdown`. */
+  shutdown?: AbortSignal;
+  /** The trainer cannot be reached: called as the wait goes on (ms so far), then with null when it answers again. */
+  onOutage?(waitedMs: number | null): void;
+}
+
 export interface Trainer {
-  /**
-   * Train one step. `signal` cancels the attempt (the stall watchdog).
-   * `shutdown` says the worker is closing: a trainer that is waiting for
-   * its server to come back stops waiting and throws `worker_shutdown`
-   * (a step that is running is left to finish).
-   */
-  trainStep(request: TrainRequest, onProgress: (p: TrainProgress) => void, signal: AbortSignal, shutdown?: AbortSignal): Promise<TrainResult>;
+  /** Train one step. `signal` cancels the attempt (the stall watchdog). */
+  trainStep(request: TrainRequest, onProgress: (p: TrainProgress) => void, signal: AbortSignal, hooks?: TrainHooks): Promise<TrainResult>;
   health(): Promise<boolean>;
   close(): Promise<void>;
 }

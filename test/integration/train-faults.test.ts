@@ -129,8 +129,9 @@ describe("train step faults", () => {
 
   it("a trainer that is down longer than the retries' backoff is waited for, using no attempt; SIGTERM stops the wait", async () => {
     const port = await deadTrainerPort();
-    // max_attempts 1: any attempt spent on the outage would pause the run.
-    const runId = await w.start({ num_rollout: 2, max_attempts: 1, trainer: { kind: "remote", url: `http://127.0.0.1:${port}` }, engine: { kind: "sglang", urls: [await w.freshEngine()] } });
+    // max_attempts 1: any attempt spent on the outage would pause the run. train_stall_timeout_s 2:
+    // the wait below outlasts it, so a watchdog that counted the outage as a stall would too.
+    const runId = await w.start({ num_rollout: 2, max_attempts: 1, train_stall_timeout_s: 2, trainer: { kind: "remote", url: `http://127.0.0.1:${port}` }, engine: { kind: "sglang", urls: [await w.freshEngine()] } });
     const queues = createQueues(createQueueBackend(readEnv({ ...process.env, ...w.env }), w.env.DATABASE_URL as string));
     try {
       const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
@@ -173,7 +174,7 @@ describe("train step faults", () => {
       const s = await status(runId);
       return s.status === "paused" ? s : null;
     }, 60_000, 200);
-    expect(paused.last_error).toMatch(/train job .*-0 failed .*unreachable for 2 s \(trainer_unreachable_timeout_s 2\)/);
+    expect(paused.last_error).toMatch(/train job .*-0 failed .*unreachable for \d+ s \(trainer_unreachable_timeout_s 2\)/);
     expect((await w.db.pool.query("SELECT count(*)::int AS n FROM train_steps WHERE run_id = $1", [runId])).rows[0].n).toBe(0);
 
     const trainer = await spawnFake("test/fakes/fake-trainer.ts", ["--port", port, "--step-ms", "20"]);
@@ -185,7 +186,7 @@ describe("train step faults", () => {
     expect((await w.db.pool.query("SELECT step FROM train_steps WHERE run_id = $1 ORDER BY step", [runId])).rows).toEqual([{ step: 0 }, { step: 1 }]);
   });
 
-  it("a trainer killed mid-step and restarted: that attempt is lost (one used), the next waits for the trainer", async () => {
+  it("a trainer killed mid-step and restarted: the poll waits for it, the attempt it forgot counts as one, the next commits", async () => {
     let trainer = await spawnFake("test/fakes/fake-trainer.ts", ["--step-ms", "1000"]);
     const port = new URL(trainer.url).port;
     const runId = await w.start({ num_rollout: 1, max_attempts: 2, trainer: { kind: "remote", url: trainer.url }, engine: { kind: "sglang", urls: [await w.freshEngine()] } });
