@@ -25,6 +25,7 @@ import { checkFingerprints } from "./fingerprints.ts";
 import { createRolloutFunctionDriver, type RolloutFunctionDriver } from "./rollout-function.ts";
 import type { Logger } from "../observability/logger.ts";
 import { errorMessage, RlqError } from "../lib/errors.ts";
+import { sleep } from "../lib/sleep.ts";
 
 /**
  * The per-run controller (DESIGN §1, sync mode). It holds the run's lease,
@@ -763,20 +764,6 @@ export function reconcileAction(kind: QueueKind, info: JobInfo, isResume: boolea
     default:
       return "none";
   }
-}
-
-function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    const onAbort = () => {
-      clearTimeout(t);
-      resolve();
-    };
-    const t = setTimeout(() => {
-      signal?.removeEventListener("abort", onAbort);
-      resolve();
-    }, ms);
-    signal?.addEventListener("abort", onAbort, { once: true });
-  });
 }
 
 export async function setRunError(db: Db, runId: string, message: string): Promise<void> {

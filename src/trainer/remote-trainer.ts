@@ -4,6 +4,7 @@ import { z } from "zod";
 import { encodeBatch } from "./batch-codec.ts";
 import { trainResultSchema, type Trainer, type TrainHooks, type TrainProgress, type TrainRequest, type TrainResult } from "./trainer.ts";
 import { RlqError } from "../lib/errors.ts";
+import { sleep } from "../lib/sleep.ts";
 
 function describe(e: unknown): string {
   const cause = (e as { cause?: unknown }).cause;
@@ -65,22 +66,6 @@ export function isTrainerOutage(e: unknown): boolean {
     if (typeof code === "string" && outageCodes.has(code)) return true;
   }
   return false;
-}
-
-/** Sleeps `ms`; true if a signal fired first (or already had). */
-function sleepUnless(ms: number, signals: ReadonlyArray<AbortSignal | null>): Promise<boolean> {
-  const live = signals.filter((x): x is AbortSignal => x !== null);
-  if (live.some((x) => x.aborted)) return Promise.resolve(true);
-  return new Promise((resolve) => {
-    const done = (stopped: boolean) => {
-      clearTimeout(timer);
-      for (const x of live) x.removeEventListener("abort", onStop);
-      resolve(stopped);
-    };
-    const onStop = () => done(true);
-    const timer = setTimeout(() => done(false), ms);
-    for (const x of live) x.addEventListener("abort", onStop, { once: true });
-  });
 }
 
 export interface RemoteTrainerOptions {
@@ -156,7 +141,7 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
           throw new RlqError("trainer_unreachable", `trainer ${base} unreachable for ${Math.round(waited / 1000)} s (trainer_unreachable_timeout_s ${w.timeoutMs / 1000}): ${e.message}`, { cause: e, isRetriable: false });
         }
         w.onOutage(waited);
-        if (await sleepUnless(Math.min(delayMs, w.timeoutMs - waited), stops)) throw stopped(w, e);
+        if (await sleep(Math.min(delayMs, w.timeoutMs - waited), ...stops)) throw stopped(w, e);
       }
     }
   }

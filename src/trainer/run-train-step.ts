@@ -29,7 +29,7 @@ export interface TrainDeps {
   /** Test-only crash points. */
   crashPoint(name: string): void;
   /** Fires when the worker shuts down: stop waiting for an unreachable trainer. */
-  shutdown?: AbortSignal;
+  shutdown: AbortSignal;
 }
 
 export function stepDir(root: string, runId: string, step: number): string {
@@ -126,7 +126,7 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
         void deps.reportProgress(p).catch(() => undefined);
       },
       controller.signal,
-      { ...(deps.shutdown ? { shutdown: deps.shutdown } : {}), onOutage },
+      { shutdown: deps.shutdown, onOutage },
     );
   } catch (e) {
     // On shutdown the trainer may still be running this attempt (the job comes back with the same
