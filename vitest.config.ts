@@ -10,7 +10,8 @@ export default defineConfig({
       {
         test: {
           name: "unit",
-          include: ["src/**/*.test.ts", "examples/**/*.test.ts"],
+          include: ["src/**/*.test.ts", "examples/**/*.test.ts", "test/lint/**/*.test.ts"],
+          testTimeout: 60_000,
           environment: "node",
         },
       },
@@ -18,6 +19,7 @@ export default defineConfig({
         test: {
           name: "integration",
           include: ["test/**/*.test.ts"],
+          exclude: ["test/lint/**"],
           environment: "node",
           testTimeout: 240_000,
           hookTimeout: 120_000,

@@ -40,3 +40,14 @@ fi
 redis_up || { echo "Redis is not reachable on 127.0.0.1:6379" >&2; exit 1; }
 redis-cli -h 127.0.0.1 -p 6379 config set maxmemory-policy noeviction >/dev/null
 echo "services: Postgres and Redis are up"
+
+# Tools some tests drive (headless browser, network namespaces, certificates). Installed here, before
+# the suite, so no test blocks on apt-get; a test whose tool is missing skips with the reason.
+missing=()
+command -v chromium >/dev/null || missing+=(chromium)
+command -v ip >/dev/null || missing+=(iproute2)
+command -v openssl >/dev/null || missing+=(openssl)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing ${missing[*]} from Debian packages"
+  apt_install --no-install-recommends "${missing[@]}" || echo "warning: could not install ${missing[*]}; the tests that need them will skip" >&2
+fi

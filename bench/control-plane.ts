@@ -24,7 +24,19 @@ import { createWorld } from "../test/helpers/run-fixture.ts";
 import { repoRoot, spawnRlq } from "../test/helpers/processes.ts";
 import { median, writeResult, prepareServices, startCpuSampler } from "./lib.ts";
 
-const { values } = parseArgs({ options: { reps: { type: "string", default: "3" }, steps: { type: "string", default: "1" }, rbs: { type: "string", default: "1024" }, queues: { type: "string", default: "redis,postgres" }, prof: { type: "string" }, "max-len": { type: "string", default: "16" }, "stop-prob": { type: "string", default: "0.2" }, "engine-model": { type: "string", default: "instant" }, split: { type: "boolean", default: false } } });
+const { values } = parseArgs({
+  options: {
+    reps: { type: "string", default: "3" },
+    steps: { type: "string", default: "1" },
+    rbs: { type: "string", default: "1024" },
+    queues: { type: "string", default: "redis,postgres" },
+    prof: { type: "string" },
+    "max-len": { type: "string", default: "16" },
+    "stop-prob": { type: "string", default: "0.2" },
+    "engine-model": { type: "string", default: "instant" },
+    split: { type: "boolean", default: false },
+  },
+});
 const reps = Number(values.reps);
 const steps = Number(values.steps);
 const rbs = Number(values.rbs);
@@ -38,7 +50,10 @@ const rbs = Number(values.rbs);
  *           (run_id, step) index, WAL-logged), committed: what ingesting those rows
  *           into a table a crash cannot lose costs, which is what the run's writes pay.
  */
-async function copyRate(url: string, runId: string): Promise<{ rows: number; rowsPerS: number; loggedRowsPerS: number; pgCpuMsPerRow: number; loggedPgCpuMsPerRow: number }> {
+async function copyRate(
+  url: string,
+  runId: string,
+): Promise<{ rows: number; rowsPerS: number; loggedRowsPerS: number; pgCpuMsPerRow: number; loggedPgCpuMsPerRow: number }> {
   const c = new pg.Client({ connectionString: url });
   await c.connect();
   try {
@@ -79,7 +94,13 @@ async function copyRate(url: string, runId: string): Promise<{ rows: number; row
     await c.query("CREATE TABLE bench_seg_copy_logged (LIKE sample_segments INCLUDING ALL)");
     try {
       const logged = await timeCopy("bench_seg_copy_logged");
-      return { rows: all.length, rowsPerS: temp.rowsPerS, loggedRowsPerS: logged.rowsPerS, pgCpuMsPerRow: temp.pgCpuMsPerRow, loggedPgCpuMsPerRow: logged.pgCpuMsPerRow };
+      return {
+        rows: all.length,
+        rowsPerS: temp.rowsPerS,
+        loggedRowsPerS: logged.rowsPerS,
+        pgCpuMsPerRow: temp.pgCpuMsPerRow,
+        loggedPgCpuMsPerRow: logged.pgCpuMsPerRow,
+      };
     } finally {
       await c.query("DROP TABLE bench_seg_copy_logged");
     }
@@ -89,7 +110,11 @@ async function copyRate(url: string, runId: string): Promise<{ rows: number; row
 }
 
 async function once(queue: "redis" | "postgres") {
-  const w = await createWorld(`bcp${queue}`, { queue, engineArgs: ["--token-delay-ms", "0", "--stop-prob", values["stop-prob"], "--model", values["engine-model"]], trainerArgs: ["--step-ms", "0"] });
+  const w = await createWorld(`bcp${queue}`, {
+    queue,
+    engineArgs: ["--token-delay-ms", "0", "--stop-prob", values["stop-prob"], "--model", values["engine-model"]],
+    trainerArgs: ["--step-ms", "0"],
+  });
   try {
     const runId = await w.start({
       num_rollout: steps,
@@ -112,41 +137,52 @@ async function once(queue: "redis" | "postgres") {
       return null;
     });
     const nodeFlags = process.env.BENCH_NODE_FLAGS ? process.env.BENCH_NODE_FLAGS.split(" ") : [];
-    const workers = values.split ? spawnRlq(["worker", "rollout", "reward"], w.env, [...(values.prof ? ["--cpu-prof", `--cpu-prof-dir=${values.prof}/workers`] : []), ...nodeFlags]) : null;
+    const workers = values.split
+      ? spawnRlq(["worker", "rollout", "reward"], w.env, [...(values.prof ? ["--cpu-prof", `--cpu-prof-dir=${values.prof}/workers`] : []), ...nodeFlags])
+      : null;
     workersPid.value = workers?.child.pid ?? -1;
-    const up = spawnRlq(["up", "--run", runId, "--exit-when-done", ...(values.split ? ["--workers", "train,eval"] : [])], w.env, [...(values.prof ? ["--cpu-prof", `--cpu-prof-dir=${values.prof}`] : []), ...nodeFlags]);
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done", ...(values.split ? ["--workers", "train,eval"] : [])], w.env, [
+      ...(values.prof ? ["--cpu-prof", `--cpu-prof-dir=${values.prof}`] : []),
+      ...nodeFlags,
+    ]);
     upPid.value = up.child.pid ?? -1;
     const code = await up.exited;
     cpu.stop();
     workers?.kill("SIGTERM");
     await workers?.exited;
     if (code !== 0) throw new Error(up.output());
-    const t = (await w.db.pool.query(
-      `SELECT (SELECT min(created_at) FROM decisions WHERE run_id = $1 AND kind = 'prompts.drawn') AS first_draw,
+    const t = (
+      await w.db.pool.query(
+        `SELECT (SELECT min(created_at) FROM decisions WHERE run_id = $1 AND kind = 'prompts.drawn') AS first_draw,
               (SELECT max(created_at) FROM sample_rewards WHERE run_id = $1) AS last_reward,
               (SELECT count(*)::int FROM sample_rewards WHERE run_id = $1) AS rewards`,
-      [runId],
-    )).rows[0] as { first_draw: Date; last_reward: Date; rewards: number };
+        [runId],
+      )
+    ).rows[0] as { first_draw: Date; last_reward: Date; rewards: number };
     const seconds = (t.last_reward.getTime() - t.first_draw.getTime()) / 1000;
     // CPU per process in the window (seconds, and ms per sample): what the control plane costs, whatever the box.
     const cpuInWindow = cpu.between(t.first_draw.getTime(), t.last_reward.getTime());
     const cpuMsPerSample = Object.fromEntries(Object.entries(cpuInWindow).map(([k, v]) => [k, Math.round((v / t.rewards) * 1e6) / 1000]));
     // Where the time went: ms after the first draw at which the first, median and last fact of each kind landed.
-    const timeline = Object.fromEntries((await w.db.pool.query<{ kind: string; ms: number[] }>(
-      `WITH t0 AS (SELECT min(created_at) AS t FROM decisions WHERE run_id = $1 AND kind = 'prompts.drawn'),
+    const timeline = Object.fromEntries(
+      (
+        await w.db.pool.query<{ kind: string; ms: number[] }>(
+          `WITH t0 AS (SELECT min(created_at) AS t FROM decisions WHERE run_id = $1 AND kind = 'prompts.drawn'),
             facts AS (
               SELECT 'dispatched' AS kind, created_at FROM decisions WHERE run_id = $1 AND kind = 'group.dispatched'
               UNION ALL SELECT 'generated', created_at FROM group_rounds WHERE run_id = $1
               UNION ALL SELECT 'rewarded', created_at FROM sample_rewards WHERE run_id = $1)
        SELECT kind, percentile_disc(ARRAY[0, 0.5, 1]::float8[]) WITHIN GROUP (ORDER BY ms) AS ms
          FROM (SELECT kind, (extract(epoch FROM created_at - (SELECT t FROM t0)) * 1000)::int AS ms FROM facts) f GROUP BY kind`,
-      [runId],
-    )).rows.map((r) => [r.kind, r.ms]));
+          [runId],
+        )
+      ).rows.map((r) => [r.kind, r.ms]),
+    );
     const copy = await copyRate(w.env.DATABASE_URL as string, runId);
     // The ceiling on this box: the most samples/s any control plane could reach if it cost no CPU at all,
     // while the fake engine still answers each sample and Postgres still ingests its row as a COPY
     // would (both share the box's cores), as a ratio to the COPY rate: the best `ratio_vs_copy` possible here.
-    const engineMs = (cpuInWindow.fake_engine ?? 0) * 1000 / t.rewards;
+    const engineMs = ((cpuInWindow.fake_engine ?? 0) * 1000) / t.rewards;
     const ceiling = (pgMsPerRow: number, rate: number) => (cpus().length * 1000) / (engineMs + pgMsPerRow) / rate;
     return {
       samplesPerS: t.rewards / seconds,
@@ -169,7 +205,17 @@ async function once(queue: "redis" | "postgres") {
 }
 
 await prepareServices();
-const out: Record<string, unknown> = { bench: "control-plane", split: values.split, steps, rollout_batch_size: rbs, n_samples_per_prompt: 8, reps, rollout_max_response_len: Number(values["max-len"]), stop_prob: Number(values["stop-prob"]), engine_model: values["engine-model"] };
+const out: Record<string, unknown> = {
+  bench: "control-plane",
+  split: values.split,
+  steps,
+  rollout_batch_size: rbs,
+  n_samples_per_prompt: 8,
+  reps,
+  rollout_max_response_len: Number(values["max-len"]),
+  stop_prob: Number(values["stop-prob"]),
+  engine_model: values["engine-model"],
+};
 for (const queue of values.queues.split(",") as Array<"redis" | "postgres">) {
   const runs = [];
   for (let i = 0; i < reps; i++) runs.push(await once(queue));
@@ -186,7 +232,9 @@ for (const queue of values.queues.split(",") as Array<"redis" | "postgres">) {
     median_ceiling_ratio_vs_copy: median(runs.map((r) => r.ceilingRatioVsCopy)),
     median_ceiling_ratio_vs_copy_logged: median(runs.map((r) => r.ceilingRatioVsCopyLogged)),
   };
-  process.stderr.write(`${queue}: ${sps.toFixed(0)} samples/s vs COPY ${copy.toFixed(0)} rows/s into a temp table (x${(sps / copy).toFixed(2)}), ${logged.toFixed(0)} rows/s into a logged indexed table (x${(sps / logged).toFixed(2)}); ceiling on this box with a free control plane x${median(runs.map((r) => r.ceilingRatioVsCopy)).toFixed(2)} / x${median(runs.map((r) => r.ceilingRatioVsCopyLogged)).toFixed(2)}\n`);
+  process.stderr.write(
+    `${queue}: ${sps.toFixed(0)} samples/s vs COPY ${copy.toFixed(0)} rows/s into a temp table (x${(sps / copy).toFixed(2)}), ${logged.toFixed(0)} rows/s into a logged indexed table (x${(sps / logged).toFixed(2)}); ceiling on this box with a free control plane x${median(runs.map((r) => r.ceilingRatioVsCopy)).toFixed(2)} / x${median(runs.map((r) => r.ceilingRatioVsCopyLogged)).toFixed(2)}\n`,
+  );
 }
 // The default shape keeps bench/results/control-plane.json; long responses get their own file.
 await writeResult(`control-plane${values["max-len"] === "16" ? "" : `-len${values["max-len"]}`}${values.split ? "-split" : ""}`, out);

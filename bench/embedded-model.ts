@@ -3,7 +3,7 @@
  * against the plain ONNX decode forward at the same shapes (the ceiling,
  * measured in the same run), and trainer tokens/s per fwd+bwd step. Two model
  * shapes: the demo's warm start (examples/demo/warm-start: vocab 24, ctx 32,
- * d 64, 4 heads, 2 layers, MLP 256, its real weights) and the onnx-kv.md study
+ * d 64, 4 heads, 2 layers, MLP 256, its real weights) and the shape of the engine's feasibility study
  * model (vocab 32, ctx 64, same widths, random weights). One ORT thread, as
  * the engine runs by default. Each sample runs for ~0.4 s (rounds of B
  * requests); medians of several samples after a warm-up, with the ceiling and
@@ -202,7 +202,12 @@ async function trainerBench(shape: Shape): Promise<Record<string, unknown>> {
   const model = await createJaxModel(config);
   const v = config.vocab_size;
   const n = TRAIN_B * TRAIN_T;
-  const batch = { inputIds: Int32Array.from({ length: n }, (_, i) => (i * 7) % v), targets: Int32Array.from({ length: n }, (_, i) => (i * 5 + 3) % v), batch: TRAIN_B, seqLen: TRAIN_T };
+  const batch = {
+    inputIds: Int32Array.from({ length: n }, (_, i) => (i * 7) % v),
+    targets: Int32Array.from({ length: n }, (_, i) => (i * 5 + 3) % v),
+    batch: TRAIN_B,
+    seqLen: TRAIN_T,
+  };
   const coef = new Float32Array(n).fill(-1 / n);
   const zero = new Float32Array(n);
   const specs = parameterSpecs(config);
@@ -229,7 +234,9 @@ async function trainerBench(shape: Shape): Promise<Record<string, unknown>> {
   const fbMs = median(fb);
   const fwMs = median(fw);
   const adMs = median(ad);
-  process.stderr.write(`${shape.name} trainer ${TRAIN_B}x${TRAIN_T}: fwd+bwd ${fbMs.toFixed(0)} ms = ${((n / fbMs) * 1000).toFixed(0)} tok/s; forward ${fwMs.toFixed(0)} ms\n`);
+  process.stderr.write(
+    `${shape.name} trainer ${TRAIN_B}x${TRAIN_T}: fwd+bwd ${fbMs.toFixed(0)} ms = ${((n / fbMs) * 1000).toFixed(0)} tok/s; forward ${fwMs.toFixed(0)} ms\n`,
+  );
   return {
     batch: TRAIN_B,
     seq_len: TRAIN_T,
@@ -251,7 +258,14 @@ try {
   const kvWeights = initWeights(kvConfig, 1);
   await writeCheckpoint(join(tmp, "onnx-kv"), { config: kvConfig, weights: kvWeights, version: 0, runId: "bench", step: -1 });
   const shapes: Shape[] = [
-    { name: "demo", config: demo.config, weights: demo.weights, checkpointDir: join(repoRoot, "examples/demo/warm-start"), promptLen: 8, newTokens: demo.config.context_length - 8 },
+    {
+      name: "demo",
+      config: demo.config,
+      weights: demo.weights,
+      checkpointDir: join(repoRoot, "examples/demo/warm-start"),
+      promptLen: 8,
+      newTokens: demo.config.context_length - 8,
+    },
     { name: "onnx-kv", config: kvConfig, weights: kvWeights, checkpointDir: join(tmp, "onnx-kv"), promptLen: 16, newTokens: 48 },
   ];
   const out: Record<string, unknown> = { bench: "embedded-model", reps, ort_threads: 1 };

@@ -236,7 +236,9 @@ async function atRate(delay: number, withOverhead: boolean): Promise<Record<stri
         const o = over[over.length - 1];
         process.stderr.write(
           `${delay} ms/token rep ${rep}: ` +
-            (o ? `overhead p50 ${(o.overhead_p50_ms as number).toFixed(2)} ms, p99 ${(o.overhead_p99_ms as number).toFixed(2)} ms, paired ${(o.paired_diff_median_ms as number).toFixed(2)} ms; ` : "") +
+            (o
+              ? `overhead p50 ${(o.overhead_p50_ms as number).toFixed(2)} ms, p99 ${(o.overhead_p99_ms as number).toFixed(2)} ms, paired ${(o.paired_diff_median_ms as number).toFixed(2)} ms; `
+              : "") +
             `256 concurrent: pool ${(viaPool.tokens_per_s as number).toFixed(0)} tok/s, direct ${(viaDirect.tokens_per_s as number).toFixed(0)}, capacity ${capacity.toFixed(0)}\n`,
         );
       }

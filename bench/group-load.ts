@@ -14,7 +14,12 @@ import { createTestDatabase } from "../test/helpers/services.ts";
 import { median, prepareServices, writeResult } from "./lib.ts";
 
 const { values } = parseArgs({
-  options: { groups: { type: "string", default: "256" }, samples: { type: "string", default: "8" }, tokens: { type: "string", default: "1000" }, reps: { type: "string", default: "5" } },
+  options: {
+    groups: { type: "string", default: "256" },
+    samples: { type: "string", default: "8" },
+    tokens: { type: "string", default: "1000" },
+    reps: { type: "string", default: "5" },
+  },
 });
 const G = Number(values.groups);
 const N = Number(values.samples);
@@ -76,7 +81,9 @@ try {
     median_array_rows_ms: median(arrays),
     speedup: median(arrays) / median(json),
   };
-  process.stderr.write(`groups ${G} x ${N} x ${T} tokens: loader ${median(json).toFixed(0)} ms, segments alone as array rows ${median(arrays).toFixed(0)} ms (x${out.speedup.toFixed(2)})\n`);
+  process.stderr.write(
+    `groups ${G} x ${N} x ${T} tokens: loader ${median(json).toFixed(0)} ms, segments alone as array rows ${median(arrays).toFixed(0)} ms (x${out.speedup.toFixed(2)})\n`,
+  );
   await writeResult("group-load", out);
 } finally {
   await db.close();

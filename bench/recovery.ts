@@ -34,7 +34,13 @@ try {
   const env = { ...w.env, RLQ_LOG_LEVEL: "info" };
   const workers = spawnRlq(["worker", "rollout", "reward", "train", "--concurrency", "16"], w.env);
   let ctl = spawnRlq(["up", "--run", runId, "--workers", ""], env);
-  const count = async () => (await w.db.pool.query("SELECT (SELECT count(*)::int FROM sample_rewards WHERE run_id = $1) AS s, (SELECT max(seq)::int FROM decisions WHERE run_id = $1) AS d", [runId])).rows[0] as { s: number; d: number };
+  const count = async () =>
+    (
+      await w.db.pool.query(
+        "SELECT (SELECT count(*)::int FROM sample_rewards WHERE run_id = $1) AS s, (SELECT max(seq)::int FROM decisions WHERE run_id = $1) AS d",
+        [runId],
+      )
+    ).rows[0] as { s: number; d: number };
   for (let i = 0; i < reps; i++) {
     const want = targetSamples * (1 + i * 0.1);
     await waitFor(`${want} samples`, async () => (await count()).s >= want, 600_000, 500);
@@ -43,10 +49,15 @@ try {
     const at = await count();
     const spawnedAt = Date.now();
     ctl = spawnRlq(["up", "--run", runId, "--workers", ""], env);
-    const first = await waitFor("the first new decision", async () => {
-      const r = await w.db.pool.query("SELECT created_at FROM decisions WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT 1", [runId, at.d]);
-      return r.rows[0]?.created_at as Date | undefined;
-    }, 60_000, 10);
+    const first = await waitFor(
+      "the first new decision",
+      async () => {
+        const r = await w.db.pool.query("SELECT created_at FROM decisions WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT 1", [runId, at.d]);
+        return r.rows[0]?.created_at as Date | undefined;
+      },
+      60_000,
+      10,
+    );
     const took = /"ms":(\d+),"msg":"controller took the run"/.exec(ctl.output());
     const tookAt = /"time":(\d+),[^\n]*"msg":"controller took the run"/.exec(ctl.output());
     const startMs = tookAt && took ? Number(tookAt[1]) - Number(took[1]) : NaN;

@@ -69,7 +69,9 @@ try {
       metrics_first_step: pick(facts[0]?.metrics ?? {}),
       metrics_last_step: pick(facts[facts.length - 1]?.metrics ?? {}),
     });
-    process.stderr.write(`noise ${r.noise} tis ${r.useTis ? "on " : "off"}: reward ${results.at(-1)?.reward_first} -> ${results.at(-1)?.reward_last}  ${JSON.stringify(metricMeans)}\n`);
+    process.stderr.write(
+      `noise ${r.noise} tis ${r.useTis ? "on " : "off"}: reward ${results.at(-1)?.reward_first} -> ${results.at(-1)?.reward_last}  ${JSON.stringify(metricMeans)}\n`,
+    );
   }
   await writeResult("tis-mismatch", {
     bench: "tis-mismatch",

@@ -33,7 +33,10 @@ const chatColumns = [
   {
     name: "messages",
     data: [
-      [{ role: "system", content: "Add." }, { role: "user", content: "1+2=" }],
+      [
+        { role: "system", content: "Add." },
+        { role: "user", content: "1+2=" },
+      ],
       [{ role: "user", content: "5+5=" }],
       [{ role: "user", content: "3+3=" }],
       [{ role: "user" }],

@@ -46,7 +46,15 @@ async function main(): Promise<void> {
   const engine = await createEmbeddedEngine({ checkpointUri: warmStart, maxBatchSize: 64, logitNoiseStd: Number(args.noise) });
   const trainer = await createEmbeddedTrainer();
   const workDir = await mkdtemp(join(tmpdir(), "rlq-demo-loop-"));
-  const config = { lr: Number(args.lr), lr_warmup_iters: Number(args.warmup), ref_load: warmStart, rollout_temperature: 1, num_steps_per_rollout: 1, clip_grad: 1, use_tis: args.tis };
+  const config = {
+    lr: Number(args.lr),
+    lr_warmup_iters: Number(args.warmup),
+    ref_load: warmStart,
+    rollout_temperature: 1,
+    num_steps_per_rollout: 1,
+    clip_grad: 1,
+    use_tis: args.tis,
+  };
   const started = Date.now();
   let version = 0;
   let checkpointUri: string | null = null;
@@ -84,7 +92,16 @@ async function main(): Promise<void> {
       const meanReward = samples.reduce((a, s) => a + s.reward, 0) / samples.length;
       rewards.push(meanReward);
       const result = await trainer.trainStep(
-        { runId: "demo-loop", step, attempt: 1, weightVersionIn: version, checkpointUriIn: checkpointUri, outputDir: join(workDir, `step-${step}`), config, batch: { runId: "demo-loop", step, samples } },
+        {
+          runId: "demo-loop",
+          step,
+          attempt: 1,
+          weightVersionIn: version,
+          checkpointUriIn: checkpointUri,
+          outputDir: join(workDir, `step-${step}`),
+          config,
+          batch: { runId: "demo-loop", step, samples },
+        },
         () => undefined,
         new AbortController().signal,
       );
@@ -115,7 +132,16 @@ async function main(): Promise<void> {
   const first = rewards.slice(0, 3);
   const last = rewards.slice(-3);
   const mean = (x: number[]): number => x.reduce((a, b) => a + b, 0) / x.length;
-  console.log(JSON.stringify({ summary: true, steps: numSteps, seconds: (Date.now() - started) / 1000, rewardFirst3: mean(first), rewardLast3: mean(last), samplesPerStep: numPrompts * groupSize }));
+  console.log(
+    JSON.stringify({
+      summary: true,
+      steps: numSteps,
+      seconds: (Date.now() - started) / 1000,
+      rewardFirst3: mean(first),
+      rewardLast3: mean(last),
+      samplesPerStep: numPrompts * groupSize,
+    }),
+  );
 }
 
 await main();

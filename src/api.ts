@@ -1,3 +1,5 @@
+import { redactDeep } from "./lib/redact.ts";
+import { checkConfig } from "./config/config-check.ts";
 import { randomBytes } from "node:crypto";
 import { dirname, isAbsolute, resolve } from "node:path";
 import type { Db } from "./store/db.ts";
@@ -10,6 +12,7 @@ import type { EngineMetricsSnapshot } from "./engines/metrics.ts";
 import { insertRunRequest, type RunRequestKind } from "./store/run-requests.ts";
 import { applyOverrides, readConfigFile } from "./config/load.ts";
 import { parseRunConfig, type RunConfig } from "./config/run-config.ts";
+import { normalizeSlimeForms } from "./config/slime-traps.ts";
 import { createByteTokenizer } from "./data/tokenizer.ts";
 import { loadRunDataset, tokenizerFor } from "./runtime/plugins-registry.ts";
 import { fingerprintPlugins, pluginKeys } from "./controller/fingerprints.ts";
@@ -22,7 +25,8 @@ function resolvePaths(raw: Record<string, unknown>, baseDir: string): Record<str
   const out = { ...raw };
   const fix = (key: string) => {
     const v = out[key];
-    if (typeof v === "string" && v.length > 0 && !isAbsolute(v) && !/^https?:\/\//i.test(v) && (v.startsWith(".") || v.includes("/"))) out[key] = resolve(baseDir, v);
+    if (typeof v === "string" && v.length > 0 && !isAbsolute(v) && !/^https?:\/\//i.test(v) && (v.startsWith(".") || v.includes("/")))
+      out[key] = resolve(baseDir, v);
   };
   for (const key of ["prompt_data", "ref_load", ...pluginKeys]) fix(key);
   const evals = out.eval_prompt_data;
@@ -48,11 +52,18 @@ export interface StartRunOptions {
 }
 
 /** Validate a config, fingerprint its dataset and plugins, and record the run. Returns the run id. */
-export async function startRun(db: Db, options: StartRunOptions): Promise<{ runId: string; config: RunConfig; datasetErrors: string[] }> {
+export async function startRun(
+  db: Db,
+  options: StartRunOptions,
+): Promise<{ runId: string; config: RunConfig; datasetErrors: string[]; configWarnings: string[] }> {
   const raw = typeof options.config === "string" ? await readConfigFile(options.config) : options.config;
   const baseDir = typeof options.config === "string" ? dirname(resolve(options.config)) : (options.baseDir ?? process.cwd());
   const source = typeof options.config === "string" ? options.config : "config";
-  const config = parseRunConfig(resolvePaths(applyOverrides(raw, options.set ?? []), baseDir), source);
+  const written = resolvePaths(normalizeSlimeForms(applyOverrides(raw, options.set ?? [])) as Record<string, unknown>, baseDir);
+  const config = parseRunConfig(written, source, "user");
+  // What `rlq config check` warns of (keys that change nothing, slime defaults rlq does not share),
+  // said at start too, so that no difference from slime passes in silence.
+  const configWarnings = checkConfig(written, config).map((w) => w.message);
   const tokenizer = config.tokenizer === "bytes" ? createByteTokenizer() : await tokenizerFor(config);
   const { dataset, report } = await loadRunDataset(config, tokenizer);
   if (report) dataset.errors.push(`rollout_max_prompt_len ${report.maxPromptLen}: dropped ${report.filtered} longer prompt(s)`);
@@ -67,7 +78,7 @@ export async function startRun(db: Db, options: StartRunOptions): Promise<{ runI
     datasetErrors: dataset.errors,
     pluginFingerprints,
   });
-  return { runId, config, datasetErrors: dataset.errors };
+  return { runId, config, datasetErrors: dataset.errors, configWarnings };
 }
 
 function latestEvals(rows: Awaited<ReturnType<typeof loadEvalResults>>): RunStatusReport["evals"] {
@@ -101,13 +112,33 @@ export interface RunStatusReport {
   /** Latest eval per dataset: step, weight version, mean reward, pass@k. */
   evals: Array<{ dataset: string; step: number; weightVersion: number; meanReward: number; passAtK: Record<string, number> }>;
   /** Engine-pool metrics as last published by each rollout worker process. */
-  engines: Array<{ worker: string; at: string; engineId: string; state: string; weightVersion: number | null; requests: number; errors: number; aborted: number; tokensPerSecond: number; latencyMs: { p50: number | null; p95: number | null; p99: number | null } }>;
+  engines: Array<{
+    worker: string;
+    at: string;
+    engineId: string;
+    state: string;
+    weightVersion: number | null;
+    requests: number;
+    errors: number;
+    aborted: number;
+    tokensPerSecond: number;
+    latencyMs: { p50: number | null; p95: number | null; p99: number | null };
+    deaths: number;
+    requestErrors: number;
+    busyChecks: number;
+    seedHonoured: boolean | null;
+  }>;
   /** The pipeline: groups in flight per version, staleness of trained samples, trainer busy fraction. */
   pipeline: PipelineReport;
   updatedAt: string;
 }
 
+/** A run's status for people: every string passes through lib/redact (no secret in status output). */
 export async function runStatus(db: Db, runId: string, queues?: Queues): Promise<RunStatusReport> {
+  return redactDeep(await buildRunStatus(db, runId, queues));
+}
+
+async function buildRunStatus(db: Db, runId: string, queues?: Queues): Promise<RunStatusReport> {
   const row = await loadRunRow(db, runId);
   if (!row) throw new RlqError("run_not_found", `run ${runId} does not exist`);
   const config = row.config as { num_rollout?: number | null };
@@ -141,6 +172,11 @@ export async function runStatus(db: Db, runId: string, queues?: Queues): Promise
         aborted: e.aborted,
         tokensPerSecond: e.tokensPerSecond,
         latencyMs: e.latencyMs,
+        deaths: e.deaths ?? 0,
+        // Snapshots written before these existed lack them.
+        requestErrors: e.requestErrors ?? 0,
+        busyChecks: e.busyChecks ?? 0,
+        seedHonoured: e.seedHonoured ?? null,
       })),
     ),
     pipeline: await pipelineReport(db, runId),

@@ -17,3 +17,6 @@ export type {
   EvalPrompt,
   EvalSample,
 } from "./rollout/rollout-function-contract.ts";
+export { parseSlimeScript, type SlimeScript } from "./config/slime-script.ts";
+export { importSlimeArgs, formatImportReport, importedYaml, type ImportReport } from "./config/slime-import.ts";
+export { checkConfig, type CheckWarning } from "./config/config-check.ts";

@@ -18,7 +18,11 @@ import { calculate, trailingToolCall } from "./calculator.ts";
  */
 export const MAX_TOOL_CALLS = 4;
 
-export async function generate(_args: unknown, sample: CustomGenerateSample, helpers: CustomGenerateHelpers): Promise<{ turns: Turn[]; status?: "completed" | "truncated" }> {
+export async function generate(
+  _args: unknown,
+  sample: CustomGenerateSample,
+  helpers: CustomGenerateHelpers,
+): Promise<{ turns: Turn[]; status?: "completed" | "truncated" }> {
   const close = helpers.tokenizer.encode(")");
   const turns: Turn[] = [];
   let calls = 0;

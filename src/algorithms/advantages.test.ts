@@ -59,8 +59,14 @@ describe("estimators", () => {
     //   G2 = -1.01, G1 = -0.02 - 0.9999 = -1.0199, G0 = -0.04 - 1.009701 = -1.049701
     const out = reinforcePlusPlusReturns(
       [2, -1],
-      [[0.2, 0.1, 0.3, 0.4, 0.5], [0.4, 0.2, 0.1]],
-      [[0, 1, 1, 1, 0], [1, 1, 1]],
+      [
+        [0.2, 0.1, 0.3, 0.4, 0.5],
+        [0.4, 0.2, 0.1],
+      ],
+      [
+        [0, 1, 1, 1, 0],
+        [1, 1, 1],
+      ],
       0.1,
       0.99,
     );
@@ -94,7 +100,16 @@ describe("maskedWhiten", () => {
     // mask picks 1, 2, 3: n = 3, mu = 2, E[A^2] = 14/3, var = 14/3 - 4 = 2/3, * 3/2 = 1
     // scale = 1/sqrt(1 + 1e-8); masked token 100 -> 98*scale
     const s = 1 / Math.sqrt(1 + 1e-8);
-    const { whitened, stats } = maskedWhiten([[1, 2], [3, 100]], [[1, 1], [1, 0]]);
+    const { whitened, stats } = maskedWhiten(
+      [
+        [1, 2],
+        [3, 100],
+      ],
+      [
+        [1, 1],
+        [1, 0],
+      ],
+    );
     close(whitened[0], [-s, 0]);
     close(whitened[1], [s, 98 * s]);
     expect(stats.mean).toBe(2);
@@ -136,9 +151,7 @@ describe("computeAdvantagesAndReturns", () => {
   });
 
   it("refuses kl_coef without the log-probs it needs (slime would silently use 0)", () => {
-    expect(() => computeAdvantagesAndReturns({ rewards: [1], lossMask: [[1]] }, { ...OPTS, advantage_estimator: "ppo", kl_coef: 0.1 })).toThrow(
-      /refLogProbs/,
-    );
+    expect(() => computeAdvantagesAndReturns({ rewards: [1], lossMask: [[1]] }, { ...OPTS, advantage_estimator: "ppo", kl_coef: 0.1 })).toThrow(/refLogProbs/);
     expect(() => computeAdvantagesAndReturns({ rewards: [1], lossMask: [[1]] }, { ...OPTS, advantage_estimator: "ppo" })).toThrow(/critic values/);
   });
 

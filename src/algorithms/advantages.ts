@@ -1,6 +1,6 @@
 import { computeApproxKl } from "./kl.ts";
-import type { AlgorithmOptions } from "./options.ts";
-import { algorithmError, assertLength, assertRaggedLike, at, row, type Ragged, type Vec, zerosLike } from "./ragged.ts";
+import { type AlgorithmOptions, resolveOptions } from "./options.ts";
+import { algorithmError, assertLength, assertRaggedLike, at, row, type Ragged, type Vec, zerosLike, assertFiniteArgument } from "./ragged.ts";
 import { discountedReturns, gae } from "./returns.ts";
 import { maskedWhiten } from "./whiten.ts";
 
@@ -64,6 +64,8 @@ export function grpoAdvantages(rewards: Vec, responseLengths: ArrayLike<number>)
  * the sample's returns are all 0 and it contributes nothing.
  */
 export function reinforcePlusPlusReturns(rewards: Vec, kl: Ragged, lossMask: Ragged, klCoef: number, gamma: number): Float64Array[] {
+  assertFiniteArgument("reinforcePlusPlusReturns", "klCoef (kl_coef)", klCoef);
+  assertFiniteArgument("reinforcePlusPlusReturns", "gamma", gamma);
   assertLength(kl, rewards.length, "kl");
   assertRaggedLike(lossMask, kl, "lossMask", "kl");
   return kl.map((k, i) => {
@@ -81,6 +83,7 @@ export function reinforcePlusPlusReturns(rewards: Vec, kl: Ragged, lossMask: Rag
 
 /** reinforce_plus_plus_baseline: `A_t = reward_i − kl_coef·kl_t` (not masked). */
 export function reinforcePlusPlusBaselineAdvantages(rewards: Vec, kl: Ragged, klCoef: number): Float64Array[] {
+  assertFiniteArgument("reinforcePlusPlusBaselineAdvantages", "klCoef (kl_coef)", klCoef);
   assertLength(kl, rewards.length, "kl");
   return kl.map((k, i) => {
     const out = new Float64Array(k.length);
@@ -102,6 +105,7 @@ export function ppoAdvantages(
   gamma: number,
   lambd: number,
 ): { advantages: Float64Array[]; returns: Float64Array[] } {
+  assertFiniteArgument("ppoAdvantages", "klCoef (kl_coef)", klCoef);
   assertLength(kl, rewards.length, "kl");
   assertRaggedLike(values, kl, "values", "kl");
   const advantages: Float64Array[] = [];
@@ -117,11 +121,25 @@ export function ppoAdvantages(
   return { advantages, returns };
 }
 
+const advantageKeys = [
+  "advantage_estimator",
+  "kl_coef",
+  "kl_loss_type",
+  "gamma",
+  "lambd",
+  "normalize_advantages",
+  "use_rollout_logprobs",
+  "use_opd",
+  "opd_kl_coef",
+] as const;
+
 /**
  * Computes advantages and returns for the batch, then (optionally) OPD and masked
- * whitening, in slime's order. See the table above.
+ * whitening, in slime's order. See the table above. `options` are slime-named; a
+ * key left out takes slime's default, a bad one is an ALGO_BAD_ARGUMENT error naming it.
  */
-export function computeAdvantagesAndReturns(input: AdvantageInput, options: AdvantageOptions): AdvantageOutput {
+export function computeAdvantagesAndReturns(input: AdvantageInput, partialOptions: Partial<AdvantageOptions> = {}): AdvantageOutput {
+  const options: AdvantageOptions = resolveOptions("computeAdvantagesAndReturns", partialOptions, advantageKeys);
   const { rewards, lossMask } = input;
   assertLength(lossMask, rewards.length, "lossMask");
   const policyLogProbs = options.use_rollout_logprobs ? input.rolloutLogProbs : input.oldLogProbs;
@@ -153,7 +171,10 @@ export function computeAdvantagesAndReturns(input: AdvantageInput, options: Adva
     case "grpo":
     case "gspo":
     case "cispo":
-      returns = grpoAdvantages(rewards, lossMask.map((m) => m.length));
+      returns = grpoAdvantages(
+        rewards,
+        lossMask.map((m) => m.length),
+      );
       advantages = returns.map((r) => Float64Array.from(r));
       break;
     case "reinforce_plus_plus":

@@ -22,7 +22,18 @@ describe("aggregate (default: per-rollout mean of token means)", () => {
   it("without rollout ids every sample is its own rollout", () => {
     // sample means 2, 5, 8, 11 -> 26 / 4 = 6.5; masks [[1,1],[1,1,0]]: (1.5 + 4) / 2 = 2.75
     expect(aggregate(X, ONES)).toBeCloseTo(6.5, 14);
-    expect(aggregate([[1, 2], [3, 5, 7]], [[1, 1], [1, 1, 0]])).toBeCloseTo(2.75, 14);
+    expect(
+      aggregate(
+        [
+          [1, 2],
+          [3, 5, 7],
+        ],
+        [
+          [1, 1],
+          [1, 1, 0],
+        ],
+      ),
+    ).toBeCloseTo(2.75, 14);
   });
 
   it("a fully masked sample counts as a zero mean, and as 1 token in per-token mode", () => {
@@ -60,9 +71,7 @@ describe("aggregate (default: per-rollout mean of token means)", () => {
     // per-token, whole step has 12 tokens: 6 / 12 = 0.5
     expect(aggregate([[1, 2, 3]], [[1, 1, 1]], { normalizer: 12, calculate_per_token_loss: true })).toBeCloseTo(0.5, 14);
     // summing the micro-batches reproduces the whole-batch value 8
-    const parts = [0, 1, 2, 3].map((i) =>
-      aggregate([X[i] as number[]], [ONES[i] as number[]], { sampleDenominators: [i < 3 ? 9 : 3], normalizer: 2 }),
-    );
+    const parts = [0, 1, 2, 3].map((i) => aggregate([X[i] as number[]], [ONES[i] as number[]], { sampleDenominators: [i < 3 ? 9 : 3], normalizer: 2 }));
     expect(parts.reduce((a, b) => a + b, 0)).toBeCloseTo(8, 14);
   });
 

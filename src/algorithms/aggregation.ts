@@ -76,6 +76,15 @@ export function weightedSum(x: Ragged, weights: readonly Float64Array[]): number
  * Builds the reduction for a batch with loss mask `lossMask` (`[B][T_i]`).
  */
 export function makeAggregator(lossMask: Ragged, options: AggregationOptions = {}): Aggregator {
+  if (options.calculate_per_token_loss !== undefined && typeof options.calculate_per_token_loss !== "boolean") {
+    throw algorithmError("badArgument", `aggregation: calculate_per_token_loss must be true or false, got ${JSON.stringify(options.calculate_per_token_loss)}`);
+  }
+  if (options.normalizer !== undefined && !(typeof options.normalizer === "number" && options.normalizer > 0 && Number.isFinite(options.normalizer))) {
+    throw algorithmError(
+      "badArgument",
+      `aggregation: normalizer must be a positive number (the step's sample or token count), got ${JSON.stringify(options.normalizer)}`,
+    );
+  }
   const denomMask = options.denomMask ?? lossMask;
   assertRaggedLike(denomMask, lossMask, "denomMask", "lossMask");
   const b = lossMask.length;

@@ -99,12 +99,7 @@ export function computeApproxKl(logProbs: Vec, baseLogProbs: Vec, type: KlType, 
  *
  * @returns `value` `[T]` and `grad` `[T]` = d kl_t / d logp_t.
  */
-export function klLossWithGrad(
-  logProbs: Vec,
-  refLogProbs: Vec,
-  type: KlType,
-  oldLogProbs?: Vec,
-): { value: Float64Array; grad: Float64Array } {
+export function klLossWithGrad(logProbs: Vec, refLogProbs: Vec, type: KlType, oldLogProbs?: Vec): { value: Float64Array; grad: Float64Array } {
   assertLength(refLogProbs, logProbs.length, "refLogProbs");
   if (oldLogProbs !== undefined) assertLength(oldLogProbs, logProbs.length, "oldLogProbs");
   const value = new Float64Array(logProbs.length);

@@ -90,14 +90,7 @@ export function logProbsAndEntropyFromLogits(
  *
  * @returns `[T, V]` row-major d loss / d logits, float64.
  */
-export function logitsGradient(
-  logits: Logits,
-  tokens: Vec,
-  vocabSize: number,
-  temperature: number,
-  dLoss_dLogp: Vec,
-  dLoss_dEntropy?: Vec,
-): Float64Array {
+export function logitsGradient(logits: Logits, tokens: Vec, vocabSize: number, temperature: number, dLoss_dLogp: Vec, dLoss_dEntropy?: Vec): Float64Array {
   const n = checkShape(logits, tokens, vocabSize, temperature);
   assertLength(dLoss_dLogp, n, "dLoss_dLogp");
   if (dLoss_dEntropy !== undefined) assertLength(dLoss_dEntropy, n, "dLoss_dEntropy");

@@ -17,8 +17,24 @@ describe("reduceTokenMetrics", () => {
   it("reduces every token metric with the aggregator and prefixes the names", () => {
     // masks [[1, 1], [1, 0]]: weights [[1/4, 1/4], [1/2, 0]]
     // a: (1 + 3)/2 = 2 and 5 -> (2 + 5)/2 = 3.5;  b: (0 + 1)/2 = 0.5 and 1 -> 0.75
-    const agg = makeAggregator([[1, 1], [1, 0]]);
-    const out = reduceTokenMetrics({ a: [[1, 3], [5, 100]], b: [[0, 1], [1, 1]] }, agg, "mis_");
+    const agg = makeAggregator([
+      [1, 1],
+      [1, 0],
+    ]);
+    const out = reduceTokenMetrics(
+      {
+        a: [
+          [1, 3],
+          [5, 100],
+        ],
+        b: [
+          [0, 1],
+          [1, 1],
+        ],
+      },
+      agg,
+      "mis_",
+    );
     expect(out).toEqual({ mis_a: 3.5, mis_b: 0.75 });
   });
 });

@@ -40,11 +40,7 @@ export function absDiff(a: Ragged, b: Ragged): Float64Array[] {
 }
 
 /** Reduces each token-shaped metric with `aggregator`, prefixing its name. */
-export function reduceTokenMetrics(
-  metrics: Readonly<Record<string, Ragged>>,
-  aggregator: Aggregator,
-  prefix = "",
-): Record<string, number> {
+export function reduceTokenMetrics(metrics: Readonly<Record<string, Ragged>>, aggregator: Aggregator, prefix = ""): Record<string, number> {
   const out: Record<string, number> = {};
   for (const [key, value] of Object.entries(metrics)) out[prefix + key] = aggregator.reduce(value);
   return out;

@@ -1,4 +1,4 @@
-import { type AlgorithmOptions, type MisLevel, resolvedMisBounds } from "./options.ts";
+import { type AlgorithmOptions, type MisLevel, resolveOptions, resolvedMisBounds } from "./options.ts";
 import { algorithmError, assertRaggedLike, at, maskedMean, maskedSum, maskSum, row, type Ragged, type Vec } from "./ragged.ts";
 
 /**
@@ -77,15 +77,44 @@ function addPplMetrics(train: Vec, rollout: Vec, m: Vec, push: (key: string, v: 
   push("training_ppl", filled(n, Math.exp(-meanTrain)));
   push("rollout_log_ppl", filled(n, -meanRollout));
   push("rollout_ppl", filled(n, Math.exp(-meanRollout)));
-  push("kl", map(lr, (v) => -v));
-  push("k3_kl", map(lr, (v) => Math.exp(v) - v - 1));
+  push(
+    "kl",
+    map(lr, (v) => -v),
+  );
+  push(
+    "k3_kl",
+    map(lr, (v) => Math.exp(v) - v - 1),
+  );
   const logPplDiff = meanRollout - meanTrain;
   push("log_ppl_diff", filled(n, logPplDiff));
   push("log_ppl_abs_diff", filled(n, Math.abs(logPplDiff)));
   push("ppl_ratio", filled(n, Math.exp(logPplDiff)));
-  push("chi2_token", filled(n, maskedMean(map(lr, (v) => Math.exp(clampLog(v)) ** 2), m) - 1));
+  push(
+    "chi2_token",
+    filled(
+      n,
+      maskedMean(
+        map(lr, (v) => Math.exp(clampLog(v)) ** 2),
+        m,
+      ) - 1,
+    ),
+  );
   push("chi2_seq", filled(n, Math.exp(2 * clampLog(maskedSum(lr, m))) - 1));
 }
+
+/** The MIS options (slime's examples/train_infer_mismatch_helper/mis.yaml); they act only with tis_function: mis. */
+export const misKeys = [
+  "tis_level",
+  "tis_mode",
+  "tis_lower_bound",
+  "tis_upper_bound",
+  "use_rs",
+  "rs_level",
+  "rs_lower_bound",
+  "rs_upper_bound",
+  "rs_veto_threshold",
+  "tis_batch_normalize",
+] as const;
 
 /**
  * `compute_mis_weights` over the batch.
@@ -95,7 +124,15 @@ function addPplMetrics(train: Vec, rollout: Vec, m: Vec, push: (key: string, v: 
  * @param lossMask `[B][T_i]`
  * @param useTis false: only the mismatch metrics (slime's `get_mismatch_metrics` without `use_tis`).
  */
-export function computeMisWeights(trainLogProbs: Ragged, rolloutLogProbs: Ragged, lossMask: Ragged, o: MisOptions, useTis = true): MisResult {
+export function computeMisWeights(
+  trainLogProbs: Ragged,
+  rolloutLogProbs: Ragged,
+  lossMask: Ragged,
+  options: Partial<MisOptions> = {},
+  useTis = true,
+): MisResult {
+  // A key left out takes mis.yaml's default; a bad one is an ALGO_BAD_ARGUMENT error naming it.
+  const o: MisOptions = resolveOptions("computeMisWeights", options, misKeys);
   assertRaggedLike(rolloutLogProbs, trainLogProbs, "rolloutLogProbs", "trainLogProbs");
   assertRaggedLike(lossMask, trainLogProbs, "lossMask", "trainLogProbs");
   const metrics: Record<string, Float64Array[]> = {};
@@ -131,15 +168,30 @@ export function computeMisWeights(trainLogProbs: Ragged, rolloutLogProbs: Ragged
     let w = map(lrTis, (v) => Math.exp(clampLog(v)));
     push("tis_weight_before_bound", w);
     if (o.tis_mode === "truncate") {
-      push("tis_truncate_fraction", map(w, (v) => (v > b.tisUpper ? 1 : 0)));
+      push(
+        "tis_truncate_fraction",
+        map(w, (v) => (v > b.tisUpper ? 1 : 0)),
+      );
       w = map(w, (v, t) => Math.min(Math.max(v, 0), b.tisUpper) * at(m, t));
     } else if (o.tis_mode === "clip") {
-      push("tis_clip_fraction_low", map(w, (v) => (v < b.tisLower ? 1 : 0)));
-      push("tis_clip_fraction_high", map(w, (v) => (v > b.tisUpper ? 1 : 0)));
+      push(
+        "tis_clip_fraction_low",
+        map(w, (v) => (v < b.tisLower ? 1 : 0)),
+      );
+      push(
+        "tis_clip_fraction_high",
+        map(w, (v) => (v > b.tisUpper ? 1 : 0)),
+      );
       w = map(w, (v, t) => Math.min(Math.max(v, b.tisLower), b.tisUpper) * at(m, t));
     } else {
-      push("tis_mask_fraction_low", map(w, (v) => (v < b.tisLower ? 1 : 0)));
-      push("tis_mask_fraction_high", map(w, (v) => (v > b.tisUpper ? 1 : 0)));
+      push(
+        "tis_mask_fraction_low",
+        map(w, (v) => (v < b.tisLower ? 1 : 0)),
+      );
+      push(
+        "tis_mask_fraction_high",
+        map(w, (v) => (v > b.tisUpper ? 1 : 0)),
+      );
       const src = w;
       mod = map(m, (mv, t) => mv * inRange(at(src, t), b.tisLower, b.tisUpper));
       w = map(w, (v, t) => v * at(m, t));
@@ -149,8 +201,14 @@ export function computeMisWeights(trainLogProbs: Ragged, rolloutLogProbs: Ragged
     if (o.use_rs) {
       const lrRs = o.rs_level === o.tis_level ? lrTis : levelLogRatio(raw, m, o.rs_level);
       const rsW = map(lrRs, (v) => Math.exp(clampLog(v)));
-      push("rs_mask_fraction_low", map(rsW, (v) => (v < b.rsLower ? 1 : 0)));
-      push("rs_mask_fraction_high", map(rsW, (v) => (v > b.rsUpper ? 1 : 0)));
+      push(
+        "rs_mask_fraction_low",
+        map(rsW, (v) => (v < b.rsLower ? 1 : 0)),
+      );
+      push(
+        "rs_mask_fraction_high",
+        map(rsW, (v) => (v > b.rsUpper ? 1 : 0)),
+      );
       const prev = mod;
       mod = map(prev, (mv, t) => mv * inRange(at(rsW, t), b.rsLower, b.rsUpper));
       if (o.rs_veto_threshold !== null) {

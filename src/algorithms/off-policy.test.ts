@@ -13,21 +13,21 @@ const OLD = [[-2 + Math.log(3), -2 + Math.log(0.5), -2, -2 + Math.log(0.01)]];
 describe("vanillaTis", () => {
   it("w = clamp(rho, tis_clip_low, tis_clip), with metrics", () => {
     // clamp to [0.1, 2]: [2, 0.5, 1, 0.1]; clipped where w != rho: [1, 0, 0, 1]; |rho - 1| = [2, 0.5, 0, 0.99]
-    const out = vanillaTis(OLD, ROLLOUT, 0.1, 2);
+    const out = vanillaTis(OLD, ROLLOUT, 2, 0.1);
     close(out.weights[0], [2, 0.5, 1, 0.1]);
     close(out.ratio[0], [3, 0.5, 1, 0.01]);
     expect(Array.from(out.clipfrac[0] ?? [])).toEqual([1, 0, 0, 1]);
     close(out.abs[0], [2, 0.5, 0, 0.99]);
   });
   it("defaults (0, 2) leave small ratios alone", () => {
-    close(vanillaTis(OLD, ROLLOUT, 0, 2).weights[0], [2, 0.5, 1, 0.01]);
+    close(vanillaTis(OLD, ROLLOUT, { tis_clip: 2 }).weights[0], [2, 0.5, 1, 0.01]);
   });
 });
 
 describe("icepop", () => {
   it("keeps rho inside [tis_clip_low, tis_clip] and zeroes the rest", () => {
     // [3 -> 0, 0.5, 1, 0.01 -> 0]
-    const out = icepop(OLD, ROLLOUT, 0.1, 2);
+    const out = icepop(OLD, ROLLOUT, { tis_clip: 2, tis_clip_low: 0.1 });
     close(out.weights[0], [0, 0.5, 1, 0]);
     expect(Array.from(out.clipfrac[0] ?? [])).toEqual([1, 0, 0, 1]);
   });

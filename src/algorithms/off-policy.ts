@@ -1,4 +1,5 @@
 import { algorithmError, assertRaggedLike, at, row, type Ragged } from "./ragged.ts";
+import { resolveOptions } from "./options.ts";
 
 /**
  * Train/inference mismatch correction: which log-probs play "old", and slime's two
@@ -60,11 +61,7 @@ export interface TisResult {
   abs: Float64Array[];
 }
 
-function perToken(
-  trainLogProbs: Ragged,
-  rolloutLogProbs: Ragged,
-  weightOf: (rho: number) => number,
-): TisResult {
+function perToken(trainLogProbs: Ragged, rolloutLogProbs: Ragged, weightOf: (rho: number) => number): TisResult {
   assertRaggedLike(rolloutLogProbs, trainLogProbs, "rolloutLogProbs", "trainLogProbs");
   const out: TisResult = { weights: [], ratio: [], clipfrac: [], abs: [] };
   trainLogProbs.forEach((tr, i) => {
@@ -90,18 +87,48 @@ function perToken(
   return out;
 }
 
+/** The TIS bounds, as slime names them; a key left out takes slime's default (tis_clip 2, tis_clip_low 0). */
+export interface TisClipOptions {
+  tis_clip?: number;
+  tis_clip_low?: number;
+}
+
+/**
+ * The bounds from either `(options)` or `(tisClip, tisClipLow)`, in slime's option
+ * order (`--tis-clip` before `--tis-clip-low`). Before this order was fixed the
+ * positional form was (low, high): a call still written that way gives
+ * low > high and is refused, never silently swapped.
+ */
+function tisBounds(fn: string, clipOrOptions: number | TisClipOptions | undefined, low: number | undefined): { tisClip: number; tisClipLow: number } {
+  const o = typeof clipOrOptions === "number" ? { tis_clip: clipOrOptions, ...(low !== undefined && { tis_clip_low: low }) } : clipOrOptions;
+  const { tis_clip, tis_clip_low } = resolveOptions(fn, o, ["tis_clip", "tis_clip_low"]);
+  if (tis_clip_low > tis_clip) {
+    throw algorithmError(
+      "badArgument",
+      `${fn}: tis_clip_low (${tis_clip_low}) > tis_clip (${tis_clip}); the arguments are (trainLogProbs, rolloutLogProbs, tis_clip, tis_clip_low) or an options object {tis_clip, tis_clip_low}`,
+    );
+  }
+  return { tisClip: tis_clip, tisClipLow: tis_clip_low };
+}
+
 /**
  * Vanilla TIS (`vanilla_tis_function`): `w_t = clamp(ρ_t, tis_clip_low, tis_clip)`
  * (defaults 0 and 2). Masks are unchanged.
  */
-export function vanillaTis(trainLogProbs: Ragged, rolloutLogProbs: Ragged, tisClipLow: number, tisClip: number): TisResult {
-  return perToken(trainLogProbs, rolloutLogProbs, (r) => Math.min(Math.max(r, tisClipLow), tisClip));
+export function vanillaTis(trainLogProbs: Ragged, rolloutLogProbs: Ragged, options?: TisClipOptions): TisResult;
+export function vanillaTis(trainLogProbs: Ragged, rolloutLogProbs: Ragged, tisClip: number, tisClipLow?: number): TisResult;
+export function vanillaTis(trainLogProbs: Ragged, rolloutLogProbs: Ragged, clipOrOptions?: number | TisClipOptions, tisClipLow?: number): TisResult {
+  const { tisClip, tisClipLow: low } = tisBounds("vanillaTis", clipOrOptions, tisClipLow);
+  return perToken(trainLogProbs, rolloutLogProbs, (r) => Math.min(Math.max(r, low), tisClip));
 }
 
 /**
  * IcePop (`icepop_function`): `w_t = ρ_t` if `tis_clip_low ≤ ρ_t ≤ tis_clip`, else 0.
  * Masks are unchanged (the zeroed tokens still count in the denominators).
  */
-export function icepop(trainLogProbs: Ragged, rolloutLogProbs: Ragged, tisClipLow: number, tisClip: number): TisResult {
-  return perToken(trainLogProbs, rolloutLogProbs, (r) => (r >= tisClipLow && r <= tisClip ? r : 0));
+export function icepop(trainLogProbs: Ragged, rolloutLogProbs: Ragged, options?: TisClipOptions): TisResult;
+export function icepop(trainLogProbs: Ragged, rolloutLogProbs: Ragged, tisClip: number, tisClipLow?: number): TisResult;
+export function icepop(trainLogProbs: Ragged, rolloutLogProbs: Ragged, clipOrOptions?: number | TisClipOptions, tisClipLow?: number): TisResult {
+  const { tisClip, tisClipLow: low } = tisBounds("icepop", clipOrOptions, tisClipLow);
+  return perToken(trainLogProbs, rolloutLogProbs, (r) => (r >= low && r <= tisClip ? r : 0));
 }

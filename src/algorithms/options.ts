@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { algorithmError } from "./ragged.ts";
 
 /**
  * Algorithm options, named as slime names them (`args.<name>` in slime's Python,
@@ -12,14 +13,7 @@ import { z } from "zod";
  * `refineAlgorithmOptions`, to attach with `.superRefine` (zod 4 forbids
  * `.extend` on a refined object).
  */
-export const advantageEstimatorSchema = z.enum([
-  "grpo",
-  "gspo",
-  "cispo",
-  "reinforce_plus_plus",
-  "reinforce_plus_plus_baseline",
-  "ppo",
-]);
+export const advantageEstimatorSchema = z.enum(["grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]);
 export type AdvantageEstimator = z.infer<typeof advantageEstimatorSchema>;
 
 export const klTypeSchema = z.enum(["k1", "k2", "k3", "low_var_kl"]);
@@ -156,9 +150,7 @@ export interface MisBounds {
 }
 
 /** MIS bound fallbacks, as `compute_mis_weights` resolves them. */
-export function resolvedMisBounds(
-  o: Pick<AlgorithmOptions, "tis_lower_bound" | "tis_upper_bound" | "rs_lower_bound" | "rs_upper_bound">,
-): MisBounds {
+export function resolvedMisBounds(o: Pick<AlgorithmOptions, "tis_lower_bound" | "tis_upper_bound" | "rs_lower_bound" | "rs_upper_bound">): MisBounds {
   const tisLower = o.tis_lower_bound ?? 1 / o.tis_upper_bound;
   return {
     tisLower,
@@ -166,4 +158,28 @@ export function resolvedMisBounds(
     rsLower: o.rs_lower_bound ?? tisLower,
     rsUpper: o.rs_upper_bound ?? o.tis_upper_bound,
   };
+}
+
+/**
+ * The options a public function reads, each validated and defaulted as the
+ * run config does (slime's defaults), so a call from plain JS with a partial
+ * or mistyped object gets a clear error or slime's default, never NaN.
+ * Extra keys are ignored (a whole run config may be passed).
+ */
+export function resolveOptions<K extends keyof AlgorithmOptions>(fn: string, options: unknown, keys: readonly K[]): Pick<AlgorithmOptions, K> {
+  if (options !== undefined && options !== null && (typeof options !== "object" || Array.isArray(options))) {
+    throw algorithmError("badArgument", `${fn}: options must be an object of slime-named options (e.g. {eps_clip: 0.2}), got ${JSON.stringify(options)}`);
+  }
+  // A z.object of just the keys asked for (zod's .pick typing cannot follow a generic key list).
+  const picked = z.object(Object.fromEntries(keys.map((k) => [k, algorithmOptionsShape[k]])));
+  const parsed = picked.safeParse(options ?? {});
+  if (!parsed.success) {
+    const lines = parsed.error.issues.map((i) => {
+      const key = i.path.join(".");
+      const value = (options as Record<string, unknown> | undefined)?.[key];
+      return `${fn}: options.${key} = ${value === undefined ? "(missing)" : JSON.stringify(value)}: ${i.message}`;
+    });
+    throw algorithmError("badArgument", lines.join("\n"));
+  }
+  return parsed.data as unknown as Pick<AlgorithmOptions, K>;
 }

@@ -93,7 +93,10 @@ describe("makeParityVectors", () => {
       '"use_opsm":true',
       '"eps_clip_c":3',
     ]) {
-      expect(opts.some((o) => o.includes(needle)), needle).toBe(true);
+      expect(
+        opts.some((o) => o.includes(needle)),
+        needle,
+      ).toBe(true);
     }
     expect(numbers(vectors.cases).every(Number.isFinite)).toBe(true);
   });

@@ -211,7 +211,10 @@ function policyCases(rng: Rng): [string, ParityRecord][] {
     ["icepop", { use_tis: true, tis_function: "icepop", tis_clip: 1.5, tis_clip_low: 0.5 }],
     ["mis yaml defaults (token truncate, rs, veto, batch norm)", { use_tis: true, tis_function: "mis" }],
     ["mis sequence clip", { use_tis: true, tis_function: "mis", tis_level: "sequence", tis_mode: "clip", tis_upper_bound: 3, use_rs: false }],
-    ["mis geometric mask", { use_tis: true, tis_function: "mis", tis_level: "geometric", tis_mode: "mask", tis_lower_bound: 0.8, tis_upper_bound: 1.25, tis_batch_normalize: false }],
+    [
+      "mis geometric mask",
+      { use_tis: true, tis_function: "mis", tis_level: "geometric", tis_mode: "mask", tis_lower_bound: 0.8, tis_upper_bound: 1.25, tis_batch_normalize: false },
+    ],
     ["mismatch metrics only", { get_mismatch_metrics: true, tis_function: "mis" }],
     ["kl loss k1", { use_kl_loss: true, kl_loss_coef: 0.05 }],
     ["kl loss k2", { use_kl_loss: true, kl_loss_coef: 0.05, kl_loss_type: "k2" }],
@@ -236,7 +239,10 @@ export function makeParityVectors(seed: number = PARITY_DEFAULT_SEED): ParityVec
   const groupIndices = [3, 1, 3, 0, 1, 3, 0, 2, 1, 4, 4, 4];
   const binary = groupIndices.map((g) => (g === 4 ? 1 : rng.chance(0.5) ? 1 : 0));
   const cont = groupIndices.map(() => round(rng.normal()));
-  for (const [label, rewards] of [["binary", binary], ["continuous", cont]] as const) {
+  for (const [label, rewards] of [
+    ["binary", binary],
+    ["continuous", cont],
+  ] as const) {
     for (const est of ["grpo", "reinforce_plus_plus_baseline", "ppo"] as const) {
       add(`rewards ${label} ${est}`, "postProcessRewards", { rewards: [...rewards], groupIndices }, { advantage_estimator: est, normalize_advantages: true });
     }
@@ -333,9 +339,14 @@ export function makeParityVectors(seed: number = PARITY_DEFAULT_SEED): ParityVec
   const agg = randomBatch(rng);
   const denomMask = agg.lossMask.map((r) => r.map(() => 1));
   for (const perToken of [false, true]) {
-    add(`aggregate ${perToken ? "per-token" : "per-rollout"}`, "aggregate", { values: agg.entropy, lossMask: agg.lossMask, denomMask, rolloutIds: agg.rolloutIds }, {
-      calculate_per_token_loss: perToken,
-    });
+    add(
+      `aggregate ${perToken ? "per-token" : "per-rollout"}`,
+      "aggregate",
+      { values: agg.entropy, lossMask: agg.lossMask, denomMask, rolloutIds: agg.rolloutIds },
+      {
+        calculate_per_token_loss: perToken,
+      },
+    );
   }
 
   // log-probs and entropy from logits, with the backward pass
@@ -355,7 +366,14 @@ export function makeParityVectors(seed: number = PARITY_DEFAULT_SEED): ParityVec
   );
 
   // pass@k
-  for (const [n, c, k] of [[16, 3, 1], [16, 3, 4], [16, 3, 16], [64, 1, 32], [8, 0, 2], [5, 4, 2]] as const) {
+  for (const [n, c, k] of [
+    [16, 3, 1],
+    [16, 3, 4],
+    [16, 3, 16],
+    [64, 1, 32],
+    [8, 0, 2],
+    [5, 4, 2],
+  ] as const) {
     add(`pass@${k} n=${n} c=${c}`, "passAtK", { n, c, k }, {});
   }
 

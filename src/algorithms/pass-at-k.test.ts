@@ -30,8 +30,25 @@ describe("passAtK", () => {
 describe("meanPassAtK", () => {
   it("averages over problems, counting reward == 1 as correct by default", () => {
     // problem A: [1, 0, 0, 1, 0] -> pass@1 = 0.4; problem B: [0, 0] -> 0; mean 0.2
-    expect(meanPassAtK([[1, 0, 0, 1, 0], [0, 0]], 1)).toBeCloseTo(0.2, 14);
+    expect(
+      meanPassAtK(
+        [
+          [1, 0, 0, 1, 0],
+          [0, 0],
+        ],
+        1,
+      ),
+    ).toBeCloseTo(0.2, 14);
     // with a threshold predicate: B counts 0.6 as correct -> pass@1 = 0.5; mean (0.4 + 0.5) / 2 = 0.45
-    expect(meanPassAtK([[1, 0, 0, 1, 0], [0.6, 0]], 1, (r) => r > 0.5)).toBeCloseTo(0.45, 14);
+    expect(
+      meanPassAtK(
+        [
+          [1, 0, 0, 1, 0],
+          [0.6, 0],
+        ],
+        1,
+        (r) => r > 0.5,
+      ),
+    ).toBeCloseTo(0.45, 14);
   });
 });

@@ -117,10 +117,22 @@ describe("computePolicyLossTerms: hand-computed cases", () => {
     // loss = (-1.2 + -2) / 2 = -1.6
     const out = computePolicyLossTerms(
       {
-        logProbs: [[-1 + Math.LN2, -2], [-0.9, -1.1]],
-        oldLogProbs: [[-1, -2], [-1, -1]],
-        advantages: [[1, 1], [1, 3]],
-        lossMask: [[1, 1], [1, 1]],
+        logProbs: [
+          [-1 + Math.LN2, -2],
+          [-0.9, -1.1],
+        ],
+        oldLogProbs: [
+          [-1, -2],
+          [-1, -1],
+        ],
+        advantages: [
+          [1, 1],
+          [1, 3],
+        ],
+        lossMask: [
+          [1, 1],
+          [1, 1],
+        ],
       },
       { advantage_estimator: "gspo" },
     );
@@ -137,10 +149,7 @@ describe("computePolicyLossTerms: hand-computed cases", () => {
     // old - logp = [0.5, 0.5] -> seq_kl 0.5 > 1e-4; A = [1, -1] -> mask [1, 0]
     // ratio = e^-0.5 = 0.6065 < 0.8: token 0 (A>0): max(-0.6065, -0.8) = -0.6065; token 1 masked out
     // loss = -0.6065 / 2; opsm_clipfrac = 1/2 (1 zeroed of 2) / 1 sample
-    const out = computePolicyLossTerms(
-      { logProbs: [[-1.5, -1.5]], oldLogProbs: [[-1, -1]], advantages: [[1, -1]], lossMask: [[1, 1]] },
-      { use_opsm: true },
-    );
+    const out = computePolicyLossTerms({ logProbs: [[-1.5, -1.5]], oldLogProbs: [[-1, -1]], advantages: [[1, -1]], lossMask: [[1, 1]] }, { use_opsm: true });
     expect(out.loss).toBeCloseTo(-Math.exp(-0.5) / 2, 12);
     expect(out.metrics.opsm_clipfrac).toBeCloseTo(0.5, 12);
     expect(out.dLoss_dLogp[1 - 1]?.[1]).toBe(0);

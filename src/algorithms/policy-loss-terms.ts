@@ -3,7 +3,9 @@ import { klLossWithGrad } from "./kl.ts";
 import { absDiff, reduceTokenMetrics } from "./metrics.ts";
 import { computeMisWeights } from "./mis.ts";
 import { icepop, resolveOldLogProbs, tisTrainLogProbs, vanillaTis } from "./off-policy.ts";
-import { type AlgorithmOptions, type AlgorithmOptionsInput, algorithmOptionsSchema, effectiveEpsClipHigh } from "./options.ts";
+import { type AlgorithmOptions, type AlgorithmOptionsInput, algorithmOptionsShape, effectiveEpsClipHigh, resolveOptions } from "./options.ts";
+
+const allOptionKeys = Object.keys(algorithmOptionsShape) as Array<keyof AlgorithmOptions>;
 import { computeCispoLoss, computeGspoKl, computeOpsmMask, computePolicyLoss } from "./policy-loss.ts";
 import { algorithmError, assertRaggedLike, at, maskSum, row, type Ragged, type Vec } from "./ragged.ts";
 
@@ -86,7 +88,7 @@ function need(x: Ragged | undefined, like: Ragged, name: string, why: string): R
  * normalisation at the geometric level) are checked where they apply.
  */
 export function computePolicyLossTerms(input: PolicyLossInput, options: AlgorithmOptionsInput | AlgorithmOptions = {}): PolicyLossTerms {
-  const o = algorithmOptionsSchema.parse(options);
+  const o = resolveOptions("computePolicyLossTerms", options, allOptionKeys);
   const { logProbs, advantages, lossMask } = input;
   assertRaggedLike(advantages, logProbs, "advantages", "logProbs");
   assertRaggedLike(lossMask, logProbs, "lossMask", "logProbs");
@@ -160,7 +162,7 @@ export function computePolicyLossTerms(input: PolicyLossInput, options: Algorith
       }
     } else {
       const fn = o.tis_function === "icepop" ? icepop : vanillaTis;
-      const tis = fn(train, rollout, o.tis_clip_low, o.tis_clip);
+      const tis = fn(train, rollout, { tis_clip: o.tis_clip, tis_clip_low: o.tis_clip_low });
       Object.assign(offPolicyMetrics, { tis: tis.ratio, tis_clipfrac: tis.clipfrac, tis_abs: tis.abs });
       if (o.use_tis) tisWeights = tis.weights;
     }

@@ -69,7 +69,10 @@ describe("computePolicyLoss (PPO clip, dual clip)", () => {
     ];
     for (const [r, a, c] of cases) {
       const g = ppoClipToken(r, a, 0.2, 0.3, c).dLoss_dRatio;
-      expect(g).toBeCloseTo(fd((x) => ppoClipToken(x, a, 0.2, 0.3, c).loss, r), 7);
+      expect(g).toBeCloseTo(
+        fd((x) => ppoClipToken(x, a, 0.2, 0.3, c).loss, r),
+        7,
+      );
     }
   });
 
@@ -120,10 +123,22 @@ describe("computeOpsmMask", () => {
     // sample 0: seq_kl = 0.25 > 1e-4; A = [1, -1, -1] -> mask [1, 0, 0]; clipfrac 2 / max(2, 1) = 1
     // sample 1: logp = old -> seq_kl = 0 -> mask [1, 1]
     const out = computeOpsmMask(
-      [[-1, -2, -3], [-1, -1]],
-      [[-0.5, -2, -2], [-1, -1]],
-      [[1, -1, -1], [-1, -1]],
-      [[1, 1, 0], [1, 1]],
+      [
+        [-1, -2, -3],
+        [-1, -1],
+      ],
+      [
+        [-0.5, -2, -2],
+        [-1, -1],
+      ],
+      [
+        [1, -1, -1],
+        [-1, -1],
+      ],
+      [
+        [1, 1, 0],
+        [1, 1],
+      ],
       1e-4,
     );
     expect(Array.from(out.mask[0] ?? [])).toEqual([1, 0, 0]);

@@ -1,4 +1,4 @@
-import { algorithmError, assertLength, assertRaggedLike, at, maskSum, row, type Ragged, type Vec } from "./ragged.ts";
+import { algorithmError, assertLength, assertRaggedLike, at, maskSum, row, type Ragged, type Vec, assertFiniteArgument } from "./ragged.ts";
 
 /**
  * Per-token policy-loss primitives (slime/utils/ppo_utils.py:54-171), each with the
@@ -38,6 +38,12 @@ export interface ClipLossToken {
  * 0 where the dual-clip constant wins.
  */
 export function ppoClipToken(ratio: number, advantage: number, epsClip: number, epsClipHigh: number, epsClipC: number | null): ClipLossToken {
+  if (typeof epsClip !== "number" || typeof epsClipHigh !== "number" || (epsClipC !== null && typeof epsClipC !== "number")) {
+    throw algorithmError(
+      "badArgument",
+      `ppoClipToken: epsClip, epsClipHigh must be numbers and epsClipC a number or null (got ${String(epsClip)}, ${String(epsClipHigh)}, ${String(epsClipC)})`,
+    );
+  }
   const lo = 1 - epsClip;
   const hi = 1 + epsClipHigh;
   const l1 = -ratio * advantage;
@@ -68,11 +74,16 @@ export function computePolicyLoss(
   ppoKl: Vec,
   advantages: Vec,
   epsClip: number,
-  epsClipHigh: number,
+  epsClipHigh: number | null = null,
   epsClipC: number | null = null,
 ): { loss: Float64Array; clipfrac: Float64Array; dLoss_dRatio: Float64Array; ratio: Float64Array } {
+  assertFiniteArgument("computePolicyLoss", "epsClip (eps_clip)", epsClip);
+  // slime: eps_clip_high None means eps_clip; from plain JS undefined means the same.
+  const high = epsClipHigh ?? epsClip;
+  assertFiniteArgument("computePolicyLoss", "epsClipHigh (eps_clip_high)", high);
+  const dual = epsClipC ?? null;
   assertLength(advantages, ppoKl.length, "advantages");
-  if (epsClipC !== null && !(epsClipC > 1)) throw algorithmError("badArgument", `eps_clip_c must be > 1, got ${epsClipC}`);
+  if (dual !== null && !(dual > 1)) throw algorithmError("badArgument", `eps_clip_c must be > 1, got ${dual}`);
   const n = ppoKl.length;
   const loss = new Float64Array(n);
   const clipfrac = new Float64Array(n);
@@ -80,7 +91,7 @@ export function computePolicyLoss(
   const ratio = new Float64Array(n);
   for (let t = 0; t < n; t++) {
     const r = Math.exp(-at(ppoKl, t));
-    const tok = ppoClipToken(r, at(advantages, t), epsClip, epsClipHigh, epsClipC);
+    const tok = ppoClipToken(r, at(advantages, t), epsClip, high, dual);
     ratio[t] = r;
     loss[t] = tok.loss;
     clipfrac[t] = tok.clipfrac;
@@ -105,8 +116,11 @@ export function computeCispoLoss(
   logProbs: Vec,
   advantages: Vec,
   epsClip: number,
-  epsClipHigh: number,
+  epsClipHigh: number | null = null,
 ): { loss: Float64Array; clipfrac: Float64Array; dLoss_dLogp: Float64Array } {
+  assertFiniteArgument("computeCispoLoss", "epsClip (eps_clip)", epsClip);
+  const high = epsClipHigh ?? epsClip;
+  assertFiniteArgument("computeCispoLoss", "epsClipHigh (eps_clip_high)", high);
   assertLength(logProbs, ppoKl.length, "logProbs");
   assertLength(advantages, ppoKl.length, "advantages");
   const n = ppoKl.length;
@@ -115,7 +129,7 @@ export function computeCispoLoss(
   const dLoss_dLogp = new Float64Array(n);
   for (let t = 0; t < n; t++) {
     const ratio = Math.exp(-at(ppoKl, t));
-    const clamped = Math.min(Math.max(ratio, 1 - epsClip), 1 + epsClipHigh);
+    const clamped = Math.min(Math.max(ratio, 1 - epsClip), 1 + high);
     const a = at(advantages, t);
     loss[t] = -clamped * a * at(logProbs, t);
     clipfrac[t] = clamped !== ratio ? 1 : 0;

@@ -81,3 +81,13 @@ export function maskedMean(x: Vec, mask: Vec): number {
 export function raggedToArrays(x: readonly Float64Array[]): number[][] {
   return x.map((r) => Array.from(r));
 }
+
+/** Throws unless `value` is a finite number: a positional argument from plain JS never becomes NaN. */
+export function assertFiniteArgument(fn: string, name: string, value: unknown): asserts value is number {
+  if (typeof value !== "number" || !Number.isFinite(value)) {
+    throw algorithmError(
+      "badArgument",
+      `${fn}: ${name} must be a finite number, got ${value === undefined ? "undefined (missing argument)" : JSON.stringify(value)}`,
+    );
+  }
+}

@@ -1,4 +1,4 @@
-import { assertLength, at, type Vec } from "./ragged.ts";
+import { assertFiniteArgument, assertLength, at, type Vec } from "./ragged.ts";
 
 /**
  * Backward recurrences over one sample's response tokens.
@@ -16,6 +16,7 @@ import { assertLength, at, type Vec } from "./ragged.ts";
  * @returns `[T]`
  */
 export function discountedReturns(tokenRewards: Vec, gamma: number): Float64Array {
+  assertFiniteArgument("discountedReturns", "gamma", gamma);
   const out = new Float64Array(tokenRewards.length);
   let running = 0;
   for (let t = tokenRewards.length - 1; t >= 0; t--) {
@@ -34,6 +35,8 @@ export function discountedReturns(tokenRewards: Vec, gamma: number): Float64Arra
  * @param values `[T]` critic values at each response token.
  */
 export function gae(tokenRewards: Vec, values: Vec, gamma: number, lambd: number): { advantages: Float64Array; returns: Float64Array } {
+  assertFiniteArgument("gae", "gamma", gamma);
+  assertFiniteArgument("gae", "lambd", lambd);
   assertLength(values, tokenRewards.length, "values");
   const n = tokenRewards.length;
   const advantages = new Float64Array(n);

@@ -1,5 +1,5 @@
-import type { AdvantageEstimator } from "./options.ts";
-import { algorithmError, assertLength, at, type Vec } from "./ragged.ts";
+import { type AdvantageEstimator, resolveOptions } from "./options.ts";
+import { algorithmError, assertFiniteArgument, assertLength, at, type Vec } from "./ragged.ts";
 
 /**
  * Reward post-processing before advantages: slime's
@@ -76,7 +76,13 @@ export interface GroupNormalizeOptions {
  */
 export function groupNormalizeRewards(rewards: Vec, groupIndices: ArrayLike<number | string>, options: GroupNormalizeOptions): Float64Array {
   assertLength(groupIndices, rewards.length, "groupIndices");
+  if (typeof options?.useStd !== "boolean")
+    throw algorithmError(
+      "badArgument",
+      `groupNormalizeRewards: options.useStd must be true or false (grpo_std_normalization), got ${JSON.stringify(options?.useStd)}`,
+    );
   const eps = options.eps ?? GROUP_STD_EPS;
+  assertFiniteArgument("groupNormalizeRewards", "options.eps", eps);
   const out = new Float64Array(rewards.length);
   for (const members of groupPositions(groupIndices)) {
     const n = members.length;
@@ -120,7 +126,12 @@ export interface PostProcessedRewards {
  * - additionally for grpo/gspo/cispo with `grpo_std_normalization`: divide by (std + 1e-6).
  * reinforce_plus_plus and ppo get the raw rewards.
  */
-export function postProcessRewards(rewards: Vec, groupIndices: ArrayLike<number | string>, options: PostProcessRewardOptions): PostProcessedRewards {
+export function postProcessRewards(
+  rewards: Vec,
+  groupIndices: ArrayLike<number | string>,
+  partialOptions: Partial<PostProcessRewardOptions> = {},
+): PostProcessedRewards {
+  const options = resolveOptions("postProcessRewards", partialOptions, ["advantage_estimator", "rewards_normalization", "grpo_std_normalization"]);
   const raw = Float64Array.from(rewards);
   const est = options.advantage_estimator;
   const centred = est === "grpo" || est === "gspo" || est === "cispo" || est === "reinforce_plus_plus_baseline";

@@ -33,10 +33,7 @@ describe("computeValueLoss", () => {
 describe("computeValueLossTerms", () => {
   it("aggregates like the policy loss and scales the gradient by the weights", () => {
     // sample 0: [0.5625, 0.5625] mean 0.5625; sample 1: [2.25] masked -> 0; (0.5625 + 0) / 2 = 0.28125
-    const out = computeValueLossTerms(
-      { values: [[1.5, 0.75], [0.5]], oldValues: [[1, 1], [1]], returns: [[2, 0], [2]], lossMask: [[1, 1], [0]] },
-      0.25,
-    );
+    const out = computeValueLossTerms({ values: [[1.5, 0.75], [0.5]], oldValues: [[1, 1], [1]], returns: [[2, 0], [2]], lossMask: [[1, 1], [0]] }, 0.25);
     expect(out.loss).toBeCloseTo(0.28125, 14);
     expect(out.metrics.value_loss).toBe(out.loss);
     // clipfrac: sample 0 [1, 0] -> 0.5, sample 1 masked -> 0; / 2 = 0.25

@@ -1,5 +1,5 @@
 import { type AggregationOptions, makeAggregator } from "./aggregation.ts";
-import { assertLength, assertRaggedLike, row, at, type Ragged, type Vec } from "./ragged.ts";
+import { assertLength, assertRaggedLike, row, at, type Ragged, type Vec, assertFiniteArgument } from "./ragged.ts";
 
 /**
  * The PPO critic's clipped value loss (slime `value_loss_function`,
@@ -22,6 +22,7 @@ export function computeValueLoss(
   returns: Vec,
   valueClip: number,
 ): { loss: Float64Array; clipfrac: Float64Array; dLoss_dValue: Float64Array } {
+  assertFiniteArgument("computeValueLoss", "valueClip (value_clip)", valueClip);
   assertLength(oldValues, values.length, "oldValues");
   assertLength(returns, values.length, "returns");
   const n = values.length;
@@ -61,7 +62,7 @@ export interface ValueLossInput {
  */
 export function computeValueLossTerms(
   input: ValueLossInput,
-  valueClip: number,
+  valueClip = 0.2,
   aggregation: AggregationOptions = {},
 ): { loss: number; dLoss_dValue: Float64Array[]; metrics: { value_loss: number; value_clipfrac: number } } {
   const { values, lossMask } = input;

@@ -10,9 +10,16 @@ export function formatStatus(r: RunStatusReport): string {
   ];
   if (r.lastError) lines.push(`  last error:      ${r.lastError}`);
   const p = r.pipeline;
-  const kv = (o: Record<string, number>) => (Object.keys(o).length === 0 ? "-" : Object.entries(o).map(([k, v]) => `${k}:${v}`).join(" "));
+  const kv = (o: Record<string, number>) =>
+    Object.keys(o).length === 0
+      ? "-"
+      : Object.entries(o)
+          .map(([k, v]) => `${k}:${v}`)
+          .join(" ");
   lines.push(`  in flight:       ${kv(Object.fromEntries(Object.entries(p.inflightByVersion).map(([v, n]) => [`v${v}`, n])))} (groups by weight version)`);
-  lines.push(`  staleness:       ${kv(p.stalenessHistogram)} (trained samples by versions stale)${p.regenerations + p.staleDiscards > 0 ? `; ${p.regenerations} regenerated, ${p.staleDiscards} discarded as stale` : ""}`);
+  lines.push(
+    `  staleness:       ${kv(p.stalenessHistogram)} (trained samples by versions stale)${p.regenerations + p.staleDiscards > 0 ? `; ${p.regenerations} regenerated, ${p.staleDiscards} discarded as stale` : ""}`,
+  );
   lines.push(
     `  trainer:         busy ${(100 * p.trainer.busyFraction).toFixed(0)}% (${p.trainer.busySeconds.toFixed(1)} s of ${p.trainer.wallSeconds.toFixed(1)} s)${p.sealedNotTrained > 0 ? `, ${p.sealedNotTrained} sealed step(s) waiting` : ""}`,
   );
@@ -21,17 +28,37 @@ export function formatStatus(r: RunStatusReport): string {
   const m = Object.entries(r.lastMetrics);
   if (m.length > 0) lines.push(`  last metrics:    ${m.map(([k, v]) => `${k}=${Number(v.toPrecision(4))}`).join(" ")}`);
   for (const e of r.evals) {
-    lines.push(`  eval ${e.dataset}: step ${e.step} (version ${e.weightVersion}) mean reward ${e.meanReward.toFixed(3)} ${Object.entries(e.passAtK).map(([k, v]) => `pass@${k} ${v.toFixed(3)}`).join(" ")}`);
+    lines.push(
+      `  eval ${e.dataset}: step ${e.step} (version ${e.weightVersion}) mean reward ${e.meanReward.toFixed(3)} ${Object.entries(e.passAtK)
+        .map(([k, v]) => `pass@${k} ${v.toFixed(3)}`)
+        .join(" ")}`,
+    );
   }
   for (const e of r.engines) {
     const lat = e.latencyMs.p50 === null ? "-" : `p50 ${e.latencyMs.p50.toFixed(0)} p95 ${e.latencyMs.p95?.toFixed(0)} p99 ${e.latencyMs.p99?.toFixed(0)} ms`;
-    lines.push(`  engine ${e.engineId} (${e.worker}): ${e.state} v${e.weightVersion ?? "?"} requests ${e.requests} errors ${e.errors} aborted ${e.aborted} ${e.tokensPerSecond.toFixed(0)} tok/s latency ${lat}`);
+    lines.push(
+      `  engine ${e.engineId} (${e.worker}): ${e.state} v${e.weightVersion ?? "?"} requests ${e.requests} errors ${e.errors} aborted ${e.aborted} ${e.tokensPerSecond.toFixed(0)} tok/s latency ${lat}${engineNotes(e)}`,
+    );
   }
   if (r.queues) {
     lines.push("  queues:");
     for (const [q, c] of Object.entries(r.queues)) {
-      lines.push(`    ${q.padEnd(8)} ${Object.entries(c).map(([k, v]) => `${k}=${v}`).join(" ")}`);
+      lines.push(
+        `    ${q.padEnd(8)} ${Object.entries(c)
+          .map(([k, v]) => `${k}=${v}`)
+          .join(" ")}`,
+      );
     }
   }
   return lines.join("\n") + "\n";
+}
+
+/** What an engine's metrics add when it matters: requests it refused, busy health checks, seeds it ignores, deaths. */
+function engineNotes(e: { requestErrors?: number; busyChecks?: number; seedHonoured?: boolean | null; deaths?: number }): string {
+  const notes: string[] = [];
+  if ((e.requestErrors ?? 0) > 0) notes.push(`refused requests ${e.requestErrors}`);
+  if ((e.busyChecks ?? 0) > 0) notes.push(`busy checks ${e.busyChecks}`);
+  if ((e.deaths ?? 0) > 0) notes.push(`deaths ${e.deaths}`);
+  if (e.seedHonoured === false) notes.push("seeds ignored (start SGLang with --enable-deterministic-inference to honour them)");
+  return notes.length === 0 ? "" : `; ${notes.join(", ")}`;
 }

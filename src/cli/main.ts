@@ -4,6 +4,7 @@ import { readEnv } from "../config/env.ts";
 import { createServices, type Services } from "../runtime/services.ts";
 import { startRun, runStatus, requestRunChange } from "../api.ts";
 import { runSql } from "./sql.ts";
+import { adminSql } from "../store/roles.ts";
 import { runUp } from "./up.ts";
 import { exportRun } from "./export.ts";
 import { replayRun } from "../controller/replay.ts";
@@ -15,6 +16,11 @@ import { formatStatus } from "./format-status.ts";
 import { runDemo } from "./demo.ts";
 import { ConfigError } from "../config/run-config.ts";
 import { RlqError } from "../lib/errors.ts";
+import { helpOrVersion, unknownSubcommand } from "./help.ts";
+import { configCommand } from "./config-cmd.ts";
+import { retrainCommand } from "./retrain-cmd.ts";
+import { runDashboardCommand, startProcessExtras } from "./dashboard.ts";
+import { createProgressDisplay } from "../observability/progress.ts";
 
 const usage = `rlq — durable RL post-training on a queue
 
@@ -24,18 +30,25 @@ const usage = `rlq — durable RL post-training on a queue
   rlq run pause|resume|cancel ID
   rlq run amend ID --set key=value...
   rlq worker QUEUE... [--concurrency N]        QUEUE: rollout reward train eval
-  rlq up [--run ID] [--exit-when-done] [--workers rollout,reward,train,eval]
+  rlq up [--run ID] [--exit-when-done] [--workers rollout,reward,train,eval] [--dashboard [--dashboard-port 8420]]
                                                 controller(s) and workers in one process
-  rlq sql "QUERY" [--json]                      read-only, with a statement timeout
+  rlq dashboard [--port 8420]                   live web page per run, Bull Board at /queues, /metrics
+  rlq sql "QUERY" [--json] [--limit N]          one read-only statement as rlq_reader, rows streamed
   rlq replay ID [--check]
+  rlq retrain ID --step S [--out DIR]           replay step S's batch into the trainer, compare with its commit
   rlq export ID --format jsonl
-  rlq db url
+  rlq db url [--role reader|runtime|owner]      the reader's URL unless asked for another
+  rlq db admin-sql                              the one-time role setup for a managed Postgres
   rlq demo
+  rlq config import-slime SCRIPT.sh|--flag value... [-o run.yaml]
+  rlq config check FILE [--set key=value]...
+  rlq help [CMD]    rlq CMD --help    rlq --version
 
-Environment: DATABASE_URL (else an embedded Postgres under RLQ_HOME), REDIS_URL (else BullMQ's Postgres backend).`;
+Environment: DATABASE_URL (else an embedded Postgres under RLQ_HOME), REDIS_URL (else BullMQ's Postgres backend),
+RLQ_METRICS_PORT (Prometheus /metrics of up, worker and dashboard), RLQ_DASHBOARD_TOKEN (allows pause/resume from the dashboard).`;
 
-async function withServices<T>(name: string, fn: (s: Services) => Promise<T>): Promise<T> {
-  const services = await createServices(readEnv(), { applicationName: name });
+async function withServices<T>(name: string, fn: (s: Services) => Promise<T>, options: { migrate?: boolean } = {}): Promise<T> {
+  const services = await createServices(readEnv(), { applicationName: name, ...options });
   try {
     return await fn(services);
   } finally {
@@ -52,7 +65,15 @@ function waitForSignal(): { signal: AbortSignal } {
 }
 
 export async function main(argv: string[]): Promise<number> {
+  const early = helpOrVersion(argv, usage);
+  if (early !== null) {
+    if (early.stdout !== undefined) process.stdout.write(early.stdout);
+    if (early.stderr !== undefined) process.stderr.write(early.stderr);
+    return early.code;
+  }
   const [cmd, ...rest] = argv;
+  // slime's flags pass through `config import-slime` untouched: it parses its own arguments.
+  if (cmd === "config") return configCommand(rest);
   const { values, positionals } = parseArgs({
     args: rest,
     allowPositionals: true,
@@ -67,22 +88,35 @@ export async function main(argv: string[]): Promise<number> {
       concurrency: { type: "string" },
       "exit-when-done": { type: "boolean" },
       workers: { type: "string" },
+      limit: { type: "string" },
+      role: { type: "string" },
+      step: { type: "string" },
+      out: { type: "string" },
+      port: { type: "string" },
+      dashboard: { type: "boolean" },
+      "dashboard-port": { type: "string" },
       help: { type: "boolean", short: "h" },
     },
   });
-  if (!cmd || values.help || cmd === "help") {
-    process.stdout.write(usage + "\n");
-    return cmd ? 0 : 1;
-  }
   switch (cmd) {
     case "migrate":
-      await withServices("rlq-migrate", async () => undefined);
+      await withServices("rlq-migrate", async () => undefined, { migrate: true });
       process.stderr.write("migrations applied\n");
       return 0;
     case "db":
-      if (positionals[0] !== "url") throw new ConfigError(`rlq db ${positionals[0] ?? ""}: expected 'rlq db url'`);
+      if (positionals[0] === "admin-sql") {
+        const url = readEnv().DATABASE_URL;
+        process.stdout.write(adminSql(url ? decodeURIComponent(new URL(url).pathname.slice(1)) || "postgres" : "postgres"));
+        return 0;
+      }
+      if (positionals[0] !== "url")
+        throw new ConfigError(`rlq db ${positionals[0] ?? ""}: expected 'rlq db url [--role reader|runtime|owner]' or 'rlq db admin-sql'`);
       return withServices("rlq-db", async (s) => {
-        process.stdout.write(s.db.url + "\n");
+        const role = values.role ?? "reader";
+        const url = role === "reader" ? s.urls.reader : role === "runtime" ? s.urls.runtime : role === "owner" ? s.urls.owner : undefined;
+        if (role !== "reader" && role !== "runtime" && role !== "owner") throw new ConfigError(`--role ${role}: expected reader, runtime or owner`);
+        if (url === null || url === undefined) throw new ConfigError("rlq db url --role owner: no owner URL is known; set RLQ_OWNER_DATABASE_URL");
+        process.stdout.write(url + "\n");
         return 0;
       });
     case "run":
@@ -92,9 +126,12 @@ export async function main(argv: string[]): Promise<number> {
       const bad = kinds.filter((k) => !(queueKinds as readonly string[]).includes(k));
       if (bad.length > 0) throw new ConfigError(`rlq worker: unknown queue(s) ${bad.join(", ")}; expected ${queueKinds.join(", ")}`);
       const concurrency = values.concurrency === undefined ? undefined : Number(values.concurrency);
-      if (concurrency !== undefined && (!Number.isInteger(concurrency) || concurrency <= 0)) throw new ConfigError(`--concurrency ${values.concurrency}: expected a positive integer`);
+      if (concurrency !== undefined && (!Number.isInteger(concurrency) || concurrency <= 0))
+        throw new ConfigError(`--concurrency ${values.concurrency}: expected a positive integer`);
       const { signal } = waitForSignal();
       return withServices(`rlq-worker-${kinds.join("-")}`, async (s) => {
+        const extras = await startProcessExtras(s, { dashboardPort: null });
+        signal.addEventListener("abort", () => void extras.close(), { once: true });
         const conc = Object.fromEntries(kinds.map((k) => [k, concurrency ?? defaultConcurrency[k as QueueKind]]));
         const workers = await startWorkers(s, kinds as QueueKind[], { concurrency: conc, embedded: await loadEmbedded() });
         s.log.info({ kinds, concurrency: conc }, "workers started");
@@ -106,15 +143,42 @@ export async function main(argv: string[]): Promise<number> {
     }
     case "up": {
       const { signal } = waitForSignal();
-      const workerKinds = values.workers === undefined ? [...queueKinds] : values.workers.split(",").map((k) => k.trim()).filter(Boolean);
+      const workerKinds =
+        values.workers === undefined
+          ? [...queueKinds]
+          : values.workers
+              .split(",")
+              .map((k) => k.trim())
+              .filter(Boolean);
       const badKinds = workerKinds.filter((k) => !(queueKinds as readonly string[]).includes(k));
-      if (badKinds.length > 0) throw new ConfigError(`--workers ${values.workers}: unknown queue(s) ${badKinds.join(", ")}; expected a comma-separated subset of ${queueKinds.join(",")}`);
-      return withServices("rlq-up", (s) => runUp(s, { runId: values.run ?? null, exitWhenDone: values["exit-when-done"] ?? false, signal, workers: workerKinds as QueueKind[] }));
+      if (badKinds.length > 0)
+        throw new ConfigError(
+          `--workers ${values.workers}: unknown queue(s) ${badKinds.join(", ")}; expected a comma-separated subset of ${queueKinds.join(",")}`,
+        );
+      return withServices("rlq-up", async (s) => {
+        const extras = await startProcessExtras(s, { dashboardPort: values.dashboard ? (values["dashboard-port"] ?? "8420") : null });
+        const progress = createProgressDisplay({ stream: process.stdout, isTty: process.stdout.isTTY === true, columns: process.stdout.columns });
+        try {
+          return await runUp(s, {
+            runId: values.run ?? null,
+            exitWhenDone: values["exit-when-done"] ?? false,
+            signal,
+            workers: workerKinds as QueueKind[],
+            progress,
+          });
+        } finally {
+          await extras.close();
+        }
+      });
     }
     case "sql": {
       const query = positionals[0];
       if (!query) throw new ConfigError('rlq sql: expected a query, e.g. rlq sql "SELECT * FROM runs"');
-      return withServices("rlq-sql", (s) => runSql(s.db, query, values.json ?? false));
+      const limit = values.limit === undefined ? 1000 : Number(values.limit);
+      if (!Number.isInteger(limit) || limit <= 0) throw new ConfigError(`--limit ${values.limit}: expected a positive number of rows, e.g. --limit 5000`);
+      if (positionals.length > 1)
+        throw new ConfigError(`rlq sql: expected one quoted statement, got ${positionals.length} arguments; quote the whole query: rlq sql "SELECT ..."`);
+      return withServices("rlq-sql", (s) => runSql(s.urls.reader, query, { asJson: values.json ?? false, limit }));
     }
     case "replay": {
       const id = positionals[0];
@@ -130,6 +194,10 @@ export async function main(argv: string[]): Promise<number> {
         return 0;
       });
     }
+    case "retrain": {
+      const { signal } = waitForSignal();
+      return withServices("rlq-retrain", (s) => retrainCommand(s, positionals[0], values.step, values.out, signal));
+    }
     case "export": {
       const id = positionals[0];
       if (!id) throw new ConfigError("rlq export: expected a run id");
@@ -138,6 +206,10 @@ export async function main(argv: string[]): Promise<number> {
     }
     case "demo":
       return runDemo(values.set ?? []);
+    case "dashboard": {
+      const { signal } = waitForSignal();
+      return withServices("rlq-dashboard", (s) => runDashboardCommand(s, values.port ?? "8420", signal));
+    }
     default:
       process.stderr.write(`rlq: unknown command '${cmd}'\n\n${usage}\n`);
       return 2;
@@ -154,6 +226,7 @@ async function runCommand(positionals: string[], values: Record<string, unknown>
       return withServices("rlq-run-start", async (s) => {
         const res = await startRun(s.db, { config, set: sets, ...(typeof values.name === "string" ? { name: values.name } : {}) });
         for (const e of res.datasetErrors) process.stderr.write(`warning: skipped bad row ${e}\n`);
+        for (const w of res.configWarnings) process.stderr.write(`warning: ${w}\n`);
         process.stdout.write(res.runId + "\n");
         return 0;
       });
@@ -179,7 +252,7 @@ async function runCommand(positionals: string[], values: Record<string, unknown>
       });
     }
     default:
-      throw new ConfigError(`rlq run ${sub ?? ""}: expected start, status, pause, resume, cancel or amend`);
+      throw new ConfigError(unknownSubcommand("run", sub, ["start", "status", "pause", "resume", "cancel", "amend"]));
   }
 }
 

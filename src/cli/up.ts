@@ -3,33 +3,69 @@ import { defaultConcurrency, startWorkers } from "../runtime/workers.ts";
 import { loadEmbedded } from "../runtime/embedded.ts";
 import { runController, type ControllerExit } from "../controller/controller.ts";
 import { listRuns } from "../store/run-facts.ts";
+import { pendingRunRequests } from "../store/run-requests.ts";
 import { queueKinds, type QueueKind } from "../queue/payloads.ts";
+import { createOutageClock, isOutageError, OUTAGE_EXIT_CODE } from "./outage.ts";
+import { secretSource } from "../config/env.ts";
+import { runMetricSinks } from "../observability/metrics-export/metric-sinks.ts";
+import { processMetrics } from "../observability/prometheus.ts";
+import type { ProgressDisplay } from "../observability/progress.ts";
+import { readSelect } from "../store/dashboard-read.ts";
+
+/** The reason `rlq run pause` records (controller.ts). */
+const OPERATOR_PAUSE = "paused by operator";
 
 /**
  * `rlq up`: every worker and the controllers of the active runs (or of one
  * run) in one process. A run whose lease another process holds waits here
- * as standby. SIGTERM finishes active jobs and exits.
+ * as standby. SIGTERM finishes active jobs and exits. A controller that
+ * fails is started again; failures back to back for longer than
+ * RLQ_OUTAGE_TIMEOUT_S exit with code 75 (cli/outage.ts).
  */
 export async function runUp(
   s: Services,
-  options: { runId: string | null; exitWhenDone: boolean; signal: AbortSignal; workers?: readonly QueueKind[] },
+  options: { runId: string | null; exitWhenDone: boolean; signal: AbortSignal; workers?: readonly QueueKind[]; progress?: ProgressDisplay },
 ): Promise<number> {
+  processMetrics().attach({ queues: s.queues, db: s.db });
   const workers = await startWorkers(s, options.workers ?? queueKinds, {
     concurrency: defaultConcurrency,
     embedded: await loadEmbedded(),
   });
-  const active = new Map<string, Promise<ControllerExit>>();
+  const active = new Map<string, Promise<ControllerExit | "failed">>();
+  const sinks = new Map<string, Promise<void>>();
   const finished = new Set<string>();
+  /** Why --exit-when-done must exit non-zero: a controller that died, a run paused for a fault. */
+  const failures: string[] = [];
   const stopAll = new AbortController();
+  const outage = createOutageClock(s.env.RLQ_OUTAGE_TIMEOUT_S * 1000);
+  /** A failed controller's run: not started again before this time. */
+  const retryAt = new Map<string, number>();
   options.signal.addEventListener("abort", () => stopAll.abort(), { once: true });
   const launch = (runId: string) => {
-    if (active.has(runId) || finished.has(runId)) return;
-    const p = runController({ db: s.db, queues: s.queues, contexts: s.contexts, log: s.log, holder: s.holder, crashPoint: (name) => s.crashPoint(name) }, runId, stopAll.signal)
-      .catch((e: unknown) => {
-        s.log.error({ runId, err: (e as Error).message }, "controller stopped with an error");
-        const exit: ControllerExit = "stopped";
-        return exit;
-      })
+    if (active.has(runId) || finished.has(runId) || (retryAt.get(runId) ?? 0) > Date.now()) return;
+    const startedAt = Date.now();
+    const p = runController(
+      { db: s.db, queues: s.queues, contexts: s.contexts, log: s.log, holder: s.holder, crashPoint: (name) => s.crashPoint(name) },
+      runId,
+      stopAll.signal,
+    )
+      .then(
+        (exit) => {
+          outage.ok(runId);
+          return exit;
+        },
+        (e: unknown) => {
+          if (!isOutageError(e)) {
+            s.log.error({ runId, err: (e as Error).message }, "controller stopped with an error");
+            failures.push(`run ${runId}: the controller stopped with an error: ${(e as Error).message}`);
+            return "stopped" as const;
+          }
+          const delayMs = outage.failed(runId, startedAt, (e as Error).message);
+          retryAt.set(runId, Date.now() + delayMs);
+          s.log.error({ runId, err: (e as Error).message, retryInMs: delayMs }, "controller stopped with an error; starting it again");
+          return "failed" as const;
+        },
+      )
       .then((exit) => {
         active.delete(runId);
         if (exit === "completed" || exit === "cancelled" || exit === "stopped") finished.add(runId);
@@ -37,18 +73,81 @@ export async function runUp(
         return exit;
       });
     active.set(runId, p);
+    // TensorBoard / W&B export of the run's committed metrics (one writer per run: an advisory lock).
+    if (!sinks.has(runId)) {
+      sinks.set(
+        runId,
+        runMetricSinks({ db: s.db, home: s.env.RLQ_HOME, secrets: secretSource(), log: s.log }, runId, stopAll.signal).catch((e: unknown) => {
+          s.log.warn({ runId, err: (e as Error).message }, "metric sinks stopped");
+        }),
+      );
+    }
   };
+  const showProgress = async () => {
+    if (!options.progress) return;
+    const rows = await readSelect<{ id: string; name: string; step: number; num_rollout: number | null }>(
+      s.db,
+      "SELECT id, name, step, (config->>'num_rollout')::int AS num_rollout FROM runs WHERE id = ANY($1::text[])",
+      [[...active.keys()]],
+    );
+    for (const r of rows)
+      options.progress.set(r.id, { label: `${r.name === r.id ? r.id : `${r.name} (${r.id})`} step`, done: Number(r.step), total: Number(r.num_rollout ?? 0) });
+  };
+  let code = 0;
   try {
     while (!stopAll.signal.aborted) {
+      // The run list is read through an outage too: a failed read counts toward RLQ_OUTAGE_TIMEOUT_S.
+      const listedAt = Date.now();
+      const all = await listRuns(s.db).then(
+        (rs) => {
+          outage.ok("(run list)");
+          return rs;
+        },
+        (e: unknown) => {
+          outage.failed("(run list)", listedAt, (e as Error).message);
+          return [];
+        },
+      );
       if (options.runId) launch(options.runId);
-      else for (const r of await listRuns(s.db)) if (r.status === "running" || r.status === "paused") launch(r.id);
-      if (options.exitWhenDone && active.size === 0 && finished.size > 0) break;
+      for (const r of options.runId ? [] : all) if (r.status === "running" || r.status === "paused") launch(r.id);
+      const expired = outage.expired();
+      if (expired) {
+        s.log.error(
+          { run: expired.key, outageS: Math.round(expired.forMs / 1000), limitS: s.env.RLQ_OUTAGE_TIMEOUT_S, err: expired.error },
+          `rlq up exits with code ${OUTAGE_EXIT_CODE}: ${expired.key} has failed for ${Math.round(expired.forMs / 1000)} s (RLQ_OUTAGE_TIMEOUT_S=${s.env.RLQ_OUTAGE_TIMEOUT_S}): ${expired.error}; a supervisor should start it again`,
+        );
+        code = OUTAGE_EXIT_CODE;
+        break;
+      }
+      await showProgress().catch(() => undefined);
+      if (options.exitWhenDone) {
+        // A run paused for a fault waits for an operator: --exit-when-done says so and exits non-zero
+        // (an operator's own pause keeps waiting for the resume).
+        for (const r of all) {
+          if (r.status !== "paused" || !(active.has(r.id) || r.id === options.runId)) continue;
+          if (r.lastError === OPERATOR_PAUSE) continue;
+          // A resume (or cancel) the controller has not handled yet: the pause is about to end.
+          // (An unreadable request list during an outage counts as pending: the outage bound decides.)
+          if ((await pendingRunRequests(s.db, r.id).catch(() => [null])).length > 0) continue;
+          failures.push(`run ${r.id} is paused: ${r.lastError ?? "no reason recorded"}`);
+        }
+        if (failures.length > 0) break;
+        if (active.size === 0 && finished.size > 0) break;
+      }
       await new Promise((r) => setTimeout(r, 1000));
     }
   } finally {
     stopAll.abort();
     await Promise.all(active.values());
+    await Promise.all(sinks.values());
+    options.progress?.close();
     await workers.close();
+  }
+  if (code !== 0) return code;
+  if (failures.length > 0) {
+    for (const f of failures) s.log.error({ reason: f }, "rlq up --exit-when-done: a run did not complete");
+    process.stderr.write(`rlq up: ${failures.join("; ")}\n`);
+    return 1;
   }
   return 0;
 }

@@ -5,10 +5,18 @@ import { z } from "zod";
  * - DATABASE_URL: a Postgres server; unset → rlq starts an embedded Postgres under RLQ_HOME.
  * - REDIS_URL: BullMQ on Redis; unset → BullMQ's Postgres backend on the same Postgres.
  * - RLQ_QUEUE_PREFIX: BullMQ prefix (Redis) / schema (Postgres); tests set one per file.
+ * - RLQ_OWNER_DATABASE_URL: what `rlq migrate` connects with (rlq_owner, or an admin); default DATABASE_URL.
+ * - RLQ_READER_DATABASE_URL: what `rlq sql` and the dashboard connect with; default DATABASE_URL
+ *   logged in as rlq_reader (no password: trust or ~/.pgpass). docs/security.md.
  */
+/** An exported-but-empty variable (`DATABASE_URL=`) means unset, as in a shell. */
+const optionalUrl = z.preprocess((v) => (v === "" ? undefined : v), z.string().url().optional());
+
 const envSchema = z.object({
-  DATABASE_URL: z.string().url().optional(),
-  REDIS_URL: z.string().url().optional(),
+  DATABASE_URL: optionalUrl,
+  REDIS_URL: optionalUrl,
+  RLQ_OWNER_DATABASE_URL: optionalUrl,
+  RLQ_READER_DATABASE_URL: optionalUrl,
   RLQ_HOME: z.string().default(".rlq"),
   RLQ_QUEUE_PREFIX: z
     .string()
@@ -16,6 +24,19 @@ const envSchema = z.object({
     .default("rlq"),
   RLQ_LOG_LEVEL: z.enum(["trace", "debug", "info", "warn", "error", "fatal", "silent"]).default("info"),
   RLQ_EMBEDDED_PG_PORT: z.coerce.number().int().positive().default(54329),
+  /**
+   * How long `rlq up` rides out a Postgres or Redis outage (a controller that keeps failing, the
+   * run list unreadable) by retrying, before it exits with code 75 and the reason, for a
+   * supervisor to restart it (docs/deploy.md, "Outages").
+   */
+  RLQ_OUTAGE_TIMEOUT_S: z.coerce.number().positive().default(300),
+  /**
+   * The dashboard's pause/resume token (issue 19): a POST must carry `Authorization: Bearer <it>`.
+   * Unset: the dashboard is read-only.
+   */
+  RLQ_DASHBOARD_TOKEN: z.string().min(16, "at least 16 characters").optional(),
+  /** Serve Prometheus /metrics on this port (127.0.0.1) from `rlq up`, `rlq worker` and `rlq dashboard`. */
+  RLQ_METRICS_PORT: z.coerce.number().int().min(0).max(65535).optional(),
   /** Test-only fault injection: `point[:probability]` names where a process SIGKILLs itself. */
   RLQ_CRASH_AT: z.string().optional(),
 });
@@ -26,7 +47,17 @@ export function readEnv(source: NodeJS.ProcessEnv = process.env): Env {
   if (!parsed.success) {
     const issue = parsed.error.issues[0];
     const key = issue?.path.join(".") ?? "?";
-    throw new Error(`environment variable ${key}=${JSON.stringify(source[key])}: ${issue?.message ?? "invalid"}`);
+    // A URL may carry a password: name the variable, never print its value.
+    const shown = /URL$/.test(key) ? "(value not shown)" : JSON.stringify(source[key]);
+    throw new Error(`environment variable ${key}=${shown}: ${issue?.message ?? "invalid"}`);
   }
   return parsed.data;
+}
+
+/**
+ * The process environment, for resolving secret references ({env: NAME}, config/secrets.ts)
+ * where a run config names them. Handed out here so that env.ts stays the only reader.
+ */
+export function secretSource(): Readonly<Record<string, string | undefined>> {
+  return process.env;
 }

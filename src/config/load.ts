@@ -49,5 +49,5 @@ export async function readConfigFile(path: string): Promise<Record<string, unkno
 
 export async function loadRunConfig(path: string, sets: readonly string[] = []): Promise<RunConfig> {
   const raw = applyOverrides(await readConfigFile(path), sets);
-  return parseRunConfig(raw, path);
+  return parseRunConfig(raw, path, "user");
 }

@@ -1,10 +1,16 @@
 import { z } from "zod";
+import { trainerTorchKeys } from "./trainer-torch-keys.ts";
 import { algorithmOptionsShape, refineAlgorithmOptions } from "../algorithms/options.ts";
 import { engineRuntimeKeys, openAiEngineConfigSchema, sglangEngineConfigSchema } from "../engines/config-schema.ts";
+import { remoteTrainerConfigSchema } from "../trainer/remote-trainer-config.ts";
+import { secretRefSchema } from "./secrets.ts";
+import { normalizeSlimeForms, parsedConfigIssues, rawConfigIssues, unknownKeyAdvice } from "./slime-traps.ts";
+import { metricExportKeys, refineMetricExport } from "../observability/metrics-export/config.ts";
+import { redact } from "../lib/redact.ts";
 
 /**
  * The run config: one YAML or JSON file, slime's flag names in snake_case
- * (see ../shared/reference/slime-semantics.md §1g), validated here. A run
+ * (slime/utils/arguments.py at THUDM/slime 624b824), validated here. A run
  * stores the validated result; workers read it from the run, never from disk.
  * Defaults follow slime unless a comment says otherwise.
  */
@@ -24,10 +30,7 @@ const engineSchema = z.discriminatedUnion("kind", [
   openAiEngineConfigSchema,
 ]);
 
-const trainerSchema = z.discriminatedUnion("kind", [
-  z.object({ kind: z.literal("embedded") }).strict(),
-  z.object({ kind: z.literal("remote"), url: z.string().url() }).strict(),
-]);
+const trainerSchema = z.discriminatedUnion("kind", [z.object({ kind: z.literal("embedded") }).strict(), remoteTrainerConfigSchema]);
 
 const pathOrNull = z.string().min(1).nullable().default(null);
 
@@ -44,7 +47,11 @@ export const runConfigSchema = z
     /** rlq: a bad dataset row is reported and skipped (skip) or fails the run start (fail). */
     bad_row_policy: z.enum(["skip", "fail"]).default("skip"),
     rollout_max_prompt_len: z.number().int().positive().nullable().default(null),
-    /** bytes: UTF-8 bytes + BOS/EOS (what the test engines speak); model: the embedded model's tokenizer. */
+    /**
+     * bytes: UTF-8 bytes + BOS/EOS (what the test engines speak); model: the embedded model's tokenizer;
+     * hf: hf_checkpoint's. Left out with a remote engine: hf when hf_checkpoint is set, else refused
+     * (config/slime-traps.ts).
+     */
     tokenizer: z.enum(["bytes", "model", "hf"]).default("bytes"),
     // batch
     rollout_batch_size: z.number().int().positive(),
@@ -72,6 +79,10 @@ export const runConfigSchema = z
     rm_type: z.string().nullable().default(null),
     custom_rm_path: pathOrNull,
     rm_url: z.string().url().nullable().default(null),
+    /** rlq: bearer token for rm_url (`{env: NAME}` or `{file: PATH}`, read by the process that calls it). */
+    rm_api_key: secretRefSchema.nullable().default(null),
+    /** rlq: bearer token for every http:// plugin path (custom_rm_path, filters, custom_generate_function_path). */
+    plugin_api_key: secretRefSchema.nullable().default(null),
     group_rm: z.boolean().default(false),
     custom_generate_function_path: pathOrNull,
     /**
@@ -92,6 +103,8 @@ export const runConfigSchema = z
     adam_beta2: z.number().min(0).lt(1).default(0.999),
     adam_eps: z.number().positive().default(1e-8),
     max_tokens_per_gpu: z.number().int().positive().nullable().default(null),
+    // trainer-torch (docs/trainer-torch.md): packing, the PPO critic, memory and output options
+    ...trainerTorchKeys,
     /** Remote trainers: a local Hugging Face model directory (workers/trainer-torch). */
     hf_checkpoint: z.string().nullable().default(null),
     weight_decay: z.number().nonnegative().default(0),
@@ -104,7 +117,10 @@ export const runConfigSchema = z
     // eval and save (slime: eval_* fall back to the rollout_* values)
     eval_interval: z.number().int().positive().nullable().default(null),
     /** Named eval datasets, {name: path} (slime: --eval-prompt-data name path ...). */
-    eval_prompt_data: z.record(z.string().regex(/^[A-Za-z0-9_.-]+$/, "dataset names: letters, digits, _ . -"), z.string().min(1)).nullable().default(null),
+    eval_prompt_data: z
+      .record(z.string().regex(/^[A-Za-z0-9_.-]+$/, "dataset names: letters, digits, _ . -"), z.string().min(1))
+      .nullable()
+      .default(null),
     n_samples_per_eval_prompt: z.number().int().positive().default(1),
     eval_temperature: z.number().positive().nullable().default(null),
     eval_top_p: z.number().gt(0).max(1).nullable().default(null),
@@ -120,6 +136,8 @@ export const runConfigSchema = z
     engine: engineSchema.default({ kind: "embedded", logit_noise_std: 0 }),
     // remote engines: concurrency, health checks and weight sync (docs/engines.md)
     ...engineRuntimeKeys,
+    // metric sinks: TensorBoard and W&B (observability/metrics-export/config.ts)
+    ...metricExportKeys,
     trainer: trainerSchema.default({ kind: "embedded" }),
     /** Where attempt-scoped and committed checkpoints live (relative to RLQ_HOME when relative). */
     checkpoint_dir: z.string().default("checkpoints"),
@@ -156,17 +174,35 @@ export const runConfigSchema = z
   .strict()
   .superRefine((c, ctx) => {
     refineAlgorithmOptions(c, ctx);
+    refineMetricExport(c, ctx);
     if (c.engine.kind === "openai" && c.weight_sync !== "trainer_push") {
-      ctx.addIssue({ code: "custom", path: ["weight_sync"], message: "engine.kind openai (vLLM) is generation only: rlq cannot load weights into it; set weight_sync: trainer_push" });
+      ctx.addIssue({
+        code: "custom",
+        path: ["weight_sync"],
+        message: "engine.kind openai (vLLM) is generation only: rlq cannot load weights into it; set weight_sync: trainer_push",
+      });
     }
     if (c.eval_interval !== null && c.eval_prompt_data === null) {
-      ctx.addIssue({ code: "custom", path: ["eval_prompt_data"], message: "eval_interval is set: name the eval datasets, e.g. {gsm8k: data/gsm8k-test.jsonl}" });
+      ctx.addIssue({
+        code: "custom",
+        path: ["eval_prompt_data"],
+        message: "eval_interval is set: name the eval datasets, e.g. {gsm8k: data/gsm8k-test.jsonl}",
+      });
     }
     for (const k of c.eval_pass_k) {
-      if (k > c.n_samples_per_eval_prompt) ctx.addIssue({ code: "custom", path: ["eval_pass_k"], message: `pass@${k} needs n_samples_per_eval_prompt >= ${k} (got ${c.n_samples_per_eval_prompt})` });
+      if (k > c.n_samples_per_eval_prompt)
+        ctx.addIssue({
+          code: "custom",
+          path: ["eval_pass_k"],
+          message: `pass@${k} needs n_samples_per_eval_prompt >= ${k} (got ${c.n_samples_per_eval_prompt})`,
+        });
     }
     if (c.staleness_policy !== "keep" && c.max_staleness === null && !c.train_async) {
-      ctx.addIssue({ code: "custom", path: ["staleness_policy"], message: `staleness_policy ${c.staleness_policy} needs a bound: set max_staleness (versions)` });
+      ctx.addIssue({
+        code: "custom",
+        path: ["staleness_policy"],
+        message: `staleness_policy ${c.staleness_policy} needs a bound: set max_staleness (versions)`,
+      });
     }
     if (c.train_async && c.deterministic) {
       ctx.addIssue({ code: "custom", path: ["deterministic"], message: "deterministic mode needs synchronous steps: it cannot be combined with train_async" });
@@ -175,23 +211,40 @@ export const runConfigSchema = z
       ctx.addIssue({
         code: "custom",
         path: ["rollout_function_path"],
-        message: "HTTP rollout functions are not supported: the controller replays the function on every restart, which needs the code in-process; name a TS/JS module, e.g. plugins/rollout.ts:rollout (an HTTP endpoint can still be called per sample through custom_generate_function_path)",
+        message:
+          "HTTP rollout functions are not supported: the controller replays the function on every restart, which needs the code in-process; name a TS/JS module, e.g. plugins/rollout.ts:rollout (an HTTP endpoint can still be called per sample through custom_generate_function_path)",
       });
     }
     if (c.rollout_function_path !== null && c.train_async) {
-      ctx.addIssue({ code: "custom", path: ["rollout_function_path"], message: "rollout_function_path plans synchronous steps: it cannot be combined with train_async (asynchronous mode)" });
+      ctx.addIssue({
+        code: "custom",
+        path: ["rollout_function_path"],
+        message: "rollout_function_path plans synchronous steps: it cannot be combined with train_async (asynchronous mode)",
+      });
     }
     if (c.rm_type?.trim() === "remote_rm" && c.rm_url === null) {
       ctx.addIssue({ code: "custom", path: ["rm_url"], message: "rm_type remote_rm needs rm_url (the reward server's URL)" });
     }
     if (c.apply_chat_template && c.hf_checkpoint === null) {
-      ctx.addIssue({ code: "custom", path: ["hf_checkpoint"], message: "apply_chat_template needs hf_checkpoint (a local Hugging Face tokenizer directory with a chat template)" });
+      ctx.addIssue({
+        code: "custom",
+        path: ["hf_checkpoint"],
+        message: "apply_chat_template needs hf_checkpoint (a local Hugging Face tokenizer directory with a chat template)",
+      });
     }
     if (c.tokenizer === "hf" && c.hf_checkpoint === null) {
-      ctx.addIssue({ code: "custom", path: ["hf_checkpoint"], message: "tokenizer: hf needs hf_checkpoint (a local Hugging Face model or tokenizer directory)" });
+      ctx.addIssue({
+        code: "custom",
+        path: ["hf_checkpoint"],
+        message: "tokenizer: hf needs hf_checkpoint (a local Hugging Face model or tokenizer directory)",
+      });
     }
     if (c.engine.kind === "embedded" && c.ref_load === null) {
-      ctx.addIssue({ code: "custom", path: ["ref_load"], message: "engine.kind embedded needs a checkpoint to serve: set ref_load (e.g. examples/demo/warm-start)" });
+      ctx.addIssue({
+        code: "custom",
+        path: ["ref_load"],
+        message: "engine.kind embedded needs a checkpoint to serve: set ref_load (e.g. examples/demo/warm-start)",
+      });
     }
     if (c.num_rollout === null && c.num_epoch === null) {
       ctx.addIssue({ code: "custom", path: ["num_rollout"], message: "one of num_rollout or num_epoch is required" });
@@ -241,20 +294,30 @@ export class ConfigError extends Error {
   }
 }
 
-/** Validate, naming the key, the value and what was expected. */
-export function parseRunConfig(raw: unknown, source = "config"): RunConfig {
+/**
+ * Validate, naming the key, the value and what was expected. `origin: "user"`
+ * (a config as written: run start, rlq config check) adds the checks that need
+ * to know which keys were written; a stored config has every default filled in.
+ */
+export function parseRunConfig(input: unknown, source = "config", origin: "user" | "stored" = "stored"): RunConfig {
+  // slime's forms and derived defaults first (config/slime-traps.ts), idempotent on a stored config.
+  const raw = normalizeSlimeForms(input);
   const parsed = runConfigSchema.safeParse(raw);
-  if (parsed.success) return parsed.data;
-  const lines = parsed.error.issues.map((issue) => {
+  const written = origin === "user" ? [...rawConfigIssues(raw), ...(parsed.success ? parsedConfigIssues(parsed.data) : [])] : [];
+  const writtenIssues = written.map((i) => `${source}: ${i.path} = ${JSON.stringify(lookup(raw, [i.path])) ?? "(missing)"}: ${i.message}`);
+  if (parsed.success && writtenIssues.length === 0) return parsed.data;
+  const lines = (parsed.success ? [] : parsed.error.issues).map((issue) => {
     const key = issue.path.join(".");
     const value = lookup(raw, issue.path);
-    const shown = value === undefined ? "(missing)" : JSON.stringify(value);
+    // redact: a secret pasted where a reference belongs (wandb_key) is registered and never echoed.
+    const shown = value === undefined ? "(missing)" : redact(JSON.stringify(value));
     if (issue.code === "unrecognized_keys") {
-      return `${source}: unknown key(s) ${issue.keys.map((k) => `'${[...issue.path, k].join(".")}'`).join(", ")}`;
+      const advice = issue.path.length === 0 ? unknownKeyAdvice(issue.keys, new Set(Object.keys(runConfigSchema.shape))) : "";
+      return `${source}: unknown key(s) ${issue.keys.map((k) => `'${[...issue.path, k].join(".")}'`).join(", ")}${advice ? ` (${advice})` : ""}`;
     }
     return `${source}: ${key || "(root)"} = ${shown}: ${issue.message}`;
   });
-  throw new ConfigError(lines.join("\n"));
+  throw new ConfigError([...lines, ...writtenIssues].join("\n"));
 }
 
 function lookup(raw: unknown, path: ReadonlyArray<PropertyKey>): unknown {

@@ -138,7 +138,10 @@ class RunController {
     await deps.queues.ensureSentinel(lease.runId);
     await ctl.resyncEngines();
     await ctl.reconcile(false);
-    deps.log.info({ runId: lease.runId, epoch: lease.epoch, seq: state.seq, step: state.step, phase: state.phase, ms: Date.now() - t0 }, "controller took the run");
+    deps.log.info(
+      { runId: lease.runId, epoch: lease.epoch, seq: state.seq, step: state.step, phase: state.phase, ms: Date.now() - t0 },
+      "controller took the run",
+    );
     return ctl;
   }
 
@@ -347,7 +350,12 @@ class RunController {
 
   private async drawAndDispatch(want = overSamplingBatchSize(this.state.config)): Promise<void> {
     const s = this.state;
-    const { fromBuffer, draws, cursor, rows } = await planDraw({ dataset: this.dataset, tokenizer: this.ctx.tokenizer, bufferFilter: this.bufferFilter }, s, want, s.step);
+    const { fromBuffer, draws, cursor, rows } = await planDraw(
+      { dataset: this.dataset, tokenizer: this.ctx.tokenizer, bufferFilter: this.bufferFilter },
+      s,
+      want,
+      s.step,
+    );
     const dispatches = [
       ...fromBuffer.map((groupId) => ({ groupId, round: (s.groups.get(groupId)?.round ?? -1) + 1 })),
       ...draws.map((d) => ({ groupId: d.groupId, round: 0 })),
@@ -385,7 +393,8 @@ class RunController {
       // With mask_offpolicy the resumed round masks everything before it: nothing earlier is trained, nothing is stale.
       if (c.mask_offpolicy_in_partial_rollout) continue;
       const verdict = judgeStaleness(g.samples, s.step, rule, st.regenerations);
-      if (verdict.kind === "cut") out.push({ kind: "group.cut", payload: { groupId, step: s.step, round: st.round + 1, samples: verdict.samples, reason: verdict.reason } });
+      if (verdict.kind === "cut")
+        out.push({ kind: "group.cut", payload: { groupId, step: s.step, round: st.round + 1, samples: verdict.samples, reason: verdict.reason } });
     }
     return out;
   }
@@ -424,8 +433,15 @@ class RunController {
         await this.commit(decisions);
         continue;
       }
-      const views = await loadGroupsWithRewards(this.deps.db, s.runId, chunk.map((k) => ({ ...k, maskBeforeRound: null })), c.n_samples_per_prompt);
-      const rows = [...views.values()].flatMap((g) => historyRows(s.runId, s.step, g, null, "discarded", "aborted", (ids) => this.ctx.tokenizer.decode(ids), null));
+      const views = await loadGroupsWithRewards(
+        this.deps.db,
+        s.runId,
+        chunk.map((k) => ({ ...k, maskBeforeRound: null })),
+        c.n_samples_per_prompt,
+      );
+      const rows = [...views.values()].flatMap((g) =>
+        historyRows(s.runId, s.step, g, null, "discarded", "aborted", (ids) => this.ctx.tokenizer.decode(ids), null),
+      );
       await this.commit(decisions, (tx) => insertHistory(tx, rows));
     }
     if (s.draining.size > 0) return landed.length > 0;
@@ -463,7 +479,8 @@ class RunController {
     const rows = await loadEvalResults(this.deps.db, this.state.runId, pending.step);
     if (rows.length === 0) return false;
     await this.commit([{ kind: "eval.recorded", payload: { step: pending.step } }]);
-    for (const r of rows) this.deps.log.info({ runId: this.state.runId, step: r.step, dataset: r.dataset, meanReward: r.meanReward, passAtK: r.passAtK }, "eval recorded");
+    for (const r of rows)
+      this.deps.log.info({ runId: this.state.runId, step: r.step, dataset: r.dataset, meanReward: r.meanReward, passAtK: r.passAtK }, "eval recorded");
     return true;
   }
 
@@ -509,7 +526,9 @@ class RunController {
    * decide), or unfinished (aborted or an engine failure: `redo` holds the
    * round that continues them). Rounds still generating are in neither.
    */
-  private async landedRounds(keys: ReadonlyArray<{ groupId: number; round: number }>): Promise<{ ready: number[]; redo: Array<{ groupId: number; round: number }> }> {
+  private async landedRounds(
+    keys: ReadonlyArray<{ groupId: number; round: number }>,
+  ): Promise<{ ready: number[]; redo: Array<{ groupId: number; round: number }> }> {
     const n = this.state.config.n_samples_per_prompt;
     const statuses = await loadRoundStatuses(this.deps.db, this.state.runId, keys);
     const ready: number[] = [];
@@ -610,7 +629,10 @@ class RunController {
       const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
       for (const k of keys.sort((a, b) => a.groupId - b.groupId)) {
         if (statuses.has(k.groupId)) continue; // already landed: nothing to abort
-        list.push({ kind: "group.aborted", payload: { groupId: k.groupId, round: k.round, step: s.step, reason: `weight sync to version ${s.trainedVersion}` } });
+        list.push({
+          kind: "group.aborted",
+          payload: { groupId: k.groupId, round: k.round, step: s.step, reason: `weight sync to version ${s.trainedVersion}` },
+        });
       }
     }
     await this.commit(list);
@@ -656,7 +678,8 @@ class RunController {
           if (isAsync(s) && next.num_rollout !== null) {
             // Async mode may have sealed steps ahead of the trainer: they are decided, so they are trained.
             const sealed = s.lastTrainedStep + 1 + (s.training !== null ? 1 : 0) + s.trainQueue.length;
-            if (next.num_rollout < sealed) throw new Error(`num_rollout ${next.num_rollout} is below the ${sealed} step(s) already sealed; the smallest allowed is ${sealed}`);
+            if (next.num_rollout < sealed)
+              throw new Error(`num_rollout ${next.num_rollout} is below the ${sealed} step(s) already sealed; the smallest allowed is ${sealed}`);
           }
           const amended = { ...s.config, ...changes } as Record<string, unknown>;
           await this.commit([{ kind: "run.amended", payload: { changes } }], (tx) => projectRunInTx(tx, s.runId, { config: amended }));
@@ -717,7 +740,13 @@ class RunController {
    * that finished between the caller's fact check and this look at the queue
    * is done, not lost.
    */
-  private async ensureJob<K extends QueueKind>(kind: K, data: JobData<K>, isResume: boolean, hasFact: () => Promise<boolean>, attempts?: number): Promise<void> {
+  private async ensureJob<K extends QueueKind>(
+    kind: K,
+    data: JobData<K>,
+    isResume: boolean,
+    hasFact: () => Promise<boolean>,
+    attempts?: number,
+  ): Promise<void> {
     const q = this.deps.queues;
     const id = (jobIds[kind] as (d: JobData<K>) => string)(data);
     const info = await q.info(kind, id);
@@ -725,7 +754,10 @@ class RunController {
     if (action === "add" || action === "replace") {
       if (await hasFact()) return;
       if (action === "replace") {
-        this.deps.log.warn({ runId: data.runId, kind, jobId: id, state: info.state }, `${kind} job ${info.state === "unknown" ? "in no queue list" : "completed"} without its fact: adding it again`);
+        this.deps.log.warn(
+          { runId: data.runId, kind, jobId: id, state: info.state },
+          `${kind} job ${info.state === "unknown" ? "in no queue list" : "completed"} without its fact: adding it again`,
+        );
         await q.remove(kind, id);
       }
       await q.enqueue(kind, data, attempts === undefined ? {} : { attempts });

@@ -34,7 +34,11 @@ export interface PlannedDraw {
 export async function planDraw(src: DrawSource, state: RunState, want: number, step: number): Promise<PlannedDraw> {
   const c = state.config;
   const fromBuffer = state.buffer.length > 0 && want > 0 ? await src.bufferFilter(state.buffer, want) : [];
-  const { draws, cursor } = drawFresh({ size: src.dataset.rows.length, shuffle: c.rollout_shuffle, seed: c.rollout_seed }, state.cursor, want - fromBuffer.length);
+  const { draws, cursor } = drawFresh(
+    { size: src.dataset.rows.length, shuffle: c.rollout_shuffle, seed: c.rollout_seed },
+    state.cursor,
+    want - fromBuffer.length,
+  );
   const rows = draws.map((d) => {
     const row = src.dataset.rows[d.datasetIndex];
     if (!row) throw new RlqError("dataset_changed", `dataset index ${d.datasetIndex} is out of range`);

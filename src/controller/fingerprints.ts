@@ -7,7 +7,13 @@ import { fingerprintFile, parsePluginPath } from "../plugins/load.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /** Config keys whose value may name a plugin module file. */
-export const pluginKeys = ["custom_rm_path", "dynamic_sampling_filter_path", "buffer_filter_path", "custom_generate_function_path", "rollout_function_path"] as const;
+export const pluginKeys = [
+  "custom_rm_path",
+  "dynamic_sampling_filter_path",
+  "buffer_filter_path",
+  "custom_generate_function_path",
+  "rollout_function_path",
+] as const;
 
 /** Plugin paths that are files (built-in names such as pop_first are not). */
 export function pluginFiles(config: RunConfig): Record<string, string> {
@@ -34,14 +40,17 @@ export async function fingerprintPlugins(config: RunConfig): Promise<Record<stri
 export async function checkFingerprints(db: Db, state: RunState, dataset: Dataset): Promise<void> {
   const problems: string[] = [];
   if (dataset.fingerprint !== state.datasetFingerprint) {
-    problems.push(`prompt_data ${dataset.path} changed since the run started (sha256 ${state.datasetFingerprint.slice(0, 12)}… → ${dataset.fingerprint.slice(0, 12)}…)`);
+    problems.push(
+      `prompt_data ${dataset.path} changed since the run started (sha256 ${state.datasetFingerprint.slice(0, 12)}… → ${dataset.fingerprint.slice(0, 12)}…)`,
+    );
   }
   const now: Record<string, string> = await fingerprintPlugins(state.config).catch((e: Error) => {
     problems.push(e.message);
     return {};
   });
   for (const [key, fp] of Object.entries(state.pluginFingerprints)) {
-    if (now[key] !== undefined && now[key] !== fp) problems.push(`${key} ${JSON.stringify(state.config[key as keyof RunConfig])} changed since the run started`);
+    if (now[key] !== undefined && now[key] !== fp)
+      problems.push(`${key} ${JSON.stringify(state.config[key as keyof RunConfig])} changed since the run started`);
   }
   if (problems.length > 0) {
     const message = `run ${state.runId} refuses to resume: ${problems.join("; ")}. Restore the original files, or start a new run.`;

@@ -84,7 +84,8 @@ export async function replayRun(db: Db, ctx: RunContext, options: { check: boole
         continue;
       }
       for (const col of Object.keys(w)) {
-        if (JSON.stringify(w[col]) !== JSON.stringify(h[col])) differences.push(`rollout_history ${k}.${col}: live ${JSON.stringify(h[col])?.slice(0, 80)} != replayed ${JSON.stringify(w[col])?.slice(0, 80)}`);
+        if (JSON.stringify(w[col]) !== JSON.stringify(h[col]))
+          differences.push(`rollout_history ${k}.${col}: live ${JSON.stringify(h[col])?.slice(0, 80)} != replayed ${JSON.stringify(w[col])?.slice(0, 80)}`);
       }
     }
     for (const k of have.keys()) if (!want.has(k)) differences.push(`rollout_history ${k}: in the live projection but not in the facts`);

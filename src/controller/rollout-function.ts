@@ -139,7 +139,10 @@ class Driver implements RolloutFunctionDriver {
       const idle = !progressed && ex.journal.calls.every((c) => c.outcome !== null);
       ex.stuckTicks = idle ? ex.stuckTicks + 1 : 0;
       if (ex.stuckTicks >= MAX_STUCK_TICKS) {
-        throw new RlqError("rollout_fn_blocked", `${this.where(ex.step)}: the function is waiting on something other than a ctx call (a timer, outside I/O?); it may only await ctx calls`);
+        throw new RlqError(
+          "rollout_fn_blocked",
+          `${this.where(ex.step)}: the function is waiting on something other than a ctx call (a timer, outside I/O?); it may only await ctx calls`,
+        );
       }
       return progressed;
     } catch (e) {
@@ -202,21 +205,29 @@ class Driver implements RolloutFunctionDriver {
         const id = idOf(g);
         if (id === null) return misuse("ctx.generate: expected a group from ctx.draw in this step");
         const seen = ex.seen.get(id) as SeenGroup;
-        if (seen.phase !== "drawn") return misuse(`ctx.generate(group ${id}): the group is ${seen.phase}; only a drawn group (draw it again after addToBuffer) can be generated`);
+        if (seen.phase !== "drawn")
+          return misuse(`ctx.generate(group ${id}): the group is ${seen.phase}; only a drawn group (draw it again after addToBuffer) can be generated`);
         ex.seen.set(id, { phase: "generating", group: seen.group });
         return ex.journal.issue("generate", `group=${id}`, { op: "generate", groupId: id }) as Promise<readonly RolloutSample[]>;
       },
       score: (g) => {
         const id = idOf(g);
         const seen = id === null ? null : ex.seen.get(id);
-        if (!seen || seen.phase !== "generated") return misuse(`ctx.score: expected a group returned by ctx.generate${id === null ? "" : ` (group ${id} is ${seen?.phase})`}`);
+        if (!seen || seen.phase !== "generated")
+          return misuse(`ctx.score: expected a group returned by ctx.generate${id === null ? "" : ` (group ${id} is ${seen?.phase})`}`);
         return Promise.resolve(deepFreeze(seen.samples.map((x) => x.reward)));
       },
       filterDynamic: (g) => {
         const id = idOf(g);
         const seen = id === null ? null : ex.seen.get(id);
-        if (!seen || seen.phase !== "generated") return misuse(`ctx.filterDynamic: expected a group returned by ctx.generate${id === null ? "" : ` (group ${id} is ${seen?.phase})`}`);
-        return ex.journal.issue("filter_dynamic", `group=${id}`, { op: "filter_dynamic", groupId: seen.group.groupId, round: seen.round, samples: seen.samples }) as Promise<DynamicFilterOutput>;
+        if (!seen || seen.phase !== "generated")
+          return misuse(`ctx.filterDynamic: expected a group returned by ctx.generate${id === null ? "" : ` (group ${id} is ${seen?.phase})`}`);
+        return ex.journal.issue("filter_dynamic", `group=${id}`, {
+          op: "filter_dynamic",
+          groupId: seen.group.groupId,
+          round: seen.round,
+          samples: seen.samples,
+        }) as Promise<DynamicFilterOutput>;
       },
       addToBuffer: (groups) => {
         if (!Array.isArray(groups)) return misuse("ctx.addToBuffer: expected an array of groups");
@@ -225,7 +236,8 @@ class Driver implements RolloutFunctionDriver {
           const id = idOf(g);
           if (id === null) return misuse("ctx.addToBuffer: expected groups from ctx.draw or ctx.generate in this step");
           const seen = ex.seen.get(id) as SeenGroup;
-          if (seen.phase !== "drawn" && seen.phase !== "generated") return misuse(`ctx.addToBuffer(group ${id}): the group is ${seen.phase}; await its generate first`);
+          if (seen.phase !== "drawn" && seen.phase !== "generated")
+            return misuse(`ctx.addToBuffer(group ${id}): the group is ${seen.phase}; await its generate first`);
           if (list.some((x) => x.groupId === id)) return misuse(`ctx.addToBuffer: group ${id} is listed twice`);
           list.push({ groupId: id, round: seen.phase === "generated" ? seen.round : null });
         }
@@ -253,7 +265,11 @@ class Driver implements RolloutFunctionDriver {
         }
         if (batch.length > 0) await this.dispatch(ex, batch);
       },
-      poll: (calls) => this.poll(ex, calls.filter((c) => c.op === "generate")),
+      poll: (calls) =>
+        this.poll(
+          ex,
+          calls.filter((c) => c.op === "generate"),
+        ),
       delivered: (c) => {
         if (!c.outcome?.ok) return;
         if (c.op === "draw") {
@@ -298,7 +314,8 @@ class Driver implements RolloutFunctionDriver {
         const rec = this.record(ex, c, { groupIds: input.groups.map((g) => g.groupId) });
         const list: Decision[] = [];
         for (const g of input.groups) {
-          if (g.round !== null) list.push({ kind: "group.filtered", payload: { groupId: g.groupId, round: g.round, step: ex.step, ...this.verdictFor(ex, g.groupId, g.round) } });
+          if (g.round !== null)
+            list.push({ kind: "group.filtered", payload: { groupId: g.groupId, round: g.round, step: ex.step, ...this.verdictFor(ex, g.groupId, g.round) } });
           list.push({ kind: "group.outcome", payload: { groupId: g.groupId, step: ex.step, outcome: "buffered", reason: "add_to_buffer" } });
         }
         await this.host.commit([...list, { kind: "rollout_fn.called", payload: rec }]);
@@ -351,7 +368,10 @@ class Driver implements RolloutFunctionDriver {
       const groupId = (c.input as { groupId: number }).groupId;
       const round = (s.groups.get(groupId)?.round ?? -1) + 1;
       const rec = this.record(ex, c, { groupIds: [groupId], round });
-      list.push({ kind: "group.dispatched", payload: { groupId, round, step: ex.step, weightVersion: s.weightVersion } }, { kind: "rollout_fn.called", payload: rec });
+      list.push(
+        { kind: "group.dispatched", payload: { groupId, round, step: ex.step, weightVersion: s.weightVersion } },
+        { kind: "rollout_fn.called", payload: rec },
+      );
       c.record = rec;
       ex.genRound.set(c.ordinal, round);
       jobs.push({ groupId, round });
@@ -363,7 +383,10 @@ class Driver implements RolloutFunctionDriver {
 
   private async enqueue(jobs: Array<{ groupId: number; round: number }>): Promise<void> {
     const s = this.host.state();
-    await this.host.queues.enqueueMany("rollout", jobs.map((j) => ({ runId: s.runId, groupId: j.groupId, round: j.round, step: s.step, weightVersion: s.weightVersion })));
+    await this.host.queues.enqueueMany(
+      "rollout",
+      jobs.map((j) => ({ runId: s.runId, groupId: j.groupId, round: j.round, step: s.step, weightVersion: s.weightVersion })),
+    );
   }
 
   /** Generate calls waiting on a round: finished and scored → the result; ended unfinished → continue as the next round. */
@@ -390,7 +413,12 @@ class Driver implements RolloutFunctionDriver {
         }
       }
       if (ready.length > 0) {
-        const views = await loadGroupsWithRewards(this.host.db, s.runId, ready.map((k) => ({ groupId: k.groupId, round: k.round, maskBeforeRound: null })), n);
+        const views = await loadGroupsWithRewards(
+          this.host.db,
+          s.runId,
+          ready.map((k) => ({ groupId: k.groupId, round: k.round, maskBeforeRound: null })),
+          n,
+        );
         for (const k of ready) {
           const g = views.get(k.groupId);
           if (!g) continue;
@@ -418,7 +446,9 @@ class Driver implements RolloutFunctionDriver {
       if (redo.length > 0) {
         // A round that ended unfinished without a seal (engine abort or failure): continue it, as built-in.
         const next = redo.map((k) => ({ groupId: k.groupId, round: k.round + 1 }));
-        await this.host.commit(next.map((d) => ({ kind: "group.dispatched", payload: { groupId: d.groupId, round: d.round, step: ex.step, weightVersion: s.weightVersion } })));
+        await this.host.commit(
+          next.map((d) => ({ kind: "group.dispatched", payload: { groupId: d.groupId, round: d.round, step: ex.step, weightVersion: s.weightVersion } })),
+        );
         for (const k of redo) ex.genRound.set(k.c.ordinal, k.round + 1);
         await this.enqueue(next);
       }
@@ -462,7 +492,10 @@ class Driver implements RolloutFunctionDriver {
     }
     // Drawn and never generated: discarded (addToBuffer keeps a group for later). Their history row
     // uses the group's last judged round, as `rlq replay` does.
-    const unused = [...ex.seen.values()].filter((g) => g.phase === "drawn").map((g) => g.group.groupId).sort((a, b) => a - b);
+    const unused = [...ex.seen.values()]
+      .filter((g) => g.phase === "drawn")
+      .map((g) => g.group.groupId)
+      .sort((a, b) => a - b);
     for (const id of unused) {
       const judged = await findDecisions(this.host.db, s.runId, "group.filtered", { groupId: id });
       list.push({ kind: "group.outcome", payload: { groupId: id, step: ex.step, outcome: "discarded", reason: "unused" } });
@@ -478,7 +511,9 @@ class Driver implements RolloutFunctionDriver {
     const rows: Parameters<typeof insertHistory>[1] = [];
     for (const k of historyKeys) {
       const mask = c.mask_offpolicy_in_partial_rollout ? k.round : null;
-      const view = (await loadGroupsWithRewards(this.host.db, s.runId, [{ groupId: k.groupId, round: k.round, maskBeforeRound: mask }], c.n_samples_per_prompt)).get(k.groupId);
+      const view = (
+        await loadGroupsWithRewards(this.host.db, s.runId, [{ groupId: k.groupId, round: k.round, maskBeforeRound: mask }], c.n_samples_per_prompt)
+      ).get(k.groupId);
       if (view) rows.push(...historyRows(s.runId, ex.step, view, view.rewards, k.outcome, k.reason, (ids) => this.host.tokenizer.decode(ids), null));
     }
     this.host.crashPoint("rollout_fn.before_seal");
@@ -495,10 +530,13 @@ class Driver implements RolloutFunctionDriver {
     const bad = (detail: string) => badReturn(this.path, ex.step, false, detail);
     const parsed = trainOutputSchema.safeParse(value);
     if (!parsed.success) {
-      throw bad(`${describe(value)}; expected {samples: Sample[][], metrics?} (or Sample[][]): rollout_batch_size (${rbs}) groups from ctx.generate (${zodDetail(parsed.error)})`);
+      throw bad(
+        `${describe(value)}; expected {samples: Sample[][], metrics?} (or Sample[][]): rollout_batch_size (${rbs}) groups from ctx.generate (${zodDetail(parsed.error)})`,
+      );
     }
     const groups = parsed.data.samples;
-    if (groups.length !== rbs) throw bad(`${groups.length} group(s); expected exactly rollout_batch_size = ${rbs} groups of n_samples_per_prompt = ${n} samples`);
+    if (groups.length !== rbs)
+      throw bad(`${groups.length} group(s); expected exactly rollout_batch_size = ${rbs} groups of n_samples_per_prompt = ${n} samples`);
     const ids: number[] = [];
     for (const [i, group] of groups.entries()) {
       const id = group[0]?.groupId;
@@ -506,15 +544,20 @@ class Driver implements RolloutFunctionDriver {
       if (ids.includes(id)) throw bad(`group ${id} twice`);
       const seen = ex.seen.get(id);
       if (!seen || seen.phase !== "generated") {
-        throw bad(`group ${id}, which ${seen ? `is ${seen.phase}` : "was not drawn"} in this step; every returned group must come from an awaited ctx.generate of this step`);
+        throw bad(
+          `group ${id}, which ${seen ? `is ${seen.phase}` : "was not drawn"} in this step; every returned group must come from an awaited ctx.generate of this step`,
+        );
       }
       const indices = new Set<number>();
       for (const x of group) {
         const rec = seen.samples[x.sampleIndex];
-        if (x.groupId !== id || !rec || indices.has(x.sampleIndex)) throw bad(`group #${i} mixing groups or repeating samples (group ${x.groupId} sample ${x.sampleIndex}); return the groups ctx.generate gave`);
+        if (x.groupId !== id || !rec || indices.has(x.sampleIndex))
+          throw bad(`group #${i} mixing groups or repeating samples (group ${x.groupId} sample ${x.sampleIndex}); return the groups ctx.generate gave`);
         indices.add(x.sampleIndex);
         if ((x.reward !== undefined && x.reward !== rec.reward) || (x.response !== undefined && x.response !== rec.response)) {
-          throw bad(`group ${id} sample ${x.sampleIndex} with an edited reward or response; rlq trains on the recorded samples (change rewards with custom_rm_path)`);
+          throw bad(
+            `group ${id} sample ${x.sampleIndex} with an edited reward or response; rlq trains on the recorded samples (change rewards with custom_rm_path)`,
+          );
         }
       }
       ids.push(id);

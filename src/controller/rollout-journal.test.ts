@@ -61,7 +61,11 @@ function ctxOf(j: CallJournal<Rec, Input>): Ctx {
 /** slime's loop: over-sample 3, take groups as they complete, keep even rewards, top up one at a time. */
 async function planner(ctx: Ctx, trace: number[]): Promise<number[]> {
   const pending = new Map<number, Promise<{ g: number; r: number }>>();
-  const start = (g: number) => pending.set(g, ctx.generate(g).then((r) => ({ g, r })));
+  const start = (g: number) =>
+    pending.set(
+      g,
+      ctx.generate(g).then((r) => ({ g, r })),
+    );
   for (const g of await ctx.draw(3)) start(g);
   const kept: number[] = [];
   while (kept.length < 2) {

@@ -4,7 +4,7 @@ import { seedFrom } from "../lib/hash.ts";
 
 /**
  * The DataBuffer's dataset side, with slime's semantics
- * (slime-semantics.md §1a): a cursor (epoch, offset) over a permutation that
+ * (slime/ray/rollout_data_source.py at THUDM/slime 624b824): a cursor (epoch, offset) over a permutation that
  * depends only on (rollout_seed, epoch); the epoch wraps mid-batch. Every
  * fresh draw gets the next draw ordinal, which is also its group id.
  * The buffer side (partial groups served first through the buffer filter) is

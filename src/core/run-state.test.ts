@@ -24,9 +24,17 @@ const created = (over: Record<string, unknown>): Decision => ({
 });
 const drawn: Decision = {
   kind: "prompts.drawn",
-  payload: { step: 0, fromBuffer: [], fresh: [0, 1, 2].map((g) => ({ groupId: g, epoch: 0, datasetIndex: g })), cursor: { epoch: 0, offset: 3, nextOrdinal: 3 } },
+  payload: {
+    step: 0,
+    fromBuffer: [],
+    fresh: [0, 1, 2].map((g) => ({ groupId: g, epoch: 0, datasetIndex: g })),
+    cursor: { epoch: 0, offset: 3, nextOrdinal: 3 },
+  },
 };
-const dispatched = (groupId: number, round: number, step = 0, weightVersion = 0): Decision => ({ kind: "group.dispatched", payload: { groupId, round, step, weightVersion } });
+const dispatched = (groupId: number, round: number, step = 0, weightVersion = 0): Decision => ({
+  kind: "group.dispatched",
+  payload: { groupId, round, step, weightVersion },
+});
 
 describe("the fold in async mode", () => {
   it("carries in-flight groups across steps, queues sealed steps for the trainer and tracks a sync's aborts", () => {

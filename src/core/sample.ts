@@ -90,7 +90,10 @@ export function assembleSample(sampleIndex: number, segments: readonly SegmentFa
 }
 
 /** A sample's segments in order (`all`), and those that count (`sorted`: the ones cut away dropped). */
-function orderSegments<S extends Pick<SegmentFact, "segmentIndex" | "round">>(segments: readonly S[], cutBeforeRound: number | null): { all: S[]; sorted: S[] } {
+function orderSegments<S extends Pick<SegmentFact, "segmentIndex" | "round">>(
+  segments: readonly S[],
+  cutBeforeRound: number | null,
+): { all: S[]; sorted: S[] } {
   const all = [...segments].sort((a, b) => a.segmentIndex - b.segmentIndex);
   return { all, sorted: cutBeforeRound === null ? all : all.filter((s) => s.round >= cutBeforeRound) };
 }
@@ -145,8 +148,9 @@ export function stepVersionIn(step: number): number {
   return step;
 }
 
+/** A failed sample (the server refused its request, or it ran out of rounds) is final: it is scored and trained on as an empty or cut response, its reason kept on its segment. */
 export function isTerminal(status: SampleStatus): boolean {
-  return status === "completed" || status === "truncated";
+  return status === "completed" || status === "truncated" || status === "failed";
 }
 
 export function statusFromFinish(finishReason: "stop" | "length" | "abort"): SampleStatus {

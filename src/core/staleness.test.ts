@@ -2,8 +2,27 @@ import { describe, expect, it } from "vitest";
 import { assembleSample, maskStale, sampleStaleness, type SegmentFact } from "./sample.ts";
 import { judgeStaleness, maskMinVersion, oldestAllowedVersion, stalenessHistogram, stalenessRule, type StalenessRule } from "./staleness.ts";
 
-function seg(sampleIndex: number, segmentIndex: number, round: number, weightVersion: number, tokens: number[], lossMask = tokens.map(() => 1), status: SegmentFact["status"] = "aborted"): SegmentFact {
-  return { sampleIndex, segmentIndex, round, weightVersion, tokens, logProbs: tokens.map(() => -1), lossMask, finishReason: status === "aborted" ? "abort" : "stop", status, engine: "e" };
+function seg(
+  sampleIndex: number,
+  segmentIndex: number,
+  round: number,
+  weightVersion: number,
+  tokens: number[],
+  lossMask = tokens.map(() => 1),
+  status: SegmentFact["status"] = "aborted",
+): SegmentFact {
+  return {
+    sampleIndex,
+    segmentIndex,
+    round,
+    weightVersion,
+    tokens,
+    logProbs: tokens.map(() => -1),
+    lossMask,
+    finishReason: status === "aborted" ? "abort" : "stop",
+    status,
+    engine: "e",
+  };
 }
 
 describe("assembleSample with staleness", () => {
@@ -66,8 +85,15 @@ describe("the staleness rule", () => {
 
   it("drop cuts exactly the stale samples, then discards after max_regenerations", () => {
     // Step 4, k = 1: versions below 3 are stale; sample 1 started at version 1.
-    expect(judgeStaleness(samples, 4, rule({}), 0)).toEqual({ kind: "cut", samples: [1], reason: "stale: 1 sample(s) up to 3 versions stale for step 4 (max_staleness 1)" });
-    expect(judgeStaleness(samples, 4, rule({}), 2)).toEqual({ kind: "discard", reason: "stale: 1 sample(s) up to 3 versions stale for step 4 (max_staleness 1), after 2 regeneration(s)" });
+    expect(judgeStaleness(samples, 4, rule({}), 0)).toEqual({
+      kind: "cut",
+      samples: [1],
+      reason: "stale: 1 sample(s) up to 3 versions stale for step 4 (max_staleness 1)",
+    });
+    expect(judgeStaleness(samples, 4, rule({}), 2)).toEqual({
+      kind: "discard",
+      reason: "stale: 1 sample(s) up to 3 versions stale for step 4 (max_staleness 1), after 2 regeneration(s)",
+    });
     expect(judgeStaleness(samples, 2, rule({}), 0)).toEqual({ kind: "train" });
   });
 

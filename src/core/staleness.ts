@@ -31,10 +31,7 @@ export function maskMinVersion(rule: StalenessRule, step: number): number | null
   return rule.policy === "mask" ? oldestAllowedVersion(rule, step) : null;
 }
 
-export type StalenessVerdict =
-  | { kind: "train" }
-  | { kind: "cut"; samples: number[]; reason: string }
-  | { kind: "discard"; reason: string };
+export type StalenessVerdict = { kind: "train" } | { kind: "cut"; samples: number[]; reason: string } | { kind: "discard"; reason: string };
 
 /**
  * What happens to a completed group about to join `step`. keep and mask
@@ -55,7 +52,10 @@ export function judgeStaleness(samples: readonly AssembledSample[], step: number
 }
 
 /** Per-step staleness histogram of the samples a step trains: {staleness: count}. */
-export function stalenessHistogram(samples: ReadonlyArray<{ tokenVersions: ArrayLike<number>; lossMask: ArrayLike<number> }>, versionIn: number): Map<number, number> {
+export function stalenessHistogram(
+  samples: ReadonlyArray<{ tokenVersions: ArrayLike<number>; lossMask: ArrayLike<number> }>,
+  versionIn: number,
+): Map<number, number> {
   const hist = new Map<number, number>();
   for (const s of samples) {
     let oldest: number | null = null;

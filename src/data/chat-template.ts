@@ -1,7 +1,7 @@
 import { z } from "zod";
 import type { ChatMessage, HfTokenizer } from "../engines/hf-tokenizer.ts";
 import { RlqError } from "../lib/errors.ts";
-import type { Dataset, DatasetKeys, PromptRow } from "./dataset.ts";
+import type { Dataset, DatasetKeys, PromptRow } from "./prompt-row.ts";
 
 /**
  * From a dataset record to the prompt text, as slime's `Dataset`
@@ -56,7 +56,11 @@ export function renderPromptInput(value: unknown, tools: unknown, keys: PromptRe
   const toolKey = keys.tool_key ?? "tools";
   if (!options.applyChatTemplate) {
     if (typeof value === "string" && value.length > 0) return { ok: true, value };
-    if (Array.isArray(value)) return { ok: false, error: `input_key '${keys.input_key}' is a message list; set apply_chat_template: true (with hf_checkpoint naming a tokenizer directory) to render it` };
+    if (Array.isArray(value))
+      return {
+        ok: false,
+        error: `input_key '${keys.input_key}' is a message list; set apply_chat_template: true (with hf_checkpoint naming a tokenizer directory) to render it`,
+      };
     return { ok: false, error: `input_key '${keys.input_key}' must be a non-empty string, got ${show(value) ?? "nothing"}` };
   }
   if (!options.chatTemplate) throw new RlqError("config_invalid", "apply_chat_template: true needs a tokenizer with a chat template (hf_checkpoint)");
@@ -157,7 +161,11 @@ export interface LongPromptReport {
  * row indices; the fingerprint stays the file's. All rows too long is a
  * `dataset_empty` error.
  */
-export function filterLongPrompts(dataset: Dataset, countTokens: (prompt: string) => number, maxPromptLen: number | null): { dataset: Dataset; report: LongPromptReport | null } {
+export function filterLongPrompts(
+  dataset: Dataset,
+  countTokens: (prompt: string) => number,
+  maxPromptLen: number | null,
+): { dataset: Dataset; report: LongPromptReport | null } {
   if (maxPromptLen === null) return { dataset, report: null };
   const kept: PromptRow[] = [];
   const report: LongPromptReport = { maxPromptLen, filtered: 0, examples: [] };
@@ -171,7 +179,10 @@ export function filterLongPrompts(dataset: Dataset, countTokens: (prompt: string
     kept.push({ ...row, index: kept.length });
   }
   if (kept.length === 0) {
-    throw new RlqError("dataset_empty", `prompt_data ${dataset.path}: every one of ${dataset.rows.length} prompts is longer than rollout_max_prompt_len ${maxPromptLen}`);
+    throw new RlqError(
+      "dataset_empty",
+      `prompt_data ${dataset.path}: every one of ${dataset.rows.length} prompts is longer than rollout_max_prompt_len ${maxPromptLen}`,
+    );
   }
   return { dataset: { ...dataset, rows: kept }, report };
 }

@@ -3,33 +3,14 @@ import { sha256Hex } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
 import { promptRowFromRecord, type PromptRecordKeys } from "./chat-template.ts";
 import { isParquetPath, loadParquetDataset, type PromptDatasetOptions } from "./parquet.ts";
+import type { Dataset, PromptRow } from "./prompt-row.ts";
 
 /**
  * Prompt datasets (JSONL). A bad row is reported with its line number and
  * skipped; the rest of the dataset stays usable. The fingerprint is the
  * sha256 of the file bytes: a run refuses to resume if it changed.
  */
-export interface PromptRow {
-  /** Index among the valid rows: what the cursor permutes. */
-  index: number;
-  line: number;
-  prompt: string;
-  label: string | null;
-  metadata: Record<string, unknown>;
-}
-
-export interface Dataset {
-  path: string;
-  fingerprint: string;
-  rows: PromptRow[];
-  errors: string[];
-}
-
-export interface DatasetKeys {
-  input_key: string;
-  label_key: string | null;
-  metadata_key: string;
-}
+export type { Dataset, DatasetKeys, PromptRow } from "./prompt-row.ts";
 
 export async function loadJsonlDataset(path: string, keys: PromptRecordKeys, options: PromptDatasetOptions = {}): Promise<Dataset> {
   let bytes: Buffer;
@@ -65,7 +46,10 @@ export async function loadJsonlDataset(path: string, keys: PromptRecordKeys, opt
     rows.push({ index: rows.length, ...d.value });
   }
   if (rows.length === 0) {
-    throw new RlqError("dataset_empty", `prompt_data ${path}: no usable rows${errors.length ? ` (${errors.length} bad: ${errors.slice(0, 3).join("; ")})` : ""}`);
+    throw new RlqError(
+      "dataset_empty",
+      `prompt_data ${path}: no usable rows${errors.length ? ` (${errors.length} bad: ${errors.slice(0, 3).join("; ")})` : ""}`,
+    );
   }
   return { path, fingerprint: sha256Hex(bytes), rows, errors };
 }

@@ -18,7 +18,15 @@ function tokenizerDir(): string {
   for (let b = 33; b <= 126; b++) vocab[String.fromCharCode(b)] = b - 33;
   vocab["Ġ"] = 94;
   vocab["Ċ"] = 95;
-  const added = ["<|im_start|>", "<|im_end|>"].map((content, i) => ({ id: 200 + i, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }));
+  const added = ["<|im_start|>", "<|im_end|>"].map((content, i) => ({
+    id: 200 + i,
+    content,
+    single_word: false,
+    lstrip: false,
+    rstrip: false,
+    normalized: false,
+    special: true,
+  }));
   writeFileSync(
     join(dir, "tokenizer.json"),
     JSON.stringify({
@@ -28,7 +36,17 @@ function tokenizerDir(): string {
       pre_tokenizer: { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: true },
       post_processor: null,
       decoder: { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: true },
-      model: { type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, vocab, merges: [] },
+      model: {
+        type: "BPE",
+        dropout: null,
+        unk_token: null,
+        continuing_subword_prefix: null,
+        end_of_word_suffix: null,
+        fuse_unk: false,
+        byte_fallback: false,
+        vocab,
+        merges: [],
+      },
     }),
   );
   writeFileSync(
@@ -80,11 +98,17 @@ describe("Parquet prompt datasets", () => {
 
   it("renders message lists with the tokenizer's chat template (apply_chat_template)", async () => {
     const tok = await loadHfTokenizer(tokenizerDir());
-    const ds = await loadParquetDataset(join(FIXTURES, "chat.parquet"), { ...keys, input_key: "messages", tool_key: "tools" }, { applyChatTemplate: true, chatTemplate: tok });
+    const ds = await loadParquetDataset(
+      join(FIXTURES, "chat.parquet"),
+      { ...keys, input_key: "messages", tool_key: "tools" },
+      { applyChatTemplate: true, chatTemplate: tok },
+    );
     expect(ds.rows[0]?.prompt).toBe("TOOLS:1\n<|im_start|>system\nAdd.<|im_end|>\n<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n");
     expect(ds.rows[1]?.prompt).toBe("<|im_start|>user\n5+5=<|im_end|>\n<|im_start|>assistant\n");
     expect(ds.rows).toHaveLength(3);
-    expect(ds.errors).toEqual([expect.stringContaining("#row 4: input_key 'messages' must be a string or a non-empty list of {role, content} messages (0.content:")]);
+    expect(ds.errors).toEqual([
+      expect.stringContaining("#row 4: input_key 'messages' must be a string or a non-empty list of {role, content} messages (0.content:"),
+    ]);
   });
 
   it("without apply_chat_template a message list is a row error that says what to set", async () => {
@@ -112,7 +136,10 @@ describe("prompt records and the chat template", () => {
     expect(ok).toEqual({ ok: true, value: { line: 7, prompt: "1+1=", label: "2", metadata: { rm_type: "math" } } });
     const bad = promptRowFromRecord({ input: "1+1=", tools: "{nope" }, 8, { ...keys, tool_key: "tools" }, { applyChatTemplate: true, chatTemplate: tok });
     expect(bad).toEqual({ ok: false, error: "tool_key 'tools' is a string that is not JSON: \"{nope\"" });
-    expect(promptRowFromRecord({ input: "1", metadata: [1] }, 9, keys)).toMatchObject({ ok: false, error: expect.stringContaining("metadata_key 'metadata' must be an object") });
+    expect(promptRowFromRecord({ input: "1", metadata: [1] }, 9, keys)).toMatchObject({
+      ok: false,
+      error: expect.stringContaining("metadata_key 'metadata' must be an object"),
+    });
   });
 });
 

@@ -2,7 +2,7 @@ import { readFile } from "node:fs/promises";
 import { parquetMetadata, parquetReadObjects, parquetSchema } from "hyparquet";
 import { sha256Hex } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
-import type { Dataset, PromptRow } from "./dataset.ts";
+import type { Dataset, PromptRow } from "./prompt-row.ts";
 import { promptRowFromRecord, type PromptRecordKeys, type PromptRenderOptions } from "./chat-template.ts";
 
 /**
@@ -67,7 +67,10 @@ export async function loadParquetDataset(path: string, keys: PromptRecordKeys, o
     errors.push(message);
   });
   if (rows.length === 0) {
-    throw new RlqError("dataset_empty", `prompt_data ${path}: no usable rows${errors.length ? ` (${errors.length} bad: ${errors.slice(0, 3).join("; ")})` : ""}`);
+    throw new RlqError(
+      "dataset_empty",
+      `prompt_data ${path}: no usable rows${errors.length ? ` (${errors.length} bad: ${errors.slice(0, 3).join("; ")})` : ""}`,
+    );
   }
   return { path, fingerprint: sha256Hex(bytes), rows, errors };
 }

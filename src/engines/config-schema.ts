@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { secretRefSchema } from "../config/secrets.ts";
 
 /**
  * Run-config pieces for remote engines, for src/config/run-config.ts to use
@@ -13,8 +14,19 @@ export const sglangEngineConfigSchema = z
     /** An SGLang router: its /workers list is added to `urls` at start. */
     router_url: z.string().url().nullable().default(null),
     request_timeout_s: z.number().positive().default(600),
-    /** Stream /generate so a server dying mid-request still returns its tokens. */
-    stream: z.boolean().default(true),
+    /**
+     * false (default, slime's default): one batch /generate per group, whose cost is linear in the
+     * length. true: stream /generate so a server dying mid-request still returns its tokens; SGLang
+     * repeats every token so far in each event (quadratic in the length) unless it runs
+     * --incremental-streaming-output (rlq reads the deltas) or a large --stream-interval.
+     */
+    stream: z.boolean().default(false),
+    /** The workers' (and router's) --api-key, from the environment or a file: {env: NAME} | {file: PATH}. Only the reference is stored. */
+    api_key: secretRefSchema.optional(),
+    /** The router's key when it differs from the workers' (the router's own --api-key). */
+    router_api_key: secretRefSchema.optional(),
+    /** How often the router's worker list is read again (s); 0: only at start. */
+    router_refresh_s: z.number().nonnegative().default(30),
     /** probe: check each server's log-prob semantics on admission (docs/engines.md). */
     logprob_check: z.enum(["probe", "off"]).default("probe"),
   })
@@ -30,6 +42,8 @@ export const openAiEngineConfigSchema = z
     request_timeout_s: z.number().positive().default(600),
     /** vLLM --logprobs-mode the servers run with. */
     logprobs_mode: z.enum(["raw_logprobs", "processed_logprobs"]).default("raw_logprobs"),
+    /** The servers' --api-key, from the environment or a file: {env: NAME} | {file: PATH}. Only the reference is stored. */
+    api_key: secretRefSchema.optional(),
     logprob_check: z.enum(["probe", "off"]).default("probe"),
   })
   .strict();

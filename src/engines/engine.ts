@@ -40,6 +40,12 @@ export const generateRequestSchema = z.object({
    * the same engine while it is healthy (its prefix cache holds the earlier turns).
    */
   sessionKey: z.string().min(1).optional(),
+  /**
+   * Non-streamed requests with the same key may travel as one batch /generate (one group's samples).
+   * A batch answers when its last item ends, so requests of different groups never share one: a
+   * group that finished early must be seen early (over-sampling seals on the first groups done).
+   */
+  batchKey: z.string().min(1).optional(),
 });
 export type GenerateRequest = z.infer<typeof generateRequestSchema>;
 

@@ -4,37 +4,95 @@ import { createSglangServer } from "./sglang.ts";
 import { listRouterWorkers } from "./sglang-router.ts";
 import { createOpenAiCompatEngine } from "./openai-compat.ts";
 import type { RemoteEngine } from "./remote.ts";
+import { readOptionalSecret } from "../config/secrets.ts";
+import { readEnv } from "../config/env.ts";
+import { createLogger } from "../observability/logger.ts";
+import { RlqError, errorMessage } from "../lib/errors.ts";
 
 /**
  * Build the engine pool a run's config describes: SGLang workers (listed,
- * or discovered from a router) or OpenAI-compatible servers, with slime's
- * concurrency and health-check settings.
+ * or discovered from a router and re-read every router_refresh_s) or
+ * OpenAI-compatible servers, with slime's concurrency and health-check
+ * settings. API keys are read here, from the environment or a file named by
+ * the config (config/secrets.ts); they are never logged or stored.
  */
 export interface EnginesFromConfigDeps {
   log?: PoolLog;
   /** OpenAI-compatible engines: the run's version of record (the lead wires the run's synced version). */
   fencedVersion?: () => Promise<number>;
+  /** Where env secrets are read; default the process environment. */
+  envSource?: Readonly<Record<string, string | undefined>>;
+}
+
+let defaultLog: PoolLog | null = null;
+/** Engine deaths and admissions are logged in every process that has a pool (controller and workers). */
+function engineLog(): PoolLog {
+  defaultLog ??= createLogger(readEnv().RLQ_LOG_LEVEL, "rlq-engines");
+  return defaultLog;
 }
 
 export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: EngineRuntimeKeys, deps: EnginesFromConfigDeps = {}): Promise<EnginePool> {
   const timeoutMs = engine.request_timeout_s * 1000;
+  const env = deps.envSource ?? process.env;
+  const log = deps.log ?? engineLog();
   let members: RemoteEngine[];
+  let refresh: (() => Promise<RemoteEngine[]>) | null = null;
   if (engine.kind === "sglang") {
+    const apiKey = readOptionalSecret(engine.api_key, "engine.api_key", env);
+    const routerKey = readOptionalSecret(engine.router_api_key, "engine.router_api_key", env) ?? apiKey;
+    const make = (url: string) => createSglangServer({ url, requestTimeoutMs: timeoutMs, isStreaming: engine.stream, apiKey });
     const urls = [...engine.urls];
-    if (engine.router_url !== null) for (const u of await listRouterWorkers(engine.router_url)) if (!urls.includes(u)) urls.push(u);
-    members = urls.map((url) => createSglangServer({ url, requestTimeoutMs: timeoutMs, isStreaming: engine.stream }));
+    const routerUrl = engine.router_url;
+    if (routerUrl !== null) for (const u of await listRouterWorkers(routerUrl, { apiKey: routerKey })) if (!urls.includes(u)) urls.push(u);
+    members = urls.map(make);
+    if (routerUrl !== null && engine.router_refresh_s > 0) refresh = async () => (await listRouterWorkers(routerUrl, { apiKey: routerKey })).map(make);
   } else {
+    if (keys.weight_sync === "trainer_push") {
+      // vLLM does not report rlq's weight version back (its RLHF endpoints are dev-mode only and
+      // version-less in the releases rlq reads), so versions recorded for pushed weights could not be
+      // checked against what the server serves: refuse rather than break provenance silently.
+      throw new RlqError(
+        "config_invalid",
+        "weight_sync: trainer_push is not supported with engine.kind 'openai' (vLLM): rlq cannot read the pushed version back from the server. " +
+          "Use weight_sync: disk with an SGLang engine, or SGLang with trainer_push",
+        { isRetriable: false },
+      );
+    }
+    const apiKey = readOptionalSecret(engine.api_key, "engine.api_key", env);
     members = engine.urls.map((url) =>
-      createOpenAiCompatEngine({ url, model: engine.model, requestTimeoutMs: timeoutMs, logprobsMode: engine.logprobs_mode, versionSource: deps.fencedVersion }),
+      createOpenAiCompatEngine({
+        url,
+        model: engine.model,
+        requestTimeoutMs: timeoutMs,
+        logprobsMode: engine.logprobs_mode,
+        versionSource: deps.fencedVersion,
+        apiKey,
+      }),
     );
   }
-  return createEnginePool({
+  const pool = createEnginePool({
     members,
     maxConcurrentPerEngine: keys.sglang_server_concurrency,
     healthIntervalMs: keys.rollout_health_check_interval * 1000,
     healthTimeoutMs: keys.rollout_health_check_timeout * 1000,
     warmupGraceMs: keys.rollout_health_check_first_wait * 1000,
     logprobCheck: engine.logprob_check,
-    log: deps.log,
+    log,
   });
+  if (refresh !== null && engine.kind === "sglang") {
+    const read = refresh;
+    const timer = setInterval(() => {
+      read().then(
+        (found) => pool.addMembers(found),
+        (e: unknown) => log.warn({ router: engine.router_url, err: errorMessage(e) }, "reading the router's worker list failed; keeping the workers known"),
+      );
+    }, engine.router_refresh_s * 1000);
+    timer.unref();
+    const close = pool.close.bind(pool);
+    pool.close = async () => {
+      clearInterval(timer);
+      await close();
+    };
+  }
+  return pool;
 }

@@ -19,7 +19,13 @@ function fixtureDir(): string {
   const chars = bytesToUnicode();
   const vocab: Record<string, number> = {};
   chars.forEach((c, i) => (vocab[c] = i));
-  const merges = [["h", "e"], ["l", "l"], ["he", "ll"], ["hell", "o"], ["Ġ", "w"]];
+  const merges = [
+    ["h", "e"],
+    ["l", "l"],
+    ["he", "ll"],
+    ["hell", "o"],
+    ["Ġ", "w"],
+  ];
   for (const [a, b] of merges) vocab[`${a}${b}`] = Object.keys(vocab).length;
   const specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
   const added = specials.map((content, i) => ({ id: 300 + i, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }));
@@ -34,7 +40,17 @@ function fixtureDir(): string {
       pre_tokenizer: { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: true },
       post_processor: null,
       decoder: { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: true },
-      model: { type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, vocab, merges: merges.map(([a, b]) => `${a} ${b}`) },
+      model: {
+        type: "BPE",
+        dropout: null,
+        unk_token: null,
+        continuing_subword_prefix: null,
+        end_of_word_suffix: null,
+        fuse_unk: false,
+        byte_fallback: false,
+        vocab,
+        merges: merges.map(([a, b]) => `${a} ${b}`),
+      },
     }),
   );
   writeFileSync(

@@ -100,7 +100,8 @@ export async function loadHfTokenizer(dir: string): Promise<HfTokenizer> {
   for (const id of impl.get_vocab(true).values()) vocabSize = Math.max(vocabSize, id + 1);
 
   const render = (messages: readonly ChatMessage[], options: { addGenerationPrompt?: boolean; tools?: unknown[]; extra?: Record<string, unknown> } = {}) => {
-    if (compiled === null) throw new RlqError("tokenizer_no_chat_template", `${dir}: the tokenizer has no chat template (tokenizer_config.json chat_template, chat_template.jinja)`);
+    if (compiled === null)
+      throw new RlqError("tokenizer_no_chat_template", `${dir}: the tokenizer has no chat template (tokenizer_config.json chat_template, chat_template.jinja)`);
     return compiled.render({
       messages,
       add_generation_prompt: options.addGenerationPrompt ?? true,

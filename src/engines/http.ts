@@ -17,6 +17,13 @@ export interface HttpCallOptions {
   timeoutMs: number;
   /** Cancels the call (the pool's local abort); the caller decides what that means. */
   signal?: AbortSignal;
+  /** Extra request headers (Authorization: Bearer for a server started with --api-key). */
+  headers?: Readonly<Record<string, string>>;
+}
+
+/** The headers a server started with --api-key wants (SGLang, vLLM, the SGLang router). */
+export function bearer(apiKey: string | undefined): Record<string, string> | undefined {
+  return apiKey === undefined ? undefined : { authorization: `Bearer ${apiKey}` };
 }
 
 export class EngineHttpError extends RlqError {
@@ -62,6 +69,13 @@ function networkError(url: string, e: unknown, timedOut: boolean): EngineHttpErr
 }
 
 function statusError(url: string, status: number, text: string): EngineHttpError {
+  if (status === 401 || status === 403) {
+    return new EngineHttpError(
+      "engine_unauthorized",
+      `${url}: HTTP ${status}: the server wants an API key (it was started with --api-key): set engine.api_key to {env: NAME} or {file: PATH} in the run config`,
+      { isRetriable: false, status },
+    );
+  }
   return new EngineHttpError("engine_http_error", `${url}: HTTP ${status}: ${text.slice(0, 300)}`, {
     isRetriable: status >= 500 || status === 429,
     status,
@@ -186,7 +200,7 @@ function textSink(url: string, status: number): BodySink<string> {
 
 /** GET or POST a JSON body; resolves with the parsed JSON answer ({} for an empty body). */
 export async function callJson(method: "GET" | "POST" | "DELETE", url: string, body: unknown, options: HttpCallOptions): Promise<unknown> {
-  const text = await request(method, url, body, {}, options, (status) => textSink(url, status));
+  const text = await request(method, url, body, { ...options.headers }, options, (status) => textSink(url, status));
   if (text.length === 0) return {};
   try {
     return JSON.parse(text) as unknown;
@@ -204,7 +218,7 @@ export async function callJson(method: "GET" | "POST" | "DELETE", url: string, b
  * thrown by `onData` ends the request and is passed through.
  */
 export async function postStream(url: string, body: unknown, options: HttpCallOptions, onData: (payload: unknown) => void): Promise<void> {
-  const headers = { accept: "text/event-stream" };
+  const headers = { ...options.headers, accept: "text/event-stream" };
   await request("POST", url, body, headers, options, (status, contentType): BodySink<void> => {
     if (status < 200 || status >= 300 || !contentType.includes("text/event-stream")) {
       const text = textSink(url, status);

@@ -62,8 +62,44 @@ export function classifyProbe(atT1: ProbeRun, atTHalf: ProbeRun): LogprobProbe {
   return {
     isTemperatureScaled,
     isBeforeTruncation,
-    detail: `${informative} informative position(s) of ${n}; T=1 log-probs [${a.slice(0, 8).map((x) => x.toFixed(4)).join(", ")}], T=0.5 [${atTHalf.logProbs.slice(0, 8).map((x) => x.toFixed(4)).join(", ")}]`,
+    detail: `${informative} informative position(s) of ${n}; T=1 log-probs [${a
+      .slice(0, 8)
+      .map((x) => x.toFixed(4))
+      .join(", ")}], T=0.5 [${atTHalf.logProbs
+      .slice(0, 8)
+      .map((x) => x.toFixed(4))
+      .join(", ")}]`,
   };
+}
+
+export interface TopLogprob {
+  tokenId: number;
+  logProb: number;
+}
+
+/**
+ * The SGLang probe, on the sampling path (top_k -1, one token, the top-2
+ * log-probs of the first position): SGLang computes log-probs on the greedy
+ * path (every request of the batch with top_k <= 1) as log_softmax(logits)
+ * WITHOUT temperature (layers/sampler.py), so a greedy probe reads the same at
+ * every temperature and would call a correct server "unscaled". The argmax
+ * token is the same at every temperature, so its log-prob is compared:
+ *
+ *   a: T = 1,   top_k -1      b: T = 0.5, top_k -1      c: T = 1, top_k 2
+ *
+ * - b > a → scaled by temperature; b ≈ a → not.
+ * - c ≈ a → before top-k truncation; c > a → after it (renormalised over 2).
+ * An argmax near-certain at T = 1 (a ≈ 0) tells nothing: inconclusive.
+ */
+export function classifySamplingProbe(a: readonly TopLogprob[], b: readonly TopLogprob[], c: readonly TopLogprob[]): LogprobProbe {
+  const x = a[0];
+  const detail = `top-1 log-prob at T=1 ${x?.logProb.toFixed(4) ?? "?"}, at T=0.5 ${b[0]?.logProb.toFixed(4) ?? "?"}, at T=1 top_k 2 ${c[0]?.logProb.toFixed(4) ?? "?"}`;
+  if (x === undefined || x.logProb >= INFORMATIVE) return { isTemperatureScaled: null, isBeforeTruncation: null, detail: `inconclusive: ${detail}` };
+  const y = b.find((t) => t.tokenId === x.tokenId);
+  const z = c.find((t) => t.tokenId === x.tokenId);
+  const isTemperatureScaled = y === undefined ? null : y.logProb > x.logProb + SAME ? true : Math.abs(y.logProb - x.logProb) <= SAME ? false : null;
+  const isBeforeTruncation = z === undefined ? null : Math.abs(z.logProb - x.logProb) <= SAME ? true : z.logProb > x.logProb + SAME ? false : null;
+  return { isTemperatureScaled, isBeforeTruncation, detail };
 }
 
 /**

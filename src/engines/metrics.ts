@@ -26,6 +26,12 @@ export interface EngineMetricsSnapshot {
   /** Times this engine left the rotation (declared dead). */
   deaths: number;
   lastError: string | null;
+  /** Requests the server refused for themselves (a prompt over the context length): never the engine's fault. */
+  requestErrors: number;
+  /** Health checks answered "busy" (503 while loading weights or paused), which never kill an engine. */
+  busyChecks: number;
+  /** Whether the server honours sampling seeds (SGLang --enable-deterministic-inference); null: unknown. */
+  seedHonoured?: boolean | null;
 }
 
 export function percentile(sorted: readonly number[], q: number): number | null {
@@ -44,6 +50,8 @@ export class EngineMetrics {
   versionMismatches = 0;
   tokensGenerated = 0;
   deaths = 0;
+  requestErrors = 0;
+  busyChecks = 0;
   lastError: string | null = null;
   private readonly latencies: number[] = [];
   private next = 0;
@@ -60,10 +68,11 @@ export class EngineMetrics {
     this.inFlight++;
   }
 
-  finished(outcome: "completed" | "aborted" | "error", latencyMs: number, tokens: number, nowMs: number): void {
+  finished(outcome: "completed" | "aborted" | "error" | "rejected", latencyMs: number, tokens: number, nowMs: number): void {
     this.inFlight = Math.max(0, this.inFlight - 1);
     if (outcome === "completed") this.completed++;
     else if (outcome === "aborted") this.aborted++;
+    else if (outcome === "rejected") this.requestErrors++;
     else this.errors++;
     this.tokensGenerated += tokens;
     if (this.latencies.length < this.windowSize) this.latencies.push(latencyMs);
@@ -99,6 +108,8 @@ export class EngineMetrics {
       latencyMs: { p50: percentile(sorted, 0.5), p95: percentile(sorted, 0.95), p99: percentile(sorted, 0.99) },
       deaths: this.deaths,
       lastError: this.lastError,
+      requestErrors: this.requestErrors,
+      busyChecks: this.busyChecks,
     };
   }
 }

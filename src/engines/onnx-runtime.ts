@@ -4,7 +4,7 @@ import * as ort from "onnxruntime-node";
  * The one module of engines/ that imports onnxruntime-node (STYLE.md boundary):
  * everything else talks to these few functions, so swapping the runtime (or its
  * version) touches one file. Note `session.run` is synchronous inside, so it
- * must only be called from a worker thread (onnx-kv.md pitfall 9).
+ * must only be called from a worker thread (it blocks the thread that calls it).
  */
 export type OrtTensor = ort.Tensor;
 export type OrtFeeds = Record<string, ort.Tensor>;
@@ -16,7 +16,7 @@ export interface OrtSession {
 }
 
 export interface OrtSessionOptions {
-  /** Threads inside one run; 1 is best for decode on 2 cores (onnx-kv.md, Threads). */
+  /** Threads inside one run; 1 is best for decode on 2 cores (bench/embedded-model.ts). */
   intraOpNumThreads?: number;
 }
 

@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { z } from "zod";
 import { generateRequestSchema, type GenerateRequest, type GenerateResult } from "./engine.ts";
-import { callJson, isLocalCancel, postStream } from "./http.ts";
+import { bearer, callJson, isLocalCancel, postStream } from "./http.ts";
 import { classifyProbe, type LogprobProbe } from "./logprob-check.ts";
 import { abortedResult, emptyPartial, type GenerateHooks, type PartialOutput, type RemoteEngine } from "./remote.ts";
 import { RlqError } from "../lib/errors.ts";
@@ -57,7 +57,12 @@ export function applyCompletionChoice(partial: PartialOutput, choice: Completion
   if (ids === null) {
     ids = (choice.logprobs?.tokens ?? []).map((t) => {
       const m = /^token_id:(\d+)$/.exec(t);
-      if (!m) throw new RlqError("engine_bad_response", `${where}: token ${JSON.stringify(t)} is not "token_id:<id>"; the server must honour return_tokens_as_token_ids`, { isRetriable: false });
+      if (!m)
+        throw new RlqError(
+          "engine_bad_response",
+          `${where}: token ${JSON.stringify(t)} is not "token_id:<id>"; the server must honour return_tokens_as_token_ids`,
+          { isRetriable: false },
+        );
       return Number(m[1]);
     });
   }
@@ -88,6 +93,8 @@ export interface OpenAiCompatOptions {
   versionSource?: () => Promise<number>;
   initialVersion?: number;
   adminTimeoutMs?: number;
+  /** The server's --api-key: `Authorization: Bearer` on every call (vLLM checks every /v1 route). */
+  apiKey?: string;
 }
 
 export interface OpenAiCompatEngine extends RemoteEngine {
@@ -135,19 +142,27 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
     hooks.partial.weightVersion = v;
     let finish: "stop" | "length" | "abort" | null = null;
     try {
-      await postStream(`${url}/v1/completions`, body(req, true), { timeoutMs: options.requestTimeoutMs, signal: hooks.signal }, (payload) => {
-        const parsed = completionChunkSchema.safeParse(payload);
-        if (!parsed.success) throw new RlqError("engine_bad_response", `${where}: unexpected answer: ${parsed.error.issues[0]?.message}`, { isRetriable: true });
-        const choice = parsed.data.choices[0];
-        if (choice) finish = applyCompletionChoice(hooks.partial, choice, where) ?? finish;
-      });
+      await postStream(
+        `${url}/v1/completions`,
+        body(req, true),
+        { timeoutMs: options.requestTimeoutMs, signal: hooks.signal, headers: bearer(options.apiKey) },
+        (payload) => {
+          const parsed = completionChunkSchema.safeParse(payload);
+          if (!parsed.success)
+            throw new RlqError("engine_bad_response", `${where}: unexpected answer: ${parsed.error.issues[0]?.message}`, { isRetriable: true });
+          const choice = parsed.data.choices[0];
+          if (choice) finish = applyCompletionChoice(hooks.partial, choice, where) ?? finish;
+        },
+      );
     } catch (e) {
       if (isLocalCancel(e, hooks.signal)) return abortedResult(hooks.partial, url, v);
       throw e;
     }
     if (finish === null) {
       if (hooks.signal?.aborted) return abortedResult(hooks.partial, url, v);
-      throw new RlqError("engine_unreachable", `${where}: the stream ended without a finish_reason after ${hooks.partial.tokenIds.length} token(s)`, { isRetriable: true });
+      throw new RlqError("engine_unreachable", `${where}: the stream ended without a finish_reason after ${hooks.partial.tokenIds.length} token(s)`, {
+        isRetriable: true,
+      });
     }
     return { tokenIds: [...hooks.partial.tokenIds], logProbs: [...hooks.partial.logProbs], finishReason: finish, weightVersion: v, engineId: url };
   }
@@ -164,7 +179,7 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
     async abort() {},
     async health(timeoutMs = adminMs) {
       try {
-        const res = await fetch(`${url}/health`, { signal: AbortSignal.timeout(timeoutMs) });
+        const res = await fetch(`${url}/health`, { signal: AbortSignal.timeout(timeoutMs), headers: bearer(options.apiKey) });
         await res.arrayBuffer().catch(() => undefined);
         return res.ok;
       } catch {
@@ -176,20 +191,35 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
       version = v;
     },
     async loadWeights(v) {
-      throw new RlqError("engine_cannot_load", `${url} is an OpenAI-compatible server: rlq does not load weights into it (version ${v}); use weight_sync: trainer_push and report the version`, { isRetriable: false });
+      throw new RlqError(
+        "engine_cannot_load",
+        `${url} is an OpenAI-compatible server: rlq does not load weights into it (version ${v}); use weight_sync: trainer_push and report the version`,
+        { isRetriable: false },
+      );
     },
     async checkServer() {
-      const res = (await callJson("GET", `${url}/v1/models`, undefined, { timeoutMs: adminMs })) as { data?: Array<{ id?: string }> };
+      const res = (await callJson("GET", `${url}/v1/models`, undefined, { timeoutMs: adminMs, headers: bearer(options.apiKey) })) as {
+        data?: Array<{ id?: string }>;
+      };
       const ids = (res.data ?? []).map((m) => m.id);
       if (!ids.includes(options.model)) {
-        throw new RlqError("engine_model_missing", `${url} serves ${JSON.stringify(ids)}, not the configured model ${JSON.stringify(options.model)}`, { isRetriable: false });
+        throw new RlqError("engine_model_missing", `${url} serves ${JSON.stringify(ids)}, not the configured model ${JSON.stringify(options.model)}`, {
+          isRetriable: false,
+        });
       }
     },
     async probeLogProbs(inputIds): Promise<LogprobProbe> {
       const run = async (temperature: number) => {
         const p = emptyPartial();
-        const req: GenerateRequest = { requestId: `rlq-probe-${randomUUID()}`, inputIds: [...inputIds], sampling: { temperature, topP: 1, topK: 1, maxNewTokens: 8, stopTokenIds: [] } };
-        const res = await callJson("POST", `${url}/v1/completions`, body(req, false, { ignore_eos: true }), { timeoutMs: options.requestTimeoutMs });
+        const req: GenerateRequest = {
+          requestId: `rlq-probe-${randomUUID()}`,
+          inputIds: [...inputIds],
+          sampling: { temperature, topP: 1, topK: 1, maxNewTokens: 8, stopTokenIds: [] },
+        };
+        const res = await callJson("POST", `${url}/v1/completions`, body(req, false, { ignore_eos: true }), {
+          timeoutMs: options.requestTimeoutMs,
+          headers: bearer(options.apiKey),
+        });
         const choice = completionChunkSchema.parse(res).choices[0];
         if (choice) applyCompletionChoice(p, choice, `${url} probe`);
         return p;

@@ -9,7 +9,16 @@ describe("SGLang /generate answers", () => {
     const meta = readSglangAnswer(
       {
         text: "ab",
-        meta_info: { id: "r", output_token_logprobs: [[-0.5, 97, "a"], [-1.25, 98, null]], finish_reason: { type: "length", length: 2 }, weight_version: "3", completion_tokens: 2 },
+        meta_info: {
+          id: "r",
+          output_token_logprobs: [
+            [-0.5, 97, "a"],
+            [-1.25, 98, null],
+          ],
+          finish_reason: { type: "length", length: 2 },
+          weight_version: "3",
+          completion_tokens: 2,
+        },
       },
       "t",
     );
@@ -50,7 +59,18 @@ describe("SGLang /generate answers", () => {
   it("replaces on cumulative stream events and appends on deltas", () => {
     const p = emptyPartial();
     expect(applySglangMeta(p, { output_token_logprobs: [[-1, 5]], finish_reason: null, completion_tokens: 1 }, "t")).toBeNull();
-    applySglangMeta(p, { output_token_logprobs: [[-1, 5], [-2, 6]], finish_reason: null, completion_tokens: 2 }, "t");
+    applySglangMeta(
+      p,
+      {
+        output_token_logprobs: [
+          [-1, 5],
+          [-2, 6],
+        ],
+        finish_reason: null,
+        completion_tokens: 2,
+      },
+      "t",
+    );
     expect(p.tokenIds).toEqual([5, 6]);
     // A server that streams deltas: completion_tokens counts all of them.
     applySglangMeta(p, { output_token_logprobs: [[-3, 7]], finish_reason: { type: "stop" }, completion_tokens: 3 }, "t");
@@ -76,7 +96,9 @@ describe("SGLang /generate answers", () => {
 describe("OpenAI-compatible completions", () => {
   it("takes token ids from token_ids, else from 'token_id:<id>' strings", () => {
     const p = emptyPartial();
-    expect(applyCompletionChoice(p, { token_ids: [10, 11], logprobs: { tokens: ["a", "b"], token_logprobs: [-0.1, -0.2] }, finish_reason: null }, "t")).toBeNull();
+    expect(
+      applyCompletionChoice(p, { token_ids: [10, 11], logprobs: { tokens: ["a", "b"], token_logprobs: [-0.1, -0.2] }, finish_reason: null }, "t"),
+    ).toBeNull();
     expect(applyCompletionChoice(p, { logprobs: { tokens: ["token_id:12"], token_logprobs: [-0.3] }, finish_reason: "stop" }, "t")).toBe("stop");
     expect(p.tokenIds).toEqual([10, 11, 12]);
     expect(p.logProbs).toEqual([-0.1, -0.2, -0.3]);

@@ -2,7 +2,7 @@ import { generateRequestSchema, type Engine, type GenerateRequest, type Generate
 import { EngineMetrics, type EngineMetricsSnapshot } from "./metrics.ts";
 import { AffinityMap, pickEngine } from "./pool-routing.ts";
 import { checkLogprobCompatibility, type LogprobProbe } from "./logprob-check.ts";
-import { abortedResult, emptyPartial, type PartialOutput, type RemoteEngine } from "./remote.ts";
+import { abortedResult, emptyPartial, isRequestError, type PartialOutput, type RemoteEngine } from "./remote.ts";
 import { RlqError, errorMessage } from "../lib/errors.ts";
 
 /**
@@ -49,6 +49,8 @@ export interface EnginePoolOptions {
   maxAttempts?: number;
   /** How long a request waits for any routable engine before failing (retriable). Default 120 s. */
   noEngineWaitMs?: number;
+  /** How long an engine may answer health checks with "busy" (loading weights) before it is declared dead. Default 15 min. */
+  busyLimitMs?: number;
   /** "probe" (default): check each engine's log-prob semantics on admission (logprob-check.ts). */
   logprobCheck?: "probe" | "off";
   /** Input for the probe; any valid token ids of the model. Default [1..8]. */
@@ -77,6 +79,8 @@ export interface EnginePool extends Engine {
   awaitReady(timeoutMs: number): Promise<void>;
   /** Run one health round now (tests and the controller use it; the monitor runs them on its own). */
   checkHealth(): Promise<void>;
+  /** Engines found later (an SGLang router's refreshed worker list); ones already here are ignored. */
+  addMembers(engines: readonly RemoteEngine[]): void;
   snapshot(): PoolSnapshot;
   engineStates(): Record<string, MemberState>;
 }
@@ -103,6 +107,8 @@ interface Member {
   countedErrors: WeakSet<object>;
   /** Slots taken by requests routed here that have not started yet. */
   reserved: number;
+  /** Since when its health checks answer "busy" (503 while loading weights or paused); null: not busy. */
+  busySinceMs: number | null;
 }
 
 interface PendingEntry {
@@ -118,6 +124,11 @@ interface Waiter {
   wake: () => void;
 }
 
+/** The rid one attempt of a request has on the server: unique per attempt, never a prefix of another. */
+export function serverRid(requestId: string, attempt: number): string {
+  return `${requestId}.a${attempt}.`;
+}
+
 const silentLog: PoolLog = { info: () => undefined, warn: () => undefined };
 
 export function createEnginePool(options: EnginePoolOptions): EnginePool {
@@ -130,7 +141,8 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
   const maxAttempts = options.maxAttempts ?? 3;
   const noEngineWaitMs = options.noEngineWaitMs ?? 120_000;
   const probeInput = options.probeInputIds ?? [1, 2, 3, 4, 5, 6, 7, 8];
-  const members: Member[] = options.members.map((engine) => ({
+  const busyLimitMs = options.busyLimitMs ?? 900_000;
+  const newMember = (engine: RemoteEngine): Member => ({
     engine,
     state: "starting",
     version: null,
@@ -141,7 +153,9 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     consecutiveErrors: 0,
     countedErrors: new WeakSet(),
     reserved: 0,
-  }));
+    busySinceMs: null,
+  });
+  const members: Member[] = options.members.map(newMember);
   const byId = new Map(members.map((m) => [m.engine.id, m]));
   if (byId.size !== members.length) throw new RlqError("config_invalid", "engine pool: two engines have the same URL", { isRetriable: false });
   const affinity = new AffinityMap();
@@ -256,9 +270,22 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
       if (!ok) {
         const isInGrace = startedAtMs !== null && now() - startedAtMs < (options.warmupGraceMs ?? 300_000);
         if (m.state === "starting" && isInGrace) return;
+        // SGLang's /health_generate blocks, then answers 503, while weights load or generation is
+        // paused (http_server.py health_generate; slime pauses its health monitor around updates).
+        // A server that answers 503 but still reports its version is busy, not dead; so is any
+        // engine while this pool holds admission for a trainer push.
+        const isBusy = m.engine.lastHealthFailure?.() === "busy";
+        if (isBusy || isPaused) {
+          m.busySinceMs ??= now();
+          m.metrics.busyChecks++;
+          if (now() - m.busySinceMs < busyLimitMs) return;
+          markDead(m, `busy (health_generate 503) for more than ${busyLimitMs} ms`);
+          return;
+        }
         markDead(m, "health_generate failed or timed out");
         return;
       }
+      m.busySinceMs = null;
       if (m.state === "healthy" && m.version === current) {
         // Cheap path: still fine. The version is re-read so an engine restarted between checks is caught.
         const v = await m.engine.weightVersion();
@@ -286,11 +313,14 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
   /** Wait until routing may succeed (or time out). */
   function waitForChange(sessionKey: string | undefined, deadlineMs: number): Promise<void> {
     return new Promise((resolve) => {
-      const t = setTimeout(() => {
-        const i = waiters.indexOf(w);
-        if (i >= 0) waiters.splice(i, 1);
-        resolve();
-      }, Math.max(0, Math.min(deadlineMs - now(), 1_000)));
+      const t = setTimeout(
+        () => {
+          const i = waiters.indexOf(w);
+          if (i >= 0) waiters.splice(i, 1);
+          resolve();
+        },
+        Math.max(0, Math.min(deadlineMs - now(), 1_000)),
+      );
       t.unref?.();
       const w: Waiter = {
         sessionKey,
@@ -327,17 +357,30 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
       }
       if (now() > deadline) {
         const states = members.map((m) => `${m.engine.id}=${m.state}${m.version === null ? "" : `@v${m.version}`}`).join(", ");
-        throw new RlqError("engine_unavailable", `no engine could take request ${req.requestId} within ${noEngineWaitMs} ms (current version ${current ?? "unknown"}; ${states})`, { isRetriable: true });
+        throw new RlqError(
+          "engine_unavailable",
+          `no engine could take request ${req.requestId} within ${noEngineWaitMs} ms (current version ${current ?? "unknown"}; ${states})`,
+          { isRetriable: true },
+        );
       }
       await waitForChange(req.sessionKey, deadline);
     }
   }
 
-  async function runOn(m: Member, req: GenerateRequest, entry: PendingEntry): Promise<{ result: GenerateResult; cancel: Inflight["cancelReason"] } | { error: unknown; partial: PartialOutput; cancel: Inflight["cancelReason"] }> {
+  async function runOn(
+    m: Member,
+    req: GenerateRequest,
+    entry: PendingEntry,
+    attempt: number,
+  ): Promise<{ result: GenerateResult; cancel: Inflight["cancelReason"] } | { error: unknown; partial: PartialOutput; cancel: Inflight["cancelReason"] }> {
     m.reserved = Math.max(0, m.reserved - 1);
     const controller = new AbortController();
     let settle!: () => void;
-    const f: Inflight = { rid: req.requestId, controller, partial: emptyPartial(), cancelReason: null, settled: new Promise<void>((r) => (settle = r)) };
+    // A new server-side rid per attempt: SGLang rejects a rid still in flight ("Duplicate request
+    // ID", tokenizer_manager.py), and a request whose client went away is aborted only ~2 s later.
+    // rids are matched by prefix on abort (abort_request), so each ends with a terminator.
+    const rid = serverRid(req.requestId, attempt);
+    const f: Inflight = { rid, controller, partial: emptyPartial(), cancelReason: null, settled: new Promise<void>((r) => (settle = r)) };
     m.inflight.set(req.requestId, f);
     entry.inflight = f;
     entry.member = m;
@@ -345,7 +388,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     const t0 = now();
     try {
       if (m.probe) checkLogprobCompatibility(m.probe, req.sampling, m.engine.id);
-      const result = await m.engine.generateWith(req, { partial: f.partial, signal: controller.signal });
+      const result = await m.engine.generateWith({ ...req, requestId: rid }, { partial: f.partial, signal: controller.signal });
       const outcome = result.finishReason === "abort" ? "aborted" : "completed";
       m.metrics.finished(outcome, now() - t0, result.tokenIds.length, now());
       m.consecutiveErrors = 0;
@@ -358,6 +401,11 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
       }
       return { result, cancel: f.cancelReason };
     } catch (error) {
+      if (isRequestError(error)) {
+        // The request's fault (a prompt over the context length): not the engine's.
+        m.metrics.finished("rejected", now() - t0, 0, now());
+        return { error, partial: f.partial, cancel: f.cancelReason };
+      }
       m.metrics.finished("error", now() - t0, f.partial.tokenIds.length, now());
       m.metrics.lastError = errorMessage(error);
       return { error, partial: f.partial, cancel: f.cancelReason };
@@ -372,8 +420,13 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
   async function generate(request: GenerateRequest): Promise<GenerateResult> {
     const req = generateRequestSchema.parse(request);
     ensureStarted();
-    if (pending.has(req.requestId)) {
-      throw new RlqError("duplicate_request_id", `request ${req.requestId} is already in flight in this pool`, { isRetriable: false });
+    // The same id again while the first is still here: a retried rollout job whose first attempt's
+    // requests are still pending. The newer caller wins: the old request is aborted (its caller gets
+    // an aborted partial, which that dead attempt will not write) and this one starts once it is gone.
+    for (let superseded = pending.get(req.requestId); superseded !== undefined && !superseded.isSettled; superseded = pending.get(req.requestId)) {
+      log.warn({ requestId: req.requestId }, "request id already in flight in this pool (a retried job?): aborting the older request");
+      await abortOne(req.requestId);
+      await superseded.done;
     }
     const entry: PendingEntry = { abortRequested: false, isSettled: false, inflight: null, member: null, done: Promise.resolve() };
     const run = async (): Promise<GenerateResult> => {
@@ -382,7 +435,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
       for (let attempt = 1; attempt <= maxAttempts; attempt++) {
         const m = await acquire(req, failed, entry);
         if (m === null) return abortedResult(emptyPartial(), "none", current ?? 0);
-        const out = await runOn(m, req, entry);
+        const out = await runOn(m, req, entry, attempt);
         if ("result" in out) {
           if (out.cancel === "dead" && out.result.tokenIds.length === 0 && !entry.abortRequested) {
             failed.add(m.engine.id);
@@ -393,7 +446,9 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
         const e = out.error;
         if (e instanceof RlqError && !e.isRetriable && e.code !== "engine_unreachable") throw e;
         lastError = e;
-        if (out.partial.tokenIds.length > 0 || entry.abortRequested) {
+        // An error abort (finish_reason with a 5xx status_code) is no resumable partial: start over.
+        const isErrorAbort = e instanceof RlqError && e.code === "engine_server_abort";
+        if (!isErrorAbort && (out.partial.tokenIds.length > 0 || entry.abortRequested)) {
           // Tokens already came back (or the caller aborted): keep them as an aborted partial; the rollout resumes from them.
           m.metrics.aborted++;
           return abortedResult(out.partial, m.engine.id, current ?? m.version ?? 0);
@@ -408,7 +463,10 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
         if (e instanceof RlqError && (e.code === "engine_unreachable" || e.code === "engine_timeout")) void checkMember(m);
         else if (m.consecutiveErrors >= 3) markDead(m, `3 consecutive failed requests: ${errorMessage(e)}`);
       }
-      throw new RlqError("engine_request_failed", `request ${req.requestId} failed on ${maxAttempts} attempt(s): ${errorMessage(lastError)}`, { cause: lastError, isRetriable: true });
+      throw new RlqError("engine_request_failed", `request ${req.requestId} failed on ${maxAttempts} attempt(s): ${errorMessage(lastError)}`, {
+        cause: lastError,
+        isRetriable: true,
+      });
     };
     pending.set(req.requestId, entry);
     const promise = run();
@@ -419,7 +477,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     try {
       return await promise;
     } finally {
-      pending.delete(req.requestId);
+      if (pending.get(req.requestId) === entry) pending.delete(req.requestId);
     }
   }
 
@@ -439,7 +497,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
         if (!m.engine.canAbortById || now() >= deadline || m.state === "dead") {
           f.controller.abort(new Error("aborted by caller"));
         } else {
-          await m.engine.abort([rid]).catch(() => undefined);
+          await m.engine.abort([f.rid]).catch(() => undefined);
         }
       }
       const waitMs = Math.max(0, Math.min(500, deadline - now()));
@@ -483,7 +541,10 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
       wakeWaiters();
       if (failures.length === live.length && live.length > 0) {
         const first = failures[0]?.e;
-        throw new RlqError("engine_load_failed", `no engine loaded version ${version} (${uri}): ${errorMessage(first)}`, { cause: first, isRetriable: !(first instanceof RlqError) || first.isRetriable });
+        throw new RlqError("engine_load_failed", `no engine loaded version ${version} (${uri}): ${errorMessage(first)}`, {
+          cause: first,
+          isRetriable: !(first instanceof RlqError) || first.isRetriable,
+        });
       }
     },
     async weightVersion() {
@@ -526,7 +587,9 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
         }
         if (now() > deadline) {
           const states = members.map((m) => `${m.engine.id}=${m.state}@v${m.version ?? "?"}`).join(", ");
-          throw new RlqError("engine_version_timeout", `engines did not all report version ${version} within ${timeoutMs} ms: ${states}`, { isRetriable: true });
+          throw new RlqError("engine_version_timeout", `engines did not all report version ${version} within ${timeoutMs} ms: ${states}`, {
+            isRetriable: true,
+          });
         }
         await new Promise((r) => setTimeout(r, Math.min(500, healthIntervalMs)).unref?.());
       }
@@ -554,13 +617,23 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
       ensureStarted();
       return runHealthRound();
     },
+    addMembers(engines) {
+      for (const engine of engines) {
+        if (byId.has(engine.id) || isClosed) continue;
+        const m = newMember(engine);
+        members.push(m);
+        byId.set(engine.id, m);
+        log.info({ engine: engine.id }, "engine added to the pool");
+        if (startedAtMs !== null) void checkMember(m);
+      }
+    },
     snapshot() {
       const t = now();
       return {
         currentVersion: current,
         isAdmissionPaused: isPaused,
         queued: waiters.length,
-        engines: members.map((m) => m.metrics.snapshot(m.engine.id, m.state, m.version, t)),
+        engines: members.map((m) => ({ ...m.metrics.snapshot(m.engine.id, m.state, m.version, t), seedHonoured: m.engine.seedHonoured ?? null })),
       };
     },
     engineStates: () => Object.fromEntries(members.map((m) => [m.engine.id, m.state])),

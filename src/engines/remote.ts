@@ -50,6 +50,37 @@ export interface RemoteEngine extends Engine {
   checkServer(): Promise<void>;
   /** /health_generate (or /health) answered 2xx within `timeoutMs`. */
   health(timeoutMs?: number): Promise<boolean>;
+  /**
+   * Why the last failed health check failed: "busy" when /health_generate answered 503 (SGLang does
+   * while it loads weights or is paused; http_server.py health_generate) and the version endpoint
+   * still answers, "down" otherwise. Absent: every failure is "down".
+   */
+  lastHealthFailure?(): "busy" | "down";
+  /** Whether the server honours per-request seeds (SGLang: --enable-deterministic-inference); null: unknown. */
+  readonly seedHonoured?: boolean | null;
+}
+
+/**
+ * A request the server refused for itself, not for the engine: a prompt over the context length
+ * (SGLang: HTTP 200 with an SSE `data: {"error": ...}` event, or HTTP 400 without streaming;
+ * tokenizer_manager.py _validate_one_request), an invalid sampling parameter, or an abort carrying
+ * a 4xx status_code. Never retried, never counted against the engine's health; the rollout records
+ * the sample as failed with `message` as its reason.
+ */
+export class EngineRequestError extends RlqError {
+  readonly isRequestError = true;
+  constructor(message: string, options: { cause?: unknown } = {}) {
+    super("engine_request_rejected", message, { cause: options.cause, isRetriable: false });
+  }
+}
+
+export function isRequestError(e: unknown): e is EngineRequestError {
+  return e instanceof RlqError && (e as { isRequestError?: boolean }).isRequestError === true;
+}
+
+/** SGLang keeps sampling_seed in an int32 tensor (sampling_batch_info.py): rlq sends seeds masked to 31 bits. */
+export function seed31(seed: number): number {
+  return seed % 0x80000000;
 }
 
 /**
@@ -61,7 +92,11 @@ export function parseWeightVersion(raw: unknown, where: string): number {
   if (raw === "default" || raw === undefined || raw === null) return 0;
   const n = typeof raw === "number" ? raw : typeof raw === "string" && /^\d+$/.test(raw.trim()) ? Number(raw) : NaN;
   if (!Number.isInteger(n) || n < 0) {
-    throw new RlqError("engine_bad_version", `${where}: weight_version ${JSON.stringify(raw)} is not an rlq version (a non-negative integer); launch the server with --weight-version <int>`, { isRetriable: false });
+    throw new RlqError(
+      "engine_bad_version",
+      `${where}: weight_version ${JSON.stringify(raw)} is not an rlq version (a non-negative integer); launch the server with --weight-version <int>`,
+      { isRetriable: false },
+    );
   }
   return n;
 }

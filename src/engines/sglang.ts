@@ -1,13 +1,22 @@
 import { randomUUID } from "node:crypto";
 import { generateRequestSchema, type Engine, type GenerateRequest, type GenerateResult } from "./engine.ts";
-import { callJson, isLocalCancel, postStream } from "./http.ts";
-import { classifyProbe, type LogprobProbe } from "./logprob-check.ts";
-import { abortedResult, emptyPartial, parseWeightVersion, type GenerateHooks, type PartialOutput, type RemoteEngine } from "./remote.ts";
+import { bearer, callJson, EngineHttpError, isLocalCancel, postStream } from "./http.ts";
+import { classifySamplingProbe, type LogprobProbe, type TopLogprob } from "./logprob-check.ts";
+import {
+  abortedResult,
+  EngineRequestError,
+  emptyPartial,
+  parseWeightVersion,
+  seed31,
+  type GenerateHooks,
+  type PartialOutput,
+  type RemoteEngine,
+} from "./remote.ts";
 import { createEnginePool } from "./pool.ts";
-import { RlqError } from "../lib/errors.ts";
+import { errorMessage, RlqError } from "../lib/errors.ts";
 
 /**
- * One SGLang server through its native API (slime-semantics.md §1b):
+ * One SGLang server through its native API (as slime/rollout/sglang_rollout.py at 624b824 uses it):
  * POST /generate {rid, input_ids, sampling_params, return_logprob, stream};
  * POST /abort_request {rid} (never abort_all: other runs and evals share the
  * server); GET /health_generate; GET /get_weight_version; POST
@@ -37,6 +46,14 @@ export interface SglangMetaInfo {
  * streamed ones carry the cumulative token list in every event, and zod's
  * per-tuple checks cost ~10x JSON.parse for short answers and ~1.6x for 4k
  * tokens (bench/control-plane.ts showed it in rlq up's profile).
+ *
+ * A request-level error comes as `{"error": {...}}` instead of an answer:
+ * SGLang streams it as an SSE event of an HTTP 200 response when the request
+ * fails after the stream began (http_server.py generate_request's
+ * stream_results: `yield b"data: " + dumps({"error": {"message": str(e)}})`),
+ * e.g. a prompt over the context length (tokenizer_manager.py
+ * _validate_one_request). That is the request's fault, never the engine's:
+ * EngineRequestError.
  */
 export function readSglangAnswer(payload: unknown, where: string): SglangMetaInfo {
   const bad = (what: string, path: string): never => {
@@ -45,6 +62,9 @@ export function readSglangAnswer(payload: unknown, where: string): SglangMetaInf
   const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
   const isCount = (v: unknown): v is number => typeof v === "number" && Number.isInteger(v) && v >= 0;
   if (!isObject(payload)) return bad("expected an object", "(answer)");
+  if (payload.error !== undefined && payload.meta_info === undefined) {
+    throw new EngineRequestError(`${where}: the server refused the request: ${errorText(payload.error)}`);
+  }
   if (payload.text !== undefined && typeof payload.text !== "string") bad("expected a string", "text");
   const meta = payload.meta_info;
   if (!isObject(meta)) return bad("expected an object", "meta_info");
@@ -66,15 +86,76 @@ export function readSglangAnswer(payload: unknown, where: string): SglangMetaInf
   const wv = meta.weight_version;
   if (wv !== undefined && typeof wv !== "string" && typeof wv !== "number") bad("expected a string or a number", "meta_info.weight_version");
   if (meta.completion_tokens !== undefined && !isCount(meta.completion_tokens)) bad("expected a non-negative integer", "meta_info.completion_tokens");
+  if (meta.weight_versions !== undefined && meta.weight_versions !== null && !Array.isArray(meta.weight_versions))
+    bad("expected an array", "meta_info.weight_versions");
   return meta; // checked field by field above
+}
+
+/** The message of an `error` member ({message} or a string), for the sample's failure reason. */
+function errorText(e: unknown): string {
+  if (typeof e === "string") return e;
+  if (typeof e === "object" && e !== null && typeof (e as { message?: unknown }).message === "string") return (e as { message: string }).message;
+  return JSON.stringify(e)?.slice(0, 300) ?? String(e);
+}
+
+/**
+ * The versions of a response's tokens from meta_info.weight_versions, where
+ * the server gives them: one entry per output token (a version each), or spans
+ * `{weight_version, start, end}` / `[weight_version, start, end]` over the
+ * output (end exclusive). null: the server gave none (every token is labelled
+ * with meta_info.weight_version, the version at the end of the request).
+ */
+export function tokenVersionSpans(raw: unknown, numTokens: number, where: string): Array<{ version: number; start: number; end: number }> | null {
+  if (!Array.isArray(raw) || raw.length === 0) return null;
+  const spans: Array<{ version: number; start: number; end: number }> = [];
+  const isSpan = (x: unknown) => (Array.isArray(x) && x.length === 3) || (typeof x === "object" && x !== null && !Array.isArray(x));
+  if (raw.every(isSpan)) {
+    for (const x of raw) {
+      const [v, a, b] = Array.isArray(x)
+        ? x
+        : [
+            (x as Record<string, unknown>).weight_version ?? (x as Record<string, unknown>).version,
+            (x as Record<string, unknown>).start,
+            (x as Record<string, unknown>).end,
+          ];
+      if (typeof a !== "number" || typeof b !== "number")
+        throw new RlqError("engine_bad_response", `${where}: meta_info.weight_versions span ${JSON.stringify(x)} has no numeric start/end`, {
+          isRetriable: true,
+        });
+      spans.push({ version: parseWeightVersion(v, where), start: a, end: b });
+    }
+  } else {
+    if (raw.length !== numTokens) return null; // per-token list of another length: a delta event; the caller keeps the single version
+    for (let i = 0; i < raw.length; i++) {
+      const v = parseWeightVersion(raw[i], where);
+      const last = spans[spans.length - 1];
+      if (last && last.version === v) last.end = i + 1;
+      else spans.push({ version: v, start: i, end: i + 1 });
+    }
+  }
+  return spans;
 }
 
 /**
  * Fold one /generate answer (a stream event or the whole non-streamed body)
  * into `partial`. SGLang sends the cumulative token list in every event
- * (whatever --incremental-streaming-output says, which only affects
- * output_ids and text); `completion_tokens` tells the two apart if a server
- * ever sends deltas. Returns the finish reason once the server gives one.
+ * unless the server runs --incremental-streaming-output, whose events carry
+ * only the new tokens (tokenizer_manager.py _handle_batch_output: with
+ * incremental_streaming_output the logprob lists are sliced from the last
+ * sent offset; the final abort event stays cumulative); `completion_tokens`
+ * (always the running total) tells the two apart. Returns the finish reason
+ * once the server gives one.
+ *
+ * An abort carrying `status_code` is an error the server raised for this
+ * request (scheduler.py abort_request with a status: over the context length,
+ * invalid input = 400; internal error = 500; overloaded = 503), not a
+ * resumable partial: 4xx is the request's fault (EngineRequestError), 5xx the
+ * server's (engine_server_abort, retriable from scratch elsewhere).
+ *
+ * meta_info.weight_versions (where the server gives per-token versions): the
+ * answer is cut at the first version boundary and returned as an abort at
+ * that point, so one segment holds one version; the rollout continues the
+ * sample from there.
  */
 export function applySglangMeta(partial: PartialOutput, meta: SglangMetaInfo, where: string): "stop" | "length" | "abort" | null {
   const lps = meta.output_token_logprobs ?? [];
@@ -91,6 +172,22 @@ export function applySglangMeta(partial: PartialOutput, meta: SglangMetaInfo, wh
   }
   if (meta.weight_version !== undefined) partial.weightVersion = parseWeightVersion(meta.weight_version, where);
   const fr = meta.finish_reason;
+  if (fr !== null && fr !== undefined && fr.type === "abort" && fr.status_code !== undefined && fr.status_code !== null) {
+    const status = Number(fr.status_code);
+    const message = typeof fr.message === "string" ? fr.message : JSON.stringify(fr);
+    if (status >= 400 && status < 500) throw new EngineRequestError(`${where}: the server aborted the request with status ${status}: ${message}`);
+    throw new RlqError("engine_server_abort", `${where}: the server aborted the request with status ${status}: ${message}`, { isRetriable: true });
+  }
+  const spans = isDelta ? null : tokenVersionSpans(meta.weight_versions, partial.tokenIds.length, where);
+  if (spans !== null && spans.length > 0) {
+    const first = spans[0] as { version: number; start: number; end: number };
+    partial.weightVersion = first.version;
+    if (spans.length > 1 && first.end < partial.tokenIds.length) {
+      partial.tokenIds.length = first.end;
+      partial.logProbs.length = first.end;
+      return "abort";
+    }
+  }
   if (fr === null || fr === undefined) return null;
   if (fr.type === "stop" || fr.type === "length" || fr.type === "abort") return fr.type;
   throw new RlqError("engine_bad_response", `${where}: unknown finish_reason ${JSON.stringify(fr)}`, { isRetriable: true });
@@ -103,6 +200,14 @@ class VersionChanged extends RlqError {
   }
 }
 
+/** A non-2xx /generate answer: 400 (and 413/422) is the request's fault (http_server.py answers ValueError with 400); 401/403 a missing key. */
+function generateHttpError(e: unknown, where: string): unknown {
+  if (e instanceof EngineHttpError && e.status !== null && (e.status === 400 || e.status === 413 || e.status === 422)) {
+    return new EngineRequestError(`${where}: the server refused the request: ${e.message}`, { cause: e });
+  }
+  return e;
+}
+
 export interface SglangServerOptions {
   url: string;
   /** Whole-request limit for one /generate (run config engine.request_timeout_s). */
@@ -112,17 +217,28 @@ export interface SglangServerOptions {
   /** update_weights_from_disk. Default 600 s. */
   loadTimeoutMs?: number;
   /**
-   * Default true; false sends one request (one batch request for the requests of an event-loop turn)
-   * and loses the tokens of a server that dies mid-request.
+   * Default false (slime's default, one batch /generate per event-loop turn): an SGLang stream
+   * repeats every token so far in each event at --stream-interval 1, so its cost grows with the
+   * square of the length. true streams (keeps a dying server's tokens); use it with a server
+   * started with --incremental-streaming-output or a large --stream-interval.
    */
   isStreaming?: boolean;
+  /** The server's --api-key: sent as `Authorization: Bearer` on every call. */
+  apiKey?: string;
 }
+
+/** Where the version is read, newest first (get_weight_version is deprecated in favour of model_info). */
+const VERSION_ENDPOINTS = ["/model_info", "/get_model_info", "/get_weight_version"] as const;
 
 export function createSglangServer(options: SglangServerOptions): RemoteEngine {
   const url = options.url.replace(/\/+$/, "");
   const adminMs = options.adminTimeoutMs ?? 10_000;
-  const isStreaming = options.isStreaming ?? true;
+  const isStreaming = options.isStreaming ?? false;
+  const headers = bearer(options.apiKey);
   let lastVersion = 0;
+  let versionEndpoint: (typeof VERSION_ENDPOINTS)[number] | null = null;
+  let healthFailure: "busy" | "down" = "down";
+  let seedHonoured: boolean | null = null;
 
   function samplingParams(s: GenerateRequest["sampling"]): Record<string, unknown> {
     return {
@@ -136,14 +252,19 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
       no_stop_trim: true,
       skip_special_tokens: s.skipSpecialTokens ?? false,
       spaces_between_special_tokens: false,
-      ...(s.seed === undefined ? {} : { sampling_seed: s.seed }),
+      ...(s.seed === undefined ? {} : { sampling_seed: seed31(s.seed) }),
     };
   }
 
   /** Fold one answer (a stream event, a whole body, or one output of a batch) into `partial`. */
   function applyAnswer(partial: PartialOutput, payload: unknown, where: string): "stop" | "length" | "abort" | null {
     const meta = readSglangAnswer(payload, where);
-    if (partial.weightVersion !== null && meta.weight_version !== undefined && parseWeightVersion(meta.weight_version, where) !== partial.weightVersion) {
+    if (
+      partial.weightVersion !== null &&
+      meta.weight_version !== undefined &&
+      meta.weight_versions === undefined &&
+      parseWeightVersion(meta.weight_version, where) !== partial.weightVersion
+    ) {
       // Weights changed under this request (a trainer push with generation paused, not
       // stopped): one segment holds one version, so it ends at the last event of the old one.
       throw new VersionChanged();
@@ -155,7 +276,9 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
   function resultOf(partial: PartialOutput, finish: "stop" | "length" | "abort" | null, signal: AbortSignal | undefined, where: string): GenerateResult {
     if (finish === null) {
       if (signal?.aborted) return abortedResult(partial, url, lastVersion);
-      throw new RlqError("engine_unreachable", `${where}: the stream ended without a finish_reason after ${partial.tokenIds.length} token(s)`, { isRetriable: true });
+      throw new RlqError("engine_unreachable", `${where}: the stream ended without a finish_reason after ${partial.tokenIds.length} token(s)`, {
+        isRetriable: true,
+      });
     }
     if (partial.weightVersion !== null) lastVersion = partial.weightVersion;
     return {
@@ -175,7 +298,7 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
     const partial = hooks.partial;
     let finish: "stop" | "length" | "abort" | null = null;
     try {
-      await postStream(`${url}/generate`, body, { timeoutMs: options.requestTimeoutMs, signal: hooks.signal }, (payload) => {
+      await postStream(`${url}/generate`, body, { timeoutMs: options.requestTimeoutMs, signal: hooks.signal, headers }, (payload) => {
         finish = applyAnswer(partial, payload, where) ?? finish;
       });
     } catch (e) {
@@ -184,7 +307,7 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
         await engine.abort([req.requestId]).catch(() => undefined);
         return abortedResult(partial, url, lastVersion);
       }
-      throw e;
+      throw generateHttpError(e, where);
     }
     return resultOf(partial, finish, hooks.signal, where);
   }
@@ -192,10 +315,38 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
   const batcher = createBatcher({
     url,
     timeoutMs: options.requestTimeoutMs,
+    headers,
     samplingParams,
     finish: (item, payload) => resultOf(item.hooks.partial, applyAnswer(item.hooks.partial, payload, item.where), item.hooks.signal, item.where),
     aborted: (item) => abortedResult(item.hooks.partial, url, lastVersion),
+    httpError: (e, item) => generateHttpError(e, item.where),
   });
+
+  async function readVersion(): Promise<number> {
+    const order = versionEndpoint === null ? VERSION_ENDPOINTS : [versionEndpoint, ...VERSION_ENDPOINTS.filter((x) => x !== versionEndpoint)];
+    let lastError: unknown = null;
+    for (const path of order) {
+      let body: { weight_version?: unknown };
+      try {
+        body = (await callJson("GET", `${url}${path}`, undefined, { timeoutMs: adminMs, headers })) as { weight_version?: unknown };
+      } catch (e) {
+        // 404: this build does not have it (yet, or any more): try the next one.
+        if (e instanceof EngineHttpError && e.status === 404) {
+          lastError = e;
+          continue;
+        }
+        throw e;
+      }
+      if (body.weight_version === undefined) continue;
+      versionEndpoint = path;
+      return parseWeightVersion(body.weight_version, `SGLang ${url}${path}`);
+    }
+    throw new RlqError(
+      "engine_no_version",
+      `SGLang ${url}: none of ${VERSION_ENDPOINTS.join(", ")} reports weight_version${lastError ? ` (${errorMessage(lastError)})` : ""}`,
+      { isRetriable: true },
+    );
+  }
 
   const engine: RemoteEngine = {
     kind: "sglang",
@@ -203,45 +354,75 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
     url,
     canAbortById: true,
     canLoadWeights: true,
+    get seedHonoured() {
+      return seedHonoured;
+    },
     generate: (request) => generateWith(generateRequestSchema.parse(request), { partial: emptyPartial() }),
     generateWith,
     async abort(requestIds) {
       // The server answers each aborted request with its tokens so far; the
       // caller (the pool) waits for those answers.
-      await Promise.all(requestIds.map((rid) => callJson("POST", `${url}/abort_request`, { rid, abort_all: false }, { timeoutMs: adminMs })));
+      await Promise.all(requestIds.map((rid) => callJson("POST", `${url}/abort_request`, { rid, abort_all: false }, { timeoutMs: adminMs, headers })));
     },
     async health(timeoutMs = adminMs) {
       try {
-        const res = await fetch(`${url}/health_generate`, { signal: AbortSignal.timeout(timeoutMs) });
+        const res = await fetch(`${url}/health_generate`, { signal: AbortSignal.timeout(timeoutMs), headers });
         await res.arrayBuffer().catch(() => undefined);
-        return res.ok;
+        if (res.ok) return true;
+        // 503 while weights load or generation is paused (http_server.py health_generate): busy if the
+        // server still answers its version endpoint, which takes no model lock.
+        healthFailure =
+          res.status === 503 &&
+          (await readVersion().then(
+            () => true,
+            () => false,
+          ))
+            ? "busy"
+            : "down";
+        return false;
       } catch {
+        healthFailure = "down";
         return false;
       }
     },
+    lastHealthFailure: () => healthFailure,
     async weightVersion() {
-      const body = (await callJson("GET", `${url}/get_weight_version`, undefined, { timeoutMs: adminMs })) as { weight_version?: unknown };
-      lastVersion = parseWeightVersion(body.weight_version, `SGLang ${url}/get_weight_version`);
+      lastVersion = await readVersion();
       return lastVersion;
     },
     async loadWeights(version, uri) {
       const modelPath = uri.startsWith("file://") ? decodeURIComponent(new URL(uri).pathname) : uri;
-      const res = (await callJson(
-        "POST",
-        `${url}/update_weights_from_disk`,
-        { model_path: modelPath, weight_version: String(version) },
-        { timeoutMs: options.loadTimeoutMs ?? 600_000 },
-      )) as { success?: boolean; message?: string };
+      let res: { success?: boolean; message?: string };
+      try {
+        res = (await callJson(
+          "POST",
+          `${url}/update_weights_from_disk`,
+          { model_path: modelPath, weight_version: String(version) },
+          { timeoutMs: options.loadTimeoutMs ?? 600_000, headers },
+        )) as typeof res;
+      } catch (e) {
+        // A failed load is HTTP 400 {success: false, message} (http_server.py update_weights_from_disk).
+        if (e instanceof EngineHttpError && e.status === 400) res = { success: false, message: e.message };
+        else throw e;
+      }
       if (res.success === false) {
-        throw new RlqError("engine_load_failed", `SGLang ${url}: update_weights_from_disk(${modelPath}, version ${version}) failed: ${res.message ?? "no message"}`, { isRetriable: false });
+        throw new RlqError(
+          "engine_load_failed",
+          `SGLang ${url}: update_weights_from_disk(${modelPath}, version ${version}) failed: ${res.message ?? "no message"}`,
+          { isRetriable: false },
+        );
       }
       const now = await engine.weightVersion();
       if (now !== version) {
-        throw new RlqError("engine_version_mismatch", `SGLang ${url}: loaded ${modelPath} as version ${version} but it reports version ${now}`, { isRetriable: true });
+        throw new RlqError("engine_version_mismatch", `SGLang ${url}: loaded ${modelPath} as version ${version} but it reports version ${now}`, {
+          isRetriable: true,
+        });
       }
     },
     async probeLogProbs(inputIds) {
-      const run = async (temperature: number) => {
+      // On the sampling path (top_k -1): with top_k <= 1 SGLang takes the greedy path and returns
+      // log_softmax(logits) without temperature (layers/sampler.py), which would hide the scaling.
+      const run = async (temperature: number, topK: number) => {
         const res = await callJson(
           "POST",
           `${url}/generate`,
@@ -249,32 +430,54 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
             rid: `rlq-probe-${randomUUID()}`,
             input_ids: inputIds,
             return_logprob: true,
-            sampling_params: { temperature, top_p: 1, top_k: 1, max_new_tokens: 8, ignore_eos: true, stop_token_ids: [], no_stop_trim: true },
+            top_logprobs_num: 2,
+            sampling_params: { temperature, top_p: 1, top_k: topK, max_new_tokens: 1, ignore_eos: true, stop_token_ids: [], no_stop_trim: true },
           },
-          { timeoutMs: options.requestTimeoutMs },
+          { timeoutMs: options.requestTimeoutMs, headers },
         );
         const where = `SGLang ${url} probe`;
-        const p = emptyPartial();
-        applySglangMeta(p, readSglangAnswer(res, where), where);
-        return p;
+        const meta = readSglangAnswer(res, where);
+        return readTopLogprobs(meta.output_top_logprobs, where);
       };
-      const a = await run(1);
-      const b = await run(0.5);
-      return classifyProbe(a, b);
+      const a = await run(1, -1);
+      const b = await run(0.5, -1);
+      const c = await run(1, 2);
+      return classifySamplingProbe(a, b, c);
     },
     async checkServer() {
-      await checkSglangModel(url, adminMs);
+      await checkSglangModel(url, adminMs, headers);
+      const info = (await callJson("GET", `${url}/get_server_info`, undefined, { timeoutMs: adminMs, headers }).catch(() => null)) as {
+        enable_deterministic_inference?: unknown;
+      } | null;
+      seedHonoured = info === null ? null : info.enable_deterministic_inference === true;
     },
     async close() {},
   };
   return engine;
 }
 
+/** meta_info.output_top_logprobs[0]: [[logprob, token_id, text], ...] for the first output position. */
+function readTopLogprobs(raw: unknown, where: string): TopLogprob[] {
+  const first = Array.isArray(raw) ? (raw[0] as unknown) : undefined;
+  if (!Array.isArray(first))
+    throw new RlqError("engine_bad_response", `${where}: no meta_info.output_top_logprobs[0] (the probe asks for top_logprobs_num 2)`, { isRetriable: true });
+  return first.map((t: unknown) => {
+    const x = t as [unknown, unknown];
+    if (!Array.isArray(t) || typeof x[0] !== "number" || typeof x[1] !== "number")
+      throw new RlqError("engine_bad_response", `${where}: output_top_logprobs entry ${JSON.stringify(t)}`, { isRetriable: true });
+    return { logProb: x[0], tokenId: x[1] };
+  });
+}
+
 /** GET /get_model_info: refuse a server that does not generate (an embedding or reward model). */
-export async function checkSglangModel(url: string, timeoutMs = 10_000): Promise<{ modelPath: string | null }> {
-  const info = (await callJson("GET", `${url}/get_model_info`, undefined, { timeoutMs })) as { model_path?: string; is_generation?: boolean };
+export async function checkSglangModel(url: string, timeoutMs = 10_000, headers?: Record<string, string>): Promise<{ modelPath: string | null }> {
+  const info = (await callJson("GET", `${url}/get_model_info`, undefined, { timeoutMs, headers })) as { model_path?: string; is_generation?: boolean };
   if (info.is_generation === false) {
-    throw new RlqError("engine_not_generative", `SGLang ${url} serves ${info.model_path ?? "a model"} with is_generation = false; rlq needs a generation model`, { isRetriable: false });
+    throw new RlqError(
+      "engine_not_generative",
+      `SGLang ${url} serves ${info.model_path ?? "a model"} with is_generation = false; rlq needs a generation model`,
+      { isRetriable: false },
+    );
   }
   return { modelPath: info.model_path ?? null };
 }
@@ -316,6 +519,8 @@ const MAX_BATCH = 64;
 function createBatcher(deps: {
   url: string;
   timeoutMs: number;
+  headers: Record<string, string> | undefined;
+  httpError(e: unknown, item: BatchItem): unknown;
   samplingParams(s: GenerateRequest["sampling"]): Record<string, unknown>;
   finish(item: BatchItem, payload: unknown): GenerateResult;
   aborted(item: BatchItem): GenerateResult;
@@ -359,10 +564,26 @@ function createBatcher(deps: {
           sampling_params: live.map((x) => deps.samplingParams(x.req.sampling)),
         };
     try {
-      const answer = await callJson("POST", `${deps.url}/generate`, body, { timeoutMs: deps.timeoutMs, signal: http.signal });
+      let answer: unknown;
+      try {
+        answer = await callJson("POST", `${deps.url}/generate`, body, { timeoutMs: deps.timeoutMs, signal: http.signal, headers: deps.headers });
+      } catch (e) {
+        // One invalid item fails the whole batch with 400 (tokenizer_manager.py validates every item
+        // before sending any): resend the items one by one, so only the bad one fails.
+        if (!one && e instanceof EngineHttpError && e.status === 400) {
+          for (const d of detach.splice(0)) d();
+          await Promise.all(live.map((item) => send([item])));
+          return;
+        }
+        throw e;
+      }
       const outputs = one ? [answer] : answer;
       if (!Array.isArray(outputs) || outputs.length !== live.length) {
-        throw new RlqError("engine_bad_response", `SGLang ${deps.url}/generate: a batch of ${live.length} was answered with ${JSON.stringify(answer)?.slice(0, 200)}`, { isRetriable: true });
+        throw new RlqError(
+          "engine_bad_response",
+          `SGLang ${deps.url}/generate: a batch of ${live.length} was answered with ${JSON.stringify(answer)?.slice(0, 200)}`,
+          { isRetriable: true },
+        );
       }
       live.forEach((item, i) =>
         settle(item, () => {
@@ -374,7 +595,8 @@ function createBatcher(deps: {
         }),
       );
     } catch (e) {
-      for (const item of live) settle(item, () => (isLocalCancel(e, item.hooks.signal) ? item.resolve(deps.aborted(item)) : item.reject(e)));
+      for (const item of live)
+        settle(item, () => (isLocalCancel(e, item.hooks.signal) ? item.resolve(deps.aborted(item)) : item.reject(deps.httpError(e, item))));
     } finally {
       for (const d of detach) d();
     }
@@ -384,7 +606,15 @@ function createBatcher(deps: {
     isScheduled = false;
     const all = queued;
     queued = [];
-    for (let i = 0; i < all.length; i += MAX_BATCH) void send(all.slice(i, i + MAX_BATCH));
+    // One batch per batchKey (a group), in arrival order; requests without a key batch together.
+    const byKey = new Map<string, BatchItem[]>();
+    for (const item of all) {
+      const key = item.req.batchKey ?? "";
+      const list = byKey.get(key);
+      if (list) list.push(item);
+      else byKey.set(key, [item]);
+    }
+    for (const items of byKey.values()) for (let i = 0; i < items.length; i += MAX_BATCH) void send(items.slice(i, i + MAX_BATCH));
   }
 
   return {

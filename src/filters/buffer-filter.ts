@@ -54,9 +54,7 @@ export function validateBufferFilterResult(
 ): string[] {
   const parsed = bufferFilterResultSchema(buffer, n).safeParse(value);
   if (parsed.success) return parsed.data;
-  const detail = parsed.error.issues
-    .map((i) => (i.path.length > 0 ? `[${i.path.join(".")}] ${i.message}` : i.message))
-    .join("; ");
+  const detail = parsed.error.issues.map((i) => (i.path.length > 0 ? `[${i.path.join(".")}] ${i.message}` : i.message)).join("; ");
   throw new FilterError(
     "buffer_filter_invalid",
     `${where.option} ${where.path} returned ${showValue(value)} for a buffer of ${buffer.length} groups and n = ${n}: ${detail}`,

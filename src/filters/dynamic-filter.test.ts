@@ -1,11 +1,5 @@
 import { describe, expect, it } from "vitest";
-import {
-  callDynamicFilter,
-  collectDropMetrics,
-  shouldDropDynamicFilterOutput,
-  toDynamicFilterOutput,
-  type DynamicFilterOutput,
-} from "./dynamic-filter.ts";
+import { callDynamicFilter, collectDropMetrics, shouldDropDynamicFilterOutput, toDynamicFilterOutput, type DynamicFilterOutput } from "./dynamic-filter.ts";
 import { FilterError } from "./filter-error.ts";
 import { builtinBufferFilter, builtinDynamicFilter, getDynamicFilter } from "./registry.ts";
 import { checkRewardNonzeroStd } from "./reward-std.ts";

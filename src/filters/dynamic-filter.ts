@@ -63,10 +63,7 @@ export function callDynamicFilter(filter: DynamicFilter | null | undefined, grou
  * `remainingBatchSize` is the number of groups still expected (submitted and
  * not yet dropped); a drop decrements it.
  */
-export function shouldDropDynamicFilterOutput(
-  output: DynamicFilterOutput,
-  counts: { remainingBatchSize: number; targetDataSize: number },
-): boolean {
+export function shouldDropDynamicFilterOutput(output: DynamicFilterOutput, counts: { remainingBatchSize: number; targetDataSize: number }): boolean {
   if (output.keep) return false;
   if (output.keep_when_insufficient && counts.remainingBatchSize <= counts.targetDataSize) return false;
   return true;

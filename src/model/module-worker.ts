@@ -16,7 +16,11 @@ export function spawnModuleWorker(moduleUrl: URL, options: WorkerOptions = {}): 
   if (!moduleUrl.pathname.endsWith(".ts")) return new Worker(moduleUrl, options);
   // The ESM build of tsx's API: its CJS build resolves its loader relative to the
   // eval'd script and fails inside a worker.
-  const tsxApi = pathToFileURL(createRequire(import.meta.url).resolve("tsx/esm/api").replace(/\.cjs$/, ".mjs")).href;
+  const tsxApi = pathToFileURL(
+    createRequire(import.meta.url)
+      .resolve("tsx/esm/api")
+      .replace(/\.cjs$/, ".mjs"),
+  ).href;
   const code = [
     `import(${JSON.stringify(tsxApi)})`,
     `  .then((api) => { api.register(); return import(${JSON.stringify(moduleUrl.href)}); })`,

@@ -69,7 +69,7 @@ export function referenceForward(config: ModelConfig, weights: Weights, tokens: 
           max = Math.max(max, scores[s]!);
         }
         let z = 0;
-        for (let s = 0; s <= t; s++) z += (scores[s] = Math.exp(scores[s]! - max));
+        for (let s = 0; s <= t; s++) z += scores[s] = Math.exp(scores[s]! - max);
         for (let s = 0; s <= t; s++) {
           const p = scores[s]! / z;
           for (let j = 0; j < hd; j++) attnOut[t]![h * hd + j]! += p * qkv[s]![2 * d + h * hd + j]!;

@@ -29,7 +29,13 @@ describe("safetensors", () => {
   });
 
   it("decodes from a Node Buffer whose data offsets are unaligned", () => {
-    const bytes = encodeSafetensors([{ name: "x", shape: [1], data: Int32Array.of(1) }, { name: "y", shape: [2], data: Float64Array.of(1.5, 2.5) }], {});
+    const bytes = encodeSafetensors(
+      [
+        { name: "x", shape: [1], data: Int32Array.of(1) },
+        { name: "y", shape: [2], data: Float64Array.of(1.5, 2.5) },
+      ],
+      {},
+    );
     const buf = Buffer.concat([Buffer.alloc(3), Buffer.from(bytes)]).subarray(3);
     expect(Array.from(decodeSafetensors(buf).tensors.get("y")!.data)).toEqual([1.5, 2.5]);
   });

@@ -84,9 +84,30 @@ export class Tokenizer {
  * The order is part of every demo checkpoint: append, never reorder.
  */
 export const DEMO_TOKENS: readonly string[] = [
-  "<pad>", "<bos>", "<eos>",
-  "0", "1", "2", "3", "4", "5", "6", "7", "8", "9",
-  "+", "-", "*", "=", " ", "\\boxed{", "}", "(", ")", "?", ".",
+  "<pad>",
+  "<bos>",
+  "<eos>",
+  "0",
+  "1",
+  "2",
+  "3",
+  "4",
+  "5",
+  "6",
+  "7",
+  "8",
+  "9",
+  "+",
+  "-",
+  "*",
+  "=",
+  " ",
+  "\\boxed{",
+  "}",
+  "(",
+  ")",
+  "?",
+  ".",
 ];
 
 export function createDemoTokenizer(): Tokenizer {

@@ -49,18 +49,32 @@ describe("HTTP plugins", () => {
   });
 
   it("reward and group reward speak {kind, args, sample(s)} → {result}, validated like a module", async () => {
-    const { url, bodies } = await serve((b) => (b.kind === "reward" ? [200, { result: { score: b.sample.response === "42" ? 1 : 0, pred: b.sample.response } }] : [200, { result: b.samples.map(() => true) }]));
+    const { url, bodies } = await serve((b) =>
+      b.kind === "reward"
+        ? [200, { result: { score: b.sample.response === "42" ? 1 : 0, pred: b.sample.response } }]
+        : [200, { result: b.samples.map(() => true) }],
+    );
     const args = { rm_type: null, reward_key: "score" };
     const r = await httpReward(url)(args, { sampleIndex: 0, prompt: "p", response: "42", label: "42", metadata: {}, status: "completed" });
     expect(validatePluginReward(r, { path: url })).toEqual({ score: 1, pred: "42" });
-    expect(bodies[0]).toEqual({ kind: "reward", args, sample: { sampleIndex: 0, prompt: "p", response: "42", label: "42", metadata: {}, status: "completed" } });
+    expect(bodies[0]).toEqual({
+      kind: "reward",
+      args,
+      sample: { sampleIndex: 0, prompt: "p", response: "42", label: "42", metadata: {}, status: "completed" },
+    });
     const g = await httpRewardGroup(url)(args, [{ response: "a" }, { response: "b" }]);
     expect(validatePluginGroupReward(g, 2, { path: url })).toEqual([1, 1]);
   });
 
   it("filters: dynamic filter output and buffer filter selection", async () => {
-    const { url, bodies } = await serve((b) => (b.kind === "dynamic_filter" ? [200, { result: { keep: false, reason: "zero_std" } }] : [200, { result: b.buffer.slice(0, b.n) }]));
-    expect(toDynamicFilterOutput(await httpDynamicFilter(url)({}, { groupId: 3, rewards: [1, 1], samples: [] }))).toEqual({ keep: false, reason: "zero_std", keep_when_insufficient: false });
+    const { url, bodies } = await serve((b) =>
+      b.kind === "dynamic_filter" ? [200, { result: { keep: false, reason: "zero_std" } }] : [200, { result: b.buffer.slice(0, b.n) }],
+    );
+    expect(toDynamicFilterOutput(await httpDynamicFilter(url)({}, { groupId: 3, rewards: [1, 1], samples: [] }))).toEqual({
+      keep: false,
+      reason: "zero_std",
+      keep_when_insufficient: false,
+    });
     expect(await httpBufferFilter(url)({}, null, [{ groupId: "1" }, { groupId: "2" }], 1)).toEqual([{ groupId: "1" }]);
     expect(bodies[1]).toMatchObject({ kind: "buffer_filter", rollout_id: null, n: 1 });
   });
@@ -71,11 +85,19 @@ describe("HTTP plugins", () => {
       code: "plugin_bad_return",
       message: `custom_rm_path ${url} answered {"score":1}; expected {"result": ...} or {"error": "..."}`,
     });
-    await expect(httpReward(url, fast)({}, { response: "y" })).rejects.toMatchObject({ code: "plugin_http_failed", isRetriable: false, message: expect.stringContaining("HTTP 400") });
+    await expect(httpReward(url, fast)({}, { response: "y" })).rejects.toMatchObject({
+      code: "plugin_http_failed",
+      isRetriable: false,
+      message: expect.stringContaining("HTTP 400"),
+    });
     const { url: ok } = await serve(() => [200, { error: "reward model crashed" }]);
     await expect(httpReward(ok)({}, {})).rejects.toMatchObject({ code: "plugin_threw", message: `reward ${ok} (reward) failed: reward model crashed` });
     await Promise.all(servers.splice(0).map((s) => new Promise((r) => s.close(r))));
-    await expect(httpReward(url, { ...fast, maxAttempts: 2 })({}, {})).rejects.toMatchObject({ code: "plugin_http_failed", isRetriable: true, record: { url, attempts: 2 } });
+    await expect(httpReward(url, { ...fast, maxAttempts: 2 })({}, {})).rejects.toMatchObject({
+      code: "plugin_http_failed",
+      isRetriable: true,
+      record: { url, attempts: 2 },
+    });
   });
 
   it("resolvePluginFunction: URL → HTTP client, otherwise the module loader", async () => {
@@ -104,7 +126,18 @@ describe("HTTP custom generate (step protocol)", () => {
   const binding = {
     engine,
     args: {},
-    sample: { sampleIndex: 0, groupId: 1, round: 0, prompt: "3*4=", promptTokens: tok.formatPrompt("3*4="), responseTokens: [], response: "", label: null, metadata: {}, status: "pending" as const },
+    sample: {
+      sampleIndex: 0,
+      groupId: 1,
+      round: 0,
+      prompt: "3*4=",
+      promptTokens: tok.formatPrompt("3*4="),
+      responseTokens: [],
+      response: "",
+      label: null,
+      metadata: {},
+      status: "pending" as const,
+    },
     sampling: { temperature: 1, topP: 1, topK: -1, stopTokenIds: [tok.eosId] },
     budget: 20,
     firstSegmentIndex: 0,
@@ -132,6 +165,9 @@ describe("HTTP custom generate (step protocol)", () => {
 
   it("rejects an unknown action with the URL", async () => {
     const { url } = await serve(() => [200, { result: { action: "think" } }]);
-    await expect(runCustomGenerate(httpCustomGenerate(url), binding)).rejects.toMatchObject({ code: "custom_generate_invalid", message: expect.stringContaining(`custom_generate_function_path ${url} answered {"action":"think"}`) });
+    await expect(runCustomGenerate(httpCustomGenerate(url), binding)).rejects.toMatchObject({
+      code: "custom_generate_invalid",
+      message: expect.stringContaining(`custom_generate_function_path ${url} answered {"action":"think"}`),
+    });
   });
 });

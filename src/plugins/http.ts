@@ -112,7 +112,10 @@ export function httpCustomGenerate(url: string, options: HttpPluginOptions = {})
       const parsed = generateStepSchema.safeParse(raw);
       if (!parsed.success) {
         const detail = parsed.error.issues.map((i) => `${i.path.join(".") || "(value)"}: ${i.message}`).join("; ");
-        throw new RlqError("custom_generate_invalid", `${option} ${url} answered ${JSON.stringify(raw)?.slice(0, 200)}; expected {action: "generate" | "tool" | "finish", ...} (${detail})`);
+        throw new RlqError(
+          "custom_generate_invalid",
+          `${option} ${url} answered ${JSON.stringify(raw)?.slice(0, 200)}; expected {action: "generate" | "tool" | "finish", ...} (${detail})`,
+        );
       }
       const s = parsed.data;
       if (s.action === "finish") return s.status ? { turns, status: s.status } : { turns };

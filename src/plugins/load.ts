@@ -34,11 +34,7 @@ export async function fingerprintFile(file: string, what: string): Promise<strin
 const cache = new Map<string, unknown>();
 
 /** Load a function export from a plugin module. */
-export async function loadPluginFunction<F extends (...args: never[]) => unknown>(
-  ref: PluginRef,
-  defaultExports: readonly string[],
-  what: string,
-): Promise<F> {
+export async function loadPluginFunction<F extends (...args: never[]) => unknown>(ref: PluginRef, defaultExports: readonly string[], what: string): Promise<F> {
   const key = `${ref.file}#${ref.exportName ?? defaultExports.join("|")}`;
   const hit = cache.get(key);
   if (hit) return hit as F;

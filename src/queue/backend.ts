@@ -1,4 +1,5 @@
 import { Queue, Worker, withBackend, createPostgresBackend, type ConnectionOptions } from "bullmq";
+import { isIP } from "node:net";
 import { Redis } from "ioredis";
 import type { Env } from "../config/env.ts";
 
@@ -22,9 +23,18 @@ export interface QueueBackend {
   wipe(): Promise<void>;
 }
 
+/**
+ * ioredis options from a URL: `redis://` or `rediss://` (TLS; the server's certificate is checked
+ * against Node's CAs plus NODE_EXTRA_CA_CERTS), `user:password@` for an ACL user or requirepass.
+ */
 export function redisOptionsFromUrl(url: string): Record<string, unknown> {
   const u = new URL(url);
+  if (u.protocol !== "redis:" && u.protocol !== "rediss:") {
+    throw new Error(`REDIS_URL: expected redis://[user:password@]host:port[/db] or rediss:// for TLS, got the scheme ${u.protocol}`);
+  }
   return {
+    // SNI carries host names only (Node refuses an IP address there); the certificate check uses the host either way.
+    ...(u.protocol === "rediss:" ? { tls: isIP(u.hostname) === 0 ? { servername: u.hostname } : {} } : {}),
     host: u.hostname,
     port: Number(u.port || 6379),
     ...(u.password ? { password: decodeURIComponent(u.password) } : {}),
@@ -47,10 +57,14 @@ export function createQueueBackend(env: Env, databaseUrl: string): QueueBackend 
       connection,
       baseOptions: { prefix },
       async check() {
-        const r = new Redis(redisUrl, { maxRetriesPerRequest: 1, lazyConnect: true });
+        const r = new Redis({ ...(connection as Record<string, unknown>), maxRetriesPerRequest: 1, lazyConnect: true });
         try {
           await r.connect();
-          const res = (await r.config("GET", "maxmemory-policy"));
+          // A managed Redis or an ACL user may not run CONFIG: then the operator vouches for the policy.
+          const res = await r.config("GET", "maxmemory-policy").catch((e: Error) => {
+            if (/NOPERM|unknown command|no permissions/i.test(e.message)) return [] as string[];
+            throw e;
+          });
           const policy = res[1];
           if (policy !== undefined && policy !== "noeviction") {
             throw new Error(
@@ -63,7 +77,7 @@ export function createQueueBackend(env: Env, databaseUrl: string): QueueBackend 
         }
       },
       async wipe() {
-        const r = new Redis(redisUrl, { maxRetriesPerRequest: 1 });
+        const r = new Redis({ ...(connection as Record<string, unknown>), maxRetriesPerRequest: 1 });
         try {
           let cursor = "0";
           do {

@@ -51,8 +51,7 @@ export function createQueues(backend: QueueBackend): Queues {
     }
     return q;
   };
-  const idFor = <K extends QueueKind>(kind: K, data: JobData<K>): string =>
-    (jobIds[kind] as (d: JobData<K>) => string)(data);
+  const idFor = <K extends QueueKind>(kind: K, data: JobData<K>): string => (jobIds[kind] as (d: JobData<K>) => string)(data);
 
   const jobOptions = (kind: QueueKind, id: string, options: { attempts?: number }) => ({
     jobId: id,

@@ -3,6 +3,7 @@ import type { QueueBackend } from "./backend.ts";
 import { jobSchemas, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "./payloads.ts";
 import { queueName } from "./queues.ts";
 import { isRetriable, errorMessage, RlqError } from "../lib/errors.ts";
+import { processMetrics } from "../observability/prometheus.ts";
 
 /**
  * Runs a processor for one queue. Decides once, here, whether an error is
@@ -47,7 +48,9 @@ export function startWorker<K extends QueueKind>(
     async (job: Job, token?: string) => {
       const parsed = schema.safeParse(job.data);
       if (!parsed.success) {
-        throw new UnrecoverableError(`${UNRECOVERABLE_PREFIX}job ${job.id}: bad payload: ${parsed.error.issues[0]?.message} at ${parsed.error.issues[0]?.path.join(".")}`);
+        throw new UnrecoverableError(
+          `${UNRECOVERABLE_PREFIX}job ${job.id}: bad payload: ${parsed.error.issues[0]?.message} at ${parsed.error.issues[0]?.path.join(".")}`,
+        );
       }
       try {
         await processor(parsed.data as JobData<K>, {
@@ -70,6 +73,12 @@ export function startWorker<K extends QueueKind>(
     { connection: backend.connection, concurrency: options.concurrency, ...stallSettings, ...backend.baseOptions },
   );
   worker.on("error", () => undefined);
+  // Prometheus counters (observability/prometheus.ts): jobs/s is their rate.
+  worker.on("completed", () => processMetrics().jobCompleted(kind));
+  worker.on("failed", (job: Job | undefined, err: Error) => {
+    if (err instanceof DelayedError) return;
+    processMetrics().jobFailed(kind, err instanceof UnrecoverableError || (job !== undefined && job.attemptsMade >= (job.opts.attempts ?? 1)));
+  });
   return {
     kind,
     async close() {

@@ -17,16 +17,62 @@ import { RewardError, type RewardComponents } from "./reward-result.ts";
  */
 
 const SUBSTITUTIONS: ReadonlyArray<readonly [string, string]> = [
-  ["an ", ""], ["a ", ""], [".$", "$"], ["\\$", ""], ["\\ ", ""], [" ", ""],
-  ["mbox", "text"], [",\\text{and}", ","], ["\\text{and}", ","], ["\\text{m}", "\\text{}"],
+  ["an ", ""],
+  ["a ", ""],
+  [".$", "$"],
+  ["\\$", ""],
+  ["\\ ", ""],
+  [" ", ""],
+  ["mbox", "text"],
+  [",\\text{and}", ","],
+  ["\\text{and}", ","],
+  ["\\text{m}", "\\text{}"],
 ];
 
 const REMOVED_EXPRESSIONS = [
-  "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots",
-  "sue", "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters",
-  "meals", "edges", "students", "childrentickets", "multiples", "\\text{s}", "\\text{.}",
-  "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", "\\mathrm{th}", "^\\circ",
-  "^{\\circ}", "\\;", ",\\!", "{,}", '"', "\\dots", "<|im_end|>", "<|endoftext|>",
+  "square",
+  "ways",
+  "integers",
+  "dollars",
+  "mph",
+  "inches",
+  "hours",
+  "km",
+  "units",
+  "\\ldots",
+  "sue",
+  "points",
+  "feet",
+  "minutes",
+  "digits",
+  "cents",
+  "degrees",
+  "cm",
+  "gm",
+  "pounds",
+  "meters",
+  "meals",
+  "edges",
+  "students",
+  "childrentickets",
+  "multiples",
+  "\\text{s}",
+  "\\text{.}",
+  "\\text{\ns}",
+  "\\text{}^2",
+  "\\text{}^3",
+  "\\text{\n}",
+  "\\text{}",
+  "\\mathrm{th}",
+  "^\\circ",
+  "^{\\circ}",
+  "\\;",
+  ",\\!",
+  "{,}",
+  '"',
+  "\\dots",
+  "<|im_end|>",
+  "<|endoftext|>",
 ];
 
 /** slime `normalize_final_answer` (DAPO), step for step. */
@@ -66,10 +112,7 @@ function integerGroundTruth(label: unknown): string {
   const normalized = normalizeFinalAnswer(pyStr(label));
   const f = pyFloat(normalized);
   if (f === null || !Number.isFinite(f)) {
-    throw new RewardError(
-      "invalid_label",
-      `dapo needs a numeric label (it compares str(int(float(label)))); got ${JSON.stringify(pyStr(label))}`,
-    );
+    throw new RewardError("invalid_label", `dapo needs a numeric label (it compares str(int(float(label)))); got ${JSON.stringify(pyStr(label))}`);
   }
   return pyIntStr(f);
 }

@@ -11,7 +11,6 @@ describe("SQuAD normalize_answer", () => {
     ["", ""],
     ["the", ""],
     ["éthe the", "éthe"], // 'é' is a word character in Python 3, so 'éthe' holds no article 'the'
-
   ])("%j → %j", (raw, expected) => expect(normalizeAnswer(raw)).toBe(expected));
 });
 

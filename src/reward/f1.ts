@@ -19,9 +19,14 @@ const ARTICLES = /(?<![\p{L}\p{N}_])(?:a|an|the)(?![\p{L}\p{N}_])/gu;
 /** SQuAD `normalize_answer`. */
 export function normalizeAnswer(s: string): string {
   const lower = s.toLowerCase();
-  const noPunct = Array.from(lower).filter((ch) => !PUNCTUATION.has(ch)).join("");
+  const noPunct = Array.from(lower)
+    .filter((ch) => !PUNCTUATION.has(ch))
+    .join("");
   const noArticles = noPunct.replace(ARTICLES, " ");
-  return noArticles.split(/\s+/u).filter((t) => t !== "").join(" ");
+  return noArticles
+    .split(/\s+/u)
+    .filter((t) => t !== "")
+    .join(" ");
 }
 
 export interface F1Score {

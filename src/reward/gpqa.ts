@@ -36,7 +36,10 @@ function stripChainOfThought(text: string): string {
 }
 
 function normalizeText(text: string): string {
-  return text.toLowerCase().replace(/[^a-z0-9]+/g, " ").trim();
+  return text
+    .toLowerCase()
+    .replace(/[^a-z0-9]+/g, " ")
+    .trim();
 }
 
 /** Python `list(x)` for what metadata may hold: arrays as is, dicts by value, strings by character. */

@@ -19,13 +19,7 @@ export {
   validatePluginReward,
   type PluginSite,
 } from "./plugin-contract.ts";
-export {
-  getRewardFunction,
-  IN_PROCESS_RM_TYPES,
-  resolveRmType,
-  type InProcessRmType,
-  type RewardHubOptions,
-} from "./registry.ts";
+export { getRewardFunction, IN_PROCESS_RM_TYPES, resolveRmType, type InProcessRmType, type RewardHubOptions } from "./registry.ts";
 export { rewardInputSchema, type RewardFunction, type RewardInput } from "./reward-input.ts";
 export {
   numericComponents,

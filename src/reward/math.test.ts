@@ -82,12 +82,7 @@ const rows: readonly Row[] = [
   ["\\text{Monday} vs Monday: the whole-string \\text{} is unwrapped → 1", B("\\text{Monday}"), "Monday", 1],
   ["monday vs Monday: sympy lowercases (and deletes the unit 'day' on both sides) → 1", B("monday"), "Monday", 1],
   ["\\text{(B)} vs B: sympy '(b)' is a one-element tuple 'b', symbolic b-b = 0 → 1", B("\\text{(B)}"), "B", 1],
-  [
-    "\\frac{x+1}{2} vs \\frac{1+x}{2}: pylatexenc renders 'x+1/2' and '1+x/2' (no parentheses), which differ → 0",
-    B("\\frac{x+1}{2}"),
-    "\\frac{1+x}{2}",
-    0,
-  ],
+  ["\\frac{x+1}{2} vs \\frac{1+x}{2}: pylatexenc renders 'x+1/2' and '1+x/2' (no parentheses), which differ → 0", B("\\frac{x+1}{2}"), "\\frac{1+x}{2}", 0],
 
   // --- tuples and intervals
   ["(1,2) vs (1,2) → 1", B("(1,2)"), "(1,2)", 1],

@@ -8,8 +8,7 @@
  * `str(1e16)`), which flips rewards without any crash.
  */
 
-const PY_FLOAT_LITERAL =
-  /^[+-]?(?:(?:\d(?:_?\d)*)(?:\.(?:\d(?:_?\d)*)?)?|\.\d(?:_?\d)*)(?:[eE][+-]?\d(?:_?\d)*)?$/;
+const PY_FLOAT_LITERAL = /^[+-]?(?:(?:\d(?:_?\d)*)(?:\.(?:\d(?:_?\d)*)?)?|\.\d(?:_?\d)*)(?:[eE][+-]?\d(?:_?\d)*)?$/;
 const PY_FLOAT_SPECIAL = /^[+-]?(?:inf|infinity|nan)$/i;
 
 /**

@@ -36,7 +36,11 @@ const json = (res: ServerResponse, status: number, value: unknown) => {
 function fastRetry() {
   const delays: number[] = [];
   const failures: AttemptFailure[] = [];
-  return { delays, failures, options: { sleep: async (ms: number) => void delays.push(ms), random: () => 0.5, onAttemptFailed: (f: AttemptFailure) => void failures.push(f) } };
+  return {
+    delays,
+    failures,
+    options: { sleep: async (ms: number) => void delays.push(ms), random: () => 0.5, onAttemptFailed: (f: AttemptFailure) => void failures.push(f) },
+  };
 }
 
 describe("remote_rm", () => {

@@ -40,9 +40,7 @@ describe("selectRewardValue (slime Sample.get_reward_value)", () => {
     expect((error as RewardError).message).toBe("reward_key 'accuracy' is not in the reward; its components are 'score', 'pred'");
   });
   it("a key naming a string component is refused", () => {
-    expect(() => selectRewardValue({ score: 1, pred: "4" }, "pred")).toThrow(
-      expect.objectContaining({ code: "reward_key_not_numeric" }),
-    );
+    expect(() => selectRewardValue({ score: 1, pred: "4" }, "pred")).toThrow(expect.objectContaining({ code: "reward_key_not_numeric" }));
   });
   it("inherited names are not components", () => {
     expect(() => selectRewardValue({ score: 1 }, "toString")).toThrow(expect.objectContaining({ code: "reward_key_not_found" }));

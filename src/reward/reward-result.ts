@@ -68,17 +68,17 @@ export function selectRewardValue(result: RewardResult, rewardKey: string | null
   const keys = Object.keys(result);
   const listed = keys.map((k) => `'${k}'`).join(", ");
   if (rewardKey === null || rewardKey === undefined || rewardKey === "") {
-    throw new RewardError(
-      "reward_key_required",
-      `the reward is a dict with components ${listed}; set reward_key to the one to train on`,
-    );
+    throw new RewardError("reward_key_required", `the reward is a dict with components ${listed}; set reward_key to the one to train on`);
   }
   if (!Object.hasOwn(result, rewardKey)) {
     throw new RewardError("reward_key_not_found", `reward_key '${rewardKey}' is not in the reward; its components are ${listed}`);
   }
   const value = result[rewardKey];
   if (typeof value !== "number") {
-    const numeric = keys.filter((k) => typeof result[k] === "number").map((k) => `'${k}'`).join(", ");
+    const numeric = keys
+      .filter((k) => typeof result[k] === "number")
+      .map((k) => `'${k}'`)
+      .join(", ");
     throw new RewardError(
       "reward_key_not_numeric",
       `reward_key '${rewardKey}' names a ${typeof value} component (${JSON.stringify(value)}); numeric components are ${numeric}`,

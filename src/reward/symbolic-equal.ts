@@ -62,7 +62,10 @@ function getEngine(): ComputeEngine {
 function isZero(ce: ComputeEngine, json: MathJson): boolean {
   const diff = ce.box(json);
   if (diff.simplify().isSame(0)) return true;
-  const together = ce.box(["Together", json] as MathJsonExpression).evaluate().simplify();
+  const together = ce
+    .box(["Together", json] as MathJsonExpression)
+    .evaluate()
+    .simplify();
   if (together.isSame(0)) return true;
   return isFunction(together, "Divide") && together.op1.isSame(0);
 }

@@ -10,10 +10,7 @@ import { areEqualUnderSymbolic, type SymbolicOptions } from "./symbolic-equal.ts
  * sympy; see symbolic-equal.ts).
  */
 
-const UNITS = [
-  "degree", "cm", "centimeter", "meter", "mile", "second", "minute", "hour",
-  "day", "week", "month", "year", "foot", "feet", "inch", "yard",
-];
+const UNITS = ["degree", "cm", "centimeter", "meter", "mile", "second", "minute", "hour", "day", "week", "month", "year", "foot", "feet", "inch", "yard"];
 // Python: re.sub(f"{unit}(es)?(s)? *(\^[0-9]+)?", "", expr); `unit` is matched anywhere, even inside words.
 const UNIT_PATTERNS = UNITS.map((u) => new RegExp(`${u}(es)?(s)? *(\\^[0-9]+)?`, "g"));
 const TEXT_WRAPPED = /^\\text\{(.+?)\}(?=\n?$)/;

@@ -4,7 +4,14 @@ import { createDemoTokenizer } from "../model/tokenizer.ts";
 import { generate as toolAgent } from "../../examples/tool-agent/agent.ts";
 import { parseRunConfig } from "../config/run-config.ts";
 import { createByteTokenizer } from "../data/tokenizer.ts";
-import { encoderWithoutPrefix, generateCustomRound, runCustomGenerate, type CustomGenerateBinding, type CustomGenerateFunction, type EngineTurn } from "./custom-generate.ts";
+import {
+  encoderWithoutPrefix,
+  generateCustomRound,
+  runCustomGenerate,
+  type CustomGenerateBinding,
+  type CustomGenerateFunction,
+  type EngineTurn,
+} from "./custom-generate.ts";
 
 const tok = createDemoTokenizer();
 
@@ -21,7 +28,13 @@ function scriptedEngine(script: Array<[string, GenerateResult["finishReason"]]>,
       const [text, finishReason] = next;
       const ids = text === "<eos>" ? [tok.eosId] : text.endsWith("<eos>") ? [...tok.encode(text.slice(0, -5)), tok.eosId] : tok.encode(text);
       const tokenIds = ids.slice(0, req.sampling.maxNewTokens);
-      return { tokenIds, logProbs: tokenIds.map((_, i) => -0.1 * (i + 1)), finishReason: tokenIds.length < ids.length ? "length" : finishReason, weightVersion, engineId: "scripted" };
+      return {
+        tokenIds,
+        logProbs: tokenIds.map((_, i) => -0.1 * (i + 1)),
+        finishReason: tokenIds.length < ids.length ? "length" : finishReason,
+        weightVersion,
+        engineId: "scripted",
+      };
     },
     abort: async () => undefined,
     health: async () => true,
@@ -36,7 +49,18 @@ function binding(engine: Engine, over: Partial<CustomGenerateBinding> = {}): Cus
   return {
     engine,
     args: { rollout_max_response_len: 32 },
-    sample: { sampleIndex: 1, groupId: 7, round: 0, prompt: "3*4=", promptTokens, responseTokens: [], response: "", label: "12", metadata: {}, status: "pending" },
+    sample: {
+      sampleIndex: 1,
+      groupId: 7,
+      round: 0,
+      prompt: "3*4=",
+      promptTokens,
+      responseTokens: [],
+      response: "",
+      label: "12",
+      metadata: {},
+      status: "pending",
+    },
     sampling: { temperature: 1, topP: 1, topK: -1, stopTokenIds: [tok.eosId] },
     budget: 32,
     firstSegmentIndex: 0,
@@ -110,12 +134,24 @@ describe("custom generate: the calculator agent on a scripted engine", () => {
   it("a round of tool tokens only is one segment at the job's version", async () => {
     const fn: CustomGenerateFunction = (_a, _s, h) => ({ turns: [h.tool("=5")], status: "completed" });
     const out = await runCustomGenerate(fn, binding(scriptedEngine([])));
-    expect(out.segments).toEqual([{ segmentIndex: 0, weightVersion: 3, tokens: tok.encode("=5"), logProbs: [0, 0], lossMask: [0, 0], finishReason: "stop", status: "completed", engine: "tool" }]);
+    expect(out.segments).toEqual([
+      {
+        segmentIndex: 0,
+        weightVersion: 3,
+        tokens: tok.encode("=5"),
+        logProbs: [0, 0],
+        lossMask: [0, 0],
+        finishReason: "stop",
+        status: "completed",
+        engine: "tool",
+      },
+    ]);
   });
 });
 
 describe("custom generate: what a plugin may return", () => {
-  const run = (fn: CustomGenerateFunction, script: Array<[string, GenerateResult["finishReason"]]> = [["12<eos>", "stop"]]) => runCustomGenerate(fn, binding(scriptedEngine(script)));
+  const run = (fn: CustomGenerateFunction, script: Array<[string, GenerateResult["finishReason"]]> = [["12<eos>", "stop"]]) =>
+    runCustomGenerate(fn, binding(scriptedEngine(script)));
 
   it("rejects edited engine log-probs or tokens", async () => {
     await expect(
@@ -127,7 +163,7 @@ describe("custom generate: what a plugin may return", () => {
   });
 
   it("rejects a dropped engine turn and turns passed out of order", async () => {
-    await expect(run(async (_a, _s, h) => ((await h.generate([])), { turns: [] }))).rejects.toThrow(/generate\(\) was called 1 times/);
+    await expect(run(async (_a, _s, h) => (await h.generate([]), { turns: [] }))).rejects.toThrow(/generate\(\) was called 1 times/);
     await expect(
       run(
         async (_a, _s, h) => {
@@ -143,10 +179,22 @@ describe("custom generate: what a plugin may return", () => {
   });
 
   it("rejects tool tokens with loss mask 1, mismatched lengths, and garbage", async () => {
-    await expect(run(() => ({ turns: [{ kind: "tool", tokens: [3, 4], lossMask: [1, 1] }] }))).rejects.toMatchObject({ code: "custom_generate_invalid", message: expect.stringContaining("turns.0") });
+    await expect(run(() => ({ turns: [{ kind: "tool", tokens: [3, 4], lossMask: [1, 1] }] }))).rejects.toMatchObject({
+      code: "custom_generate_invalid",
+      message: expect.stringContaining("turns.0"),
+    });
     await expect(run(() => ({ turns: [{ kind: "tool", tokens: [3, 4], logProbs: [0] }] }))).rejects.toThrow(/custom_generate_invalid|expected \{turns/);
     await expect(run(() => undefined)).rejects.toThrow(/returned undefined; expected \{turns: \[...\], status\?\}/);
-    const forged: EngineTurn = { kind: "engine", requestId: "x", tokens: [3], logProbs: [-1], weightVersion: 3, finishReason: "stop", engineId: "me", text: "0" };
+    const forged: EngineTurn = {
+      kind: "engine",
+      requestId: "x",
+      tokens: [3],
+      logProbs: [-1],
+      weightVersion: 3,
+      finishReason: "stop",
+      engineId: "me",
+      text: "0",
+    };
     await expect(run(() => ({ turns: [forged] }))).rejects.toThrow(/returned 1 engine turns but generate\(\) was called 0 times/);
   });
 
@@ -164,7 +212,15 @@ describe("custom generate: what a plugin may return", () => {
 });
 
 describe("generateCustomRound: the rollout job's drop-in", () => {
-  const config = parseRunConfig({ prompt_data: "p.jsonl", rollout_batch_size: 1, rollout_max_response_len: 32, num_rollout: 1, rm_type: "math", ref_load: "ckpt", rollout_seed: 7 });
+  const config = parseRunConfig({
+    prompt_data: "p.jsonl",
+    rollout_batch_size: 1,
+    rollout_max_response_len: 32,
+    num_rollout: 1,
+    rm_type: "math",
+    ref_load: "ckpt",
+    rollout_seed: 7,
+  });
   const demo = { encode: (t: string) => tok.formatPrompt(t), decode: (ids: readonly number[]) => tok.decode(ids), eosId: tok.eosId };
 
   it("strips the BOS the run tokenizer prepends, for tool text", () => {
@@ -189,7 +245,20 @@ describe("generateCustomRound: the rollout job's drop-in", () => {
         config,
         tokenizer: demo,
         prompt: { prompt: "3*4=", promptTokens: tok.formatPrompt("3*4="), label: "12", metadata: null },
-        sample: { sampleIndex: 2, responseTokens: tok.encode("1"), logProbs: [-1], lossMask: [1], denomMask: [1], tokenVersions: [3], weightVersions: [3], numSegments: 1, nextSegmentIndex: 1, oldestVersion: 3, status: "aborted", finishReason: "abort" },
+        sample: {
+          sampleIndex: 2,
+          responseTokens: tok.encode("1"),
+          logProbs: [-1],
+          lossMask: [1],
+          denomMask: [1],
+          tokenVersions: [3],
+          weightVersions: [3],
+          numSegments: 1,
+          nextSegmentIndex: 1,
+          oldestVersion: 3,
+          status: "aborted",
+          finishReason: "abort",
+        },
         pluginPath: "examples/tool-agent/agent.ts",
       },
       inflight,
@@ -204,6 +273,37 @@ describe("generateCustomRound: the rollout job's drop-in", () => {
     expect(engine.requests[0]?.sampling.maxNewTokens).toBe(31);
     expect(engine.requests[0]?.sampling.stopTokenIds).toEqual([tok.eosId, ...tok.encode(")")]);
     expect(inflight.size).toBe(0);
-    expect(await generateCustomRound(toolAgent, null, { runId: "r1", groupId: 4, round: 1, weightVersion: 3, config, tokenizer: demo, prompt: { prompt: "", promptTokens: [1], label: null, metadata: {} }, sample: { sampleIndex: 0, responseTokens: [], logProbs: [], lossMask: [], denomMask: [], tokenVersions: [], weightVersions: [], numSegments: 0, nextSegmentIndex: 0, oldestVersion: null, status: "pending", finishReason: "" }, pluginPath: "x" }, inflight, () => true)).toEqual([]);
+    expect(
+      await generateCustomRound(
+        toolAgent,
+        null,
+        {
+          runId: "r1",
+          groupId: 4,
+          round: 1,
+          weightVersion: 3,
+          config,
+          tokenizer: demo,
+          prompt: { prompt: "", promptTokens: [1], label: null, metadata: {} },
+          sample: {
+            sampleIndex: 0,
+            responseTokens: [],
+            logProbs: [],
+            lossMask: [],
+            denomMask: [],
+            tokenVersions: [],
+            weightVersions: [],
+            numSegments: 0,
+            nextSegmentIndex: 0,
+            oldestVersion: null,
+            status: "pending",
+            finishReason: "",
+          },
+          pluginPath: "x",
+        },
+        inflight,
+        () => true,
+      ),
+    ).toEqual([]);
   });
 });

@@ -87,7 +87,10 @@ export const toolTurnSchema = z
   .refine((t) => t.logProbs === undefined || t.logProbs.length === t.tokens.length, { message: "logProbs must have one 0 per token", path: ["logProbs"] });
 export type ToolTurn = z.infer<typeof toolTurnSchema>;
 
-export const turnSchema = z.union([engineTurnSchema.refine((t) => t.tokens.length === t.logProbs.length, { message: "engine tokens and logProbs differ in length" }), toolTurnSchema]);
+export const turnSchema = z.union([
+  engineTurnSchema.refine((t) => t.tokens.length === t.logProbs.length, { message: "engine tokens and logProbs differ in length" }),
+  toolTurnSchema,
+]);
 export type Turn = EngineTurn | ToolTurn;
 
 export const customGenerateResultSchema = z.strictObject({
@@ -179,14 +182,24 @@ export async function runCustomGenerate(fn: CustomGenerateFunction, b: CustomGen
     async generate(turns, options = {}) {
       const segmentIndex = b.firstSegmentIndex + issued.length;
       const requestId = b.requestIdFor(segmentIndex);
-      const empty = (finishReason: FinishReason): EngineTurn => ({ kind: "engine", requestId, tokens: [], logProbs: [], weightVersion: b.fallbackWeightVersion, finishReason, engineId: "none", text: "" });
+      const empty = (finishReason: FinishReason): EngineTurn => ({
+        kind: "engine",
+        requestId,
+        tokens: [],
+        logProbs: [],
+        weightVersion: b.fallbackWeightVersion,
+        finishReason,
+        engineId: "none",
+        text: "",
+      });
       const prior = turns.filter((t): t is EngineTurn => t.kind === "engine");
       if (prior.length !== issued.length || prior.some((t, i) => t !== issued[i])) {
         throw invalid(where, "generate(turns) must be given every engine turn issued so far, in order (push each result into turns)");
       }
       const budget = Math.min(options.maxNewTokens ?? Infinity, remainingTokens(turns));
       let turn: EngineTurn;
-      if (budget <= 0) turn = empty("length"); // slime: no request when the budget is spent
+      if (budget <= 0)
+        turn = empty("length"); // slime: no request when the budget is spent
       else if (isStopped || b.isAborted?.()) turn = empty("abort");
       else {
         b.inflight?.add(requestId);
@@ -204,9 +217,21 @@ export async function runCustomGenerate(fn: CustomGenerateFunction, b: CustomGen
             ...(b.sessionKey ? { sessionKey: b.sessionKey } : {}),
           });
           if (r.tokenIds.length > budget) {
-            throw new RlqError("engine_bad_response", `engine ${r.engineId} returned ${r.tokenIds.length} tokens for a budget of ${budget} (request ${requestId})`);
+            throw new RlqError(
+              "engine_bad_response",
+              `engine ${r.engineId} returned ${r.tokenIds.length} tokens for a budget of ${budget} (request ${requestId})`,
+            );
           }
-          turn = { kind: "engine", requestId, tokens: r.tokenIds, logProbs: r.logProbs, weightVersion: r.weightVersion, finishReason: r.finishReason, engineId: r.engineId, text: b.tokenizer.decode(r.tokenIds) };
+          turn = {
+            kind: "engine",
+            requestId,
+            tokens: r.tokenIds,
+            logProbs: r.logProbs,
+            weightVersion: r.weightVersion,
+            finishReason: r.finishReason,
+            engineId: r.engineId,
+            text: b.tokenizer.decode(r.tokenIds),
+          };
         } finally {
           b.inflight?.delete(requestId);
         }
@@ -226,7 +251,10 @@ export async function runCustomGenerate(fn: CustomGenerateFunction, b: CustomGen
   }
   const parsed = customGenerateResultSchema.safeParse(raw);
   if (!parsed.success) {
-    const detail = parsed.error.issues.slice(0, 3).map((i) => `${i.path.join(".") || "(value)"}: ${i.message}`).join("; ");
+    const detail = parsed.error.issues
+      .slice(0, 3)
+      .map((i) => `${i.path.join(".") || "(value)"}: ${i.message}`)
+      .join("; ");
     throw invalid(where, `returned ${JSON.stringify(raw)?.slice(0, 200) ?? String(raw)}; expected {turns: [...], status?} (${detail})`, parsed.error);
   }
   return toSegments(parsed.data, issued, b, where);
@@ -241,17 +269,25 @@ function toSegments(result: CustomGenerateResult, issued: readonly EngineTurn[],
   }
   engineTurns.forEach((t, i) => {
     const mine = issued[i] as EngineTurn;
-    const same = t.requestId === mine.requestId && t.weightVersion === mine.weightVersion && t.tokens.length === mine.tokens.length && t.tokens.every((x, j) => x === mine.tokens[j] && t.logProbs[j] === mine.logProbs[j]);
+    const same =
+      t.requestId === mine.requestId &&
+      t.weightVersion === mine.weightVersion &&
+      t.tokens.length === mine.tokens.length &&
+      t.tokens.every((x, j) => x === mine.tokens[j] && t.logProbs[j] === mine.logProbs[j]);
     if (!same) throw invalid(where, `engine turn ${i} (${t.requestId}) differs from what the engine returned; engine tokens and log-probs cannot be edited`);
   });
   const appended = turnsLength(turns);
   if (appended > b.budget) {
-    throw invalid(where, `response_length would grow by ${appended} tokens, over the ${b.budget} left of rollout_max_response_len; check remainingTokens(turns) before appending tool output`);
+    throw invalid(
+      where,
+      `response_length would grow by ${appended} tokens, over the ${b.budget} left of rollout_max_response_len; check remainingTokens(turns) before appending tool output`,
+    );
   }
   const abortedAt = engineTurns.findIndex((t) => t.finishReason === "abort");
   const last = engineTurns[engineTurns.length - 1];
   let status: SampleStatus;
-  if (abortedAt >= 0) status = "aborted"; // resumed next round, like any aborted segment
+  if (abortedAt >= 0)
+    status = "aborted"; // resumed next round, like any aborted segment
   else if (result.status) status = result.status;
   else if (last) status = last.finishReason === "stop" ? "completed" : "truncated";
   else status = appended >= b.budget ? "truncated" : "completed";
@@ -266,7 +302,16 @@ function toSegments(result: CustomGenerateResult, issued: readonly EngineTurn[],
       else prefix.push(t);
       continue;
     }
-    const seg: SegmentDraft = { segmentIndex: b.firstSegmentIndex + segments.length, weightVersion: t.weightVersion, tokens: [], logProbs: [], lossMask: [], finishReason: t.finishReason, status: "pending", engine: t.engineId };
+    const seg: SegmentDraft = {
+      segmentIndex: b.firstSegmentIndex + segments.length,
+      weightVersion: t.weightVersion,
+      tokens: [],
+      logProbs: [],
+      lossMask: [],
+      finishReason: t.finishReason,
+      status: "pending",
+      engine: t.engineId,
+    };
     for (const p of prefix) appendTool(seg, p as ToolTurn);
     prefix = [];
     seg.tokens.push(...t.tokens);
@@ -275,7 +320,16 @@ function toSegments(result: CustomGenerateResult, issued: readonly EngineTurn[],
     segments.push(seg);
   }
   if (prefix.length > 0) {
-    const seg: SegmentDraft = { segmentIndex: b.firstSegmentIndex, weightVersion: b.fallbackWeightVersion, tokens: [], logProbs: [], lossMask: [], finishReason: "stop", status: "pending", engine: "tool" };
+    const seg: SegmentDraft = {
+      segmentIndex: b.firstSegmentIndex,
+      weightVersion: b.fallbackWeightVersion,
+      tokens: [],
+      logProbs: [],
+      lossMask: [],
+      finishReason: "stop",
+      status: "pending",
+      engine: "tool",
+    };
     for (const p of prefix) appendTool(seg, p as ToolTurn);
     segments.push(seg);
   }
@@ -308,7 +362,10 @@ function appendTool(seg: SegmentDraft, t: ToolTurn): void {
  * (the bytes and demo tokenizers prepend BOS, an HF tokenizer adds nothing):
  * whatever `encode("")` yields is stripped. Tool text goes mid-response.
  */
-export function encoderWithoutPrefix(tokenizer: Pick<Tokenizer, "encode" | "decode">): { encode(text: string): number[]; decode(ids: readonly number[]): string } {
+export function encoderWithoutPrefix(tokenizer: Pick<Tokenizer, "encode" | "decode">): {
+  encode(text: string): number[];
+  decode(ids: readonly number[]): string;
+} {
   const prefix = tokenizer.encode("");
   return {
     encode: (text) => {

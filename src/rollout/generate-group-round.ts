@@ -6,6 +6,14 @@ import type { RunContext } from "../runtime/run-context.ts";
 import { isTerminal, statusFromFinish, type AssembledSample } from "../core/sample.ts";
 import { seedFrom } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
+import { isRequestError } from "../engines/remote.ts";
+
+/**
+ * Rounds one group may take. A sample aborted again and again (a server that
+ * keeps aborting it, syncs that keep interrupting it) fails with a reason at
+ * this round instead of being resubmitted forever.
+ */
+export const MAX_ROUNDS_PER_GROUP = 64;
 import { generateCustomRound } from "./custom-generate.ts";
 
 /**
@@ -70,7 +78,17 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
     await Promise.all(
       pending.map(async (s) => {
         if (ctx.customGenerate) {
-          const input = { runId, groupId, round, weightVersion: job.weightVersion, config: c, tokenizer: ctx.tokenizer, prompt: view.prompt, sample: s, pluginPath: c.custom_generate_function_path as string };
+          const input = {
+            runId,
+            groupId,
+            round,
+            weightVersion: job.weightVersion,
+            config: c,
+            tokenizer: ctx.tokenizer,
+            prompt: view.prompt,
+            sample: s,
+            pluginPath: c.custom_generate_function_path as string,
+          };
           segments.push(...(await generateCustomRound(ctx.customGenerate, engine, input, inflight, () => wasAborted)));
           return;
         }
@@ -129,11 +147,24 @@ async function generateSegment(
   const rid = requestId(job.runId, job.groupId, sample.sampleIndex, segmentIndex);
   inflight.add(rid);
   let result: GenerateResult;
+  const failed = (reason: string) => ({
+    ...base,
+    error: reason,
+    weightVersion: job.weightVersion,
+    tokens: [],
+    logProbs: [],
+    lossMask: [],
+    finishReason: "error",
+    status: "failed" as const,
+    engine: "none",
+  });
   try {
     result = await engine.generate({
       requestId: rid,
       // Prefix affinity: a continued segment goes back to the engine holding its prefix cache.
       sessionKey: `${job.runId}-${job.groupId}-${sample.sampleIndex}`,
+      // One batch /generate per group at most (engines/sglang.ts createBatcher).
+      batchKey: `${job.runId}-${job.groupId}`,
       inputIds: [...promptTokens, ...sample.responseTokens],
       sampling: {
         temperature: c.rollout_temperature,
@@ -144,6 +175,11 @@ async function generateSegment(
         seed: seedFrom(c.rollout_seed, job.groupId, sample.sampleIndex, segmentIndex),
       },
     });
+  } catch (e) {
+    // The server refused this request for itself (a prompt over the context length): the sample
+    // fails with the reason; the engine and the other samples are not affected.
+    if (isRequestError(e)) return failed(e.message);
+    throw e;
   } finally {
     inflight.delete(rid);
   }
@@ -152,6 +188,11 @@ async function generateSegment(
   }
   let status = statusFromFinish(result.finishReason);
   if (status === "aborted" && result.tokenIds.length === budget) status = "truncated";
+  let error: string | null = null;
+  if (status === "aborted" && job.round + 1 >= MAX_ROUNDS_PER_GROUP) {
+    status = "failed";
+    error = `aborted in ${MAX_ROUNDS_PER_GROUP} rounds (the most one group may take); last engine ${result.engineId}`;
+  }
   return {
     ...base,
     weightVersion: result.weightVersion,
@@ -161,5 +202,6 @@ async function generateSegment(
     finishReason: result.finishReason,
     status,
     engine: result.engineId,
+    error,
   };
 }

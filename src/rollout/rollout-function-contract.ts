@@ -150,7 +150,10 @@ export function zodDetail(error: z.ZodError): string {
 /** Load the module function. HTTP is refused by the config already; refused here too for configs stored before that check. */
 export async function loadRolloutFunction(path: string, baseDir: string): Promise<RolloutFunction> {
   if (isHttpPluginPath(path)) {
-    throw new RlqError("config_invalid", `rollout_function_path ${path}: HTTP rollout functions are not supported; name a TS/JS module (path/to/file.ts:exportName)`);
+    throw new RlqError(
+      "config_invalid",
+      `rollout_function_path ${path}: HTTP rollout functions are not supported; name a TS/JS module (path/to/file.ts:exportName)`,
+    );
   }
   return loadPluginFunction<RolloutFunction>(parsePluginPath(path, baseDir), ROLLOUT_FUNCTION_EXPORTS, "rollout_function_path");
 }

@@ -65,7 +65,11 @@ export async function runRolloutFunctionEval(deps: RolloutEvalDeps, ctx: RunCont
   const fn = await loadRolloutFunction(path, process.cwd());
   const datasets: Record<string, readonly EvalPrompt[]> = {};
   for (const [name, file] of Object.entries(c.eval_prompt_data ?? {})) {
-    const data = await loadJsonlDataset(file, { input_key: c.eval_input_key ?? c.input_key, label_key: c.eval_label_key ?? c.label_key, metadata_key: c.metadata_key });
+    const data = await loadJsonlDataset(file, {
+      input_key: c.eval_input_key ?? c.input_key,
+      label_key: c.eval_label_key ?? c.label_key,
+      metadata_key: c.metadata_key,
+    });
     datasets[name] = deepFreeze(data.rows.map((r) => ({ dataset: name, index: r.index, prompt: r.prompt, label: r.label, metadata: r.metadata })));
   }
   // Keyed by (dataset, prompt, sample): what the function hands back may be a copy (it is checked, then the recorded sample is stored).
@@ -162,11 +166,22 @@ function sampleKey(s: { dataset?: unknown; promptIndex?: unknown; sampleIndex?: 
 
 function toRows(
   value: unknown,
-  o: { path: string; step: number; runId: string; weightVersion: number; passK: readonly number[]; datasets: Record<string, readonly EvalPrompt[]>; produced: Map<string, Produced> },
+  o: {
+    path: string;
+    step: number;
+    runId: string;
+    weightVersion: number;
+    passK: readonly number[];
+    datasets: Record<string, readonly EvalPrompt[]>;
+    produced: Map<string, Produced>;
+  },
 ): { results: EvalResultRow[]; samples: EvalSampleRow[] } {
   const bad = (detail: string) => badReturn(o.path, o.step, true, detail);
   const parsed = evalOutputSchema.safeParse(value);
-  if (!parsed.success) throw bad(`a value of the wrong shape; expected {data: {dataset: {rewards: number[], truncated: boolean[], samples: EvalSample[]}}, metrics?} (${zodDetail(parsed.error)})`);
+  if (!parsed.success)
+    throw bad(
+      `a value of the wrong shape; expected {data: {dataset: {rewards: number[], truncated: boolean[], samples: EvalSample[]}}, metrics?} (${zodDetail(parsed.error)})`,
+    );
   const entries = Object.entries(parsed.data.data);
   if (entries.length === 0) throw bad("no dataset; expected at least one of eval_prompt_data's datasets");
   const results: EvalResultRow[] = [];
@@ -174,7 +189,9 @@ function toRows(
   for (const [name, d] of entries) {
     if (!(name in o.datasets)) throw bad(`dataset '${name}', which is not in eval_prompt_data (${Object.keys(o.datasets).join(", ")})`);
     if (d.rewards.length !== d.samples.length || d.truncated.length !== d.samples.length) {
-      throw bad(`dataset '${name}' with ${d.samples.length} samples, ${d.rewards.length} rewards and ${d.truncated.length} truncated flags; they must be index-aligned`);
+      throw bad(
+        `dataset '${name}' with ${d.samples.length} samples, ${d.rewards.length} rewards and ${d.truncated.length} truncated flags; they must be index-aligned`,
+      );
     }
     if (d.samples.length === 0) throw bad(`dataset '${name}' with no samples`);
     const byPrompt = new Map<number, number[]>();
@@ -188,9 +205,19 @@ function toRows(
       const reward = d.rewards[i] as number;
       byPrompt.set(p.sample.promptIndex, [...(byPrompt.get(p.sample.promptIndex) ?? []), reward]);
       samples.push({
-        runId: o.runId, step: o.step, dataset: name, promptIndex: p.sample.promptIndex, sampleIndex: p.sample.sampleIndex, weightVersion: p.sample.weightVersion,
-        prompt: p.sample.prompt, label: p.sample.label, response: p.sample.response, tokens: p.tokens, finishReason: p.sample.finishReason,
-        reward, rewardComponents: p.components ?? {},
+        runId: o.runId,
+        step: o.step,
+        dataset: name,
+        promptIndex: p.sample.promptIndex,
+        sampleIndex: p.sample.sampleIndex,
+        weightVersion: p.sample.weightVersion,
+        prompt: p.sample.prompt,
+        label: p.sample.label,
+        response: p.sample.response,
+        tokens: p.tokens,
+        finishReason: p.sample.finishReason,
+        reward,
+        rewardComponents: p.components ?? {},
       });
     });
     // pass@k per prompt over its own samples; prompts with fewer than k samples do not count for that k.
@@ -201,8 +228,12 @@ function toRows(
       passAt[String(k)] = eligible.reduce((a, rs) => a + passAtK(rs.length, rs.filter((r) => r >= 1).length, k), 0) / eligible.length;
     }
     results.push({
-      runId: o.runId, step: o.step, dataset: name, weightVersion: o.weightVersion,
-      numPrompts: byPrompt.size, numSamples: d.samples.length,
+      runId: o.runId,
+      step: o.step,
+      dataset: name,
+      weightVersion: o.weightVersion,
+      numPrompts: byPrompt.size,
+      numSamples: d.samples.length,
       meanReward: d.rewards.reduce((a, b) => a + b, 0) / d.samples.length,
       passAtK: passAt,
       truncatedFraction: d.truncated.filter(Boolean).length / d.samples.length,

@@ -54,7 +54,11 @@ export async function runEval(deps: EvalDeps, ctx: RunContext, job: EvalJob, job
   const results: EvalResultRow[] = [];
   const samples: EvalSampleRow[] = [];
   for (const [name, path] of datasets) {
-    const data = await loadJsonlDataset(path, { input_key: c.eval_input_key ?? c.input_key, label_key: c.eval_label_key ?? c.label_key, metadata_key: c.metadata_key });
+    const data = await loadJsonlDataset(path, {
+      input_key: c.eval_input_key ?? c.input_key,
+      label_key: c.eval_label_key ?? c.label_key,
+      metadata_key: c.metadata_key,
+    });
     const maxNew = c.eval_max_response_len ?? c.rollout_max_response_len;
     const perPrompt = await mapLimited(data.rows, Math.max(1, Math.floor((deps.maxInFlight ?? 256) / n)), async (row) => {
       const inputIds = ctx.tokenizer.encode(row.prompt);
@@ -97,16 +101,31 @@ export async function runEval(deps: EvalDeps, ctx: RunContext, job: EvalJob, job
         if (r.value >= 1) correct++;
         if (g.finishReason === "length") truncated++;
         samples.push({
-          runId, step, dataset: name, promptIndex: p.row.index, sampleIndex: j, weightVersion: g.weightVersion,
-          prompt: p.row.prompt, label: p.row.label, response: p.inputs[j]?.response ?? "", tokens: [...p.inputIds, ...g.tokenIds],
-          finishReason: g.finishReason, reward: r.value, rewardComponents: r.components,
+          runId,
+          step,
+          dataset: name,
+          promptIndex: p.row.index,
+          sampleIndex: j,
+          weightVersion: g.weightVersion,
+          prompt: p.row.prompt,
+          label: p.row.label,
+          response: p.inputs[j]?.response ?? "",
+          tokens: [...p.inputIds, ...g.tokenIds],
+          finishReason: g.finishReason,
+          reward: r.value,
+          rewardComponents: r.components,
         });
       });
       for (const k of c.eval_pass_k) passSums.set(k, (passSums.get(k) ?? 0) + passAtK(n, correct, k));
     }
     const prompts = perPrompt.length;
     results.push({
-      runId, step, dataset: name, weightVersion: dispatched.weightVersion, numPrompts: prompts, numSamples: prompts * n,
+      runId,
+      step,
+      dataset: name,
+      weightVersion: dispatched.weightVersion,
+      numPrompts: prompts,
+      numSamples: prompts * n,
       meanReward: rewardSum / Math.max(1, prompts * n),
       passAtK: Object.fromEntries([...passSums].map(([k, v]) => [String(k), v / Math.max(1, prompts)])),
       truncatedFraction: truncated / Math.max(1, prompts * n),

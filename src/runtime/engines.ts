@@ -1,11 +1,11 @@
-import { fileURLToPath, pathToFileURL } from "node:url";
+import { pathToFileURL } from "node:url";
 import type { Db } from "../store/db.ts";
 import { loadTrainStep } from "../store/train-facts.ts";
 import type { Engine } from "../engines/engine.ts";
 import { createEnginesFromConfig } from "../engines/from-config.ts";
 import type { EnginePool } from "../engines/pool.ts";
 import type { Trainer } from "../trainer/trainer.ts";
-import { createRemoteTrainer } from "../trainer/remote-trainer.ts";
+import { createRemoteTrainerFor, ensureCheckpointHere } from "./trainer-access.ts";
 import type { RunContext } from "./run-context.ts";
 import { RlqError } from "../lib/errors.ts";
 
@@ -63,10 +63,13 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
         const next = prev.then(async () => {
           if (versions.get(ctx.runId) === version) return;
           const uri = await checkpointForVersion(db, ctx, version);
-          if (uri) await engine.loadWeights(version, fileURLToPath(uri));
+          if (uri) await engine.loadWeights(version, await ensureCheckpointHere(db, ctx, version, uri));
           versions.set(ctx.runId, version);
         });
-        locks.set(ctx.runId, next.catch(() => undefined));
+        locks.set(
+          ctx.runId,
+          next.catch(() => undefined),
+        );
         await next;
       }
       return engine;
@@ -88,7 +91,7 @@ export function createTrainerProvider(embedded: EmbeddedFactories | null) {
       let p = trainers.get(ctx.runId);
       if (!p) {
         const t = ctx.config.trainer;
-        if (t.kind === "remote") p = Promise.resolve(createRemoteTrainer({ url: t.url }));
+        if (t.kind === "remote") p = Promise.resolve(createRemoteTrainerFor(ctx.config));
         else if (embedded) p = embedded.createTrainer(ctx);
         else throw new RlqError("config_invalid", "trainer.kind 'embedded' is not available in this build");
         trainers.set(ctx.runId, p);

@@ -1,5 +1,6 @@
 import type { RunConfig } from "../config/run-config.ts";
 import { resolvePluginFunction } from "../plugins/http.ts";
+import { pluginHttpOptions } from "./http-auth.ts";
 import { RlqError } from "../lib/errors.ts";
 import {
   builtinBufferFilter,
@@ -34,8 +35,15 @@ export async function createDynamicFilter(config: RunConfig, baseDir: string): P
   const path = config.dynamic_sampling_filter_path;
   if (path === null) return async () => ({ keep: true, reason: null, keep_when_insufficient: false });
   const builtin = builtinDynamicFilter(path);
-  if (builtin) return async (g) => toDynamicFilterOutput(builtin({ groupId: String(g.groupId), rewards: g.rewards }), { option: "dynamic_sampling_filter_path", path });
-  const fn = await resolvePluginFunction<(args: RunConfig, g: FilterGroup) => unknown>(path, baseDir, "dynamic_filter", "dynamic_sampling_filter_path");
+  if (builtin)
+    return async (g) => toDynamicFilterOutput(builtin({ groupId: String(g.groupId), rewards: g.rewards }), { option: "dynamic_sampling_filter_path", path });
+  const fn = await resolvePluginFunction<(args: RunConfig, g: FilterGroup) => unknown>(
+    path,
+    baseDir,
+    "dynamic_filter",
+    "dynamic_sampling_filter_path",
+    pluginHttpOptions(config),
+  );
   return async (g) => {
     let out: unknown;
     try {
@@ -54,7 +62,13 @@ export async function createBufferFilter(config: RunConfig, baseDir: string): Pr
   const where = { option: "buffer_filter_path" as const, path: path ?? "pop_first" };
   const toIds = (buffer: readonly number[]) => buffer.map((id) => ({ groupId: String(id) }));
   if (builtin) return async (buffer, n) => builtin(toIds(buffer), n).map(Number);
-  const fn = await resolvePluginFunction<(args: RunConfig, rolloutId: null, buffer: readonly { groupId: string }[], n: number) => unknown>(path as string, baseDir, "buffer_filter", "buffer_filter_path");
+  const fn = await resolvePluginFunction<(args: RunConfig, rolloutId: null, buffer: readonly { groupId: string }[], n: number) => unknown>(
+    path as string,
+    baseDir,
+    "buffer_filter",
+    "buffer_filter_path",
+    pluginHttpOptions(config),
+  );
   return async (buffer, n) => {
     const out = await fn(config, null, toIds(buffer), n);
     return validateBufferFilterResult(out, toIds(buffer), n, where).map(Number);

@@ -1,6 +1,7 @@
 import { z } from "zod";
 import type { RunConfig } from "../config/run-config.ts";
 import { resolvePluginFunction } from "../plugins/http.ts";
+import { pluginHttpOptions, rmHttpOptions } from "./http-auth.ts";
 import { createRemoteReward } from "../reward/remote.ts";
 import { RlqError } from "../lib/errors.ts";
 
@@ -47,19 +48,19 @@ export function selectReward(value: unknown, rewardKey: string | null, where: st
   const chosen = v[key];
   if (typeof chosen !== "number" || !Number.isFinite(chosen)) {
     const numeric = Object.keys(v).filter((k) => typeof v[k] === "number");
-    throw new RlqError("reward_key_missing", `${where}: reward_key '${key}' is ${JSON.stringify(chosen)}, not a number (numeric components: ${numeric.join(", ") || "none"})`);
+    throw new RlqError(
+      "reward_key_missing",
+      `${where}: reward_key '${key}' is ${JSON.stringify(chosen)}, not a number (numeric components: ${numeric.join(", ") || "none"})`,
+    );
   }
   return { value: chosen, components: v };
 }
 
-export async function createRewardScorer(
-  config: RunConfig,
-  resolveRmType: (rmType: string) => ((s: RewardInput) => unknown) | null,
-): Promise<RewardScorer> {
+export async function createRewardScorer(config: RunConfig, resolveRmType: (rmType: string) => ((s: RewardInput) => unknown) | null): Promise<RewardScorer> {
   const where = (i: number) => `${config.custom_rm_path ? `custom_rm_path ${config.custom_rm_path}` : `rm_type ${config.rm_type}`} (sample ${i})`;
   if (config.custom_rm_path) {
     if (config.group_rm) {
-      const fn = await resolvePluginFunction<GroupRewardFn>(config.custom_rm_path, process.cwd(), "reward_group", "custom_rm_path");
+      const fn = await resolvePluginFunction<GroupRewardFn>(config.custom_rm_path, process.cwd(), "reward_group", "custom_rm_path", pluginHttpOptions(config));
       return {
         async score(group) {
           let out: unknown;
@@ -70,13 +71,16 @@ export async function createRewardScorer(
             throw new RlqError("plugin_threw", `custom_rm_path ${config.custom_rm_path} threw: ${(e as Error).message}`, { cause: e });
           }
           if (!Array.isArray(out) || out.length !== group.length) {
-            throw new RlqError("plugin_bad_return", `custom_rm_path ${config.custom_rm_path} (group_rm) returned ${JSON.stringify(out)?.slice(0, 200)}; expected an array of ${group.length} rewards`);
+            throw new RlqError(
+              "plugin_bad_return",
+              `custom_rm_path ${config.custom_rm_path} (group_rm) returned ${JSON.stringify(out)?.slice(0, 200)}; expected an array of ${group.length} rewards`,
+            );
           }
           return out.map((v, i) => selectReward(v, config.reward_key, where(i)));
         },
       };
     }
-    const fn = await resolvePluginFunction<SampleRewardFn>(config.custom_rm_path, process.cwd(), "reward", "custom_rm_path");
+    const fn = await resolvePluginFunction<SampleRewardFn>(config.custom_rm_path, process.cwd(), "reward", "custom_rm_path", pluginHttpOptions(config));
     return {
       async score(group) {
         return Promise.all(
@@ -96,7 +100,7 @@ export async function createRewardScorer(
   }
   const rmType = config.rm_type as string;
   if (rmType.trim() === "remote_rm") {
-    const rm = createRemoteReward({ url: config.rm_url as string });
+    const rm = createRemoteReward({ url: config.rm_url as string, ...rmHttpOptions(config) });
     return { score: async (g) => (await rm.scoreGroup(g)).map((v, i) => selectReward(v, config.reward_key, where(i))) };
   }
   const fn = resolveRmType(rmType);

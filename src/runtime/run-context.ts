@@ -5,6 +5,7 @@ import { createByteTokenizer, type Tokenizer } from "../data/tokenizer.ts";
 import { createRewardScorer, type RewardInput, type RewardScorer } from "./reward-scorer.ts";
 import { RlqError } from "../lib/errors.ts";
 import { resolvePluginFunction } from "../plugins/http.ts";
+import { pluginHttpOptions } from "./http-auth.ts";
 import type { CustomGenerateFunction } from "../rollout/custom-generate.ts";
 
 /**
@@ -27,10 +28,7 @@ export interface RunContextCache {
   get(runId: string): Promise<RunContext>;
 }
 
-export function createRunContextCache(
-  db: Db,
-  options: { resolveRmType?: RmTypeResolver; tokenizerFor?: TokenizerFactory } = {},
-): RunContextCache {
+export function createRunContextCache(db: Db, options: { resolveRmType?: RmTypeResolver; tokenizerFor?: TokenizerFactory } = {}): RunContextCache {
   const cache = new Map<string, Promise<RunContext>>();
   const build = async (runId: string): Promise<RunContext> => {
     const row = await loadRunRow(db, runId);
@@ -39,7 +37,13 @@ export function createRunContextCache(
     const tokenizer = config.tokenizer === "bytes" || !options.tokenizerFor ? createByteTokenizer() : await options.tokenizerFor(config);
     const reward = await createRewardScorer(config, options.resolveRmType ?? (() => null));
     const customGenerate = config.custom_generate_function_path
-      ? await resolvePluginFunction<CustomGenerateFunction>(config.custom_generate_function_path, process.cwd(), "generate", "custom_generate_function_path")
+      ? await resolvePluginFunction<CustomGenerateFunction>(
+          config.custom_generate_function_path,
+          process.cwd(),
+          "generate",
+          "custom_generate_function_path",
+          pluginHttpOptions(config),
+        )
       : null;
     return { runId, config, tokenizer, reward, customGenerate };
   };

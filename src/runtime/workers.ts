@@ -32,60 +32,81 @@ export async function startWorkers(
   // Concurrent jobs share statements and queue round trips (store/job-batch.ts).
   const store = createJobStore(db);
   const enqueueReward = coalesce<RewardJob, string>((jobs) => queues.enqueueMany("reward", jobs), { maxBatch: 256, maxInFlight: 2 });
-  const onError = (kind: QueueKind) => (e: unknown, jobId: string | undefined) => log.warn({ kind, jobId, err: e instanceof Error ? e.message : String(e) }, "job failed");
+  const onError = (kind: QueueKind) => (e: unknown, jobId: string | undefined) =>
+    log.warn({ kind, jobId, err: e instanceof Error ? e.message : String(e) }, "job failed");
   for (const kind of kinds) {
     const concurrency = options.concurrency[kind] ?? defaultConcurrency[kind];
     if (kind === "rollout") {
       handles.push(
-        startWorker(services.backend, "rollout", async (data, job) => {
-          const ctx = await contexts.get(data.runId);
-          await generateGroupRound(
-            {
-              store,
-              engineFor: (c, v) => engines.engineFor(c, v),
-              onRoundComplete: async (j) => {
-                services.crashPoint("rollout.before_reward_enqueue");
-                await enqueueReward({ runId: j.runId, groupId: j.groupId, round: j.round, step: j.step });
+        startWorker(
+          services.backend,
+          "rollout",
+          async (data, job) => {
+            const ctx = await contexts.get(data.runId);
+            await generateGroupRound(
+              {
+                store,
+                engineFor: (c, v) => engines.engineFor(c, v),
+                onRoundComplete: async (j) => {
+                  services.crashPoint("rollout.before_reward_enqueue");
+                  await enqueueReward({ runId: j.runId, groupId: j.groupId, round: j.round, step: j.step });
+                },
               },
-            },
-            ctx,
-            data,
-            job.jobId,
-          );
-        }, { concurrency, onError: onError(kind) }),
+              ctx,
+              data,
+              job.jobId,
+            );
+          },
+          { concurrency, onError: onError(kind) },
+        ),
       );
     } else if (kind === "reward") {
       handles.push(
-        startWorker(services.backend, "reward", async (data, job) => {
-          const ctx = await contexts.get(data.runId);
-          await scoreGroupRound(store, ctx, data, job.jobId);
-        }, { concurrency, onError: onError(kind) }),
+        startWorker(
+          services.backend,
+          "reward",
+          async (data, job) => {
+            const ctx = await contexts.get(data.runId);
+            await scoreGroupRound(store, ctx, data, job.jobId);
+          },
+          { concurrency, onError: onError(kind) },
+        ),
       );
     } else if (kind === "train") {
       handles.push(
-        startWorker(services.backend, "train", async (data, job) => {
-          const ctx = await contexts.get(data.runId);
-          await runTrainStep(
-            {
-              db,
-              checkpointRoot: services.checkpointRoot,
-              trainerFor: (c) => trainers.trainerFor(c),
-              reportProgress: (p) => job.updateProgress(p),
-              crashPoint: (name) => services.crashPoint(name),
-              shutdown: job.shutdown,
-            },
-            ctx,
-            data,
-            job.attemptsMade,
-          );
-        }, { concurrency, onError: onError(kind) }),
+        startWorker(
+          services.backend,
+          "train",
+          async (data, job) => {
+            const ctx = await contexts.get(data.runId);
+            await runTrainStep(
+              {
+                db,
+                checkpointRoot: services.checkpointRoot,
+                trainerFor: (c) => trainers.trainerFor(c),
+                reportProgress: (p) => job.updateProgress(p),
+                crashPoint: (name) => services.crashPoint(name),
+                shutdown: job.shutdown,
+              },
+              ctx,
+              data,
+              job.attemptsMade,
+            );
+          },
+          { concurrency, onError: onError(kind) },
+        ),
       );
     } else {
       handles.push(
-        startWorker(services.backend, "eval", async (data, job) => {
-          const ctx = await contexts.get(data.runId);
-          await runEval({ db, engineFor: (c, v) => engines.engineFor(c, v) }, ctx, data, job.jobId);
-        }, { concurrency, onError: onError(kind) }),
+        startWorker(
+          services.backend,
+          "eval",
+          async (data, job) => {
+            const ctx = await contexts.get(data.runId);
+            await runEval({ db, engineFor: (c, v) => engines.engineFor(c, v) }, ctx, data, job.jobId);
+          },
+          { concurrency, onError: onError(kind) },
+        ),
       );
     }
   }

@@ -15,14 +15,21 @@ export interface Db {
 pg.types.setTypeParser(20, (v) => Number(v));
 
 /** Open a pool. Nothing connects until the first query. */
-export function createDb(url: string, options: { max?: number; applicationName?: string } = {}): Db {
+export function createDb(url: string, options: { max?: number; applicationName?: string; options?: string } = {}): Db {
   const pool = new pg.Pool({
     connectionString: url,
     max: options.max ?? 8,
     application_name: options.applicationName ?? "rlq",
+    ...(options.options === undefined ? {} : { options: options.options }),
   });
   // An idle client losing its server (restart, 57P01) must not crash the process.
   pool.on("error", () => undefined);
+  // Nor may a checked-out client between two queries (a transaction awaiting its caller): pg
+  // emits that as an "error" event with no listener, which kills the process. The next query on
+  // it fails instead, and the caller retries (docs/deploy.md, "Outages").
+  pool.on("connect", (client) => {
+    client.on("error", () => undefined);
+  });
   const db = drizzle(pool, { schema });
   let closed = false;
   return {

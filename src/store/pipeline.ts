@@ -56,7 +56,9 @@ export async function pipelineReport(db: Db, runId: string): Promise<PipelineRep
         AND NOT EXISTS (SELECT 1 FROM decisions x WHERE x.run_id = d.run_id AND x.kind = 'run.status' AND x.payload->>'status' IN ('completed', 'cancelled'))
       GROUP BY 1 ORDER BY 1`,
   );
-  const hist = await q<{ s: number; n: number }>("SELECT staleness AS s, count(*)::int AS n FROM staleness WHERE run_id = $1 AND staleness IS NOT NULL GROUP BY 1 ORDER BY 1");
+  const hist = await q<{ s: number; n: number }>(
+    "SELECT staleness AS s, count(*)::int AS n FROM staleness WHERE run_id = $1 AND staleness IS NOT NULL GROUP BY 1 ORDER BY 1",
+  );
   const drops = await q<{ cuts: number; discards: number; sealed: number }>(
     `SELECT count(*) FILTER (WHERE kind = 'group.cut')::int AS cuts,
             count(*) FILTER (WHERE kind = 'group.outcome' AND payload->>'reason' LIKE 'stale:%')::int AS discards,

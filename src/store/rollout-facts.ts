@@ -1,6 +1,6 @@
 import type { Db } from "./db.ts";
 import type { SegmentFact } from "../core/sample.ts";
-import { inKeyOrder } from "./group-view.ts";
+import { inKeyOrder } from "./key-order.ts";
 
 /** What one rollout job (a group's round) produced. */
 export interface RoundFacts {
@@ -57,23 +57,66 @@ export async function writeRounds(db: Db, rounds: readonly RoundFacts[]): Promis
   });
   const unique = [...firstIndex.values()].map((i) => rounds[i] as RoundFacts);
   unique.sort(compareRoundKeys);
-  const m = { runId: [] as string[], groupId: [] as number[], round: [] as number[], step: [] as number[], jobId: [] as string[], isComplete: [] as boolean[], wasAborted: [] as boolean[] };
+  const m = {
+    runId: [] as string[],
+    groupId: [] as number[],
+    round: [] as number[],
+    step: [] as number[],
+    jobId: [] as string[],
+    isComplete: [] as boolean[],
+    wasAborted: [] as boolean[],
+  };
   const g = {
-    runId: [] as string[], groupId: [] as number[], round: [] as number[], step: [] as number[], jobId: [] as string[], expected: [] as number[],
-    sampleIndex: [] as number[], segmentIndex: [] as number[], segRound: [] as number[], weightVersion: [] as number[], isMismatch: [] as boolean[],
-    tokenStart: [] as number[], tokenEnd: [] as number[], tokens: [] as string[], logProbs: [] as string[], lossMask: [] as string[],
-    engine: [] as string[], finishReason: [] as string[], status: [] as string[], error: [] as Array<string | null>,
+    runId: [] as string[],
+    groupId: [] as number[],
+    round: [] as number[],
+    step: [] as number[],
+    jobId: [] as string[],
+    expected: [] as number[],
+    sampleIndex: [] as number[],
+    segmentIndex: [] as number[],
+    segRound: [] as number[],
+    weightVersion: [] as number[],
+    isMismatch: [] as boolean[],
+    tokenStart: [] as number[],
+    tokenEnd: [] as number[],
+    tokens: [] as string[],
+    logProbs: [] as string[],
+    lossMask: [] as string[],
+    engine: [] as string[],
+    finishReason: [] as string[],
+    status: [] as string[],
+    error: [] as Array<string | null>,
   };
   for (const r of unique) {
-    m.runId.push(r.runId); m.groupId.push(r.groupId); m.round.push(r.round); m.step.push(r.step); m.jobId.push(r.jobId);
-    m.isComplete.push(r.isComplete); m.wasAborted.push(r.wasAborted);
+    m.runId.push(r.runId);
+    m.groupId.push(r.groupId);
+    m.round.push(r.round);
+    m.step.push(r.step);
+    m.jobId.push(r.jobId);
+    m.isComplete.push(r.isComplete);
+    m.wasAborted.push(r.wasAborted);
     for (const seg of r.segments) {
-      g.runId.push(r.runId); g.groupId.push(r.groupId); g.round.push(r.round); g.step.push(r.step); g.jobId.push(r.jobId); g.expected.push(r.expectedWeightVersion);
-      g.sampleIndex.push(seg.sampleIndex); g.segmentIndex.push(seg.segmentIndex); g.segRound.push(seg.round); g.weightVersion.push(seg.weightVersion);
+      g.runId.push(r.runId);
+      g.groupId.push(r.groupId);
+      g.round.push(r.round);
+      g.step.push(r.step);
+      g.jobId.push(r.jobId);
+      g.expected.push(r.expectedWeightVersion);
+      g.sampleIndex.push(seg.sampleIndex);
+      g.segmentIndex.push(seg.segmentIndex);
+      g.segRound.push(seg.round);
+      g.weightVersion.push(seg.weightVersion);
       g.isMismatch.push(seg.weightVersion !== r.expectedWeightVersion);
-      g.tokenStart.push(seg.tokenStart); g.tokenEnd.push(seg.tokenStart + seg.tokens.length);
-      g.tokens.push(`{${seg.tokens.join(",")}}`); g.logProbs.push(`{${seg.logProbs.join(",")}}`); g.lossMask.push(`{${seg.lossMask.join(",")}}`);
-      g.engine.push(seg.engine); g.finishReason.push(seg.finishReason); g.status.push(seg.status); g.error.push(seg.error);
+      g.tokenStart.push(seg.tokenStart);
+      g.tokenEnd.push(seg.tokenStart + seg.tokens.length);
+      g.tokens.push(`{${seg.tokens.join(",")}}`);
+      g.logProbs.push(`{${seg.logProbs.join(",")}}`);
+      g.lossMask.push(`{${seg.lossMask.join(",")}}`);
+      g.engine.push(seg.engine);
+      g.finishReason.push(seg.finishReason);
+      g.status.push(seg.status);
+      g.error.push(seg.error);
     }
   }
   const res = await db.pool.query<{ run_id: string; group_id: string; round: number }>(
@@ -96,9 +139,33 @@ export async function writeRounds(db: Db, rounds: readonly RoundFacts[]): Promis
        RETURNING 1)
      SELECT run_id, group_id, round FROM marker`,
     [
-      m.runId, m.groupId, m.round, m.step, m.jobId, m.isComplete, m.wasAborted,
-      g.runId, g.groupId, g.round, g.step, g.jobId, g.expected, g.sampleIndex, g.segmentIndex, g.segRound, g.weightVersion,
-      g.isMismatch, g.tokenStart, g.tokenEnd, g.tokens, g.logProbs, g.lossMask, g.engine, g.finishReason, g.status, g.error,
+      m.runId,
+      m.groupId,
+      m.round,
+      m.step,
+      m.jobId,
+      m.isComplete,
+      m.wasAborted,
+      g.runId,
+      g.groupId,
+      g.round,
+      g.step,
+      g.jobId,
+      g.expected,
+      g.sampleIndex,
+      g.segmentIndex,
+      g.segRound,
+      g.weightVersion,
+      g.isMismatch,
+      g.tokenStart,
+      g.tokenEnd,
+      g.tokens,
+      g.logProbs,
+      g.lossMask,
+      g.engine,
+      g.finishReason,
+      g.status,
+      g.error,
     ],
   );
   const won = new Set(res.rows.map((r) => keyOf({ runId: r.run_id, groupId: Number(r.group_id), round: r.round })));
@@ -118,11 +185,7 @@ export interface RoundStatus {
  * pairs. The controller polls this for every live group each tick: one plain
  * statement, no query building per id.
  */
-export async function loadRoundStatuses(
-  db: Db,
-  runId: string,
-  keys: ReadonlyArray<{ groupId: number; round: number }>,
-): Promise<Map<number, RoundStatus>> {
+export async function loadRoundStatuses(db: Db, runId: string, keys: ReadonlyArray<{ groupId: number; round: number }>): Promise<Map<number, RoundStatus>> {
   const out = new Map<number, RoundStatus>();
   if (keys.length === 0) return out;
   const wanted = new Map(keys.map((k) => [k.groupId, k.round]));
@@ -167,8 +230,14 @@ export async function writeRewardsOfRounds(db: Db, writes: readonly RewardWrite[
      SELECT * FROM unnest($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[], $6::text[], $7::float8[], $8::jsonb[])
      ON CONFLICT DO NOTHING`,
     [
-      rows.map((r) => r.runId), rows.map((r) => r.groupId), rows.map((r) => r.sampleIndex), rows.map((r) => r.round),
-      rows.map((r) => r.step), rows.map((r) => r.jobId), rows.map((r) => r.reward), rows.map((r) => JSON.stringify(r.components)),
+      rows.map((r) => r.runId),
+      rows.map((r) => r.groupId),
+      rows.map((r) => r.sampleIndex),
+      rows.map((r) => r.round),
+      rows.map((r) => r.step),
+      rows.map((r) => r.jobId),
+      rows.map((r) => r.reward),
+      rows.map((r) => JSON.stringify(r.components)),
     ],
   );
 }

@@ -56,7 +56,11 @@ export async function findDecisions<K extends DecisionKind>(
   const conds = [eq(decisions.runId, runId), eq(decisions.kind, kind)];
   if (where.step !== undefined) conds.push(eq(decisions.step, where.step));
   if (where.groupId !== undefined) conds.push(eq(decisions.groupId, where.groupId));
-  const rows = await db.db.select().from(decisions).where(and(...conds)).orderBy(asc(decisions.seq));
+  const rows = await db.db
+    .select()
+    .from(decisions)
+    .where(and(...conds))
+    .orderBy(asc(decisions.seq));
   return rows.map((r) => {
     const d = parseDecision(r.kind, r.payload, r.seq);
     return { ...(d.payload as DecisionPayload<K>), seq: r.seq };
@@ -132,5 +136,8 @@ export async function projectRunInTx(
   fields: { status?: string; lastError?: string | null; weightVersion?: number; config?: Record<string, unknown> },
 ): Promise<void> {
   if (Object.keys(fields).length === 0) return;
-  await tx.update(runs).set({ ...fields, updatedAt: sql`now()` }).where(eq(runs.id, runId));
+  await tx
+    .update(runs)
+    .set({ ...fields, updatedAt: sql`now()` })
+    .where(eq(runs.id, runId));
 }

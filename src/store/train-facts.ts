@@ -42,7 +42,10 @@ export async function commitTrainStep(db: Db, c: TrainCommit): Promise<{ isWinne
       .returning();
     const row = inserted[0];
     if (!row) {
-      const existing = await tx.select().from(trainSteps).where(and(eq(trainSteps.runId, c.runId), eq(trainSteps.step, c.step)));
+      const existing = await tx
+        .select()
+        .from(trainSteps)
+        .where(and(eq(trainSteps.runId, c.runId), eq(trainSteps.step, c.step)));
       return { isWinner: false, row: existing[0] as TrainStepRow };
     }
     const entries = Object.entries(c.metrics).filter(([, v]) => Number.isFinite(v));
@@ -61,10 +64,22 @@ export async function commitTrainStep(db: Db, c: TrainCommit): Promise<{ isWinne
 }
 
 export async function loadTrainStep(db: Db, runId: string, step: number): Promise<TrainStepRow | null> {
-  const rows = await db.db.select().from(trainSteps).where(and(eq(trainSteps.runId, runId), eq(trainSteps.step, step)));
+  const rows = await db.db
+    .select()
+    .from(trainSteps)
+    .where(and(eq(trainSteps.runId, runId), eq(trainSteps.step, step)));
   return rows[0] ?? null;
 }
 
 export async function listTrainSteps(db: Db, runId: string): Promise<TrainStepRow[]> {
   return db.db.select().from(trainSteps).where(eq(trainSteps.runId, runId)).orderBy(trainSteps.step);
+}
+
+/** The metrics step `step` committed, by key (empty when it never committed). */
+export async function loadTrainMetrics(db: Db, runId: string, step: number): Promise<Record<string, number>> {
+  const rows = await db.db
+    .select()
+    .from(trainMetrics)
+    .where(and(eq(trainMetrics.runId, runId), eq(trainMetrics.step, step)));
+  return Object.fromEntries(rows.map((r) => [r.key, r.value]));
 }

@@ -7,8 +7,29 @@ describe("RLQB batch codec", () => {
       runId: "r1",
       step: 3,
       samples: [
-        { tokens: Int32Array.from([256, 65, 66, 67]), promptLength: 2, responseLength: 2, lossMask: Uint8Array.from([1, 0]), denomMask: Uint8Array.from([1, 1]), rolloutLogProbs: Float32Array.from([-0.5, 0]), tokenVersions: Int32Array.from([2, -1]), reward: 1.5, groupIndex: 0, sampleIndex: 0 },
-        { tokens: Int32Array.from([256, 70]), promptLength: 2, responseLength: 0, lossMask: new Uint8Array(0), rolloutLogProbs: new Float32Array(0), tokenVersions: new Int32Array(0), reward: -1, groupIndex: 1, sampleIndex: 0 },
+        {
+          tokens: Int32Array.from([256, 65, 66, 67]),
+          promptLength: 2,
+          responseLength: 2,
+          lossMask: Uint8Array.from([1, 0]),
+          denomMask: Uint8Array.from([1, 1]),
+          rolloutLogProbs: Float32Array.from([-0.5, 0]),
+          tokenVersions: Int32Array.from([2, -1]),
+          reward: 1.5,
+          groupIndex: 0,
+          sampleIndex: 0,
+        },
+        {
+          tokens: Int32Array.from([256, 70]),
+          promptLength: 2,
+          responseLength: 0,
+          lossMask: new Uint8Array(0),
+          rolloutLogProbs: new Float32Array(0),
+          tokenVersions: new Int32Array(0),
+          reward: -1,
+          groupIndex: 1,
+          sampleIndex: 0,
+        },
       ],
     };
     const bytes = encodeBatch(batch);

@@ -59,7 +59,9 @@ describe("remote trainer client: outages", () => {
     const port = await listen(() => undefined); // accepts, never answers
     const waits: Array<number | null> = [];
     const trainer = createRemoteTrainer({ url: `http://127.0.0.1:${port}`, requestTimeoutMs: 200 });
-    const err = await trainer.trainStep(request({}), () => undefined, new AbortController().signal, { onOutage: (ms) => waits.push(ms) }).catch((e: unknown) => e);
+    const err = await trainer
+      .trainStep(request({}), () => undefined, new AbortController().signal, { onOutage: (ms) => waits.push(ms) })
+      .catch((e: unknown) => e);
     expect(err).toMatchObject({ code: "trainer_timeout", isRetriable: true });
     expect(waits).toEqual([]);
   });
@@ -98,7 +100,9 @@ describe("remote trainer client: outages", () => {
               res.writeHead(202, { "content-type": "application/json" }).end(JSON.stringify(status));
               return;
             }
-            res.writeHead(404, { "content-type": "application/json" }).end(JSON.stringify({ error: { code: "not_found", message: "no such step", retryable: false } }));
+            res
+              .writeHead(404, { "content-type": "application/json" })
+              .end(JSON.stringify({ error: { code: "not_found", message: "no such step", retryable: false } }));
           }, port);
         },
       })

@@ -1,10 +1,16 @@
+import { randomBytes } from "node:crypto";
+import { createReadStream } from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
+import { basename, dirname, join } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import { z } from "zod";
 import { encodeBatch } from "./batch-codec.ts";
+import { checkTrainerCapabilities, requiredCapabilities } from "./capabilities.ts";
 import { trainResultSchema, type Trainer, type TrainHooks, type TrainProgress, type TrainRequest, type TrainResult } from "./trainer.ts";
 import { RlqError } from "../lib/errors.ts";
 import { sleep } from "../lib/sleep.ts";
+import { advertisedAddress, bearerHeader, bearerMatches, downloadCheckpointFile, localCheckpointFiles } from "./checkpoint-transfer.ts";
 
 function describe(e: unknown): string {
   const cause = (e as { cause?: unknown }).cause;
@@ -33,6 +39,8 @@ const statusSchema = z.object({
       num_samples: z.number().int(),
       num_tokens: z.number().int(),
       metrics: z.record(z.string(), z.number()),
+      /** `checkpoints: fetch`: name → sha256 of the files the trainer serves for this checkpoint. */
+      checkpoint_files: z.record(z.string(), z.string().regex(/^[0-9a-f]{64}$/)).optional(),
     })
     .nullable()
     .optional(),
@@ -58,7 +66,18 @@ interface OutageWait {
  * connected and got no answer in time is not one of them: that trainer is
  * there and hung, which the stall watchdog handles.
  */
-const outageCodes = new Set(["ECONNREFUSED", "ECONNRESET", "EPIPE", "EHOSTUNREACH", "ENETUNREACH", "EHOSTDOWN", "ENOTFOUND", "EAI_AGAIN", "UND_ERR_SOCKET", "UND_ERR_CONNECT_TIMEOUT"]);
+const outageCodes = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "EPIPE",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EHOSTDOWN",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "UND_ERR_SOCKET",
+  "UND_ERR_CONNECT_TIMEOUT",
+]);
 
 export function isTrainerOutage(e: unknown): boolean {
   for (let c: unknown = e, depth = 0; c instanceof Error && depth < 5; c = c.cause, depth++) {
@@ -70,8 +89,12 @@ export function isTrainerOutage(e: unknown): boolean {
 
 export interface RemoteTrainerOptions {
   url: string;
-  /** Host the trainer can reach this process on, for the batch URL. */
-  batchHost?: string;
+  /** Host the trainer can reach this process on, for the batch URL (default: this host's address on the route to the trainer). */
+  batchHost?: string | null;
+  /** Bearer token for every request to the trainer. */
+  apiKey?: string | null;
+  /** `fetch`: no shared filesystem; checkpoints travel over HTTP and are verified by sha256. Default `shared`. */
+  checkpoints?: "shared" | "fetch";
   pollMs?: number;
   /** A request that connected but got no answer in this long fails (`trainer_timeout`). Default 30 s. */
   requestTimeoutMs?: number;
@@ -90,14 +113,15 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
       const timeout = AbortSignal.timeout(requestTimeoutMs);
       res = await fetch(`${base}${path}`, {
         method,
-        headers: body === undefined ? {} : { "content-type": "application/json" },
+        headers: { ...bearerHeader(options.apiKey), ...(body === undefined ? {} : { "content-type": "application/json" }) },
         body: body === undefined ? null : JSON.stringify(body),
         signal: stop.length === 0 ? timeout : AbortSignal.any([timeout, ...stop]),
       });
       text = await res.text(); // a trainer that dies mid-answer fails here, as an outage
     } catch (e) {
       if (isTrainerOutage(e)) throw new RlqError("trainer_unreachable", `trainer ${base}${path}: ${describe(e)}`, { cause: e, isRetriable: true });
-      if ((e as Error).name === "TimeoutError") throw new RlqError("trainer_timeout", `trainer ${base}${path}: no answer within ${requestTimeoutMs / 1000} s`, { cause: e, isRetriable: true });
+      if ((e as Error).name === "TimeoutError")
+        throw new RlqError("trainer_timeout", `trainer ${base}${path}: no answer within ${requestTimeoutMs / 1000} s`, { cause: e, isRetriable: true });
       throw new RlqError("trainer_request_failed", `trainer ${base}${path}: ${describe(e)}`, { cause: e, isRetriable: true });
     }
     let parsed: unknown;
@@ -138,7 +162,11 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
         w.since ??= Date.now();
         const waited = Date.now() - w.since;
         if (waited >= w.timeoutMs) {
-          throw new RlqError("trainer_unreachable", `trainer ${base} unreachable for ${Math.round(waited / 1000)} s (trainer_unreachable_timeout_s ${w.timeoutMs / 1000}): ${e.message}`, { cause: e, isRetriable: false });
+          throw new RlqError(
+            "trainer_unreachable",
+            `trainer ${base} unreachable for ${Math.round(waited / 1000)} s (trainer_unreachable_timeout_s ${w.timeoutMs / 1000}): ${e.message}`,
+            { cause: e, isRetriable: false },
+          );
         }
         w.onOutage(waited);
         if (await sleep(Math.min(delayMs, w.timeoutMs - waited), ...stops)) throw stopped(w, e);
@@ -147,43 +175,137 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
   }
 
   function stopped(w: OutageWait, cause: unknown): RlqError {
-    if (w.cancel.aborted) return new RlqError("train_cancelled", `train step cancelled while waiting for trainer ${base}: ${String(w.cancel.reason ?? "")}`, { cause, isRetriable: true });
+    if (w.cancel.aborted)
+      return new RlqError("train_cancelled", `train step cancelled while waiting for trainer ${base}: ${String(w.cancel.reason ?? "")}`, {
+        cause,
+        isRetriable: true,
+      });
     return new RlqError("worker_shutdown", `train step stopped waiting for trainer ${base}: the worker is shutting down`, { cause, isRetriable: true });
+  }
+
+  /**
+   * checkpoints: fetch: download the finished checkpoint's files into this host's directory for
+   * the step, each verified against the sha256 the trainer reported, and answer that local URI.
+   * The trainer names a checkpoint by rlq's path `.../RUN/step-S/attempt-X`; an earlier attempt
+   * may have been started by a worker on another host, whose RLQ_HOME differs, so only the
+   * last three components count (they must be this run and step).
+   */
+  async function fetchOutput(uri: string, files: Record<string, string> | undefined, outputDir: string, runId: string, step: number): Promise<string> {
+    if (!files || !files["weights.safetensors"]) {
+      throw new RlqError(
+        "trainer_bad_response",
+        `trainer ${base}: checkpoints: fetch, but the result lists no checkpoint_files with weights.safetensors (does the trainer support checkpoint_transfer: fetch?)`,
+        { isRetriable: false },
+      );
+    }
+    const theirs = uri.startsWith("file:") ? fileURLToPath(uri) : uri;
+    if (basename(dirname(theirs)) !== `step-${step}` || basename(dirname(dirname(theirs))) !== runId || !basename(theirs).startsWith("attempt-")) {
+      throw new RlqError("trainer_bad_response", `trainer ${base}: checkpoint ${uri} is not an attempt of run ${runId} step ${step}`, { isRetriable: false });
+    }
+    const dir = join(dirname(outputDir), basename(theirs));
+    for (const [name, sha] of Object.entries(files)) {
+      if (!/^[A-Za-z0-9._-]+$/.test(name))
+        throw new RlqError("trainer_bad_response", `trainer ${base}: checkpoint file name ${JSON.stringify(name)} is not a plain file name`, {
+          isRetriable: false,
+        });
+      await downloadCheckpointFile(base, options.apiKey ?? null, dir, name, sha);
+    }
+    return pathToFileURL(dir).href;
   }
 
   return {
     async trainStep(req: TrainRequest, onProgress: (p: TrainProgress) => void, signal: AbortSignal, hooks: TrainHooks = {}): Promise<TrainResult> {
       const timeoutS = typeof req.config.trainer_unreachable_timeout_s === "number" ? req.config.trainer_unreachable_timeout_s : 300;
-      const wait: OutageWait = { since: null, timeoutMs: timeoutS * 1000, cancel: signal, shutdown: hooks.shutdown ?? null, onOutage: (ms) => hooks.onOutage?.(ms) };
+      const wait: OutageWait = {
+        since: null,
+        timeoutMs: timeoutS * 1000,
+        cancel: signal,
+        shutdown: hooks.shutdown ?? null,
+        onOutage: (ms) => hooks.onOutage?.(ms),
+      };
       const bytes = encodeBatch(req.batch);
-      const server: Server = createServer((_q, res) => {
-        res.writeHead(200, { "content-type": "application/octet-stream", "content-length": bytes.byteLength });
-        res.end(bytes);
+      const fetchMode = options.checkpoints === "fetch";
+      // The batch (and, with checkpoints: fetch, the input checkpoint if this host has it) behind a
+      // random token that lives as long as this attempt.
+      const batchToken = randomBytes(24).toString("base64url");
+      const inDir = req.checkpointUriIn?.startsWith("file:") ? fileURLToPath(req.checkpointUriIn) : null;
+      const inFiles = fetchMode && inDir ? await localCheckpointFiles(inDir) : {};
+      const server: Server = createServer((q, res) => {
+        if (!bearerMatches(q.headers.authorization, batchToken)) {
+          res.writeHead(401, { "content-type": "application/json" });
+          res.end(
+            JSON.stringify({
+              error: { code: "unauthorized", message: "GET batch_url needs Authorization: Bearer <batch_token from the request>", retryable: false },
+            }),
+          );
+          return;
+        }
+        const path = (q.url ?? "/").split("?")[0] ?? "/";
+        if (path === "/batch") {
+          res.writeHead(200, { "content-type": "application/octet-stream", "content-length": bytes.byteLength });
+          res.end(bytes);
+          return;
+        }
+        const name = path.startsWith("/checkpoint/") ? decodeURIComponent(path.slice("/checkpoint/".length)) : null;
+        if (name !== null && inDir && Object.hasOwn(inFiles, name)) {
+          const stream = createReadStream(join(inDir, name));
+          stream.once("error", () => res.destroy());
+          res.writeHead(200, { "content-type": "application/octet-stream" });
+          stream.pipe(res);
+          return;
+        }
+        res.writeHead(404, { "content-type": "application/json" });
+        res.end(JSON.stringify({ error: { code: "not_found", message: `no ${path} here`, retryable: false } }));
       });
-      await new Promise<void>((resolve) => server.listen(0, options.batchHost ?? "127.0.0.1", resolve));
+      // No route to the trainer (its link is down) is an outage like a refused connection.
+      const addr = await reachable(() => advertisedAddress(base, options.batchHost), wait);
+      await new Promise<void>((resolve, reject) => {
+        server.once("error", reject);
+        server.listen(0, addr.listen, resolve);
+      });
       const port = (server.address() as AddressInfo).port;
+      const servedBase = `http://${addr.host}:${port}`;
       const stepPath = `/v1/steps/${encodeURIComponent(req.runId)}/${req.step}`;
       try {
+        // A config needing an optional capability (ppo: a critic) is refused unless the trainer declares it.
+        if (requiredCapabilities(req.config).length > 0) {
+          checkTrainerCapabilities(await reachable((stop) => call("GET", "/v1/health", undefined, stop), wait), req.config, base);
+        }
         // Re-sending the start is safe: the trainer joins a running attempt with the same number.
         await reachable(
           (stop) =>
-            call("POST", "/v1/steps", {
-              run_id: req.runId,
-              step: req.step,
-              attempt: String(req.attempt),
-              weight_version_in: req.weightVersionIn,
-              checkpoint_uri_in: req.checkpointUriIn,
-              output_dir: req.outputDir,
-              batch_url: `http://${options.batchHost ?? "127.0.0.1"}:${port}/batch`,
-              config: req.config,
-            }, stop),
+            call(
+              "POST",
+              "/v1/steps",
+              {
+                run_id: req.runId,
+                step: req.step,
+                attempt: String(req.attempt),
+                weight_version_in: req.weightVersionIn,
+                checkpoint_uri_in: req.checkpointUriIn,
+                output_dir: req.outputDir,
+                batch_url: `${servedBase}/batch`,
+                batch_token: batchToken,
+                ...(fetchMode
+                  ? {
+                      checkpoint_transfer: "fetch",
+                      checkpoint_in_url: Object.keys(inFiles).length > 0 ? `${servedBase}/checkpoint` : null,
+                      checkpoint_in_files: inFiles,
+                    }
+                  : {}),
+                config: req.config,
+              },
+              stop,
+            ),
           wait,
         );
         let lastSeq = -1;
         for (;;) {
           if (signal.aborted) {
             await call("POST", `${stepPath}/cancel`, { attempt: String(req.attempt) }).catch(() => undefined);
-            throw new RlqError("train_cancelled", `train step ${req.step} attempt ${req.attempt} cancelled: ${String(signal.reason ?? "")}`, { isRetriable: true });
+            throw new RlqError("train_cancelled", `train step ${req.step} attempt ${req.attempt} cancelled: ${String(signal.reason ?? "")}`, {
+              isRetriable: true,
+            });
           }
           let raw: unknown;
           try {
@@ -191,15 +313,24 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
           } catch (e) {
             // The trainer answers again but no longer knows the step: it restarted and lost this attempt.
             if (e instanceof RlqError && e.code === "trainer_not_found") {
-              throw new RlqError("trainer_lost_attempt", `trainer ${base} no longer knows step ${req.step} attempt ${req.attempt} (it restarted): ${e.message}`, { cause: e, isRetriable: true });
+              throw new RlqError(
+                "trainer_lost_attempt",
+                `trainer ${base} no longer knows step ${req.step} attempt ${req.attempt} (it restarted): ${e.message}`,
+                { cause: e, isRetriable: true },
+              );
             }
             throw e;
           }
           const st = statusSchema.safeParse(raw);
-          if (!st.success) throw new RlqError("trainer_bad_response", `trainer ${base}${stepPath}: ${st.error.issues[0]?.message} at ${st.error.issues[0]?.path.join(".")}`, { isRetriable: true });
+          if (!st.success)
+            throw new RlqError("trainer_bad_response", `trainer ${base}${stepPath}: ${st.error.issues[0]?.message} at ${st.error.issues[0]?.path.join(".")}`, {
+              isRetriable: true,
+            });
           const s = st.data;
           if (s.attempt !== String(req.attempt) && s.state === "running") {
-            throw new RlqError("trainer_attempt_superseded", `trainer runs attempt ${s.attempt} of step ${req.step}, not ${req.attempt}`, { isRetriable: true });
+            throw new RlqError("trainer_attempt_superseded", `trainer runs attempt ${s.attempt} of step ${req.step}, not ${req.attempt}`, {
+              isRetriable: true,
+            });
           }
           // Only a new progress report counts as progress: a live connection alone does not.
           if (s.progress_seq !== lastSeq) {
@@ -207,9 +338,12 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
             onProgress(s.progress);
           }
           if (s.state === "done" && s.result) {
+            const checkpointUri = fetchMode
+              ? await fetchOutput(s.result.checkpoint_uri, s.result.checkpoint_files, req.outputDir, req.runId, req.step)
+              : s.result.checkpoint_uri;
             return trainResultSchema.parse({
               weightVersionOut: s.result.weight_version_out,
-              checkpointUri: s.result.checkpoint_uri,
+              checkpointUri,
               numSamples: s.result.num_samples,
               numTokens: s.result.num_tokens,
               metrics: s.result.metrics,

@@ -12,6 +12,7 @@ import type { Trainer, TrainBatch, TrainProgress, TrainSample } from "./trainer.
 import { sha256Hex } from "../lib/hash.ts";
 import { maskStale, stepVersionIn } from "../core/sample.ts";
 import { maskMinVersion, stalenessHistogram, stalenessRule } from "../core/staleness.ts";
+import { checkpointRootFor, pruneCommittedCheckpoints } from "./checkpoint-retention.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /**
@@ -93,7 +94,8 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
   const checkpointUriIn = prev ? prev.checkpointUri : ctx.config.ref_load ? pathToFileURL(ctx.config.ref_load).href : null;
   const { batch, groupIds, numTokens } = await loadTrainBatch(db, ctx, step);
   const attempt = `${attemptNo}-${randomUUID().slice(0, 8)}`;
-  const dir = stepDir(deps.checkpointRoot, runId, step);
+  const root = checkpointRootFor(deps.checkpointRoot, ctx.config.checkpoint_dir);
+  const dir = stepDir(root, runId, step);
   const outputDir = join(dir, `attempt-${attempt}`);
   await mkdir(outputDir, { recursive: true });
 
@@ -104,9 +106,12 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
   // An outage (trainer unreachable) is not a stall: the watchdog pauses for it, and its length is
   // added back, so a step that makes no progress around an outage is still cancelled.
   let outageSince: number | null = null;
-  const watchdog = setInterval(() => {
-    if (outageSince === null && Date.now() - lastProgressAt > stallMs) controller.abort(`no progress for ${ctx.config.train_stall_timeout_s}s`);
-  }, Math.min(1000, stallMs / 4));
+  const watchdog = setInterval(
+    () => {
+      if (outageSince === null && Date.now() - lastProgressAt > stallMs) controller.abort(`no progress for ${ctx.config.train_stall_timeout_s}s`);
+    },
+    Math.min(1000, stallMs / 4),
+  );
   const onOutage = (waitedMs: number | null) => {
     if (waitedMs === null) {
       if (outageSince !== null) lastProgressAt += Date.now() - outageSince;
@@ -132,16 +137,23 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
     // On shutdown the trainer may still be running this attempt (the job comes back with the same
     // attempt number and joins it), so its directory stays; the commit collects it if it loses.
     if (!(e instanceof RlqError && e.code === "worker_shutdown")) await rm(outputDir, { recursive: true, force: true });
-    if (controller.signal.aborted) throw new RlqError("train_stalled", `train step ${step} attempt ${attempt}: ${String(controller.signal.reason)}`, { cause: e, isRetriable: true });
+    if (controller.signal.aborted)
+      throw new RlqError("train_stalled", `train step ${step} attempt ${attempt}: ${String(controller.signal.reason)}`, { cause: e, isRetriable: true });
     throw e;
   } finally {
     clearInterval(watchdog);
   }
   if (dispatched.weightVersionIn !== stepVersionIn(step)) {
-    throw new RlqError("batch_inconsistent", `train step ${step} was dispatched with weight_version_in ${dispatched.weightVersionIn}; step ${step} starts from version ${stepVersionIn(step)}`);
+    throw new RlqError(
+      "batch_inconsistent",
+      `train step ${step} was dispatched with weight_version_in ${dispatched.weightVersionIn}; step ${step} starts from version ${stepVersionIn(step)}`,
+    );
   }
   if (result.weightVersionOut !== dispatched.weightVersionIn + 1) {
-    throw new RlqError("trainer_bad_response", `trainer returned weight version ${result.weightVersionOut} for step ${step}; expected ${dispatched.weightVersionIn + 1}`);
+    throw new RlqError(
+      "trainer_bad_response",
+      `trainer returned weight version ${result.weightVersionOut} for step ${step}; expected ${dispatched.weightVersionIn + 1}`,
+    );
   }
   // The trainer is idempotent per (run, step): it may answer with an earlier
   // attempt's finished checkpoint. Commit what it actually produced.
@@ -170,7 +182,8 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
     for (const d of new Set([outputDir, ckptPath])) if (d !== committed) await rm(d, { recursive: true, force: true });
     return;
   }
-  await collectLosingAttempts(deps.checkpointRoot, runId, step, basename(ckptPath));
+  await collectLosingAttempts(root, runId, step, basename(ckptPath));
+  await pruneCommittedCheckpoints(root, runId, step, ctx.config);
 }
 
 /** Delete every attempt directory of a committed step except the committed one. */

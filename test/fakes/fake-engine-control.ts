@@ -4,8 +4,18 @@ import { spawnFake, type Proc } from "../helpers/processes.ts";
 /** TEST FAKE control: start/restart the fake engines as processes, inject faults, build requests. */
 export type FakeServer = Proc & { url: string; port: number };
 
+/**
+ * The fake SGLang's arguments as tests start it: like an RL deployment, with
+ * --enable-deterministic-inference (so seeds are honoured and runs repeat),
+ * unless the test passes "--nondeterministic" to get the server's default.
+ */
+export function sglangArgs(args: readonly string[]): string[] {
+  if (args.includes("--nondeterministic")) return args.filter((a) => a !== "--nondeterministic");
+  return ["--enable-deterministic-inference", ...args];
+}
+
 export async function startFake(script: "sglang" | "vllm" | "sglang-router", args: string[] = []): Promise<FakeServer> {
-  const p = await spawnFake(`test/fakes/fake-${script}.ts`, args);
+  const p = await spawnFake(`test/fakes/fake-${script}.ts`, script === "sglang" ? sglangArgs(args) : args);
   return { ...p, port: Number(new URL(p.url).port) };
 }
 
@@ -27,7 +37,29 @@ export async function setFault(url: string, fault: Record<string, unknown>): Pro
   if (!res.ok) throw new Error(`fault ${JSON.stringify(fault)} on ${url}: HTTP ${res.status}`);
 }
 
-export async function fakeStats(url: string): Promise<{ generate: number; batches: number; aborted: number; loads: number; abortRequests: number; live: number; maxLive: number; weightVersion: number; failed5xx: number }> {
+export interface FakeSglangStats {
+  generate: number;
+  batches: number;
+  aborted: number;
+  loads: number;
+  abortRequests: number;
+  live: number;
+  maxLive: number;
+  weightVersion: number;
+  failed5xx: number;
+  refused: number;
+  duplicates: number;
+  unauthorized: number;
+  bytesSent: number;
+  tokensGenerated: number;
+  healthBusy: number;
+  pauses: number;
+  flushes: number;
+  seedsSeen: number[];
+  lastPush: null | { names: unknown; dtypes: unknown; shapes: unknown; group_name: unknown };
+}
+
+export async function fakeStats(url: string): Promise<FakeSglangStats> {
   const res = await fetch(`${url}/stats`);
   return (await res.json()) as never;
 }

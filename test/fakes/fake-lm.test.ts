@@ -2,7 +2,8 @@ import { describe, expect, it } from "vitest";
 import { EOS, VOCAB, instantToken } from "./fake-lm.ts";
 
 describe("the fake engine's instant model (benches)", () => {
-  const at = (position: number, prev: number, isEosAllowed = true, stopProb = 0.1) => instantToken({ seed: 7, version: 2, position, prev, stopProb, isEosAllowed });
+  const at = (position: number, prev: number, isEosAllowed = true, stopProb = 0.1) =>
+    instantToken({ seed: 7, version: 2, position, prev, stopProb, isEosAllowed });
 
   it("is a pure function of (seed, version, position, previous token)", () => {
     expect(at(10, 65)).toEqual(at(10, 65));

@@ -47,9 +47,13 @@ export interface SampleInput {
   stopProb: number;
   isEosAllowed: boolean;
   mode: LogprobMode;
+  /** Also return the `topN` most likely tokens with their log-probs (in `mode`), most likely first. */
+  topN?: number;
+  /** A draw that ignores `seed` (a server that does not honour seeds): a uniform number in [0, 1). */
+  unseeded?: number;
 }
 
-export function sampleToken(x: SampleInput): { token: number; logProb: number } {
+export function sampleToken(x: SampleInput): { token: number; logProb: number; top: Array<[number, number]> } {
   const others = VOCAB.length - 1;
   const z: number[] = new Array<number>(VOCAB.length);
   for (let j = 0; j < others; j++) z[j] = (mix(x.version, x.position, x.prev, j) - 0.5) * 6;
@@ -71,7 +75,7 @@ export function sampleToken(x: SampleInput): { token: number; logProb: number } 
     mass += Math.exp(lp[i] as number);
     if (mass >= x.topP) break;
   }
-  const u = mix(x.seed, x.version, x.position, x.prev, 11) * mass;
+  const u = (x.unseeded ?? mix(x.seed, x.version, x.position, x.prev, 11)) * mass;
   let acc = 0;
   let pick = kept[kept.length - 1] as number;
   for (const i of kept) {
@@ -81,11 +85,16 @@ export function sampleToken(x: SampleInput): { token: number; logProb: number } 
       break;
     }
   }
-  let logProb: number;
-  if (x.mode === "scaled") logProb = lp[pick] as number;
-  else if (x.mode === "original") logProb = (z[pick] as number) - logSumExp(z);
-  else logProb = (lp[pick] as number) - Math.log(mass);
-  return { token: VOCAB[pick] as number, logProb: Math.min(0, logProb) };
+  const logZraw = logSumExp(z);
+  const keptSet = new Set(kept);
+  const reported = (i: number): number => {
+    if (x.mode === "scaled") return lp[i] as number;
+    if (x.mode === "original") return (z[i] as number) - logZraw;
+    return keptSet.has(i) ? (lp[i] as number) - Math.log(mass) : -Infinity;
+  };
+  const top: Array<[number, number]> = [];
+  for (const i of order.slice(0, x.topN ?? 0)) top.push([Math.min(0, reported(i)), VOCAB[i] as number]);
+  return { token: VOCAB[pick] as number, logProb: Math.min(0, reported(pick)), top };
 }
 
 /**

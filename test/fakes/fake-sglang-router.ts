@@ -1,33 +1,76 @@
 /**
- * TEST FAKE — the part of an SGLang router (sgl-router / sgl-model-gateway)
- * rlq uses: GET /workers → {workers: [{id, url, …}]} and DELETE /workers/:id.
+ * TEST FAKE — the part of an SGLang router (sgl-model-gateway) rlq uses, as the
+ * real one answers it (sgl-model-gateway src/server.rs, src/core/worker_service.rs):
+ *   GET /workers → {workers: [{id, url, model_id, worker_type, connection_mode, is_healthy, load}], total, stats}
+ *   POST /workers {url, worker_type?, dp_size?} adds a worker; DELETE /workers/:id removes one.
+ * Like the real router it lists what it knows, not what a client can use:
+ * - a data-parallel-aware worker (dp_size > 1) is listed once per rank as `url@rank`;
+ * - prefill/decode workers (worker_type prefill | decode) and gRPC workers are listed too;
+ * - with --api-key, /workers wants `Authorization: Bearer <key>` (server.rs auth middleware
+ *   covers every route but /health, /liveness, /readiness).
  * rlq routes to the workers itself, so this fake does not proxy /generate.
  *
  *   tsx test/fakes/fake-sglang-router.ts --port 0 --workers http://127.0.0.1:1,127.0.0.1:2
+ *     [--dp-workers URL,...] [--prefill-workers URL,...] [--api-key KEY]
  * prints "listening <port>" on stdout.
  */
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { parseArgs } from "node:util";
-import { sendJson } from "./http-json.ts";
+import { readJson, sendJson } from "./http-json.ts";
 
-const { values } = parseArgs({ options: { port: { type: "string", default: "0" }, workers: { type: "string", default: "" } } });
-const workers = values.workers
-  .split(",")
-  .filter((u) => u.length > 0)
-  .map((url, i) => ({ id: `worker-${i}`, url, model_id: "fake/model", worker_type: "regular", is_healthy: true, load: 0 }));
+const { values } = parseArgs({
+  options: {
+    port: { type: "string", default: "0" },
+    workers: { type: "string", default: "" },
+    "dp-workers": { type: "string", default: "" },
+    "prefill-workers": { type: "string", default: "" },
+    "api-key": { type: "string" },
+  },
+});
+interface Worker {
+  id: string;
+  url: string;
+  model_id: string;
+  worker_type: string;
+  connection_mode: string;
+  is_healthy: boolean;
+  load: number;
+}
+const workers: Worker[] = [];
+let nextId = 0;
+function add(url: string, type = "regular", dpSize = 1): void {
+  const urls = dpSize > 1 ? Array.from({ length: dpSize }, (_, r) => `${url}@${r}`) : [url];
+  for (const u of urls)
+    workers.push({ id: `worker-${nextId++}`, url: u, model_id: "fake/model", worker_type: type, connection_mode: "http", is_healthy: true, load: 0 });
+}
+const list = (s: string) => s.split(",").filter((u) => u.length > 0);
+for (const u of list(values.workers)) add(u);
+for (const u of list(values["dp-workers"])) add(u, "regular", 2);
+for (const u of list(values["prefill-workers"])) add(u, "prefill");
 
 const server = createServer((req, res) => {
-  const url = req.url ?? "/";
-  if (req.method === "GET" && url === "/workers") return sendJson(res, 200, { workers, total: workers.length });
-  const del = /^\/workers\/([^/]+)$/.exec(url);
-  if (req.method === "DELETE" && del) {
-    const i = workers.findIndex((w) => w.id === del[1]);
-    if (i < 0) return sendJson(res, 404, { error: "no such worker" });
-    workers.splice(i, 1);
-    return sendJson(res, 200, { success: true });
-  }
-  sendJson(res, 404, { error: { message: `no route ${req.method} ${url}` } });
+  void (async () => {
+    const url = req.url ?? "/";
+    if (url !== "/health" && values["api-key"] !== undefined && req.headers.authorization !== `Bearer ${values["api-key"]}`) {
+      return sendJson(res, 401, { error: "Unauthorized" });
+    }
+    if (req.method === "GET" && url === "/workers")
+      return sendJson(res, 200, { workers, total: workers.length, stats: { prefill_count: workers.filter((w) => w.worker_type === "prefill").length } });
+    if (req.method === "POST" && url === "/workers") {
+      const b = await readJson(req);
+      add(String(b.url), typeof b.worker_type === "string" ? b.worker_type : "regular", Number(b.dp_size ?? 1));
+      return sendJson(res, 202, { status: "accepted" });
+    }
+    const del = /^\/workers\/([^/]+)$/.exec(url);
+    if (req.method === "DELETE" && del) {
+      const i = workers.findIndex((w) => w.id === del[1]);
+      if (i < 0) return sendJson(res, 404, { error: "no such worker" });
+      workers.splice(i, 1);
+      return sendJson(res, 200, { success: true });
+    }
+    sendJson(res, 404, { error: { message: `no route ${req.method} ${url}` } });
+  })();
 });
 server.listen(Number(values.port), "127.0.0.1", () => {
   process.stdout.write(`listening ${(server.address() as AddressInfo).port}\n`);

@@ -8,12 +8,18 @@
  *   tsx test/fakes/fake-trainer.ts --port 0 [--step-ms 50] [--hang-step N]
  * --hang-step N: the first attempt of step N stops reporting progress (a hung GPU).
  * --fail-step N: every attempt of step N fails with a retryable error.
+ * --host H: the address to listen on (default 127.0.0.1; a cluster test's namespace address).
+ * --token-env NAME: every request needs `Authorization: Bearer $NAME` (server.py's --token-file / RLQ_TRAINER_TOKEN).
+ * --checkpoint-dir D: with `checkpoint_transfer: fetch` in a request, checkpoints live under D (this
+ *   host's disk), not at rlq's output_dir; served at /v1/checkpoint-files/RUN/STEP/ATTEMPT/NAME
+ *   (workers/trainer-torch/server.py does the same).
  */
-import { createHash } from "node:crypto";
+import { createHash, timingSafeEqual } from "node:crypto";
+import { createReadStream, existsSync } from "node:fs";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { mkdir, readFile, writeFile } from "node:fs/promises";
-import { join } from "node:path";
+import { basename, dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { decodeBatch } from "../../src/trainer/batch-codec.ts";
@@ -25,12 +31,43 @@ const { values } = parseArgs({
     "step-ms": { type: "string", default: "20" },
     "hang-step": { type: "string", default: "-1" },
     "fail-step": { type: "string", default: "-1" },
+    host: { type: "string", default: "127.0.0.1" },
+    "token-env": { type: "string" },
+    "checkpoint-dir": { type: "string" },
   },
 });
 const stepMs = Number(values["step-ms"]);
 const hangStep = Number(values["hang-step"]);
 let failStep = Number(values["fail-step"]);
 const hungOnce = new Set<number>();
+const token = values["token-env"] ? process.env[values["token-env"]] : undefined;
+if (values["token-env"] && !token) throw new Error(`--token-env ${values["token-env"]}: the variable is not set`);
+const checkpointDir = values["checkpoint-dir"] ?? null;
+
+/** rlq's `.../RUN/step-S/attempt-X` → this host's directory for it (fetch mode). */
+function localDir(rlqDir: string): string {
+  if (!checkpointDir) throw Object.assign(new Error("checkpoint_transfer fetch needs --checkpoint-dir"), { code: "bad_request" });
+  return join(checkpointDir, basename(dirname(dirname(rlqDir))), basename(dirname(rlqDir)), basename(rlqDir));
+}
+
+function sha256(b: Buffer): string {
+  return createHash("sha256").update(b).digest("hex");
+}
+
+/** GET with the attempt's batch token, retried on connection errors like server.py's fetch_batch. */
+async function getBytes(url: string, bearer: unknown): Promise<Buffer> {
+  const headers: Record<string, string> = typeof bearer === "string" ? { authorization: `Bearer ${bearer}` } : {};
+  for (let k = 0; ; k++) {
+    try {
+      const r = await fetch(url, { headers });
+      if (!r.ok) throw Object.assign(new Error(`GET ${url}: HTTP ${r.status}`), { code: "batch_fetch_failed", http: true });
+      return Buffer.from(await r.arrayBuffer());
+    } catch (e) {
+      if ((e as { http?: boolean }).http || k >= 4) throw Object.assign(e as Error, { code: "batch_fetch_failed" });
+      await new Promise((r) => setTimeout(r, 200 * 2 ** k));
+    }
+  }
+}
 
 interface StepState {
   run_id: string;
@@ -53,12 +90,26 @@ async function train(st: StepState, req: Record<string, unknown>): Promise<void>
     st.progress_seq++;
   };
   try {
-    const batchRes = await fetch(String(req.batch_url));
-    if (!batchRes.ok) throw Object.assign(new Error(`batch fetch: HTTP ${batchRes.status}`), { code: "batch_fetch_failed" });
-    const batch = decodeBatch(new Uint8Array(await batchRes.arrayBuffer()));
+    const fetchMode = req.checkpoint_transfer === "fetch";
+    const batch = decodeBatch(new Uint8Array(await getBytes(String(req.batch_url), req.batch_token)));
     let weights = new Float64Array(WEIGHTS);
     const inUri = req.checkpoint_uri_in as string | null;
-    if (inUri) weights = new Float64Array((await readFile(join(fileURLToPath(inUri), "weights.safetensors"))).buffer.slice(0));
+    if (inUri && !fetchMode) weights = new Float64Array((await readFile(join(fileURLToPath(inUri), "weights.safetensors"))).buffer.slice(0));
+    if (inUri && fetchMode) {
+      // Our own output of an earlier step, else the copy the worker serves (verified by sha256).
+      const mine = join(localDir(fileURLToPath(inUri)), "weights.safetensors");
+      const files = (req.checkpoint_in_files ?? {}) as Record<string, string>;
+      let bytes: Buffer;
+      if (existsSync(mine)) bytes = await readFile(mine);
+      else if (typeof req.checkpoint_in_url === "string" && files["weights.safetensors"]) {
+        bytes = await getBytes(`${req.checkpoint_in_url}/weights.safetensors`, req.batch_token);
+        if (sha256(bytes) !== files["weights.safetensors"]) throw Object.assign(new Error("checkpoint_in sha256 mismatch"), { code: "version_unavailable" });
+      } else throw Object.assign(new Error(`checkpoint_uri_in ${inUri}: not on this host and not served by the worker`), { code: "version_unavailable" });
+      weights =
+        bytes.byteLength === WEIGHTS * 8
+          ? new Float64Array(Uint8Array.from(bytes).buffer)
+          : new Float64Array(WEIGHTS).map((_, i) => (bytes[i % bytes.length] as number) / 255);
+    }
     bump(0, "loaded");
     if (st.step === failStep) throw Object.assign(new Error("injected failure"), { code: "internal" });
     if (st.step === hangStep && !hungOnce.has(st.step)) {
@@ -82,13 +133,17 @@ async function train(st: StepState, req: Record<string, unknown>): Promise<void>
       for (let i = 0; i < WEIGHTS; i++) weights[i] = (weights[i] as number) * 0.99 + ((digest[(i + k) % digest.length] as number) - 128) / 1280;
       bump(k, "optimizer");
     }
-    const out = String(req.output_dir);
+    const rlqOut = String(req.output_dir);
+    const out = fetchMode ? localDir(rlqOut) : rlqOut;
     await mkdir(out, { recursive: true });
-    await writeFile(join(out, "weights.safetensors"), Buffer.from(weights.buffer));
-    await writeFile(join(out, "optimizer.safetensors"), Buffer.from(digest));
+    const w = Buffer.from(weights.buffer);
+    const o = Buffer.from(digest);
+    await writeFile(join(out, "weights.safetensors"), w);
+    await writeFile(join(out, "optimizer.safetensors"), o);
     st.result = {
       weight_version_out: Number(req.weight_version_in) + 1,
-      checkpoint_uri: `file://${out}`,
+      checkpoint_uri: `file://${rlqOut}`,
+      ...(fetchMode ? { checkpoint_files: { "weights.safetensors": sha256(w), "optimizer.safetensors": sha256(o) } } : {}),
       num_samples: batch.samples.length,
       num_tokens: tokens,
       metrics: { pg_loss: (weights[0] as number) / 10, mean_reward: rewardSum / Math.max(1, batch.samples.length) },
@@ -105,6 +160,23 @@ async function train(st: StepState, req: Record<string, unknown>): Promise<void>
 const server = createServer((req, res) => {
   void (async () => {
     const url = req.url ?? "/";
+    if (token !== undefined) {
+      const want = Buffer.from(`Bearer ${token}`);
+      const got = Buffer.from(req.headers.authorization ?? "");
+      if (got.length !== want.length || !timingSafeEqual(got, want))
+        return sendJson(res, 401, { error: { code: "unauthorized", message: "missing or wrong bearer token", retryable: false } });
+    }
+    const f = /^\/v1\/checkpoint-files\/([^/]+)\/([^/]+)\/([^/]+)\/([^/]+)$/.exec(url);
+    if (req.method === "GET" && f && checkpointDir) {
+      const parts = f.slice(1).map((x) => decodeURIComponent(x));
+      if (parts.some((x) => x === ".." || x.includes("/")))
+        return sendJson(res, 400, { error: { code: "bad_request", message: "bad path", retryable: false } });
+      const path = join(checkpointDir, ...parts);
+      if (!existsSync(path)) return sendJson(res, 404, { error: { code: "not_found", message: `no checkpoint file ${parts.join("/")}`, retryable: false } });
+      res.writeHead(200, { "content-type": "application/octet-stream" });
+      createReadStream(path).pipe(res);
+      return;
+    }
     if (req.method === "POST" && url === "/_fault") {
       // Test control: change the injected failure at run time.
       const b = await readJson(req);
@@ -118,7 +190,17 @@ const server = createServer((req, res) => {
       const cur = steps.get(key);
       if (cur && (cur.state === "done" || (cur.state === "running" && cur.attempt === b.attempt))) return sendJson(res, 200, cur);
       if (cur && cur.state === "running") cur.cancelled = true; // a new attempt supersedes the old one
-      const st: StepState = { run_id: String(b.run_id), step: Number(b.step), attempt: String(b.attempt), state: "running", progress: { done: 0, total: 4, phase: "queued" }, progress_seq: 0, result: null, error: null, cancelled: false };
+      const st: StepState = {
+        run_id: String(b.run_id),
+        step: Number(b.step),
+        attempt: String(b.attempt),
+        state: "running",
+        progress: { done: 0, total: 4, phase: "queued" },
+        progress_seq: 0,
+        result: null,
+        error: null,
+        cancelled: false,
+      };
       steps.set(key, st);
       void train(st, b);
       return sendJson(res, 202, st);
@@ -136,5 +218,5 @@ const server = createServer((req, res) => {
     sendJson(res, 404, { error: { code: "not_found", message: url, retryable: false } });
   })().catch((e: unknown) => sendJson(res, 500, { error: { code: "internal", message: String(e), retryable: true } }));
 });
-server.listen(Number(values.port), "127.0.0.1", () => process.stdout.write(`listening ${(server.address() as AddressInfo).port}\n`));
+server.listen(Number(values.port), values.host, () => process.stdout.write(`listening ${(server.address() as AddressInfo).port}\n`));
 process.on("SIGTERM", () => server.close(() => process.exit(0)));

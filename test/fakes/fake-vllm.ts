@@ -27,6 +27,12 @@ const { values } = parseArgs({
     "logprobs-mode": { type: "string", default: "raw_logprobs" },
     /** Older vLLM: no `token_ids` in choices, only "token_id:<id>" strings. */
     "legacy-token-strings": { type: "boolean", default: false },
+    /**
+     * vLLM --api-key: every /v1 route answers 401 without `Authorization: Bearer <key>`
+     * (vllm/entrypoints/openai/api_server.py, the AuthenticationMiddleware: only paths under /v1
+     * are checked; /health and /metrics are not).
+     */
+    "api-key": { type: "string" },
   },
 });
 const tokenDelayMs = Number(values["token-delay-ms"]);
@@ -48,7 +54,8 @@ function choice(ids: number[], lps: number[], finish: string | null, withIds: bo
 async function completions(b: Record<string, unknown>, res: ServerResponse): Promise<void> {
   if (b.model !== values.model) return sendJson(res, 404, { error: { message: `The model \`${String(b.model)}\` does not exist.` } });
   const prompt = b.prompt as number[];
-  if (!Array.isArray(prompt) || prompt.length === 0 || typeof prompt[0] !== "number") return sendJson(res, 400, { error: { message: "prompt must be token ids" } });
+  if (!Array.isArray(prompt) || prompt.length === 0 || typeof prompt[0] !== "number")
+    return sendJson(res, 400, { error: { message: "prompt must be token ids" } });
   if (typeof b.logprobs !== "number") return sendJson(res, 400, { error: { message: "rlq always asks for logprobs" } });
   const withIds = b.return_token_ids === true && !values["legacy-token-strings"];
   const isStream = b.stream === true;
@@ -71,14 +78,31 @@ async function completions(b: Record<string, unknown>, res: ServerResponse): Pro
   let sent = 0;
   if (isStream) res.writeHead(200, { "content-type": "text/event-stream" });
   const chunk = (finishReason: string | null) => {
-    const out = { id: `cmpl-${typeof b.request_id === "string" ? b.request_id : "x"}`, object: "text_completion", created: 0, model: values.model, choices: [choice(ids.slice(sent), lps.slice(sent), finishReason, withIds)] };
+    const out = {
+      id: `cmpl-${typeof b.request_id === "string" ? b.request_id : "x"}`,
+      object: "text_completion",
+      created: 0,
+      model: values.model,
+      choices: [choice(ids.slice(sent), lps.slice(sent), finishReason, withIds)],
+    };
     sent = ids.length;
     return `data: ${JSON.stringify(out)}\n\n`;
   };
   for (let i = 0; i < maxNew; i++) {
     if (tokenDelayMs > 0) await new Promise((r) => setTimeout(r, tokenDelayMs));
     if (isGone) return;
-    const { token, logProb } = sampleToken({ seed, version: 0, position: prompt.length + i, prev, temperature, topP, topK, stopProb, isEosAllowed: i > 0 && !ignoreEos, mode });
+    const { token, logProb } = sampleToken({
+      seed,
+      version: 0,
+      position: prompt.length + i,
+      prev,
+      temperature,
+      topP,
+      topK,
+      stopProb,
+      isEosAllowed: i > 0 && !ignoreEos,
+      mode,
+    });
     ids.push(token);
     lps.push(logProb);
     prev = token;
@@ -94,13 +118,23 @@ async function completions(b: Record<string, unknown>, res: ServerResponse): Pro
     res.end("data: [DONE]\n\n");
     return;
   }
-  sendJson(res, 200, { id: "cmpl-x", object: "text_completion", created: 0, model: values.model, choices: [choice(ids, lps, finish, withIds)], usage: { prompt_tokens: prompt.length, completion_tokens: ids.length, total_tokens: prompt.length + ids.length } });
+  sendJson(res, 200, {
+    id: "cmpl-x",
+    object: "text_completion",
+    created: 0,
+    model: values.model,
+    choices: [choice(ids, lps, finish, withIds)],
+    usage: { prompt_tokens: prompt.length, completion_tokens: ids.length, total_tokens: prompt.length + ids.length },
+  });
 }
 
 const server = createServer((req, res) => {
   void (async () => {
     try {
       const url = (req.url ?? "/").split("?")[0];
+      if (values["api-key"] !== undefined && (url ?? "").startsWith("/v1") && req.headers.authorization !== `Bearer ${values["api-key"]}`) {
+        return sendJson(res, 401, { error: "Unauthorized" });
+      }
       if (req.method === "POST" && url === "/v1/completions") return await completions(await readJson(req), res);
       if (url === "/v1/models") return sendJson(res, 200, { object: "list", data: [{ id: values.model, object: "model" }] });
       if (url === "/health") return sendJson(res, 200, {});

@@ -81,7 +81,10 @@ export async function stepFacts(db: Db, runId: string): Promise<StepFacts[]> {
     "SELECT trained_step AS step, avg(reward)::float8 AS reward FROM rollout_history WHERE run_id = $1 AND trained_step IS NOT NULL GROUP BY 1 ORDER BY 1",
     [runId],
   );
-  const metrics = await db.pool.query<{ step: number; key: string; value: number }>("SELECT step, key, value FROM train_metrics WHERE run_id = $1 ORDER BY step, key", [runId]);
+  const metrics = await db.pool.query<{ step: number; key: string; value: number }>(
+    "SELECT step, key, value FROM train_metrics WHERE run_id = $1 ORDER BY step, key",
+    [runId],
+  );
   return rewards.rows.map((r) => ({
     step: Number(r.step),
     reward: Number(r.reward),

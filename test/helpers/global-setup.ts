@@ -8,7 +8,9 @@ export default async function setup(): Promise<void> {
   try {
     await admin((c) => c.query("SELECT 1"));
   } catch (e) {
-    throw new Error(`integration tests need Postgres at ${process.env.TEST_DATABASE_URL ?? "127.0.0.1:5432"} (run .ci/services.sh): ${(e as Error).message}`, { cause: e });
+    throw new Error(`integration tests need Postgres at ${process.env.TEST_DATABASE_URL ?? "127.0.0.1:5432"} (run .ci/services.sh): ${(e as Error).message}`, {
+      cause: e,
+    });
   }
   const r = new Redis(redisUrl, { maxRetriesPerRequest: 1, lazyConnect: true });
   try {

@@ -6,7 +6,11 @@ import { drawFresh } from "../../src/core/data-buffer.ts";
  * The durability invariants every finished run must satisfy, checked in SQL
  * over its facts (used by the crash tests).
  */
-export async function checkRunInvariants(db: Db, runId: string, opts: { numRollout: number; datasetSize: number; shuffle: boolean; seed: number; rbs: number }): Promise<void> {
+export async function checkRunInvariants(
+  db: Db,
+  runId: string,
+  opts: { numRollout: number; datasetSize: number; shuffle: boolean; seed: number; rbs: number },
+): Promise<void> {
   const q = async (text: string) => (await db.pool.query(text, [runId])).rows;
 
   // Each step committed exactly once, 0..N-1, versions chained.
@@ -20,14 +24,22 @@ export async function checkRunInvariants(db: Db, runId: string, opts: { numRollo
   expect(draws.map((d) => [Number(d.draw_ordinal), d.epoch, d.dataset_index])).toEqual(expected.map((d) => [d.groupId, d.epoch, d.datasetIndex]));
 
   // No group kept twice; every trained group belongs to exactly one committed step with rbs groups.
-  expect(await q("SELECT group_id FROM decisions WHERE run_id = $1 AND kind = 'group.outcome' AND payload->>'outcome' = 'kept' GROUP BY group_id HAVING count(*) > 1")).toEqual([]);
-  const perStep = await q("SELECT trained_step, count(DISTINCT group_id)::int AS g FROM rollout_history WHERE run_id = $1 AND trained_step IS NOT NULL GROUP BY 1 ORDER BY 1");
+  expect(
+    await q(
+      "SELECT group_id FROM decisions WHERE run_id = $1 AND kind = 'group.outcome' AND payload->>'outcome' = 'kept' GROUP BY group_id HAVING count(*) > 1",
+    ),
+  ).toEqual([]);
+  const perStep = await q(
+    "SELECT trained_step, count(DISTINCT group_id)::int AS g FROM rollout_history WHERE run_id = $1 AND trained_step IS NOT NULL GROUP BY 1 ORDER BY 1",
+  );
   expect(perStep).toEqual(steps.map((s) => ({ trained_step: s.step, g: opts.rbs })));
   expect(await q("SELECT group_id FROM rollout_history WHERE run_id = $1 GROUP BY group_id, sample_index HAVING count(*) > 1")).toEqual([]);
 
   // Exactly one sealed batch per step, and one filter verdict per (group, round).
   expect(await q("SELECT step FROM decisions WHERE run_id = $1 AND kind = 'step.sealed' GROUP BY step HAVING count(*) > 1")).toEqual([]);
-  expect(await q("SELECT group_id, payload->>'round' FROM decisions WHERE run_id = $1 AND kind = 'group.filtered' GROUP BY 1, 2 HAVING count(*) > 1")).toEqual([]);
+  expect(await q("SELECT group_id, payload->>'round' FROM decisions WHERE run_id = $1 AND kind = 'group.filtered' GROUP BY 1, 2 HAVING count(*) > 1")).toEqual(
+    [],
+  );
 
   // Segments of a sample are contiguous: each resumes where the previous ended, or restarts from
   // the prompt in the round a staleness cut (group.cut) named for that sample.

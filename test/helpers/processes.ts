@@ -21,7 +21,8 @@ export function spawnTs(script: string, args: string[], env: Record<string, stri
   let out = "";
   const keep = (d: Buffer) => {
     out += d.toString();
-    if (out.length > 200_000) out = out.slice(-100_000);
+    // Keep the tail of a chatty process, but room enough for a whole `rlq export` of a test run.
+    if (out.length > 8_000_000) out = out.slice(-4_000_000);
   };
   child.stdout?.on("data", keep);
   child.stderr?.on("data", keep);
@@ -64,4 +65,50 @@ export async function waitFor<T>(what: string, fn: () => Promise<T | null | unde
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, everyMs));
   }
+}
+
+export interface CommandResult {
+  /** The exit code, or null when a signal ended it. */
+  status: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/**
+ * Run a command to its end without blocking the test worker's event loop.
+ * (spawnSync would: vitest's worker then misses its own RPC deadlines, 60 s,
+ * and the run fails with `Timeout calling "onTaskUpdate"` though every test passed.)
+ */
+export function runCommand(
+  cmd: string,
+  args: readonly string[],
+  opts: { cwd?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number } = {},
+): Promise<CommandResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(cmd, args, { cwd: opts.cwd, env: opts.env ?? process.env, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
+    child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+    const timer = opts.timeoutMs === undefined ? null : setTimeout(() => child.kill("SIGKILL"), opts.timeoutMs);
+    child.on("error", (e) => {
+      if (timer) clearTimeout(timer);
+      reject(new Error(`${cmd}: ${e.message}`));
+    });
+    child.on("close", (code) => {
+      if (timer) clearTimeout(timer);
+      resolve({ status: code, stdout, stderr });
+    });
+  });
+}
+
+/** runCommand, throwing with the command's output when it does not exit 0. */
+export async function runChecked(
+  cmd: string,
+  args: readonly string[],
+  opts: { cwd?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number } = {},
+): Promise<string> {
+  const r = await runCommand(cmd, args, opts);
+  if (r.status !== 0) throw new Error(`${cmd} ${args.join(" ")} exited ${r.status}: ${r.stderr.slice(-4000)}${r.stdout.slice(-2000)}`);
+  return r.stdout;
 }

@@ -5,6 +5,7 @@ import { createDb, type Db } from "../../src/store/db.ts";
 import { startRun } from "../../src/api.ts";
 import { createTestDatabase, redisUrl } from "./services.ts";
 import { repoRoot, spawnFake, type Proc } from "./processes.ts";
+import { sglangArgs } from "../fakes/fake-engine-control.ts";
 
 /**
  * One integration test's world: its own database and queue prefix, a fake
@@ -24,13 +25,10 @@ export interface World {
   close(): Promise<void>;
 }
 
-export async function createWorld(
-  name: string,
-  options: { queue?: "redis" | "postgres"; engineArgs?: string[]; trainerArgs?: string[] } = {},
-): Promise<World> {
+export async function createWorld(name: string, options: { queue?: "redis" | "postgres"; engineArgs?: string[]; trainerArgs?: string[] } = {}): Promise<World> {
   const database = await createTestDatabase(`rlq_${name}`);
   const db = createDb(database.url, { max: 4 });
-  const engine = await spawnFake("test/fakes/fake-sglang.ts", options.engineArgs ?? []);
+  const engine = await spawnFake("test/fakes/fake-sglang.ts", sglangArgs(options.engineArgs ?? []));
   const trainer = await spawnFake("test/fakes/fake-trainer.ts", options.trainerArgs ?? []);
   const extra: Proc[] = [];
   const home = mkdtempSync(join(tmpdir(), `rlq-${name}-`));
@@ -52,6 +50,8 @@ export async function createWorld(
     custom_rm_path: join(repoRoot, "test/fixtures/reward-parity.mjs"),
     dynamic_sampling_filter_path: "check_reward_nonzero_std",
     engine: { kind: "sglang", urls: [engine.url] },
+    // The fake SGLang server speaks rlq's byte ids (a real one needs hf_checkpoint).
+    tokenizer: "bytes",
     trainer: { kind: "remote", url: trainer.url },
     train_stall_timeout_s: 10,
     ...overrides,
@@ -68,7 +68,7 @@ export async function createWorld(
       return runId;
     },
     async freshEngine(args = options.engineArgs ?? []) {
-      const p = await spawnFake("test/fakes/fake-sglang.ts", args);
+      const p = await spawnFake("test/fakes/fake-sglang.ts", sglangArgs(args));
       extra.push(p);
       return p.url;
     },

@@ -52,7 +52,10 @@ describe("asynchronous mode", () => {
     const aborted = await q("SELECT count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind = 'group.aborted'", runId);
     expect(aborted[0].n).toBeGreaterThan(0);
     // An aborted request kept its tokens and the sample went on under the next version.
-    const spanning = await q("SELECT count(*)::int AS n FROM (SELECT 1 FROM sample_segments WHERE run_id = $1 AND token_end > token_start GROUP BY group_id, sample_index HAVING count(DISTINCT weight_version) > 1) x", runId);
+    const spanning = await q(
+      "SELECT count(*)::int AS n FROM (SELECT 1 FROM sample_segments WHERE run_id = $1 AND token_end > token_start GROUP BY group_id, sample_index HAVING count(DISTINCT weight_version) > 1) x",
+      runId,
+    );
     expect(spanning[0].n).toBeGreaterThan(0);
     expect(await q("SELECT count(*)::int AS n FROM sample_segments WHERE run_id = $1 AND is_version_mismatch", runId)).toEqual([{ n: 0 }]);
     // A sample's versions never go down, segment after segment.
@@ -87,7 +90,13 @@ describe("asynchronous mode", () => {
     // `rlq run status` shows the pipeline: staleness histogram and the trainer's busy fraction.
     const status = spawnRlq(["run", "status", runId, "--json"], w.env);
     expect(await status.exited).toBe(0);
-    const report = JSON.parse(status.output().slice(status.output().indexOf("{"))) as { pipeline: { stalenessHistogram: Record<string, number>; inflightByVersion: Record<string, number>; trainer: { stepsTrained: number; busyFraction: number } } };
+    const report = JSON.parse(status.output().slice(status.output().indexOf("{"))) as {
+      pipeline: {
+        stalenessHistogram: Record<string, number>;
+        inflightByVersion: Record<string, number>;
+        trainer: { stepsTrained: number; busyFraction: number };
+      };
+    };
     expect(Object.values(report.pipeline.stalenessHistogram).reduce((a, b) => a + b, 0)).toBe(4 * 4 * 4);
     expect(report.pipeline.inflightByVersion).toEqual({});
     expect(report.pipeline.trainer.stepsTrained).toBe(4);
@@ -119,7 +128,10 @@ describe("asynchronous mode", () => {
     expect(await q("SELECT count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind = 'group.aborted'", runId)).toEqual([{ n: 0 }]);
     const modes = await q("SELECT DISTINCT payload->>'mode' AS mode FROM decisions WHERE run_id = $1 AND kind = 'weights.syncing'", runId);
     expect(modes).toEqual([{ mode: "drain" }]);
-    const spanning = await q("SELECT count(*)::int AS n FROM (SELECT 1 FROM sample_segments WHERE run_id = $1 AND token_end > token_start GROUP BY group_id, sample_index HAVING count(DISTINCT weight_version) > 1) x", runId);
+    const spanning = await q(
+      "SELECT count(*)::int AS n FROM (SELECT 1 FROM sample_segments WHERE run_id = $1 AND token_end > token_start GROUP BY group_id, sample_index HAVING count(DISTINCT weight_version) > 1) x",
+      runId,
+    );
     expect(spanning).toEqual([{ n: 0 }]);
     const worst = await q("SELECT coalesce(max(staleness), 0)::int AS s FROM staleness WHERE run_id = $1", runId);
     expect(worst[0].s).toBeLessThanOrEqual(2);
@@ -151,11 +163,37 @@ describe("asynchronous mode", () => {
   });
 
   it("refuses to shorten num_rollout below the steps already sealed", async () => {
-    const runId = await w.start({ train_async: true, num_rollout: 4, rollout_max_response_len: 24, dynamic_sampling_filter_path: null, engine: { kind: "sglang", urls: [await w.freshEngine()] } });
+    // train_stall_timeout_s: the trainer is held below, and a held trainer must not cost attempts.
+    const runId = await w.start({
+      train_async: true,
+      num_rollout: 4,
+      rollout_max_response_len: 24,
+      dynamic_sampling_filter_path: null,
+      train_stall_timeout_s: 300,
+      engine: { kind: "sglang", urls: [await w.freshEngine()] },
+    });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
-    await waitFor("two sealed steps", async () => (await q("SELECT count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind = 'step.sealed'", runId))[0].n >= 2, 60_000, 50);
-    const amend = spawnRlq(["run", "amend", runId, "--set", "num_rollout=1"], w.env);
-    expect(await amend.exited).toBe(0);
+    await waitFor(
+      "two sealed steps",
+      async () => (await q("SELECT count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind = 'step.sealed'", runId))[0].n >= 2,
+      60_000,
+      50,
+    );
+    // Hold the trainer (SIGSTOP) so that the run cannot finish before the amend CLI has started and
+    // the controller has answered it: without this the test raced the CLI's start-up time.
+    w.trainer.child.kill("SIGSTOP");
+    try {
+      const amend = spawnRlq(["run", "amend", runId, "--set", "num_rollout=1"], w.env);
+      expect(await amend.exited).toBe(0);
+      await waitFor(
+        "the amend answered",
+        async () => (await q("SELECT error FROM run_requests WHERE run_id = $1 AND error IS NOT NULL", runId)).length > 0,
+        120_000,
+        50,
+      );
+    } finally {
+      w.trainer.child.kill("SIGCONT");
+    }
     expect(await up.exited, up.output()).toBe(0);
     const reqs = await q("SELECT error FROM run_requests WHERE run_id = $1", runId);
     expect(reqs[0].error).toMatch(/^num_rollout 1 is below the [2-4] step\(s\) already sealed/);

@@ -21,7 +21,10 @@ describe("bad input", () => {
 
   it("a bad config names the key, the value and what was expected", async () => {
     const file = join(w.home, "bad.yaml");
-    writeFileSync(file, "prompt_data: x.jsonl\nrollout_batch_size: abc\nn_samples_per_prompt: 0\nnum_rollout: 1\nrollout_max_response_len: 8\nrm_type: math\nrollout_batch_sise: 3\n");
+    writeFileSync(
+      file,
+      "prompt_data: x.jsonl\nrollout_batch_size: abc\nn_samples_per_prompt: 0\nnum_rollout: 1\nrollout_max_response_len: 8\nrm_type: math\nrollout_batch_sise: 3\n",
+    );
     const p = spawnRlq(["run", "start", "--config", file], w.env);
     expect(await p.exited).toBe(2);
     const out = p.output();
@@ -34,7 +37,14 @@ describe("bad input", () => {
   });
 
   it("bad dataset rows are reported with their line numbers and the rest stays usable", async () => {
-    const runId = await w.start({ prompt_data: join(repoRoot, "test/fixtures/bad-rows.jsonl"), rollout_batch_size: 2, n_samples_per_prompt: 2, over_sampling_batch_size: 2, num_rollout: 2, dynamic_sampling_filter_path: null });
+    const runId = await w.start({
+      prompt_data: join(repoRoot, "test/fixtures/bad-rows.jsonl"),
+      rollout_batch_size: 2,
+      n_samples_per_prompt: 2,
+      over_sampling_batch_size: 2,
+      num_rollout: 2,
+      dynamic_sampling_filter_path: null,
+    });
     const created = (await w.db.pool.query("SELECT payload FROM decisions WHERE run_id = $1 AND kind = 'run.created'", [runId])).rows[0].payload;
     // 6 lines: 2 usable, 4 bad (invalid JSON, no input, an array, metadata not an object).
     expect(created.datasetSize).toBe(2);

@@ -4,6 +4,7 @@ import { stringify } from "yaml";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 import { spawnRlq, waitFor } from "../helpers/processes.ts";
+import { asRole } from "../helpers/services.ts";
 
 /** The rlq command as a user drives it: start, amend, pause, cancel, sql, export, db url. */
 describe("the rlq CLI", () => {
@@ -44,22 +45,32 @@ describe("the rlq CLI", () => {
     const amended = (await w.db.pool.query("SELECT payload FROM decisions WHERE run_id = $1 AND kind = 'run.amended'", [runId])).rows;
     expect(amended).toEqual([{ payload: { changes: { num_rollout: 4 } } }]);
 
-    const sql = await rlq(["sql", `SELECT trained_step, count(*)::int AS n FROM rollout_history WHERE run_id = '${runId}' AND trained_step IS NOT NULL GROUP BY 1 ORDER BY 1`, "--json"]);
+    const sql = await rlq([
+      "sql",
+      `SELECT trained_step, count(*)::int AS n FROM rollout_history WHERE run_id = '${runId}' AND trained_step IS NOT NULL GROUP BY 1 ORDER BY 1`,
+      "--json",
+    ]);
     expect(sql.code, sql.out).toBe(0);
     expect(JSON.parse(sql.out.trim())).toEqual([0, 1, 2, 3].map((s) => ({ trained_step: s, n: 8 })));
     const write = await rlq(["sql", "DELETE FROM runs"]);
     expect(write.code).toBe(1);
-    expect(write.out).toMatch(/read-only transaction/);
+    expect(write.out).toMatch(/read-only queries only.*got DELETE/);
 
     const exp = await rlq(["export", runId, "--format", "jsonl"]);
     expect(exp.code).toBe(0);
-    const lines = exp.out.trim().split("\n").filter((l) => l.startsWith("{"));
+    const lines = exp.out
+      .trim()
+      .split("\n")
+      .filter((l) => l.startsWith("{"));
     const total = (await w.db.pool.query("SELECT count(*)::int AS n FROM rollout_history WHERE run_id = $1", [runId])).rows[0].n;
     expect(lines).toHaveLength(total);
     expect(JSON.parse(lines[0] as string)).toMatchObject({ run_id: runId });
 
+    // The reader's URL unless asked for another (issue 22).
     const url = await rlq(["db", "url"]);
-    expect(url.out.trim()).toBe(w.env.DATABASE_URL);
+    expect(url.out.trim()).toBe(asRole(w.env.DATABASE_URL as string, "rlq_reader"));
+    const runtimeUrl = await rlq(["db", "url", "--role", "runtime"]);
+    expect(runtimeUrl.out.trim()).toBe(w.env.DATABASE_URL);
   });
 
   it("a run whose engines serve another run's weights pauses with a clear reason instead of waiting", async () => {
@@ -94,7 +105,9 @@ describe("the rlq CLI", () => {
     expect(await up.exited, up.output()).toBe(0);
     const status = await rlq(["run", "status", runId]);
     expect(status.out).toMatch(/status:\s+cancelled/);
-    const kinds = (await w.db.pool.query("SELECT payload->>'status' AS s FROM decisions WHERE run_id = $1 AND kind = 'run.status' ORDER BY seq", [runId])).rows.map((r) => r.s);
+    const kinds = (
+      await w.db.pool.query("SELECT payload->>'status' AS s FROM decisions WHERE run_id = $1 AND kind = 'run.status' ORDER BY seq", [runId])
+    ).rows.map((r) => r.s);
     expect(kinds).toEqual(["running", "paused", "running", "cancelled"]);
   });
 });

@@ -48,10 +48,15 @@ async function chaosRun(
       procs[which] = which === "up" ? spawnRlq(["up", "--run", runId], w.env) : spawnRlq(["worker", "rollout", "reward", "train", "--concurrency", "8"], w.env);
     }
     try {
-      await waitFor("the run to complete", async () => {
-        const r = await w.db.pool.query("SELECT status FROM runs WHERE id = $1", [runId]);
-        return r.rows[0]?.status === "completed";
-      }, 150_000, 250);
+      await waitFor(
+        "the run to complete",
+        async () => {
+          const r = await w.db.pool.query("SELECT status FROM runs WHERE id = $1", [runId]);
+          return r.rows[0]?.status === "completed";
+        },
+        150_000,
+        250,
+      );
     } catch (e) {
       const run = await w.db.pool.query("SELECT status, step, last_error FROM runs WHERE id = $1", [runId]);
       const last = await w.db.pool.query("SELECT seq, kind, step, group_id, payload FROM decisions WHERE run_id = $1 ORDER BY seq DESC LIMIT 6", [runId]);
@@ -75,7 +80,14 @@ async function chaosRun(
 }
 
 /** Asynchronous mode under the same chaos: the staleness bound must hold over every trained sample. */
-const asyncConfig = { train_async: true, max_staleness: 1, staleness_policy: "drop", max_regenerations: 3, partial_rollout: false, rollout_max_response_len: 32 };
+const asyncConfig = {
+  train_async: true,
+  max_staleness: 1,
+  staleness_policy: "drop",
+  max_regenerations: 3,
+  partial_rollout: false,
+  rollout_max_response_len: 32,
+};
 
 describe.each([
   ["redis", kills, 30, {}],
@@ -90,7 +102,11 @@ describe.each([
 
   const isAsync = "train_async" in overrides;
   it(`survives ${killCount} SIGKILLs and lost queue state with every invariant intact${isAsync ? " (async mode: the staleness bound holds)" : ""}`, async () => {
-    w = await createWorld(`crash${queue}${isAsync ? "async" : ""}`, { queue, engineArgs: ["--token-delay-ms", isAsync ? "6" : "2"], trainerArgs: ["--step-ms", isAsync ? "150" : "40"] });
+    w = await createWorld(`crash${queue}${isAsync ? "async" : ""}`, {
+      queue,
+      engineArgs: ["--token-delay-ms", isAsync ? "6" : "2"],
+      trainerArgs: ["--step-ms", isAsync ? "150" : "40"],
+    });
     const { runId, killed, wipes } = await chaosRun(w, numRollout, killCount, 1234, overrides);
     if (isAsync) {
       const worst = await w.db.pool.query("SELECT coalesce(max(staleness), 0)::int AS s, count(*)::int AS n FROM staleness WHERE run_id = $1", [runId]);
@@ -102,7 +118,7 @@ describe.each([
     await checkRunInvariants(w.db, runId, { numRollout, datasetSize: 64, shuffle: true, seed: 42, rbs: 4 });
     const replay = spawnRlq(["replay", runId, "--check"], w.env);
     expect(await replay.exited, replay.output()).toBe(0);
-     
+
     console.log(JSON.stringify({ queue, runId, killed, wipes }));
   });
 });

@@ -25,11 +25,27 @@ afterAll(async () => {
   await engine.close();
 });
 
-function bindingFor(prompt: string, sampleIndex: number, budget: number, prior: { tokens: number[]; segments: number } = { tokens: [], segments: 0 }): CustomGenerateBinding {
+function bindingFor(
+  prompt: string,
+  sampleIndex: number,
+  budget: number,
+  prior: { tokens: number[]; segments: number } = { tokens: [], segments: 0 },
+): CustomGenerateBinding {
   return {
     engine,
     args: { rollout_max_response_len: 16 },
-    sample: { sampleIndex, groupId: 1, round: prior.segments, prompt, promptTokens: tok.formatPrompt(prompt), responseTokens: prior.tokens, response: tok.decode(prior.tokens), label: null, metadata: {}, status: "pending" },
+    sample: {
+      sampleIndex,
+      groupId: 1,
+      round: prior.segments,
+      prompt,
+      promptTokens: tok.formatPrompt(prompt),
+      responseTokens: prior.tokens,
+      response: tok.decode(prior.tokens),
+      label: null,
+      metadata: {},
+      status: "pending",
+    },
     sampling: { temperature: 2, topP: 1, topK: -1, stopTokenIds: [tok.eosId] },
     budget,
     firstSegmentIndex: prior.segments,

@@ -1,3 +1,4 @@
+import { sglangArgs } from "../fakes/fake-engine-control.ts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 import { spawnFake, spawnRlq, waitFor, type Proc } from "../helpers/processes.ts";
@@ -28,7 +29,13 @@ async function snapshot(w: World, runId: string): Promise<Record<string, unknown
     out[t] = rows.map((r) => {
       for (const d of [...drop, "run_id"]) delete r[d];
       // Ids and checkpoint paths embed the run id and attempt; the content is what must match.
-      return JSON.parse(JSON.stringify(r).replaceAll(runId, "RUN").replace(/attempt-[0-9a-z-]+/g, "attempt-X").replace(/"engine":"[^"]*"/g, '"engine":"E"').replace(/http:\/\/127\.0\.0\.1:\d+/g, "URL"));
+      return JSON.parse(
+        JSON.stringify(r)
+          .replaceAll(runId, "RUN")
+          .replace(/attempt-[0-9a-z-]+/g, "attempt-X")
+          .replace(/"engine":"[^"]*"/g, '"engine":"E"')
+          .replace(/http:\/\/127\.0\.0\.1:\d+/g, "URL"),
+      );
     });
   }
   return out;
@@ -50,7 +57,7 @@ describe("deterministic mode", () => {
     expect(await up.exited, up.output()).toBe(0);
 
     // Its own engine: the first run left the shared one serving version 6.
-    const engine2 = await spawnFake("test/fakes/fake-sglang.ts", ["--token-delay-ms", "2"]);
+    const engine2 = await spawnFake("test/fakes/fake-sglang.ts", sglangArgs(["--token-delay-ms", "2"]));
     const crashed = await w.start({ ...config, engine: { kind: "sglang", urls: [engine2.url] } });
     const rand = mulberry32(99);
     const procs: { up: Proc; worker: Proc } = {
@@ -80,7 +87,15 @@ describe("deterministic mode", () => {
       const ra = a[t] ?? [];
       const rb = b[t] ?? [];
       const first = ra.findIndex((r, i) => JSON.stringify(r) !== JSON.stringify(rb[i]));
-      if (first >= 0) console.log(t, "first difference at", first, JSON.stringify(ra.slice(Math.max(0, first - 2), first + 2)), "\n vs \n", JSON.stringify(rb.slice(Math.max(0, first - 2), first + 2)));
+      if (first >= 0)
+        console.log(
+          t,
+          "first difference at",
+          first,
+          JSON.stringify(ra.slice(Math.max(0, first - 2), first + 2)),
+          "\n vs \n",
+          JSON.stringify(rb.slice(Math.max(0, first - 2), first + 2)),
+        );
       expect(b[t]?.length, `${t} row count`).toBe(a[t]?.length);
       expect(b[t], `${t} rows`).toEqual(a[t]);
     }

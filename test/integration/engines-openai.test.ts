@@ -26,7 +26,19 @@ describe("OpenAI-compatible adapter (vLLM)", () => {
     expect(a.logProbs.length).toBe(a.tokenIds.length);
     const c = await e.generate(request("o-3", { maxNewTokens: 2, stopTokenIds: [], seed: 5 }));
     expect(c.tokenIds.length).toBeLessThanOrEqual(2);
-    await expect(createOpenAiCompatEngine({ url: f.url, model: "other", requestTimeoutMs: 1000 }).checkServer()).rejects.toMatchObject({ code: "engine_model_missing" });
+    await expect(createOpenAiCompatEngine({ url: f.url, model: "other", requestTimeoutMs: 1000 }).checkServer()).rejects.toMatchObject({
+      code: "engine_model_missing",
+    });
+  });
+
+  it("--api-key: the key goes on every /v1 call; without it the server answers 401 and the error names engine.api_key", async () => {
+    const f = await fake(["--api-key", "vk-1"]);
+    const keyed = h.pool([createOpenAiCompatEngine({ url: f.url, model: "fake/model", requestTimeoutMs: 10_000, apiKey: "vk-1" })]);
+    await keyed.awaitReady(10_000);
+    expect((await keyed.generate(request("k-1"))).tokenIds.length).toBeGreaterThan(0);
+    await expect(createOpenAiCompatEngine({ url: f.url, model: "fake/model", requestTimeoutMs: 10_000 }).generate(request("k-2"))).rejects.toThrow(
+      /wants an API key .*engine\.api_key/,
+    );
   });
 
   it("raw_logprobs are refused unless T = 1; processed_logprobs unless top-p/top-k are off", async () => {

@@ -15,7 +15,8 @@ const h = engineHarness("sglang");
 const fake = (args: string[] = []) => h.fake(args);
 function pool(urls: string[], extra: Partial<Parameters<typeof createEnginePool>[0]> = {}): EnginePool {
   return h.pool(
-    urls.map((url) => createSglangServer({ url, requestTimeoutMs: 20_000 })),
+    // Streaming: a killed engine still leaves the tokens it streamed.
+    urls.map((url) => createSglangServer({ url, requestTimeoutMs: 20_000, isStreaming: true })),
     { noEngineWaitMs: 10_000, ...extra },
   );
 }
@@ -33,7 +34,8 @@ describe("engine pool", () => {
     const results: Array<Promise<GenerateResult>> = [];
     for (let i = 0; i < n; i++) results.push(p.generate(request(`kill-${i}`, { maxNewTokens: 150, stopTokenIds: [], seed: 100 + i })));
     await until("both engines generating", async () => (await fakeStats(a.url)).live > 0 && (await fakeStats(b.url)).live > 0);
-    await new Promise((r) => setTimeout(r, 150));
+    const before = (await fakeStats(a.url)).tokensGenerated;
+    await until("engine a decoding", async () => (await fakeStats(a.url)).tokensGenerated >= before + 20);
     a.kill("SIGKILL");
     const done = await Promise.all(results); // nothing rejects, nothing is lost
 
@@ -104,9 +106,15 @@ describe("engine pool", () => {
     let isDone = false;
     void syncing.then(() => (isDone = true));
     // The "trainer" pushes to one engine, then the other (here through the disk endpoint; NCCL in production).
-    const push = (url: string) => fetch(`${url}/update_weights_from_disk`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model_path: "/pushed", weight_version: "1" }) });
+    const push = (url: string) =>
+      fetch(`${url}/update_weights_from_disk`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model_path: "/pushed", weight_version: "1" }),
+      });
     await push(a.url);
-    await new Promise((r) => setTimeout(r, 300));
+    // The sync has seen engine a on version 1 (its poll read it) and still waits for b.
+    await until("the sync saw engine a on version 1", () => p.snapshot().engines.find((e) => e.engineId === a.url)?.weightVersion === 1);
     expect(isDone).toBe(false);
     await push(b.url);
     const report = await syncing;

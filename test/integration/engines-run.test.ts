@@ -5,7 +5,8 @@ import { checkRunInvariants } from "../helpers/invariants.ts";
 import { restartFake, startFake, type FakeServer } from "../fakes/fake-engine-control.ts";
 
 /**
- * A whole run on two fake SGLang engines behind the pool; one engine is
+ * A whole run on two fake SGLang engines behind the pool (streaming, so a
+ * dying server's tokens are kept); one engine is
  * killed mid-generation and restarted. The run completes, no sample is lost,
  * and the killed engine's in-flight samples come back as partial rollouts
  * (aborted segments with tokens, continued by a later segment).
@@ -25,27 +26,42 @@ describe("a run on two engines, one killed and restarted mid-run", () => {
 
   it("completes with every sample accounted for", async () => {
     const b = extra[0] as FakeServer;
-    const runId = await w.start({ num_rollout: 6, partial_rollout: true, rollout_max_response_len: 128, rollout_health_check_interval: 1, engine: { kind: "sglang", urls: [w.engine.url, b.url] } });
+    const runId = await w.start({
+      num_rollout: 6,
+      partial_rollout: true,
+      rollout_max_response_len: 128,
+      rollout_health_check_interval: 1,
+      engine: { kind: "sglang", urls: [w.engine.url, b.url], stream: true },
+    });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     // Kill engine B once it has produced segments of this run, while it still has requests in flight.
     // ... and its live requests have streamed some tokens: still live 60 ms (~10 tokens) after first seen.
     const liveNow = async () => ((await (await fetch(`${b.url}/stats`)).json()) as { live: number }).live;
-    await waitFor("engine B generating", async () => {
-      const r = await w.db.pool.query("SELECT count(*)::int AS n FROM sample_segments WHERE run_id = $1 AND engine = $2", [runId, b.url]);
-      if ((r.rows[0]?.n ?? 0) === 0 || (await liveNow()) < 4) return false;
-      await new Promise((res) => setTimeout(res, 60));
-      return (await liveNow()) >= 4;
-    }, 120_000, 20);
+    await waitFor(
+      "engine B generating",
+      async () => {
+        const r = await w.db.pool.query("SELECT count(*)::int AS n FROM sample_segments WHERE run_id = $1 AND engine = $2", [runId, b.url]);
+        if ((r.rows[0]?.n ?? 0) === 0 || (await liveNow()) < 4) return false;
+        await new Promise((res) => setTimeout(res, 60));
+        return (await liveNow()) >= 4;
+      },
+      120_000,
+      20,
+    );
     b.kill("SIGKILL");
     await new Promise((r) => setTimeout(r, 1500));
     extra.push(await restartFake("sglang", b.port, args));
     // The controller's pool notices the restarted engine (on version 0) and loads the current weights into it.
-    await waitFor("restarted engine reloaded", async () => ((await (await fetch(`${b.url}/stats`)).json()) as { loads: number }).loads > 0, 60_000).catch(async (e: Error) => {
-      const d = (await w.db.pool.query("SELECT seq, kind, step FROM decisions WHERE run_id = $1 ORDER BY seq DESC LIMIT 4", [runId])).rows;
-      throw new Error(`${e.message} ${JSON.stringify(d)} ${up.output().slice(-3000)}`, { cause: e });
-    });
+    await waitFor("restarted engine reloaded", async () => ((await (await fetch(`${b.url}/stats`)).json()) as { loads: number }).loads > 0, 60_000).catch(
+      async (e: Error) => {
+        const d = (await w.db.pool.query("SELECT seq, kind, step FROM decisions WHERE run_id = $1 ORDER BY seq DESC LIMIT 4", [runId])).rows;
+        throw new Error(`${e.message} ${JSON.stringify(d)} ${up.output().slice(-3000)}`, { cause: e });
+      },
+    );
 
     expect(await up.exited, up.output()).toBe(0);
+    // The death is in the log (it used to show only in engine_metrics).
+    expect(up.output()).toMatch(/engine left the rotation/);
     await checkRunInvariants(w.db, runId, { numRollout: 6, datasetSize: 64, shuffle: false, seed: 42, rbs: 4 });
 
     // The killed engine's in-flight samples: aborted segments with tokens, each continued by a later segment.
@@ -59,10 +75,11 @@ describe("a run on two engines, one killed and restarted mid-run", () => {
     const trainedOrKept = await w.db.pool.query("SELECT count(*)::int AS n FROM rollout_history WHERE run_id = $1 AND trained_step IS NOT NULL", [runId]);
     expect(trainedOrKept.rows[0]?.n).toBe(6 * 4 * 4);
     // Every partial that belongs to a group that was later trained was continued, not regenerated.
-    for (const r of partial.rows) if (!r.continued) {
-      const g = await w.db.pool.query("SELECT 1 FROM rollout_history WHERE run_id = $1 AND group_id = $2 AND trained_step IS NOT NULL", [runId, r.group_id]);
-      expect(g.rows).toEqual([]);
-    }
+    for (const r of partial.rows)
+      if (!r.continued) {
+        const g = await w.db.pool.query("SELECT 1 FROM rollout_history WHERE run_id = $1 AND group_id = $2 AND trained_step IS NOT NULL", [runId, r.group_id]);
+        expect(g.rows).toEqual([]);
+      }
 
     const replay = spawnRlq(["replay", runId, "--check"], w.env);
     expect(await replay.exited, replay.output()).toBe(0);

@@ -13,9 +13,10 @@ import { fakeStats, request, setFault, startFake, until } from "../fakes/fake-en
  */
 const h = engineHarness("sglang");
 const fake = (args: string[] = []) => h.fake(args);
+/** Streaming adapters: most tests here are about what a stream keeps when a server misbehaves. */
 function pool(urls: string[], extra: Partial<Parameters<typeof createEnginePool>[0]> = {}, requestTimeoutMs = 10_000): EnginePool {
   return h.pool(
-    urls.map((url) => createSglangServer({ url, requestTimeoutMs })),
+    urls.map((url) => createSglangServer({ url, requestTimeoutMs, isStreaming: true })),
     { healthTimeoutMs: 500, ...extra },
   );
 }
@@ -46,8 +47,7 @@ describe("SGLang adapter", () => {
     let isSettled = false;
     const pending = p.generate(request("ab-1", { maxNewTokens: 2000 })).finally(() => (isSettled = true));
     const other = p.generate(request("ab-2", { maxNewTokens: 40 }));
-    await until("tokens flowing", async () => (await fakeStats(f.url)).live === 2);
-    await new Promise((r) => setTimeout(r, 100));
+    await until("tokens flowing", async () => (await fakeStats(f.url)).live === 2 && (await fakeStats(f.url)).tokensGenerated >= 10);
     await p.abort(["ab-1", "unknown-id"]);
     expect(isSettled).toBe(true);
     const r = await pending;
@@ -178,22 +178,32 @@ describe("SGLang adapter", () => {
     await p.checkHealth();
     const rs = await Promise.all(Array.from({ length: 10 }, (_, i) => p.generate(request(`rt-${i}`, { seed: i }))));
     expect(new Set(rs.map((r) => r.engineId))).toEqual(new Set([a.url, b.url]));
-    expect(p.snapshot().engines.map((e) => e.engineId).sort()).toEqual([a.url, b.url].sort());
+    expect(
+      p
+        .snapshot()
+        .engines.map((e) => e.engineId)
+        .sort(),
+    ).toEqual([a.url, b.url].sort());
   });
 
   it("weights pushed under a streaming request: the segment ends at the last token of the old version", async () => {
     const f = await fake(["--token-delay-ms", "4", "--stop-prob", "0.000001"]);
-    const e = createSglangServer({ url: f.url, requestTimeoutMs: 10_000 });
+    const e = createSglangServer({ url: f.url, requestTimeoutMs: 10_000, isStreaming: true });
     const pending = e.generate(request("push-mid", { maxNewTokens: 500, stopTokenIds: [], seed: 9 }));
-    await until("tokens flowing", async () => (await fakeStats(f.url)).live === 1);
-    await new Promise((r) => setTimeout(r, 100));
-    await fetch(`${f.url}/update_weights_from_distributed`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ weight_version: "5" }) });
+    await until("tokens flowing", async () => (await fakeStats(f.url)).live === 1 && (await fakeStats(f.url)).tokensGenerated >= 10);
+    await fetch(`${f.url}/update_weights_from_distributed`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ weight_version: "5" }),
+    });
     const r = await pending;
     expect(r).toMatchObject({ finishReason: "abort", weightVersion: 0 });
     expect(r.tokenIds.length).toBeGreaterThan(0);
     // Every kept token is version 0's: compare with a fresh version-0 server.
     const g = await fake(["--stop-prob", "0.000001"]);
-    const full = await createSglangServer({ url: g.url, requestTimeoutMs: 10_000 }).generate(request("push-ref", { maxNewTokens: r.tokenIds.length, stopTokenIds: [], seed: 9 }));
+    const full = await createSglangServer({ url: g.url, requestTimeoutMs: 10_000 }).generate(
+      request("push-ref", { maxNewTokens: r.tokenIds.length, stopTokenIds: [], seed: 9 }),
+    );
     expect(full.tokenIds).toEqual(r.tokenIds);
   });
 
@@ -213,7 +223,11 @@ describe("SGLang adapter", () => {
 
 describe("SGLang adapter without streaming: one batch /generate per event-loop turn", () => {
   function batchedPool(url: string): EnginePool {
-    const p = createEnginePool({ members: [createSglangServer({ url, requestTimeoutMs: 10_000, isStreaming: false })], healthIntervalMs: 200, warmupGraceMs: 0 });
+    const p = createEnginePool({
+      members: [createSglangServer({ url, requestTimeoutMs: 10_000, isStreaming: false })],
+      healthIntervalMs: 200,
+      warmupGraceMs: 0,
+    });
     h.trackPool(p);
     return p;
   }

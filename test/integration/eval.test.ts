@@ -28,17 +28,30 @@ describe("evaluation", () => {
     });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     expect(await up.exited, up.output()).toBe(0);
-    const rows = (await w.db.pool.query("SELECT step, dataset, weight_version, num_prompts, num_samples, mean_reward, pass_at_k FROM eval_results WHERE run_id = $1 ORDER BY step, dataset", [runId])).rows;
+    const rows = (
+      await w.db.pool.query(
+        "SELECT step, dataset, weight_version, num_prompts, num_samples, mean_reward, pass_at_k FROM eval_results WHERE run_id = $1 ORDER BY step, dataset",
+        [runId],
+      )
+    ).rows;
     expect(rows.map((r) => [r.step, r.dataset, r.weight_version])).toEqual([
-      [0, "again", 0], [0, "small", 0],
-      [2, "again", 2], [2, "small", 2],
-      [3, "again", 3], [3, "small", 3],
+      [0, "again", 0],
+      [0, "small", 0],
+      [2, "again", 2],
+      [2, "small", 2],
+      [3, "again", 3],
+      [3, "small", 3],
     ]);
     for (const r of rows) {
       expect(r.num_prompts).toBe(8);
       expect(r.num_samples).toBe(32);
       // pass@k is the unbiased estimator over the stored samples: recompute it from eval_samples.
-      const samples = (await w.db.pool.query("SELECT prompt_index, reward, weight_version, array_length(tokens, 1) AS n FROM eval_samples WHERE run_id = $1 AND step = $2 AND dataset = $3", [runId, r.step, r.dataset])).rows;
+      const samples = (
+        await w.db.pool.query(
+          "SELECT prompt_index, reward, weight_version, array_length(tokens, 1) AS n FROM eval_samples WHERE run_id = $1 AND step = $2 AND dataset = $3",
+          [runId, r.step, r.dataset],
+        )
+      ).rows;
       expect(samples).toHaveLength(32);
       for (const s of samples) expect(s.weight_version).toBe(r.weight_version);
       const byPrompt = new Map<number, number[]>();

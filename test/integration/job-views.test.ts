@@ -24,7 +24,14 @@ describe("job views and the one-statement round write", () => {
     await appendDecisions(db, runId, 0, seq, list);
     seq += list.length;
   };
-  const segment = (sampleIndex: number, segmentIndex: number, round: number, tokens: number[], logProbs: number[], status: "completed" | "aborted" | "truncated"): RoundFacts["segments"][number] => ({
+  const segment = (
+    sampleIndex: number,
+    segmentIndex: number,
+    round: number,
+    tokens: number[],
+    logProbs: number[],
+    status: "completed" | "aborted" | "truncated",
+  ): RoundFacts["segments"][number] => ({
     sampleIndex,
     segmentIndex,
     round,
@@ -52,7 +59,19 @@ describe("job views and the one-statement round write", () => {
     db = createDb(database.url, { max: 4 });
     await insertRun(db, { runId, name: runId, config: {}, datasetFingerprint: "x", datasetSize: 1, datasetErrors: [], pluginFingerprints: {} });
     await appendDecisions(db, runId, 0, seq, [], (tx) =>
-      insertDrawnPrompts(tx, [{ runId, drawOrdinal: 0, epoch: 0, datasetIndex: 4, step: 0, prompt: 'say "hi", {x}\\n', label: null, metadata: { k: [1, "a"] }, promptTokens: [256, 72, 105] }]),
+      insertDrawnPrompts(tx, [
+        {
+          runId,
+          drawOrdinal: 0,
+          epoch: 0,
+          datasetIndex: 4,
+          step: 0,
+          prompt: 'say "hi", {x}\\n',
+          label: null,
+          metadata: { k: [1, "a"] },
+          promptTokens: [256, 72, 105],
+        },
+      ]),
     );
   });
   afterAll(async () => {
@@ -71,7 +90,14 @@ describe("job views and the one-statement round write", () => {
     expect((await loadRolloutJobView(db, { runId, groupId: 0, round: 0, step: 1 }, n)).isDispatched).toBe(false);
 
     const facts: RoundFacts = {
-      runId, groupId: 0, round: 0, step: 0, jobId: "gen-0-0", expectedWeightVersion: 0, isComplete: false, wasAborted: true,
+      runId,
+      groupId: 0,
+      round: 0,
+      step: 0,
+      jobId: "gen-0-0",
+      expectedWeightVersion: 0,
+      isComplete: false,
+      wasAborted: true,
       segments: [
         segment(0, 0, 0, [65, 66, 257], [-0.5, -1.25e-7, -Infinity], "completed"),
         segment(1, 0, 0, [67, 68], [-0.1, -2], "aborted"),
@@ -100,7 +126,11 @@ describe("job views and the one-statement round write", () => {
     expect(start.view).toEqual(expected);
     expect(start.view?.samples[0]?.logProbs).toEqual([-0.5, expected.samples[0]?.logProbs[1], -Infinity]);
     // The cut sample starts over (its segment index moves on), the aborted one continues.
-    expect(start.view?.samples.map((s) => [s.responseTokens.length, s.nextSegmentIndex, s.status])).toEqual([[3, 1, "completed"], [2, 1, "aborted"], [0, 1, "pending"]]);
+    expect(start.view?.samples.map((s) => [s.responseTokens.length, s.nextSegmentIndex, s.status])).toEqual([
+      [3, 1, "completed"],
+      [2, 1, "aborted"],
+      [0, 1, "pending"],
+    ]);
   });
 
   it("the reward job's view: the round's facts, its decision, the rewards already stored", async () => {
@@ -110,9 +140,16 @@ describe("job views and the one-statement round write", () => {
     expect(start).toMatchObject({ hasRound: true, isDispatched: true, rewardCount: 0 });
     // The responses of the rollout job's full view, nothing else.
     const full = await asJobSees();
-    expect(start.view).toEqual({ ...full, samples: full.samples.map((x) => ({ sampleIndex: x.sampleIndex, responseTokens: x.responseTokens, status: x.status, finishReason: x.finishReason })) });
+    expect(start.view).toEqual({
+      ...full,
+      samples: full.samples.map((x) => ({ sampleIndex: x.sampleIndex, responseTokens: x.responseTokens, status: x.status, finishReason: x.finishReason })),
+    });
     expect(start.view?.samples.some((x) => x.responseTokens.length > 0)).toBe(true);
-    await writeRewards(db, { ...key, step: 0, jobId: "rwd-0-0" }, [0, 1, 2].map((i) => ({ sampleIndex: i, reward: i, components: {} })));
+    await writeRewards(
+      db,
+      { ...key, step: 0, jobId: "rwd-0-0" },
+      [0, 1, 2].map((i) => ({ sampleIndex: i, reward: i, components: {} })),
+    );
     const done = await loadRewardJobView(db, key, n);
     expect(done).toMatchObject({ rewardCount: 3, view: null });
     expect((await loadGroupWithRewards(db, runId, 0, 0, n, null)).rewards.size).toBe(3);
@@ -122,7 +159,9 @@ describe("job views and the one-statement round write", () => {
     const other = "jv2";
     await insertRun(db, { runId: other, name: other, config: {}, datasetFingerprint: "x", datasetSize: 1, datasetErrors: [], pluginFingerprints: {} });
     await appendDecisions(db, other, 0, 2, [{ kind: "group.dispatched", payload: { groupId: 0, round: 0, step: 0, weightVersion: 0 } }], (tx) =>
-      insertDrawnPrompts(tx, [{ runId: other, drawOrdinal: 0, epoch: 0, datasetIndex: 1, step: 0, prompt: "other", label: null, metadata: {}, promptTokens: [256] }]),
+      insertDrawnPrompts(tx, [
+        { runId: other, drawOrdinal: 0, epoch: 0, datasetIndex: 1, step: 0, prompt: "other", label: null, metadata: {}, promptTokens: [256] },
+      ]),
     );
     const views = await loadRolloutJobViews(
       db,
@@ -144,7 +183,14 @@ describe("job views and the one-statement round write", () => {
     expect(views[1]).toEqual(single);
 
     const mine: RoundFacts = {
-      runId: other, groupId: 0, round: 0, step: 0, jobId: "gen-jv2-0-0", expectedWeightVersion: 0, isComplete: true, wasAborted: false,
+      runId: other,
+      groupId: 0,
+      round: 0,
+      step: 0,
+      jobId: "gen-jv2-0-0",
+      expectedWeightVersion: 0,
+      isComplete: true,
+      wasAborted: false,
       segments: [segment(0, 0, 0, [80, 257], [-1, -0.5], "completed"), { ...segment(1, 0, 0, [81], [-2], "truncated"), weightVersion: 3 }],
     };
     const won = await writeRounds(db, [
@@ -153,7 +199,10 @@ describe("job views and the one-statement round write", () => {
       { runId, groupId: 0, round: 0, step: 0, jobId: "gen-0-0-late", expectedWeightVersion: 0, isComplete: true, wasAborted: false, segments: [] },
     ]);
     expect(won).toEqual([true, false, false]);
-    const rows = await db.pool.query("SELECT run_id, sample_index, job_id, tokens, is_version_mismatch FROM sample_segments WHERE run_id = $1 ORDER BY sample_index", [other]);
+    const rows = await db.pool.query(
+      "SELECT run_id, sample_index, job_id, tokens, is_version_mismatch FROM sample_segments WHERE run_id = $1 ORDER BY sample_index",
+      [other],
+    );
     expect(rows.rows).toEqual([
       { run_id: other, sample_index: 0, job_id: "gen-jv2-0-0", tokens: [80, 257], is_version_mismatch: false },
       { run_id: other, sample_index: 1, job_id: "gen-jv2-0-0", tokens: [81], is_version_mismatch: true },
@@ -162,14 +211,28 @@ describe("job views and the one-statement round write", () => {
     // Reward views and writes, batched the same way; the first write of a reward wins.
     await writeRewardsOfRounds(db, [
       { key: { runId: other, groupId: 0, round: 0, step: 0, jobId: "rwd-jv2-0-0" }, rewards: [{ sampleIndex: 0, reward: 1, components: { a: 1 } }] },
-      { key: { runId: other, groupId: 0, round: 0, step: 0, jobId: "rwd-jv2-0-0-dup" }, rewards: [{ sampleIndex: 0, reward: 5, components: {} }, { sampleIndex: 1, reward: 0, components: {} }] },
+      {
+        key: { runId: other, groupId: 0, round: 0, step: 0, jobId: "rwd-jv2-0-0-dup" },
+        rewards: [
+          { sampleIndex: 0, reward: 5, components: {} },
+          { sampleIndex: 1, reward: 0, components: {} },
+        ],
+      },
     ]);
     const rewards = await db.pool.query("SELECT sample_index, reward, job_id, components FROM sample_rewards WHERE run_id = $1 ORDER BY sample_index", [other]);
     expect(rewards.rows).toEqual([
       { sample_index: 0, reward: 1, job_id: "rwd-jv2-0-0", components: { a: 1 } },
       { sample_index: 1, reward: 0, job_id: "rwd-jv2-0-0-dup", components: {} },
     ]);
-    const rv = await loadRewardJobViews(db, [{ runId: other, groupId: 0, round: 0 }, { runId, groupId: 0, round: 0 }, { runId, groupId: 0, round: 4 }], (id) => (id === other ? 2 : n));
+    const rv = await loadRewardJobViews(
+      db,
+      [
+        { runId: other, groupId: 0, round: 0 },
+        { runId, groupId: 0, round: 0 },
+        { runId, groupId: 0, round: 4 },
+      ],
+      (id) => (id === other ? 2 : n),
+    );
     expect(rv.map((v) => (v instanceof Error ? v.message : [v.hasRound, v.isDispatched, v.rewardCount, v.view === null]))).toEqual([
       [true, true, 2, true],
       [true, true, 3, true],
@@ -178,7 +241,13 @@ describe("job views and the one-statement round write", () => {
 
     // The abort check, batched: round 0 of jv1 group 0 is listed by no seal and no group.aborted.
     await decide([{ kind: "group.aborted", payload: { groupId: 0, round: 1, step: 0, reason: "test" } }]);
-    expect(await areRoundsAborted(db, [{ runId, groupId: 0, round: 0, step: 0 }, { runId, groupId: 0, round: 1, step: 0 }, { runId: other, groupId: 0, round: 1, step: 0 }])).toEqual([false, true, false]);
+    expect(
+      await areRoundsAborted(db, [
+        { runId, groupId: 0, round: 0, step: 0 },
+        { runId, groupId: 0, round: 1, step: 0 },
+        { runId: other, groupId: 0, round: 1, step: 0 },
+      ]),
+    ).toEqual([false, true, false]);
   });
 
   it("the job store coalesces concurrent jobs' statements and answers each job as the one-job statements do", async () => {
@@ -191,7 +260,17 @@ describe("job views and the one-statement round write", () => {
     expect(views).toEqual(singles);
     // A bad round (a token id out of int4 range: the statement fails) fails its own job only.
     await decide([3, 4].map((round) => ({ kind: "group.dispatched" as const, payload: { groupId: 0, round, step: 0, weightVersion: 0 } })));
-    const ok: RoundFacts = { runId, groupId: 0, round: 3, step: 0, jobId: "gen-0-3", expectedWeightVersion: 0, isComplete: false, wasAborted: true, segments: [] };
+    const ok: RoundFacts = {
+      runId,
+      groupId: 0,
+      round: 3,
+      step: 0,
+      jobId: "gen-0-3",
+      expectedWeightVersion: 0,
+      isComplete: false,
+      wasAborted: true,
+      segments: [],
+    };
     const bad: RoundFacts = { ...ok, round: 4, jobId: "gen-0-4", segments: [segment(0, 1, 4, [2 ** 40], [-1], "aborted")] };
     const out = await Promise.allSettled([store.writeRound(ok), store.writeRound(bad)]);
     expect(out[0]).toEqual({ status: "fulfilled", value: true });

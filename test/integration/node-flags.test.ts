@@ -15,10 +15,10 @@ describe("rlq's V8 flags (src/runtime/node-flags.ts)", () => {
   });
 
   it("bin/rlq.js starts through its shebang, and the tests' rlq processes get the same flags", async () => {
-    // `env -S` splits the shebang's arguments: the command runs (and prints its usage for an unknown command).
+    // `env -S` splits the shebang's arguments: the command runs (and names the unknown command with the list of commands).
     const bin = spawnSync(join(repoRoot, "bin/rlq.js"), ["no-such-command"], { encoding: "utf8" });
     expect(bin.error).toBeUndefined();
-    expect(bin.stderr + bin.stdout).toContain("rlq — durable RL post-training on a queue");
+    expect(bin.stderr + bin.stdout).toContain("rlq: unknown command 'no-such-command'");
     const p = spawnRlq(["no-such-command"], {});
     await p.exited;
     expect(p.child.spawnargs).toEqual(expect.arrayContaining([...rlqNodeFlags]));

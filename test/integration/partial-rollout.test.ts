@@ -35,7 +35,9 @@ describe("partial rollouts", () => {
     // Some requests were cut mid-generation and kept their tokens.
     const aborted = await q("SELECT group_id, sample_index, token_end FROM sample_segments WHERE run_id = $1 AND finish_reason = 'abort' AND token_end > 0");
     expect(aborted.length).toBeGreaterThan(0);
-    const buffered = await q("SELECT DISTINCT group_id FROM decisions WHERE run_id = $1 AND kind = 'group.outcome' AND payload->>'outcome' = 'buffered' AND payload->>'reason' = 'aborted'");
+    const buffered = await q(
+      "SELECT DISTINCT group_id FROM decisions WHERE run_id = $1 AND kind = 'group.outcome' AND payload->>'outcome' = 'buffered' AND payload->>'reason' = 'aborted'",
+    );
     expect(buffered.length).toBeGreaterThan(0);
 
     // A buffered group is served first next step (from the buffer), in a new round.
@@ -73,10 +75,18 @@ describe("partial rollouts", () => {
   });
 
   it("with partial_rollout off, aborted groups are discarded and their prompts recorded as discarded", async () => {
-    const runId = await w.start({ ...config, partial_rollout: false, engine: { kind: "sglang", urls: [await w.freshEngine()] } });
+    // Groups must still be generating at the seal. A group's batch /generate (issue 15's default)
+    // answers when its last sample ends, so what matters is the spread of sample lengths: with
+    // stop-prob 0.1 most samples stop within ~10 tokens (the first groups complete and seal the
+    // step) while some run towards the 48-token cap (30 ms a token), and those are aborted.
+    const engine = await w.freshEngine(["--token-delay-ms", "30", "--stop-prob", "0.1"]);
+    const runId = await w.start({ ...config, partial_rollout: false, engine: { kind: "sglang", urls: [engine] } });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     expect(await up.exited, up.output()).toBe(0);
-    const rows = (await w.db.pool.query("SELECT outcome, outcome_reason, count(*)::int AS n FROM prompt_draws WHERE run_id = $1 GROUP BY 1, 2 ORDER BY 1, 2", [runId])).rows;
+    const rows = (
+      await w.db.pool.query("SELECT outcome, outcome_reason, count(*)::int AS n FROM prompt_draws WHERE run_id = $1 GROUP BY 1, 2 ORDER BY 1, 2", [runId])
+    ).rows;
+
     const discarded = rows.find((r) => r.outcome === "discarded" && r.outcome_reason === "aborted");
     expect(discarded?.n ?? 0).toBeGreaterThan(0);
     expect(rows.find((r) => r.outcome === "buffered")).toBeUndefined();

@@ -45,7 +45,11 @@ const group = [
   { sampleIndex: 3, prompt: "1+2=", response: "so \\boxed{ 3 }", label: "3", metadata: {}, status: "completed" },
 ];
 const expected = [1, 0, 0, 1];
-const noWait = (failures: AttemptFailure[] = []) => ({ sleep: async () => undefined, random: () => 0, onAttemptFailed: (f: AttemptFailure) => void failures.push(f) });
+const noWait = (failures: AttemptFailure[] = []) => ({
+  sleep: async () => undefined,
+  random: () => 0,
+  onAttemptFailed: (f: AttemptFailure) => void failures.push(f),
+});
 
 describe("HTTP plugins served by the Python example server", () => {
   it("custom_rm_path: http://... scores per sample and per group through the plugin contract", async () => {
@@ -56,11 +60,25 @@ describe("HTTP plugins served by the Python example server", () => {
     expect(perSample.map((r) => selectReward(r, "score", url).value)).toEqual(expected);
     expect(perSample[0]).toEqual({ score: 1, pred: "3" });
 
-    const rewardGroup = await resolvePluginFunction<(a: unknown, s: readonly unknown[]) => Promise<unknown>>(url, process.cwd(), "reward_group", "custom_rm_path");
+    const rewardGroup = await resolvePluginFunction<(a: unknown, s: readonly unknown[]) => Promise<unknown>>(
+      url,
+      process.cwd(),
+      "reward_group",
+      "custom_rm_path",
+    );
     expect(validatePluginGroupReward(await rewardGroup(args, group), group.length, { path: url })).toEqual(expected);
 
-    const filter = await resolvePluginFunction<(a: unknown, g: unknown) => Promise<unknown>>(url, process.cwd(), "dynamic_filter", "dynamic_sampling_filter_path");
-    expect(toDynamicFilterOutput(await filter(args, { groupId: 1, rewards: [1, 1, 1], samples: [] }))).toEqual({ keep: false, reason: "zero_std", keep_when_insufficient: false });
+    const filter = await resolvePluginFunction<(a: unknown, g: unknown) => Promise<unknown>>(
+      url,
+      process.cwd(),
+      "dynamic_filter",
+      "dynamic_sampling_filter_path",
+    );
+    expect(toDynamicFilterOutput(await filter(args, { groupId: 1, rewards: [1, 1, 1], samples: [] }))).toEqual({
+      keep: false,
+      reason: "zero_std",
+      keep_when_insufficient: false,
+    });
     expect(toDynamicFilterOutput(await filter(args, { groupId: 1, rewards: expected, samples: [] })).keep).toBe(true);
   });
 

@@ -45,6 +45,8 @@ interface PyTrainer {
   exited: Promise<number | string>;
 }
 
+const startedTrainers: PyTrainer[] = [];
+
 async function startTrainer(py: string, port: number, extra: string[] = []): Promise<PyTrainer> {
   const child = spawn(py, [SERVER, "--port", String(port), "--device", "cpu", "--threads", "1", "--model-config", JSON.stringify(MODEL), ...extra], {
     cwd: repoRoot,
@@ -66,17 +68,19 @@ async function startTrainer(py: string, port: number, extra: string[] = []): Pro
     child.stdout?.on("data", onData);
     void exited.then((c) => reject(new Error(`trainer exited (${c}) before listening: ${err}`)));
   });
-  return { child, port: bound, log: () => err, exited };
+  const t = { child, port: bound, log: () => err, exited };
+  startedTrainers.push(t);
+  return t;
 }
 
 describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protocol" : "SKIPPED (no python with torch): the PyTorch trainer", () => {
   let w: World;
-  let trainer: PyTrainer | undefined;
+  const started = startedTrainers; // every trainer process, so none outlives the file (a test's last one is replaced by the next test's)
   beforeAll(async () => {
     w = await createWorld("torchtrainer", { engineArgs: ["--token-delay-ms", "1"] });
   });
   afterAll(async () => {
-    trainer?.child.kill("SIGKILL");
+    for (const t of started) if (t.child.exitCode === null && t.child.signalCode === null) t.child.kill("SIGKILL");
     await w?.close();
   });
 
@@ -84,7 +88,6 @@ describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protoc
     const py = python as string;
     // Every step waits 2 s (reporting progress) before training, so the kill lands mid-step.
     const first = await startTrainer(py, 0, ["--debug-delay-s", "2"]);
-    trainer = first;
     const url = `http://127.0.0.1:${first.port}`;
     // Default max_attempts (3): the killed attempt is one; the wait for the restarted trainer uses none.
     const runId = await w.start({ trainer: { kind: "remote", url }, num_rollout: 3, lr: 1e-3, train_stall_timeout_s: 30 });
@@ -103,11 +106,13 @@ describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protoc
 
       // Restart on the same port (no delay): rlq's retry finds it there.
       const second = await startTrainer(py, first.port);
-      trainer = second;
       expect(await up.exited, `${up.output()}\n--- trainer (killed) ---\n${first.log()}\n--- trainer ---\n${second.log()}`).toBe(0);
 
       // Exactly one committed row per step, versions chained.
-      const steps = await w.db.pool.query("SELECT step, attempt, weight_version_in, weight_version_out, checkpoint_uri FROM train_steps WHERE run_id = $1 ORDER BY step", [runId]);
+      const steps = await w.db.pool.query(
+        "SELECT step, attempt, weight_version_in, weight_version_out, checkpoint_uri FROM train_steps WHERE run_id = $1 ORDER BY step",
+        [runId],
+      );
       expect(steps.rows.map((r) => [r.step, r.weight_version_in, r.weight_version_out])).toEqual([
         [0, 0, 1],
         [1, 1, 2],
@@ -132,7 +137,11 @@ describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protoc
         const metrics = await w.db.pool.query("SELECT key FROM train_metrics WHERE run_id = $1 AND step = $2", [runId, row.step]);
         expect(metrics.rows.map((r) => r.key)).toEqual(expect.arrayContaining(["pg_loss", "entropy_loss", "grad_norm", "train_rollout_logprob_abs_diff"]));
       }
-      await waitFor("the run to complete", async () => (await w.db.pool.query("SELECT status FROM runs WHERE id = $1", [runId])).rows[0]?.status === "completed", 10_000);
+      await waitFor(
+        "the run to complete",
+        async () => (await w.db.pool.query("SELECT status FROM runs WHERE id = $1", [runId])).rows[0]?.status === "completed",
+        10_000,
+      );
     } finally {
       up.kill("SIGTERM");
     }
@@ -141,7 +150,6 @@ describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protoc
   it("trains the demo config (embedded ONNX engine, rlq's warm start) through a SIGKILL mid-step", async () => {
     const py = python as string;
     const first = await startTrainer(py, 0, ["--debug-delay-s", "2"]);
-    trainer = first;
     const url = `http://127.0.0.1:${first.port}`;
     // The default max_attempts: the train job waits for the new trainer (Python and torch import
     // take seconds) without spending attempts (trainer_unreachable_timeout_s).
@@ -152,7 +160,6 @@ describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protoc
       first.child.kill("SIGKILL");
       expect(await first.exited).toBe("SIGKILL");
       const second = await startTrainer(py, first.port);
-      trainer = second;
       // Bounded, so a stuck run fails with what rlq and both trainers said instead of the test's timeout.
       let timer: NodeJS.Timeout | undefined;
       const code = await Promise.race([up.exited, new Promise<string>((r) => (timer = setTimeout(() => r("still running after 100 s"), 100_000)))]);
@@ -162,9 +169,12 @@ describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protoc
       expect(steps).toEqual([0, 1, 2].map((st) => ({ step: st, weight_version_out: st + 1, num_samples: 256 })));
       // The ONNX engine generated from the PyTorch trainer's checkpoints: versions 0..2 in the samples,
       // and the two implementations agree on the log-probs (float32 both sides).
-      const versions = (await w.db.pool.query("SELECT DISTINCT weight_version FROM sample_segments WHERE run_id = $1 ORDER BY 1", [runId])).rows.map((r) => r.weight_version);
+      const versions = (await w.db.pool.query("SELECT DISTINCT weight_version FROM sample_segments WHERE run_id = $1 ORDER BY 1", [runId])).rows.map(
+        (r) => r.weight_version,
+      );
       expect(versions).toEqual([0, 1, 2]);
-      const diff = (await w.db.pool.query("SELECT max(value) AS v FROM train_metrics WHERE run_id = $1 AND key = 'train_rollout_logprob_abs_diff'", [runId])).rows[0].v;
+      const diff = (await w.db.pool.query("SELECT max(value) AS v FROM train_metrics WHERE run_id = $1 AND key = 'train_rollout_logprob_abs_diff'", [runId]))
+        .rows[0].v;
       expect(diff).toBeLessThan(1e-4);
     } finally {
       up.kill("SIGTERM");

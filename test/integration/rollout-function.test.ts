@@ -74,7 +74,11 @@ describe("rollout_function_path", () => {
     await checkRunInvariants(w.db, runId, { numRollout, datasetSize: 64, shuffle: false, seed: 42, rbs: 4 });
 
     // Every prompt drawn once, ordinals gapless; more drawn than trained (over-sampling).
-    const drawn = await rows<{ n: number; d: number; hi: number }>(w, "SELECT count(*)::int AS n, count(DISTINCT draw_ordinal)::int AS d, max(draw_ordinal)::int AS hi FROM drawn_prompts WHERE run_id = $1", [runId]);
+    const drawn = await rows<{ n: number; d: number; hi: number }>(
+      w,
+      "SELECT count(*)::int AS n, count(DISTINCT draw_ordinal)::int AS d, max(draw_ordinal)::int AS hi FROM drawn_prompts WHERE run_id = $1",
+      [runId],
+    );
     expect(drawn[0]?.n).toBe(drawn[0]?.d);
     expect(drawn[0]?.hi).toBe((drawn[0]?.n ?? 0) - 1);
     expect(drawn[0]?.n).toBeGreaterThan(numRollout * 4);
@@ -100,7 +104,11 @@ describe("rollout_function_path", () => {
     for (const c of calls) expect(c.ordinals).toEqual([...c.ordinals.keys()]);
 
     // No round generated twice: one dispatch per (group, round), at most one group_rounds row each.
-    expect(await rows(w, "SELECT group_id, payload->>'round' FROM decisions WHERE run_id = $1 AND kind = 'group.dispatched' GROUP BY 1, 2 HAVING count(*) > 1", [runId])).toEqual([]);
+    expect(
+      await rows(w, "SELECT group_id, payload->>'round' FROM decisions WHERE run_id = $1 AND kind = 'group.dispatched' GROUP BY 1, 2 HAVING count(*) > 1", [
+        runId,
+      ]),
+    ).toEqual([]);
     expect(await rows(w, "SELECT group_id, round FROM group_rounds WHERE run_id = $1 GROUP BY 1, 2 HAVING count(*) > 1", [runId])).toEqual([]);
     expect(
       await rows(
@@ -112,7 +120,13 @@ describe("rollout_function_path", () => {
 
     // A replay that drew again would leave the first draw's groups unused; one that generated again would
     // leave a group with two finished rounds in one step (the example never buffers a finished group).
-    expect(await rows(w, "SELECT d.draw_ordinal FROM drawn_prompts d WHERE d.run_id = $1 AND NOT EXISTS (SELECT 1 FROM decisions x WHERE x.run_id = d.run_id AND x.kind = 'group.dispatched' AND x.group_id = d.draw_ordinal)", [runId])).toEqual([]);
+    expect(
+      await rows(
+        w,
+        "SELECT d.draw_ordinal FROM drawn_prompts d WHERE d.run_id = $1 AND NOT EXISTS (SELECT 1 FROM decisions x WHERE x.run_id = d.run_id AND x.kind = 'group.dispatched' AND x.group_id = d.draw_ordinal)",
+        [runId],
+      ),
+    ).toEqual([]);
     expect(await rows(w, "SELECT 1 FROM decisions WHERE run_id = $1 AND kind = 'group.outcome' AND payload->>'reason' = 'unused'", [runId])).toEqual([]);
     expect(await rows(w, "SELECT group_id, step FROM group_rounds WHERE run_id = $1 AND is_complete GROUP BY 1, 2 HAVING count(*) > 1", [runId])).toEqual([]);
     const generates = await rows<{ calls: number; groups: number }>(
@@ -123,7 +137,11 @@ describe("rollout_function_path", () => {
     expect(generates[0]?.calls).toBe(generates[0]?.groups);
 
     // Each step trained exactly the returned groups, once, and each passed the dynamic filter (rewards not all equal).
-    const seals = await rows<{ step: number; kept: number[] }>(w, "SELECT step, payload->'kept' AS kept FROM decisions WHERE run_id = $1 AND kind = 'step.sealed' ORDER BY step", [runId]);
+    const seals = await rows<{ step: number; kept: number[] }>(
+      w,
+      "SELECT step, payload->'kept' AS kept FROM decisions WHERE run_id = $1 AND kind = 'step.sealed' ORDER BY step",
+      [runId],
+    );
     expect(seals.map((s) => s.kept.length)).toEqual([4, 4, 4]);
     const allKept = seals.flatMap((s) => s.kept);
     expect(new Set(allKept).size).toBe(allKept.length);
@@ -138,7 +156,11 @@ describe("rollout_function_path", () => {
       expect(t.rewards).toBeGreaterThan(1);
     }
     // Groups the function rejected are recorded with the filter's reason.
-    const filtered = await rows<{ reason: string }>(w, "SELECT DISTINCT payload->>'reason' AS reason FROM decisions WHERE run_id = $1 AND kind = 'group.outcome' AND payload->>'outcome' = 'filtered'", [runId]);
+    const filtered = await rows<{ reason: string }>(
+      w,
+      "SELECT DISTINCT payload->>'reason' AS reason FROM decisions WHERE run_id = $1 AND kind = 'group.outcome' AND payload->>'outcome' = 'filtered'",
+      [runId],
+    );
     for (const f of filtered) expect(f.reason).toMatch(/^zero_std/);
 
     // The eval branch of the same function: eval_results like the built-in eval's, at 0, 2 and 3.
@@ -150,7 +172,11 @@ describe("rollout_function_path", () => {
     expect(evals.map((e) => e.step)).toEqual([0, 2, 3]);
     for (const e of evals) {
       expect([e.num_prompts, e.num_samples]).toEqual([8, 16]);
-      const samples = await rows<{ prompt_index: number; reward: number }>(w, "SELECT prompt_index, reward FROM eval_samples WHERE run_id = $1 AND step = $2 AND dataset = 'small'", [runId, e.step]);
+      const samples = await rows<{ prompt_index: number; reward: number }>(
+        w,
+        "SELECT prompt_index, reward FROM eval_samples WHERE run_id = $1 AND step = $2 AND dataset = 'small'",
+        [runId, e.step],
+      );
       expect(samples).toHaveLength(16);
       expect(e.mean_reward).toBeCloseTo(samples.reduce((a, s) => a + s.reward, 0) / 16, 12);
       const byPrompt = new Map<number, number[]>();
@@ -174,18 +200,34 @@ describe("rollout_function_path", () => {
     };
     try {
       const first = await waitFor("the run to pause", paused, 120_000, 200);
-      expect(first.last_error).toContain(`plugin_bad_return: rollout_function_path ${path} (step 0) returned 3 group(s); expected exactly rollout_batch_size = 4 groups of n_samples_per_prompt = 4 samples`);
+      expect(first.last_error).toContain(
+        `plugin_bad_return: rollout_function_path ${path} (step 0) returned 3 group(s); expected exactly rollout_batch_size = 4 groups of n_samples_per_prompt = 4 samples`,
+      );
       const before = await rows<{ n: number }>(w, "SELECT count(*)::int AS n FROM drawn_prompts WHERE run_id = $1", [runId]);
       const dispatches = await rows<{ n: number }>(w, "SELECT count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind = 'group.dispatched'", [runId]);
       expect(before[0]?.n).toBe(4);
       // Resume: the function is replayed from the log (its draw and generates return at once) and fails the same way.
       const resume = spawnRlq(["run", "resume", runId], w.env);
       expect(await resume.exited, resume.output()).toBe(0);
-      await waitFor("the resume to be handled", async () => (await rows(w, "SELECT 1 FROM run_requests WHERE run_id = $1 AND handled_seq IS NULL", [runId])).length === 0, 60_000, 200);
-      await waitFor("the run to pause again", async () => {
-        const r = await rows<{ n: number }>(w, "SELECT count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind = 'run.status' AND payload->>'status' = 'paused'", [runId]);
-        return (r[0]?.n ?? 0) >= 2;
-      }, 60_000, 200);
+      await waitFor(
+        "the resume to be handled",
+        async () => (await rows(w, "SELECT 1 FROM run_requests WHERE run_id = $1 AND handled_seq IS NULL", [runId])).length === 0,
+        60_000,
+        200,
+      );
+      await waitFor(
+        "the run to pause again",
+        async () => {
+          const r = await rows<{ n: number }>(
+            w,
+            "SELECT count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind = 'run.status' AND payload->>'status' = 'paused'",
+            [runId],
+          );
+          return (r[0]?.n ?? 0) >= 2;
+        },
+        60_000,
+        200,
+      );
       expect(await rows(w, "SELECT count(*)::int AS n FROM drawn_prompts WHERE run_id = $1", [runId])).toEqual(before);
       expect(await rows(w, "SELECT count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind = 'group.dispatched'", [runId])).toEqual(dispatches);
       expect((await paused())?.last_error).toContain("plugin_bad_return");

@@ -45,7 +45,10 @@ describe("staleness policies in sync mode", () => {
     );
     expect(resumedStale[0].n).toBeGreaterThan(0);
     const cuts = await q("SELECT group_id, payload FROM decisions WHERE run_id = $1 AND kind = 'group.cut'", runId);
-    const discards = await q("SELECT group_id, payload->>'reason' AS reason FROM decisions WHERE run_id = $1 AND kind = 'group.outcome' AND payload->>'outcome' = 'discarded'", runId);
+    const discards = await q(
+      "SELECT group_id, payload->>'reason' AS reason FROM decisions WHERE run_id = $1 AND kind = 'group.outcome' AND payload->>'outcome' = 'discarded'",
+      runId,
+    );
     if (maxRegenerations === 0) {
       expect(cuts).toEqual([]);
       expect(discards.length).toBeGreaterThan(0);

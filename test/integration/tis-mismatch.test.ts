@@ -46,13 +46,21 @@ describe("TIS under an injected train/rollout mismatch (embedded engine, demo ta
     const facts = new Map<number, StepFacts[]>();
     for (const [noise, runId] of short) facts.set(noise, await stepFacts(w.db, runId));
     const runMean = (noise: number, key: string) => mean((facts.get(noise) as StepFacts[]).map((f) => f.metrics[key] as number));
-    const report = NOISES.map((n) => ({ noise: n, ...Object.fromEntries(["train_rollout_logprob_abs_diff", "tis", "tis_abs", "tis_clipfrac"].map((k) => [k, runMean(n, k)])) }));
+    const report = NOISES.map((n) => ({
+      noise: n,
+      ...Object.fromEntries(["train_rollout_logprob_abs_diff", "tis", "tis_abs", "tis_clipfrac"].map((k) => [k, runMean(n, k)])),
+    }));
     if (process.env.RLQ_DEBUG_OUTPUT) console.log(JSON.stringify(report));
     for (const [noise, f] of facts) {
-      expect(f.map((s) => s.step), `noise ${noise}`).toEqual([0, 1, 2]);
+      expect(
+        f.map((s) => s.step),
+        `noise ${noise}`,
+      ).toEqual([0, 1, 2]);
       for (const s of f) {
         // Every step's off-policy metrics are facts of the step (use_tis, vanilla).
-        expect(Object.keys(s.metrics)).toEqual(expect.arrayContaining(["train_rollout_logprob_abs_diff", "tis", "tis_clipfrac", "tis_abs", "ois", "pg_clipfrac"]));
+        expect(Object.keys(s.metrics)).toEqual(
+          expect.arrayContaining(["train_rollout_logprob_abs_diff", "tis", "tis_clipfrac", "tis_abs", "ois", "pg_clipfrac"]),
+        );
       }
     }
     // No noise: engine (ONNX, float32) and trainer (jax-js, float32) agree to ~3e-7: ρ = 1, nothing truncated.

@@ -1,6 +1,6 @@
 import { spawnSync } from "node:child_process";
 import { describe, expect, it } from "vitest";
-import { repoRoot } from "../helpers/processes.ts";
+import { repoRoot, runCommand } from "../helpers/processes.ts";
 
 /**
  * The reference PyTorch trainer's own tests (parity with src/algorithms to
@@ -19,13 +19,13 @@ function python(): string | null {
 const py = python();
 
 describe("workers/trainer-torch", () => {
-  it("the committed parity vectors are what src/algorithms produces", () => {
-    const r = spawnSync(process.execPath, ["--import", "tsx", "scripts/export-parity-vectors.ts", "--check"], { cwd: repoRoot, encoding: "utf8" });
+  it("the committed parity vectors are what src/algorithms produces", async () => {
+    const r = await runCommand(process.execPath, ["--import", "tsx", "scripts/export-parity-vectors.ts", "--check"], { cwd: repoRoot });
     expect(r.status, r.stdout + r.stderr).toBe(0);
   });
 
-  it.skipIf(!py)("its Python test suite passes (parity to 1e-6, model, trainer, protocol)", () => {
-    const r = spawnSync(py as string, ["-m", "unittest", "discover", "-s", "workers/trainer-torch/tests"], { cwd: repoRoot, encoding: "utf8", timeout: 600_000 });
+  it.skipIf(!py)("its Python test suite passes (parity to 1e-6, model, trainer, protocol)", async () => {
+    const r = await runCommand(py as string, ["-m", "unittest", "discover", "-s", "workers/trainer-torch/tests"], { cwd: repoRoot, timeoutMs: 600_000 });
     expect(r.status, r.stderr.slice(-4000)).toBe(0);
     expect(r.stderr).toMatch(/OK/);
     console.log(`${py}: ${/Ran \d+ tests?.*/.exec(r.stderr)?.[0] ?? ""} ${/OK.*$/m.exec(r.stderr)?.[0] ?? ""}`);

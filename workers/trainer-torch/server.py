@@ -4,6 +4,10 @@
     python3 workers/trainer-torch/server.py --port 8700 --device cuda|cpu [--host 127.0.0.1]
 
 and in the run config: ``trainer: { kind: remote, url: http://HOST:8700 }``.
+Across hosts (docs/deploy.md): ``--host 0.0.0.0 --token-file /run/secrets/rlq-trainer`` (or
+RLQ_TRAINER_TOKEN) makes every request need ``Authorization: Bearer <token>``; with
+``checkpoints: fetch`` in the run config the checkpoints live under ``--checkpoint-dir`` on this
+host and are served at ``/v1/checkpoint-files/RUN/STEP/ATTEMPT/NAME`` (see transfer.py).
 See docs/trainer-torch.md. Standard library HTTP (http.server + threads), PyTorch for the
 model, numpy for the loss math (rlq_torch/algorithms.py, parity-tested against rlq).
 
@@ -16,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import hmac
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -32,9 +38,12 @@ from urllib.parse import unquote, urlparse
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import transfer  # noqa: E402  (this directory, after the path insert)
+from transfer import TransferError  # noqa: E402
+
 PROTOCOL_VERSION = 1
-HTTP_STATUS = {"bad_request": 400, "not_found": 404, "version_unavailable": 409, "batch_fetch_failed": 502, "oom": 507, "internal": 500}
-RETRYABLE = {"bad_request": False, "not_found": False, "version_unavailable": True, "batch_fetch_failed": True, "oom": True, "internal": True}
+HTTP_STATUS = {"unauthorized": 401, "bad_request": 400, "not_found": 404, "version_unavailable": 409, "batch_fetch_failed": 502, "oom": 507, "internal": 500}
+RETRYABLE = {"unauthorized": False, "bad_request": False, "not_found": False, "version_unavailable": True, "batch_fetch_failed": True, "oom": True, "internal": True}
 
 
 def log(msg: str) -> None:
@@ -121,18 +130,29 @@ def validate_request(b: Any) -> Dict[str, Any]:
     config = b.get("config")
     if not isinstance(config, dict):
         raise ProtocolError("bad_request", "config must be an object")
+    transfer = b.get("checkpoint_transfer", "shared")
+    if transfer not in ("shared", "fetch"):
+        raise ProtocolError("bad_request", f"checkpoint_transfer must be 'shared' or 'fetch', got {transfer!r}")
+    token = b.get("batch_token")
+    if token is not None and not isinstance(token, str):
+        raise ProtocolError("bad_request", "batch_token must be a string")
+    in_files = b.get("checkpoint_in_files") or {}
+    if not isinstance(in_files, dict):
+        raise ProtocolError("bad_request", "checkpoint_in_files must be an object {name: sha256}")
     return {"run_id": run_id, "step": step, "attempt": attempt, "weight_version_in": v_in, "checkpoint_uri_in": uri, "output_dir": out,
-            "batch_url": url, "config": config}
+            "batch_url": url, "config": config, "batch_token": token, "checkpoint_transfer": transfer,
+            "checkpoint_in_url": b.get("checkpoint_in_url"), "checkpoint_in_files": in_files}
 
 
-def fetch_batch(url: str, job: Job, tries: int = 5) -> bytes:
-    """One GET; retried on connection errors (not on an HTTP error answer)."""
+def fetch_batch(url: str, job: Job, tries: int = 5, token: Optional[str] = None) -> bytes:
+    """One GET (with the attempt's batch token); retried on connection errors (not on an HTTP error answer)."""
     delay = 0.2
     for k in range(tries):
         if job.cancel.is_set():
             raise Cancelled()
         try:
-            with urllib.request.urlopen(url, timeout=120) as r:
+            rq = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+            with urllib.request.urlopen(rq, timeout=120) as r:
                 if r.status != 200:
                     raise ProtocolError("batch_fetch_failed", f"batch_url answered HTTP {r.status}")
                 return r.read()
@@ -167,12 +187,28 @@ class TrainerService:
         device = args.device
         if device == "cuda" and not torch.cuda.is_available():
             raise SystemExit("--device cuda: torch.cuda.is_available() is false")
-        self.trainer = TorchTrainer(device, defaults, bf16=None if args.bf16 == "auto" else args.bf16 == "on", log=log)
+        bf16 = None if args.bf16 == "auto" else args.bf16 == "on"
+        if args.nproc * args.nnodes > 1:  # one process (this one) serves the protocol; torchrun runs the ranks (rlq_torch/dist_front.py)
+            from rlq_torch.dist_front import DistTrainer
+
+            self.trainer = DistTrainer(args.nproc, device, defaults, bf16, log, threads=args.threads, deterministic=args.deterministic,
+                                       timeout_s=args.dist_timeout_s, debug_rank_delay_s=args.debug_rank_delay_s,
+                                       master_port=args.master_port, nnodes=args.nnodes, master_addr=args.master_addr)
+        else:
+            self.trainer = TorchTrainer(device, defaults, bf16=bf16, log=log)
+        # With --nproc > 1 the front holds no weights (the ranks do): a push then reports that it cannot.
+        from rlq_torch.weight_push import pusher_from_args  # weight_sync: trainer_push (docs/engines.md)
+
+        self.pusher = pusher_from_args(args, os.environ.get(args.push_api_key_env) if args.push_api_key_env else None)
         self.device_name = str(self.trainer.device) if self.trainer.device.type != "cuda" else f"cuda:{torch.cuda.current_device()}"
+        if args.nproc * args.nnodes > 1:
+            self.device_name = f"{self.trainer.device.type} x{args.nproc * args.nnodes}"
         self.jobs: Dict[tuple, Job] = {}
         self.queue: collections.deque = collections.deque()
         self.cv = threading.Condition()
         self.current: Optional[Job] = None
+        self.token: Optional[str] = None  # main() sets it from --token-file / RLQ_TRAINER_TOKEN
+        self.checkpoint_dir = os.path.join(os.path.expanduser("~"), ".cache", "rlq-trainer")
         threading.Thread(target=self._worker, name="train-worker", daemon=True).start()
 
     # ----------------------------------------------------------- requests
@@ -181,8 +217,12 @@ class TrainerService:
         with self.cv:
             busy = self.current is not None or bool(self.queue)
         import torch
-        return {"ok": True, "weight_version": self.trainer.weight_version, "busy": busy, "device": self.device_name,
-                "protocol_version": PROTOCOL_VERSION, "torch": torch.__version__}
+        from rlq_torch.capabilities import capabilities
+        out = {"ok": True, "weight_version": self.trainer.weight_version, "busy": busy, "device": self.device_name,
+               "protocol_version": PROTOCOL_VERSION, "torch": torch.__version__, "capabilities": capabilities(self.args.nproc * self.args.nnodes)}
+        if hasattr(self.trainer, "describe"):
+            out["distributed"] = self.trainer.describe()
+        return out
 
     def submit(self, body: Any):
         req = validate_request(body)
@@ -194,7 +234,7 @@ class TrainerService:
         except StepError as e:
             raise ProtocolError(e.code, str(e)) from e
         uri = req["checkpoint_uri_in"]
-        if uri is not None and not os.path.exists(self._path(uri)):
+        if uri is not None and req["checkpoint_transfer"] == "shared" and not os.path.exists(self._path(uri)):
             raise ProtocolError("version_unavailable", f"checkpoint_uri_in {uri} does not exist")
         key = (req["run_id"], req["step"])
         with self.cv:
@@ -273,9 +313,10 @@ class TrainerService:
             if job.cancel.is_set():
                 raise TrainCancelled()
 
+        fetch_mode = req["checkpoint_transfer"] == "fetch"
         try:
             job.bump(0, 1, "fetch_batch")
-            data = fetch_batch(req["batch_url"], job)
+            data = fetch_batch(req["batch_url"], job, token=req["batch_token"])
             try:
                 batch = decode_batch(data)
             except BatchError as e:
@@ -290,13 +331,25 @@ class TrainerService:
                     time.sleep(0.05)
                     job.bump(0, 1, "debug_delay")
             t0 = time.time()
-            result = self.trainer.train_step(req, batch, t, o, job.bump, check)
+            if fetch_mode:  # no shared filesystem: this host's copies of the input and the output
+                local = transfer.localize(req, self.checkpoint_dir, job.bump, check)
+                result = self.trainer.train_step(local, batch, t, o, job.bump, check)
+                result = transfer.publish(result, req, local)
+            else:
+                result = self.trainer.train_step(req, batch, t, o, job.bump, check)
+            if self.pusher is not None:
+                from rlq_torch.weight_push import push_held
+
+                job.bump(1, 1, "weight_push")
+                result["weight_push"] = push_held(self.pusher, self.trainer, result["weight_version_out"], log)
             job.finish("done", result=result)
             log(f"step {job.run_id}/{job.step} attempt {job.attempt}: done in {time.time() - t0:.2f}s "
                 f"(v{result['weight_version_out']}, {result['num_samples']} samples, pg_loss {result['metrics'].get('pg_loss', 0):.4g})")
         except (Cancelled, TrainCancelled):
             log(f"step {job.run_id}/{job.step} attempt {job.attempt}: stopped (cancelled)")
         except ProtocolError as e:
+            self._fail(job, e.code, str(e))
+        except TransferError as e:
             self._fail(job, e.code, str(e))
         except StepError as e:
             self._fail(job, e.code, str(e), e.retryable)
@@ -346,8 +399,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def _route(self, method: str) -> None:
         try:
+            token = self.service.token
+            if token is not None and not hmac.compare_digest((self.headers.get("authorization") or "").encode(), f"Bearer {token}".encode()):
+                raise ProtocolError("unauthorized", "this trainer needs Authorization: Bearer <token> (the run config's trainer.api_key)")
             path = urlparse(self.path).path
             parts = [unquote(p) for p in path.strip("/").split("/")]
+            if method == "GET" and len(parts) == 6 and parts[:2] == ["v1", "checkpoint-files"]:
+                try:
+                    return transfer.serve_file(self, self.service.checkpoint_dir, parts[2:])
+                except TransferError as e:
+                    raise ProtocolError(e.code, str(e)) from e
             if method == "GET" and path == "/v1/health":
                 return self._send(200, self.service.health())
             if method == "POST" and path == "/v1/steps":
@@ -387,8 +448,23 @@ def main(argv=None) -> None:
     ap.add_argument("--hf-checkpoint", default=None, help="local Hugging Face model directory used at version 0 when the config has no checkpoint")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (fixed for bit-reproducible CPU runs)")
     ap.add_argument("--deterministic", action="store_true", help="on cuda: torch deterministic algorithms (slower); always on for cpu")
+    ap.add_argument("--push-engines", default="", help="weight_sync trainer_push: SGLang URLs to push each trained version to (comma-separated)")
+    ap.add_argument("--push-master-address", default="127.0.0.1", help="this host's address as the engines reach it (the push group's rank 0)")
+    ap.add_argument("--push-master-port", type=int, default=29600)
+    ap.add_argument("--push-backend", default="nccl", help="nccl (GPU) or gloo (CPU)")
+    ap.add_argument("--push-api-key-env", default=None, help="environment variable holding the engines' --api-key")
+    ap.add_argument("--token-file", default=None, help="bearer token every request must carry (default: $RLQ_TRAINER_TOKEN; none: no check)")
+    ap.add_argument("--checkpoint-dir", default=None, help="with checkpoints: fetch, where checkpoints live on this host (default ~/.cache/rlq-trainer)")
     ap.add_argument("--debug-delay-s", type=float, default=0.0, help="testing aid: every step waits this long (reporting progress) before training")
+    ap.add_argument("--nproc", type=int, default=1, help="ranks (processes, one per GPU) torchrun starts for data-parallel training; 1: in this process")
+    ap.add_argument("--nnodes", type=int, default=1, help="nodes in the process group: the others run workers/trainer-torch/node.py")
+    ap.add_argument("--master-addr", default="127.0.0.1", help="with --nnodes > 1: this node's address the other nodes reach")
+    ap.add_argument("--master-port", type=int, default=None, help="rendezvous port (required with --nnodes > 1; default: a free port)")
+    ap.add_argument("--dist-timeout-s", type=float, default=600, help="collective timeout of the process group (a hung rank fails the step after this)")
+    ap.add_argument("--debug-rank-delay-s", type=float, default=0.0, help="testing aid: with --nproc > 1, every micro-batch round waits this long")
     args = ap.parse_args(argv)
+    if args.nnodes > 1 and args.master_port is None:
+        ap.error("--nnodes > 1 needs --master-port (the other nodes' node.py must be given the same one)")
 
     if args.deterministic and args.device.startswith("cuda"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -406,16 +482,28 @@ def main(argv=None) -> None:
         torch.backends.cudnn.allow_tf32 = False
 
     Handler.service = TrainerService(args)
+    token = os.environ.get("RLQ_TRAINER_TOKEN") or None
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as f:
+            token = f.read().rstrip("\r\n") or None
+        if token is None:
+            raise SystemExit(f"--token-file {args.token_file} is empty")
+    Handler.service.token = token
+    Handler.service.checkpoint_dir = os.path.abspath(args.checkpoint_dir or os.path.join(os.path.expanduser("~"), ".cache", "rlq-trainer"))
     httpd = ThreadingHTTPServer((args.host, args.port), Handler)
     httpd.daemon_threads = True
     port = httpd.server_address[1]
     log(f"torch {torch.__version__} on {Handler.service.device_name}, bf16 {'on' if Handler.service.trainer.bf16 else 'off'}")
     sys.stdout.write(f"listening {port}\n")
     sys.stdout.flush()
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:
         pass
+    finally:
+        if hasattr(Handler.service.trainer, "close"):
+            Handler.service.trainer.close()  # stop the process group (--nproc > 1)
 
 
 if __name__ == "__main__":

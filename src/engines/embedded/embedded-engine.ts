@@ -24,7 +24,7 @@ export interface EmbeddedEngineOptions {
   id?: string;
   /** Most requests decoded together; more wait for a slot. Default 64. */
   maxBatchSize?: number;
-  /** ORT threads per run; default 1 (on 2 cores, one engine per core beats 2 threads, onnx-kv.md). */
+  /** ORT threads per run; default 1 (on 2 cores, one engine per core beats 2 threads: bench/embedded-model.ts). */
   intraOpNumThreads?: number;
   /**
    * Std of Gaussian noise added to the logits before sampling and log-probs: a

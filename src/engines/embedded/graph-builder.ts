@@ -5,7 +5,7 @@ import { ElemType, encodeModel, type AttrValue, type NodeDef, type TensorDef, ty
 /**
  * Builds the model's ONNX graphs from its config. Weights are graph INPUTS, not
  * initializers, so a new weight version is a new set of feeds and never a
- * rebuild (onnx-kv.md: inputs cost ~1.4 µs per tensor per call; a rebuild ~7 ms).
+ * rebuild (measured: inputs cost ~1.4 µs per tensor per call; a rebuild ~7 ms).
  *
  * Two graphs share the weight inputs:
  * - prefill: one or more whole sequences from position 0; returns logits for every
@@ -16,11 +16,11 @@ import { ElemType, encodeModel, type AttrValue, type NodeDef, type TensorDef, ty
  *   arithmetic never depends on the other rows' lengths: batched decode gives
  *   bit-identical tokens to decoding a request alone (tested).
  *
- * IR 10 / opset 21 (onnx-kv.md: ORT 1.30 accepts IR <= 13, opset <= 26; Gelu needs >= 20).
+ * IR 10 / opset 21 (ORT 1.30 accepts IR <= 13, opset <= 26; Gelu needs >= 20).
  */
 export const IR_VERSION = 10;
 export const OPSET = 21;
-/** Finite, not -inf: a fully masked row must not become NaN (onnx-kv.md pitfall 1). */
+/** Finite, not -inf: a fully masked row must not become NaN (softmax over all -inf is NaN). */
 const MASK_VALUE = -1e9;
 
 class GraphBuilder {
@@ -166,7 +166,10 @@ export function buildDecodeModel(config: ModelConfig): Uint8Array {
     const p = `blocks.${l}.`;
     const pastK = `past.${l}.key`;
     const pastV = `past.${l}.value`;
-    inputs.push({ name: pastK, elemType: ElemType.FLOAT, dims: ["batch", nh, "cache", hd] }, { name: pastV, elemType: ElemType.FLOAT, dims: ["batch", nh, "cache", hd] });
+    inputs.push(
+      { name: pastK, elemType: ElemType.FLOAT, dims: ["batch", nh, "cache", hd] },
+      { name: pastV, elemType: ElemType.FLOAT, dims: ["batch", nh, "cache", hd] },
+    );
     const qkv = g.linear(g.layerNorm(x, `${p}ln1`, eps), `${p}attn.qkv.weight`, `${p}attn.qkv.bias`); // [B,3D]
     const split = g.node("Transpose", [g.node("Reshape", [qkv, g.int64([0, 3, nh, 1, hd])])], { perm: { kind: "ints", value: [1, 0, 2, 3, 4] } }); // [3,B,H,1,hd]
     const q = g.node("Gather", [split, g.int64([0], true)], { axis: { kind: "int", value: 0 } });

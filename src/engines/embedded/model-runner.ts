@@ -6,7 +6,7 @@ import { buildDecodeModel, buildPrefillModel } from "./graph-builder.ts";
 /**
  * The two ONNX sessions (prefill, decode) of one model config, and the weight
  * feeds of the current version. Weight tensors are wrapped once per version
- * (re-wrapping every call costs ~22 µs, onnx-kv.md). No state beyond that:
+ * (re-wrapping every call costs ~22 µs, measured). No state beyond that:
  * the KV cache belongs to the caller.
  */
 export interface PrefillOutput {
@@ -69,11 +69,14 @@ export class ModelRunner {
     const b = ids.length;
     const { n_heads: nh, n_layers: nl } = this.config;
     const hd = headDim(this.config);
-    // The graph cannot check these: a wrong shape broadcasts silently (onnx-kv.md pitfall 7).
+    // The graph cannot check these: a wrong shape broadcasts silently (ONNX broadcasting rules).
     if (positions.length !== b || past.length !== 2 * nl) throw new Error("decode: inconsistent batch inputs");
     const feeds: OrtFeeds = { ...this.weightFeeds, input_ids: int32Tensor(ids, [b]), positions: int32Tensor(positions, [b]) };
     for (let l = 0; l < nl; l++) {
-      for (const [i, kind] of [[0, "key"], [1, "value"]] as const) {
+      for (const [i, kind] of [
+        [0, "key"],
+        [1, "value"],
+      ] as const) {
         const data = past[2 * l + i] as Float32Array;
         if (data.length !== b * nh * cacheLength * hd) throw new Error(`decode: past.${l}.${kind} has ${data.length} values`);
         feeds[`past.${l}.${kind}`] = floatTensor(data, [b, nh, cacheLength, hd]);

@@ -2,7 +2,7 @@
  * A minimal protobuf encoder for the subset of onnx.proto that our graphs use
  * (ModelProto, GraphProto, NodeProto, AttributeProto, TensorProto, ValueInfoProto).
  * Hand-written because it is ~100 lines with no dependency, and its output is
- * bit-identical to onnx-proto's (checked during the feasibility study, onnx-kv.md).
+ * bit-identical to onnx-proto's (checked byte for byte during the engine's feasibility study).
  * Field numbers are from onnx/onnx.proto; changing one silently breaks the model.
  */
 

@@ -24,7 +24,10 @@ function newScheduler(version = 0): { scheduler: DecodeScheduler; results: Map<s
   const scheduler = new DecodeScheduler(
     runner,
     version,
-    { done: (id, r) => results.set(id, r), failed: (id, m) => results.set(id, { tokenIds: [], logProbs: [], finishReason: "abort", weightVersion: -1, error: m } as SchedulerResult) },
+    {
+      done: (id, r) => results.set(id, r),
+      failed: (id, m) => results.set(id, { tokenIds: [], logProbs: [], finishReason: "abort", weightVersion: -1, error: m } as SchedulerResult),
+    },
     { maxBatchSize: 8, logitNoiseStd: 0 },
   );
   return { scheduler, results };

@@ -39,8 +39,5 @@ export const rolloutHistory = pgTable(
     outcomeReason: text("outcome_reason"),
     trainedStep: integer("trained_step"),
   },
-  (t) => [
-    primaryKey({ columns: [t.runId, t.groupId, t.sampleIndex] }),
-    index("rollout_history_run_step_idx").on(t.runId, t.step),
-  ],
+  (t) => [primaryKey({ columns: [t.runId, t.groupId, t.sampleIndex] }), index("rollout_history_run_step_idx").on(t.runId, t.step)],
 );

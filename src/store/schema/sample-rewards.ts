@@ -18,8 +18,5 @@ export const sampleRewards = pgTable(
     components: jsonb("components").notNull(),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
   },
-  (t) => [
-    primaryKey({ columns: [t.runId, t.groupId, t.sampleIndex, t.round] }),
-    index("sample_rewards_run_step_idx").on(t.runId, t.step),
-  ],
+  (t) => [primaryKey({ columns: [t.runId, t.groupId, t.sampleIndex, t.round] }), index("sample_rewards_run_step_idx").on(t.runId, t.step)],
 );

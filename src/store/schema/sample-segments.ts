@@ -33,10 +33,7 @@ export const sampleSegments = pgTable(
     error: text("error"),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
   },
-  (t) => [
-    primaryKey({ columns: [t.runId, t.groupId, t.sampleIndex, t.segmentIndex] }),
-    index("sample_segments_run_step_idx").on(t.runId, t.step),
-  ],
+  (t) => [primaryKey({ columns: [t.runId, t.groupId, t.sampleIndex, t.segmentIndex] }), index("sample_segments_run_step_idx").on(t.runId, t.step)],
 );
 
 /**

@@ -53,3 +53,12 @@ export function packResponses(values: readonly ArrayLike<number>[], samples: rea
   });
   return out;
 }
+
+/**
+ * Rows per micro-batch for a token budget (max_tokens_per_gpu, in padded tokens: rows × seqLen),
+ * at least 1 (a sample longer than the budget runs alone) and at most `cap` (the global batch).
+ */
+export function microBatchRows(maxTokensPerGpu: number | null, seqLen: number, cap: number): number {
+  if (maxTokensPerGpu === null) return cap;
+  return Math.max(1, Math.min(cap, Math.floor(maxTokensPerGpu / seqLen)));
+}

@@ -29,7 +29,11 @@ describe("embedded trainer (worker thread)", () => {
     expect(progress.at(-1)).toEqual({ done: 2, total: 2, phase: "optimizer_step" });
 
     const local = await makeTrainRequest(weights, refDir);
-    await runEmbeddedTrainStep(local, { modelFor: createJaxModel, initConfig: null, loadReference: async (u) => (await readCheckpoint(u)).weights }, () => undefined);
+    await runEmbeddedTrainStep(
+      local,
+      { modelFor: createJaxModel, initConfig: null, loadReference: async (u) => (await readCheckpoint(u)).weights },
+      () => undefined,
+    );
     for (const f of [WEIGHTS_FILE, OPTIMIZER_FILE]) {
       expect((await readFile(join(req.outputDir, f))).equals(await readFile(join(local.outputDir, f)))).toBe(true);
     }

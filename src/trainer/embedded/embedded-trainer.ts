@@ -54,7 +54,8 @@ class WorkerTrainer implements EmbeddedTrainer {
 
   private runOne(request: TrainRequest, onProgress: (p: TrainProgress) => void, signal: AbortSignal): Promise<TrainResult> {
     if (this.closed) return Promise.reject(new RlqError("trainer_closed", "the embedded trainer is closed"));
-    if (signal.aborted) return Promise.reject(new RlqError("train_aborted", `train step ${request.step} aborted before it started`, { cause: signal.reason, isRetriable: true }));
+    if (signal.aborted)
+      return Promise.reject(new RlqError("train_aborted", `train step ${request.step} aborted before it started`, { cause: signal.reason, isRetriable: true }));
     const worker = this.ensureWorker();
     const id = this.nextId++;
     return new Promise<TrainResult>((resolve, reject) => {

@@ -44,7 +44,13 @@ export interface JaxModel {
    * w.r.t. every weight. With coefLogProb = dLoss/dlogp this is dLoss/dθ (chain rule
    * through the per-token log-probs), which keeps the loss math outside this module.
    */
-  gradient(weights: Weights, batch: PackedBatch, coefLogProb: Float32Array, coefEntropy: Float32Array, temperature: number): { grads: Weights; surrogate: number };
+  gradient(
+    weights: Weights,
+    batch: PackedBatch,
+    coefLogProb: Float32Array,
+    coefEntropy: Float32Array,
+    temperature: number,
+  ): { grads: Weights; surrogate: number };
 }
 
 let initialized: Promise<void> | null = null;
@@ -63,7 +69,10 @@ export async function createJaxModel(config: ModelConfig): Promise<JaxModel> {
     const mean = x.ref.mean(-1, { keepdims: true });
     const centered = x.sub(mean);
     const variance = centered.ref.mul(centered.ref).mean(-1, { keepdims: true });
-    return centered.div(np.sqrt(variance.add(eps))).mul(g).add(b);
+    return centered
+      .div(np.sqrt(variance.add(eps)))
+      .mul(g)
+      .add(b);
   };
 
   /** [B,T] ids → per-token (logProb, entropy) [B,T] each. */
@@ -75,7 +84,10 @@ export async function createJaxModel(config: ModelConfig): Promise<JaxModel> {
     const causal = np.tri(seqLen, seqLen, 0).astype(np.bool); // [T,T]
     for (let l = 0; l < config.n_layers; l++) {
       const q = (n: string): np.Array => w(`blocks.${l}.${n}`);
-      const qkv = np.matmul(layerNorm(x.ref, q("ln1.weight"), q("ln1.bias")), q("attn.qkv.weight")).add(q("attn.qkv.bias")).reshape([batch, seqLen, 3, nh, hd]);
+      const qkv = np
+        .matmul(layerNorm(x.ref, q("ln1.weight"), q("ln1.bias")), q("attn.qkv.weight"))
+        .add(q("attn.qkv.bias"))
+        .reshape([batch, seqLen, 3, nh, hd]);
       const query = qkv.ref.slice([], [], 0).transpose([0, 2, 1, 3]); // [B,H,T,hd]
       const keyT = qkv.ref.slice([], [], 1).transpose([0, 2, 3, 1]); // [B,H,hd,T]
       const value = qkv.slice([], [], 2).transpose([0, 2, 1, 3]); // [B,H,T,hd]
@@ -122,7 +134,14 @@ export async function createJaxModel(config: ModelConfig): Promise<JaxModel> {
     gradient(weights, batch, coefLogProb, coefEntropy, temperature) {
       const [ids, targets] = inputs(batch);
       const shape = [batch.batch, batch.seqLen];
-      const [value, grads] = gradJit(toParams(weights), ids, targets, np.array(coefLogProb).reshape(shape), np.array(coefEntropy).reshape(shape), scalar(temperature));
+      const [value, grads] = gradJit(
+        toParams(weights),
+        ids,
+        targets,
+        np.array(coefLogProb).reshape(shape),
+        np.array(coefEntropy).reshape(shape),
+        scalar(temperature),
+      );
       const out: Weights = {};
       for (const s of specs) out[s.name] = (grads[s.name] as np.Array).dataSync() as Float32Array;
       return { grads: out, surrogate: value.item() };

@@ -28,6 +28,12 @@ export const embeddedTrainConfigSchema = z.object({
   ref_load: z.string().min(1).nullable().default(null),
   /** Seeds initialisation when there is no checkpoint at all. */
   seed: z.number().int().nonnegative().default(1234),
+  /**
+   * Micro-batch budget in padded tokens (rows × the step's bucketed length): a global batch's
+   * forward and gradient run in micro-batches of at most this many tokens, gradients summed
+   * (the loss and its denominators stay the global batch's). null: one micro-batch.
+   */
+  max_tokens_per_gpu: z.number().int().positive().nullable().default(null),
 });
 export type EmbeddedTrainConfig = z.infer<typeof embeddedTrainConfigSchema>;
 

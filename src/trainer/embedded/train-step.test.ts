@@ -7,7 +7,8 @@ import { referenceResponseLogProbs } from "../../model/reference-forward.ts";
 import { scaledWeights, TINY_CONFIG, writeTestCheckpoint } from "../../model/testing.ts";
 import type { TrainProgress, TrainRequest, TrainSample } from "../trainer.ts";
 import { createJaxModel, type JaxModel } from "./jax-model.ts";
-import { runEmbeddedTrainStep, type TrainStepDeps } from "./train-step.ts";
+import { bucketSeqLen, microBatchRows } from "./batching.ts";
+import { microBatchGradient, runEmbeddedTrainStep, type TrainStepDeps } from "./train-step.ts";
 import { makeSyntheticBatch, makeTrainRequest } from "./testing.ts";
 
 const config = TINY_CONFIG;
@@ -73,7 +74,58 @@ describe("embedded train step", () => {
     const req = await trainRequest();
     const first = await runEmbeddedTrainStep(req, deps, () => undefined);
     expect(await runEmbeddedTrainStep(req, deps, () => undefined)).toEqual(first);
-    await expect(runEmbeddedTrainStep(await trainRequest({ weightVersionIn: 3 }), deps, () => undefined)).rejects.toMatchObject({ code: "trainer_version_mismatch" });
+    await expect(runEmbeddedTrainStep(await trainRequest({ weightVersionIn: 3 }), deps, () => undefined)).rejects.toMatchObject({
+      code: "trainer_version_mismatch",
+    });
+  });
+
+  it("reads max_tokens_per_gpu: micro-batches change the float rounding, not the step", async () => {
+    // lr 1e-3: Adam's 1/sqrt(v) amplifies summation-order rounding on near-zero gradients in proportion to lr.
+    const whole = await trainRequest({ config: { lr: 1e-3 } });
+    const split = await trainRequest({ config: { lr: 1e-3, max_tokens_per_gpu: 40 } });
+    const a = await runEmbeddedTrainStep(whole, deps, () => undefined);
+    const b = await runEmbeddedTrainStep(split, deps, () => undefined);
+    const wa = (await readCheckpoint(a.checkpointUri)).weights;
+    const wb = (await readCheckpoint(b.checkpointUri)).weights;
+    let maxDiff = 0;
+    let differs = false;
+    for (const [name, x] of Object.entries(wa)) {
+      const y = wb[name] as Float32Array;
+      for (let k = 0; k < x.length; k++) {
+        maxDiff = Math.max(maxDiff, Math.abs((x[k] as number) - (y[k] as number)));
+        if (x[k] !== y[k]) differs = true;
+      }
+    }
+    // Adam's 1/sqrt(v) turns rounding-level differences of near-zero gradients into a few % of lr.
+    expect(maxDiff).toBeLessThan(0.05 * 1e-3);
+    expect(differs).toBe(true); // the budget was honoured: the gradient was summed over several micro-batches
+    for (const k of ["pg_loss", "grad_norm"]) expect(b.metrics[k]).toBeCloseTo(a.metrics[k] as number, 5);
+  });
+
+  it("sums micro-batch gradients to the whole batch's gradient", async () => {
+    const samples = syntheticBatch(3);
+    const model = await deps.modelFor(config);
+    const seqLen = bucketSeqLen(samples, config.context_length);
+    const coef = samples.map((s, i) => Float64Array.from({ length: s.responseLength }, (_, t) => Math.sin(i * 7 + t) * 0.1));
+    const zero = samples.map((s) => new Float64Array(s.responseLength));
+    const whole = microBatchGradient(model, weights, samples, samples.length, seqLen, coef, zero, 1);
+    for (const rows of [1, 3, 5]) {
+      const parts = microBatchGradient(model, weights, samples, rows, seqLen, coef, zero, 1);
+      for (const [name, g] of Object.entries(whole)) {
+        const h = parts[name] as Float32Array;
+        let scale = 0;
+        let diff = 0;
+        for (let k = 0; k < g.length; k++) {
+          scale = Math.max(scale, Math.abs(g[k] as number));
+          diff = Math.max(diff, Math.abs((g[k] as number) - (h[k] as number)));
+        }
+        expect(scale, name).toBeGreaterThan(0);
+        expect(diff / scale, `${name}, ${rows} rows`).toBeLessThan(1e-5);
+      }
+    }
+    expect(microBatchRows(40, seqLen, 16)).toBe(Math.floor(40 / seqLen));
+    expect(microBatchRows(1, seqLen, 16)).toBe(1);
+    expect(microBatchRows(null, seqLen, 16)).toBe(16);
   });
 
   it("raises the log-probs of positive-advantage responses", async () => {
@@ -86,7 +138,9 @@ describe("embedded train step", () => {
       const groupMean = req.batch.samples.filter((o) => o.groupIndex === s.groupIndex).reduce((a, o) => a + o.reward, 0) / 4;
       if (s.reward === groupMean) continue;
       const tokens = Array.from(s.tokens);
-      const delta = referenceResponseLogProbs(config, after, tokens, s.promptLength).reduce((a, b) => a + b, 0) - referenceResponseLogProbs(config, weights, tokens, s.promptLength).reduce((a, b) => a + b, 0);
+      const delta =
+        referenceResponseLogProbs(config, after, tokens, s.promptLength).reduce((a, b) => a + b, 0) -
+        referenceResponseLogProbs(config, weights, tokens, s.promptLength).reduce((a, b) => a + b, 0);
       if (Math.sign(delta) === Math.sign(s.reward - groupMean)) up++;
       else down++;
     }

@@ -8,7 +8,7 @@ import { initWeights, parameterSpecs, type Weights } from "../../model/weights.t
 import { RlqError } from "../../lib/errors.ts";
 import { trainResultSchema, type TrainProgress, type TrainRequest, type TrainResult, type TrainSample } from "../trainer.ts";
 import { adamwStep, zeroOptimizerState } from "./adamw.ts";
-import { bucketSeqLen, packBatch, packResponses, unpackResponses } from "./batching.ts";
+import { bucketSeqLen, microBatchRows, packBatch, packResponses, unpackResponses } from "./batching.ts";
 import type { JaxModel } from "./jax-model.ts";
 import { learningRate } from "./lr-schedule.ts";
 import { lossAndGrad } from "./policy-objective.ts";
@@ -59,7 +59,14 @@ async function loadStart(req: TrainRequest, refLoad: string | null, seed: number
   return { config: initConfig, weights: initWeights(initConfig, seed), optimizer: null, version: 0 };
 }
 
-function forwardResponses(model: JaxModel, weights: Weights, samples: readonly TrainSample[], rows: number, seqLen: number, temperature: number): { logp: Float64Array[]; entropy: Float64Array[] } {
+function forwardResponses(
+  model: JaxModel,
+  weights: Weights,
+  samples: readonly TrainSample[],
+  rows: number,
+  seqLen: number,
+  temperature: number,
+): { logp: Float64Array[]; entropy: Float64Array[] } {
   const logp: Float64Array[] = [];
   const entropy: Float64Array[] = [];
   // Fixed-size chunks: one compiled shape for the whole step.
@@ -70,6 +77,40 @@ function forwardResponses(model: JaxModel, weights: Weights, samples: readonly T
     entropy.push(...unpackResponses(out.entropy, chunk, seqLen));
   }
   return { logp, entropy };
+}
+
+/** d loss / d weights over `samples`, micro-batch by micro-batch (rows samples each), summed. */
+export function microBatchGradient(
+  model: JaxModel,
+  weights: Weights,
+  samples: readonly TrainSample[],
+  rows: number,
+  seqLen: number,
+  dLogp: readonly Float64Array[],
+  dEntropy: readonly Float64Array[],
+  temperature: number,
+): Weights {
+  let sum: Weights | null = null;
+  for (let i = 0; i < samples.length; i += rows) {
+    const chunk = samples.slice(i, i + rows);
+    const { grads } = model.gradient(
+      weights,
+      packBatch(chunk, seqLen),
+      packResponses(dLogp.slice(i, i + rows), chunk, seqLen),
+      packResponses(dEntropy.slice(i, i + rows), chunk, seqLen),
+      temperature,
+    );
+    if (sum === null) {
+      sum = Object.fromEntries(Object.entries(grads).map(([name, g]) => [name, Float32Array.from(g)]));
+      continue;
+    }
+    for (const [name, g] of Object.entries(grads)) {
+      const acc = sum[name] as Float32Array;
+      for (let k = 0; k < g.length; k++) acc[k] = (acc[k] as number) + (g[k] as number);
+    }
+  }
+  if (sum === null) throw new Error("microBatchGradient: no samples");
+  return sum;
 }
 
 function maskedMeanAbsDiff(a: readonly Float64Array[], samples: readonly TrainSample[]): number {
@@ -95,7 +136,8 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
     if (saved.runId === req.runId && saved.step === req.step && saved.weightVersionIn === req.weightVersionIn) return trainResultSchema.parse(saved.result);
   }
   const { train, algorithm } = parseTrainConfig(req.config);
-  if (algorithm.advantage_estimator === "ppo") throw new RlqError("trainer_unsupported", "the embedded trainer has no critic: advantage_estimator ppo is not supported");
+  if (algorithm.advantage_estimator === "ppo")
+    throw new RlqError("trainer_unsupported", "the embedded trainer has no critic: advantage_estimator ppo is not supported");
   const start = await loadStart(req, train.ref_load, train.seed, deps.initConfig);
   if (start.version !== req.weightVersionIn) {
     throw new RlqError("trainer_version_mismatch", `checkpoint holds weight version ${start.version}, the request says weightVersionIn ${req.weightVersionIn}`);
@@ -109,6 +151,7 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
   if (samples.length === 0) throw new RlqError("trainer_empty_batch", `train step ${req.step} has no samples`);
   const { globalBatchSize, numOptimizerSteps } = optimizerStepPlan(train, samples.length);
   const seqLen = bucketSeqLen(samples, start.config.context_length);
+  const rows = microBatchRows(train.max_tokens_per_gpu, seqLen, globalBatchSize);
   const temperature = train.rollout_temperature;
   onProgress({ done: 0, total: numOptimizerSteps, phase: "old_logprobs" });
 
@@ -116,12 +159,12 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
   // Denominators: the mask before rlq zeroed off-policy/stale tokens (DESIGN §1).
   const denomMask = samples.map((s) => Float64Array.from(s.denomMask ?? s.lossMask));
   const rolloutLogProbs = samples.map((s) => Float64Array.from(s.rolloutLogProbs));
-  const old = forwardResponses(model, weights, samples, globalBatchSize, seqLen, temperature);
+  const old = forwardResponses(model, weights, samples, rows, seqLen, temperature);
   const needsRef = algorithm.use_kl_loss || algorithm.kl_coef !== 0;
   let ref: Float64Array[] | undefined;
   if (needsRef) {
     if (train.ref_load === null) throw new RlqError("trainer_config", "use_kl_loss / kl_coef need ref_load (the reference checkpoint)");
-    ref = forwardResponses(model, await deps.loadReference(train.ref_load), samples, globalBatchSize, seqLen, temperature).logp;
+    ref = forwardResponses(model, await deps.loadReference(train.ref_load), samples, rows, seqLen, temperature).logp;
   }
 
   const rewards = postProcessRewards(
@@ -141,9 +184,9 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
     const lo = j * globalBatchSize;
     const hi = lo + globalBatchSize;
     const mb = samples.slice(lo, hi);
-    const packed = packBatch(mb, seqLen);
     // The first minibatch sees the start weights: its current log-probs are the old ones.
-    const current = j === 0 ? { logp: old.logp.slice(lo, hi), entropy: old.entropy.slice(lo, hi) } : forwardResponses(model, weights, mb, globalBatchSize, seqLen, temperature);
+    const current =
+      j === 0 ? { logp: old.logp.slice(lo, hi), entropy: old.entropy.slice(lo, hi) } : forwardResponses(model, weights, mb, rows, seqLen, temperature);
     const objective = lossAndGrad(
       current.logp,
       current.entropy,
@@ -157,7 +200,7 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
       },
       algorithm,
     );
-    const { grads } = model.gradient(weights, packed, packResponses(objective.dLossDLogp, mb, seqLen), packResponses(objective.dLossDEntropy, mb, seqLen), temperature);
+    const grads = microBatchGradient(model, weights, mb, rows, seqLen, objective.dLossDLogp, objective.dLossDEntropy, temperature);
     lr = learningRate(
       {
         lr: train.lr,

@@ -818,7 +818,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def value_loss_terms(values: Ragged, old_values: np.ndarray, returns: np.ndarray, loss_mask: np.ndarray, value_clip: float,
-                     calculate_per_token_loss: bool = False):
+                     calculate_per_token_loss: bool = False, sample_denominators: Optional[np.ndarray] = None, normalizer: Optional[float] = None):
+    """valueLossTerms; ``sample_denominators`` / ``normalizer``: a micro-batch's share of the global batch's loss (as policy_loss_terms)."""
     v = values.flat
     diff = v - old_values
     clipped = old_values + np.minimum(np.maximum(diff, -value_clip), value_clip)
@@ -829,6 +830,7 @@ def value_loss_terms(values: Ragged, old_values: np.ndarray, returns: np.ndarray
     loss_t = np.maximum(s1, s2)
     grad = np.where(s1 > s2, g1, np.where(s1 < s2, g2, 0.5 * g1 + 0.5 * g2))
     clipfrac = (np.abs(diff) > value_clip).astype(np.float64)
-    agg = make_aggregator(values.like(np.asarray(loss_mask, dtype=np.float64)), calculate_per_token_loss=calculate_per_token_loss)
+    agg = make_aggregator(values.like(np.asarray(loss_mask, dtype=np.float64)), calculate_per_token_loss=calculate_per_token_loss,
+                          sample_denominators=sample_denominators, normalizer=normalizer)
     loss = agg.reduce(loss_t)
     return loss, grad * agg.weights, {"value_loss": loss, "value_clipfrac": agg.reduce(clipfrac)}

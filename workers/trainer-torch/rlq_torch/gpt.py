@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 import math
 from collections import OrderedDict
-from typing import Dict, List, Tuple
+import inspect
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,12 @@ MODEL_FORMAT = "rlq-gpt-v1"
 CONFIG_KEYS = ("vocab_size", "context_length", "d_model", "n_heads", "n_layers", "d_mlp", "layer_norm_eps")
 
 M32 = 0xFFFFFFFF
+
+try:  # torch >= 2.0 wants use_reentrant spelled out; 1.13's checkpoint has no such argument
+    import torch.utils.checkpoint as _ckpt
+    _CKPT_REENTRANT_ARG = "use_reentrant" in inspect.signature(_ckpt.checkpoint).parameters
+except Exception:  # noqa: BLE001
+    _CKPT_REENTRANT_ARG = False
 
 
 def parse_model_config(value) -> Dict:
@@ -218,40 +225,61 @@ class RlqGpt(nn.Module):
             raise ValueError(f"weights: unexpected tensors {sorted(extra)}")
         self._p = {n: p for n, p in self.canonical}
 
-    def hidden_states(self, ids: torch.Tensor) -> torch.Tensor:
-        """[B, T] token ids → [B, T, d] after the final LayerNorm (causal; right padding is harmless)."""
+    def hidden_states(self, ids: torch.Tensor, positions: Optional[torch.Tensor] = None, segments: Optional[torch.Tensor] = None,
+                      checkpointing: bool = False) -> torch.Tensor:
+        """[B, T] token ids → [B, T, d] after the final LayerNorm (causal; right padding is harmless).
+
+        Packed rows (sequence packing): ``positions`` [B, T] restart at 0 for every sequence and
+        ``segments`` [B, T] number the sequences; attention stays within a segment, so each packed
+        sequence sees exactly what it would see alone. ``checkpointing``: recompute each block in
+        the backward (torch.utils.checkpoint) instead of keeping its activations."""
         c = self.config
         p = self._p
         B, T = ids.shape
-        if T > c["context_length"]:
+        if T > c["context_length"] and positions is None:
             raise ValueError(f"{T} positions exceed context_length {c['context_length']}")
-        d, nh = c["d_model"], c["n_heads"]
+        eps = c["layer_norm_eps"]
+        pos = p["pos_emb.weight"][:T] if positions is None else F.embedding(positions, p["pos_emb.weight"])
+        x = F.embedding(ids, p["tok_emb.weight"]) + pos
+        for layer in range(c["n_layers"]):
+            if checkpointing and torch.is_grad_enabled():
+                from torch.utils.checkpoint import checkpoint
+                x = checkpoint(self._block, x, segments, layer, use_reentrant=False) if _CKPT_REENTRANT_ARG else checkpoint(self._block, x, segments, layer)
+            else:
+                x = self._block(x, segments, layer)
+        return F.layer_norm(x, (c["d_model"],), p["ln_f.weight"], p["ln_f.bias"], eps)
+
+    def _block(self, x: torch.Tensor, segments: Optional[torch.Tensor], layer: int) -> torch.Tensor:
+        c = self.config
+        p = self._p
+        B, T, d = x.shape
+        nh = c["n_heads"]
         hd = d // nh
         eps = c["layer_norm_eps"]
-        x = F.embedding(ids, p["tok_emb.weight"]) + p["pos_emb.weight"][:T]
-        for layer in range(c["n_layers"]):
-            q = lambda n: p[f"blocks.{layer}.{n}"]  # noqa: E731
-            h = F.layer_norm(x, (d,), q("ln1.weight"), q("ln1.bias"), eps)
-            qkv = (h @ q("attn.qkv.weight") + q("attn.qkv.bias")).reshape(B, T, 3, nh, hd)
-            query, key, value = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # [B, H, T, hd]
-            heads = causal_attention(query, key, value)
-            x = x + (heads.transpose(1, 2).reshape(B, T, d) @ q("attn.proj.weight") + q("attn.proj.bias"))
-            h = F.layer_norm(x, (d,), q("ln2.weight"), q("ln2.bias"), eps)
-            h = F.gelu(h @ q("mlp.fc.weight") + q("mlp.fc.bias"), approximate="tanh")
-            x = x + (h @ q("mlp.proj.weight") + q("mlp.proj.bias"))
-        return F.layer_norm(x, (d,), p["ln_f.weight"], p["ln_f.bias"], eps)
+        q = lambda n: p[f"blocks.{layer}.{n}"]  # noqa: E731
+        h = F.layer_norm(x, (d,), q("ln1.weight"), q("ln1.bias"), eps)
+        qkv = (h @ q("attn.qkv.weight") + q("attn.qkv.bias")).reshape(B, T, 3, nh, hd)
+        query, key, value = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # [B, H, T, hd]
+        heads = causal_attention(query, key, value, segments)
+        x = x + (heads.transpose(1, 2).reshape(B, T, d) @ q("attn.proj.weight") + q("attn.proj.bias"))
+        h = F.layer_norm(x, (d,), q("ln2.weight"), q("ln2.bias"), eps)
+        h = F.gelu(h @ q("mlp.fc.weight") + q("mlp.fc.bias"), approximate="tanh")
+        return x + (h @ q("mlp.proj.weight") + q("mlp.proj.bias"))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden @ self._p["head.weight"]
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Causal attention; with ``segments`` [B, T] a position attends only to earlier positions of its own segment."""
+    T = q.shape[-2]
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    if segments is not None:
+        mask = mask & (segments[:, :, None] == segments[:, None, :])[:, None]  # [B, 1, T, T]
     sdpa = getattr(F, "scaled_dot_product_attention", None)
     if sdpa is not None and q.is_cuda:
-        return sdpa(q, k, v, is_causal=True)
-    T = q.shape[-2]
+        return sdpa(q, k, v, is_causal=True) if segments is None else sdpa(q, k, v, attn_mask=mask)
     scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores if scores.dtype in (torch.float32, torch.float64) else scores.float(), dim=-1)
     return probs.to(v.dtype) @ v

@@ -32,6 +32,7 @@ HF_FORMAT = "rlq-hf-v1"
 OPTIMIZER_FORMAT = "rlq-adamw-v1"
 # Files of a HF model directory that are weights (never copied into an output directory).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
+SAVE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _SKIP_FILES = {HF_INDEX_FILE, "pytorch_model.bin.index.json", "train-result.json"}
 
 
@@ -62,6 +63,12 @@ class EmbeddedPolicy:
         self.config_text = config_text or gpt.config_json(self.config)
         self.module = gpt.RlqGpt(self.config, weights).to(device)
         self.device = device
+        self.checkpointing = False  # gradient checkpointing (recompute each block in the backward)
+
+    supports_packing = True
+
+    def set_gradient_checkpointing(self, on: bool) -> None:
+        self.checkpointing = on
 
     @property
     def vocab_size(self) -> int:
@@ -74,8 +81,8 @@ class EmbeddedPolicy:
     def named_params(self) -> List[Tuple[str, nn.Parameter]]:
         return self.module.canonical
 
-    def hidden_states(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.module.hidden_states(ids)
+    def hidden_states(self, ids: torch.Tensor, positions: Optional[torch.Tensor] = None, segments: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.module.hidden_states(ids, positions, segments, checkpointing=self.checkpointing)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.module.logits(hidden)
@@ -83,8 +90,8 @@ class EmbeddedPolicy:
     def describe(self) -> Dict:
         return {"kind": "embedded", "config": self.config}
 
-    def save(self, out_dir: str, version: int, run_id: str, step: int) -> Dict[str, torch.Tensor]:
-        """weights.safetensors in rlq's layout; returns the fp32 masters the optimizer file must hold (none: they are the weights)."""
+    def save(self, out_dir: str, version: int, run_id: str, step: int, dtype: Optional[str] = None) -> Dict[str, torch.Tensor]:
+        """weights.safetensors in rlq's layout (always F32: ``dtype`` is for HF output); returns the fp32 masters the optimizer file must hold (none: they are the weights)."""
         meta = {"format": gpt.MODEL_FORMAT, "version": str(version), "run": run_id, "step": str(step), "config": self.config_text}
         write_safetensors(os.path.join(out_dir, WEIGHTS_FILE), [(n, p.detach()) for n, p in self.named_params()], meta)
         return {}
@@ -97,6 +104,7 @@ class HFPolicy:
     """A Hugging Face causal LM, trained in fp32 master weights, saved in its own dtype."""
 
     kind = "hf"
+    supports_packing = False  # packed rows need a varlen attention kernel per architecture; HF models run padded micro-batches
 
     def __init__(self, model: nn.Module, device: torch.device, save_dtype: torch.dtype, source_dir: Optional[str]):
         self.module = model.to(device)
@@ -120,7 +128,15 @@ class HFPolicy:
     def named_params(self) -> List[Tuple[str, nn.Parameter]]:
         return self._params
 
-    def hidden_states(self, ids: torch.Tensor) -> torch.Tensor:
+    def set_gradient_checkpointing(self, on: bool) -> None:
+        if on:
+            self.module.gradient_checkpointing_enable()
+        elif getattr(self.module, "is_gradient_checkpointing", False):
+            self.module.gradient_checkpointing_disable()
+
+    def hidden_states(self, ids: torch.Tensor, positions: Optional[torch.Tensor] = None, segments: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if segments is not None:
+            raise ValueError("packed rows are not supported for Hugging Face models")
         base = self.module.base_model
         out = base(input_ids=ids, use_cache=False)
         return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
@@ -136,7 +152,7 @@ class HFPolicy:
     def describe(self) -> Dict:
         return {"kind": "hf", "model_type": self.module.config.model_type, "source": self.source_dir}
 
-    def save(self, out_dir: str, version: int, run_id: str, step: int) -> Dict[str, torch.Tensor]:
+    def save(self, out_dir: str, version: int, run_id: str, step: int, dtype: Optional[str] = None) -> Dict[str, torch.Tensor]:
         """A HF model directory SGLang's update_weights_from_disk loads:
 
         - ``weights.safetensors``: every parameter under its HF name, in the model's dtype
@@ -145,8 +161,12 @@ class HFPolicy:
           (filter_duplicate_safetensors_files) and transformers then read that file only, so
           ``optimizer.safetensors`` beside it is never mistaken for weights;
         - ``config.json`` and the tokenizer / generation files copied from the input directory.
+        ``dtype`` (hf_save_dtype: bf16 | fp16 | fp32) overrides the model's own dtype for this and
+        later saves; config.json then records it as ``torch_dtype``.
         Returns the fp32 masters when the saved dtype is lower precision (they go into
         optimizer.safetensors, so a reload resumes bit-exactly)."""
+        if dtype is not None:
+            self.save_dtype = SAVE_DTYPES[dtype]
         tensors = [(n, p.detach().to(self.save_dtype)) for n, p in self._params]
         meta = {"format": "pt", "rlq_format": HF_FORMAT, "version": str(version), "run": run_id, "step": str(step)}
         write_safetensors(os.path.join(out_dir, WEIGHTS_FILE), tensors, meta)
@@ -159,12 +179,15 @@ class HFPolicy:
                 src = os.path.join(self.source_dir, name)
                 if not os.path.isfile(src) or name in _SKIP_FILES or name.endswith(_WEIGHT_SUFFIXES) or ".tmp-" in name:
                     continue
-                if name.startswith("optimizer.") or os.path.getsize(src) > 64 << 20:
+                if name.startswith(("optimizer.", "optimizer-")) or os.path.getsize(src) > 64 << 20:
                     continue
                 _copy_atomic(src, os.path.join(out_dir, name))
                 copied.add(name)
-        if "config.json" not in copied:
-            _write_text(os.path.join(out_dir, "config.json"), self.module.config.to_json_string())
+        if "config.json" not in copied or dtype is not None:
+            cfg = json.loads(self.module.config.to_json_string()) if "config.json" not in copied else json.load(open(os.path.join(out_dir, "config.json")))
+            if dtype is not None:
+                cfg["torch_dtype"] = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[self.save_dtype]
+            _write_text(os.path.join(out_dir, "config.json"), json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         if self.save_dtype == torch.float32:
             return {}
         return OrderedDict((n, p.detach()) for n, p in self._params)
@@ -267,17 +290,52 @@ def load_policy(uri_or_path: str, device: torch.device):
         raise CheckpointError(f"checkpoint {uri_or_path}: {type(e).__name__}: {e}") from e
 
 
-def read_optimizer(path: str, names: List[str]):
-    """(iteration, {name: (exp_avg, exp_avg_sq)}, masters) from optimizer.safetensors beside the weights, or None (warm start)."""
-    f = os.path.join(path, OPTIMIZER_FILE)
-    if not os.path.isfile(f):
-        return None
+def shard_file(rank: int, world: int) -> str:
+    return f"optimizer-{rank + 1:05d}-of-{world:05d}.safetensors"
+
+
+def optimizer_files(path: str) -> List[str]:
+    """optimizer.safetensors, or the complete set of shards optimizer-KKKKK-of-NNNNN.safetensors written by N ranks."""
+    one = os.path.join(path, OPTIMIZER_FILE)
+    if os.path.isfile(one):
+        return [one]
+    shards = sorted(n for n in os.listdir(path) if n.startswith("optimizer-") and n.endswith(".safetensors") and "-of-" in n)
+    if not shards:
+        return []
     try:
-        meta, tensors = read_safetensors(f)
-    except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"{f}: unreadable ({e})") from e
-    if meta.get("format") != OPTIMIZER_FORMAT:
-        raise CheckpointError(f"{f}: metadata.format is not {OPTIMIZER_FORMAT}")
+        world = int(shards[0].split("-of-")[1].split(".")[0])
+    except ValueError as e:
+        raise CheckpointError(f"{path}: unreadable optimizer shard name {shards[0]}") from e
+    want = [shard_file(r, world) for r in range(world)]
+    if shards != want:
+        raise CheckpointError(f"{path}: optimizer shards {shards} are not the complete set of {world} ({want})")
+    return [os.path.join(path, n) for n in want]
+
+
+def read_optimizer(path: str, names: List[str], shard: Optional[Tuple[int, int]] = None):
+    """(iteration, {name: (exp_avg, exp_avg_sq)}, masters) from the optimizer state beside the weights, or None (warm start).
+
+    Sharded state (written by N ranks) is read shard by shard; ``shard=(rank, world)`` with the same
+    world size reads only this rank's own shard (the partition is a function of the model and N)."""
+    files = optimizer_files(path)
+    if not files:
+        return None
+    if shard is not None and len(files) == shard[1] > 1:
+        files = [files[shard[0]]]
+    tensors: Dict[str, torch.Tensor] = {}
+    meta: Dict[str, str] = {}
+    for f in files:
+        try:
+            m, ts = read_safetensors(f)
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"{f}: unreadable ({e})") from e
+        if m.get("format") != OPTIMIZER_FORMAT:
+            raise CheckpointError(f"{f}: metadata.format is not {OPTIMIZER_FORMAT}")
+        if meta and m.get("iteration") != meta.get("iteration"):
+            raise CheckpointError(f"{f}: iteration {m.get('iteration')} differs from the other shards' {meta.get('iteration')}")
+        meta = m
+        tensors.update(ts)
+    f = files[0]
     moments = {}
     for n in names:
         m, v = tensors.get(f"exp_avg.{n}"), tensors.get(f"exp_avg_sq.{n}")
@@ -289,7 +347,8 @@ def read_optimizer(path: str, names: List[str]):
 
 
 def write_optimizer(out_dir: str, params: List[Tuple[str, nn.Parameter]], moments: Dict[str, Tuple[torch.Tensor, torch.Tensor]], iteration: int,
-                    version: int, run_id: str, step: int, masters: Dict[str, torch.Tensor]) -> None:
+                    version: int, run_id: str, step: int, masters: Dict[str, torch.Tensor], shard: Optional[Tuple[int, int]] = None) -> None:
+    """optimizer.safetensors; with ``shard=(rank, world)`` this rank's part, optimizer-KKKKK-of-NNNNN.safetensors."""
     tensors = []
     for n, _ in params:
         m, v = moments[n]
@@ -298,4 +357,6 @@ def write_optimizer(out_dir: str, params: List[Tuple[str, nn.Parameter]], moment
     for n, t in masters.items():
         tensors.append((f"master.{n}", t))
     meta = {"format": OPTIMIZER_FORMAT, "iteration": str(iteration), "version": str(version), "run": run_id, "step": str(step)}
-    write_safetensors(os.path.join(out_dir, OPTIMIZER_FILE), tensors, meta)
+    if shard is not None:
+        meta.update({"shard": str(shard[0]), "num_shards": str(shard[1])})
+    write_safetensors(os.path.join(out_dir, OPTIMIZER_FILE if shard is None else shard_file(*shard)), tensors, meta)

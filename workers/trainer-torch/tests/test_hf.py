@@ -95,6 +95,32 @@ class HuggingFaceTest(unittest.TestCase):
             with open(f"{d}/v2-held/{f}", "rb") as a, open(f"{d}/v2-disk/{f}", "rb") as b:
                 self.assertEqual(a.read(), b.read(), f)
 
+    def test_bf16_output_and_gradient_checkpointing(self):
+        """hf_save_dtype: bf16 writes BF16 weights and says so in config.json (what SGLang reads for the dtype), with fp32 masters
+        in the optimizer file; gradient_checkpointing uses transformers' own and trains to the same weights."""
+        import torch
+
+        from rlq_torch.safetensors_io import read_safetensors
+        from rlq_torch.trainer import TorchTrainer, parse_algorithm, parse_train_config
+
+        d = self.tmp.name
+        outs = {}
+        for ckpt in (False, True):
+            cfg = {"lr": 1e-3, "hf_save_dtype": "bf16", "gradient_checkpointing": ckpt}
+            out = f"{d}/bf16-{ckpt}"
+            req = {"run_id": "hf", "step": 0, "attempt": "0", "weight_version_in": 0, "checkpoint_uri_in": "file://" + self.base, "output_dir": out, "config": cfg}
+            TorchTrainer("cpu").train_step(req, make_batch("hf", 0, seed=1), parse_train_config(cfg, {}), parse_algorithm(cfg), lambda *a: None, lambda: None)
+            outs[ckpt] = out
+        _, w = read_safetensors(f"{outs[False]}/weights.safetensors")
+        self.assertTrue(all(t.dtype == torch.bfloat16 for t in w.values()))
+        with open(f"{outs[False]}/config.json") as f:
+            self.assertEqual(json.load(f)["torch_dtype"], "bfloat16")
+        _, opt = read_safetensors(f"{outs[False]}/optimizer.safetensors")
+        self.assertTrue(any(n.startswith("master.") and t.dtype == torch.float32 for n, t in opt.items()))
+        _, w2 = read_safetensors(f"{outs[True]}/weights.safetensors")
+        for n in w:
+            self.assertTrue(torch.allclose(w[n].float(), w2[n].float(), atol=1e-2), n)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -113,7 +113,7 @@ class ProtocolTest(unittest.TestCase):
             "null checkpoint above version 0": {**good, "step": 3, "weight_version_in": 3},
             "unknown estimator": {**good, "config": {**good["config"], "advantage_estimator": "magic"}},
             "slime's cross-field rule": {**good, "config": {**good["config"], "kl_coef": 0.1, "kl_loss_coef": 0.1}},
-            "ppo has no critic here": {**good, "config": {**good["config"], "advantage_estimator": "ppo"}},
+            "ppo: num_critic_only_steps not an integer": {**good, "config": {**good["config"], "advantage_estimator": "ppo", "num_critic_only_steps": 1.5}},
             "negative lr": {**good, "config": {**good["config"], "lr": -1}},
         }
         for name, body in cases.items():

@@ -1,0 +1,446 @@
+/**
+ * How much GPU time rlq wastes at cluster scale (issue 20), simulated on this machine: the real rlq
+ * (`rlq up` with the controller and the train worker, `rlq worker rollout reward`, Postgres, Redis,
+ * aborts, partial rollouts, weight syncs) against N simulated SGLang engines in one process
+ * (bench/sim/engine-farm.ts: timers, no CPU per token), a trainer whose step is a timer that scales
+ * with tokens (bench/sim/trainer.ts) and a fixed-cost reward (bench/sim/reward-fixed.mjs). The
+ * model and its parameters are in bench/sim/model.ts and go into the JSON with their sources.
+ *
+ * Measured in the steady state: from the commit of step 0 to the commit of the last step (async: the
+ * last step before the pipeline's drain), so the pipeline's fill and drain are left out (the ideal is a steady state too). Against the ideal pipeline of the
+ * same model (model.ts idealPipeline): samples/s and tokens/s, engine and trainer busy fractions,
+ * the bubble (seal -> train start; train commit -> every engine decoding on the new version), the
+ * weight-sync time, and rlq's CPU per sample and per 1k tokens.
+ *
+ *   npx tsx bench/cluster-sim.ts [--engines 8,64,512] [--modes sync_partial_off,sync_partial_on,async_k1,async_k2]
+ *     [--reps 3] [--steps 6] [--time-scale 8:4,64:4,512:2] [--reps-at 64:1,512:1] [--steps-at 64:5,512:4]
+ *     [--modes-at 512:async_k1]
+ *     [--max-running 16] [--token-scale 16] [--server-concurrency N] [--prof DIR] [--out cluster-sim]
+ *
+ * Uses the test services (TEST_DATABASE_URL / TEST_REDIS_URL, default 127.0.0.1), each run in its
+ * own database and queue prefix.
+ */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { createDb } from "../src/store/db.ts";
+import { startRun } from "../src/api.ts";
+import { createTestDatabase, redisUrl } from "../test/helpers/services.ts";
+import { repoRoot, spawnFake, spawnRlq, type Proc } from "../test/helpers/processes.ts";
+import { median, prepareServices, startCpuSampler, writeResult } from "./lib.ts";
+import { defaultParams, idealPipeline, paramSources, type SimParams } from "./sim/model.ts";
+import { simulatePolicy, type PolicyMode } from "./sim/policy-sim.ts";
+
+const { values } = parseArgs({
+  options: {
+    engines: { type: "string", default: "8,64,512" },
+    modes: { type: "string", default: "sync_partial_off,sync_partial_on,async_k1,async_k2" },
+    reps: { type: "string", default: "3" },
+    steps: { type: "string", default: "6" },
+    "time-scale": { type: "string", default: "8:4,64:4,512:2" },
+    "reps-at": { type: "string", default: "64:1,512:1" },
+    "modes-at": { type: "string", default: "512:async_k1" },
+    "steps-at": { type: "string", default: "64:5,512:4" },
+    "max-running": { type: "string", default: "16" },
+    "token-scale": { type: "string", default: "16" },
+    // rlq's per-engine cap (slime's sglang_server_concurrency); default: the engines' max running requests.
+    "server-concurrency": { type: "string" },
+    prof: { type: "string" },
+    out: { type: "string", default: "cluster-sim" },
+  },
+});
+const perEngines = (spec: string, e: number, fallback: number) => {
+  for (const kv of spec.split(",")) {
+    const [k, v] = kv.split(":");
+    if (Number(k) === e) return Number(v);
+  }
+  return fallback;
+};
+type Mode = "sync_partial_off" | "sync_partial_on" | "async_k1" | "async_k2";
+const modeConfig: Record<Mode, Record<string, unknown>> = {
+  // Synchronous, over-sampling 1.5x: the groups drained at the seal are discarded (and recorded so).
+  sync_partial_off: { partial_rollout: false },
+  // Synchronous, over-sampling 1.5x: the drained groups go back to the buffer with their tokens.
+  sync_partial_on: { partial_rollout: true },
+  async_k1: { train_async: true, max_staleness: 1, staleness_policy: "mask" },
+  async_k2: { train_async: true, max_staleness: 2, staleness_policy: "mask" },
+};
+const isAsyncMode = (m: Mode) => m.startsWith("async");
+const policyOf: Record<Mode, PolicyMode> = {
+  sync_partial_off: { isAsync: false, k: 0, isPartial: false, overSampling: 1.5 },
+  sync_partial_on: { isAsync: false, k: 0, isPartial: true, overSampling: 1.5 },
+  async_k1: { isAsync: true, k: 1, isPartial: false, overSampling: 1 },
+  async_k2: { isAsync: true, k: 2, isPartial: false, overSampling: 1 },
+};
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+async function getJson<T>(url: string): Promise<T> {
+  const r = await fetch(url);
+  if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
+  return (await r.json()) as T;
+}
+
+interface Totals {
+  wallNowMs: number;
+  busyMs: number;
+  tokens: number;
+  timerLateness?: { count: number; sumMs: number; maxMs: number };
+}
+/** A series of the farm's totals, read at any wall time by linear interpolation. */
+function totalsAt(series: Totals[], t: number): Totals {
+  let a = series[0] as Totals;
+  for (const s of series) {
+    if (s.wallNowMs <= t) a = s;
+    else {
+      const f = (t - a.wallNowMs) / Math.max(1, s.wallNowMs - a.wallNowMs);
+      return { wallNowMs: t, busyMs: a.busyMs + f * (s.busyMs - a.busyMs), tokens: a.tokens + f * (s.tokens - a.tokens) };
+    }
+  }
+  return a;
+}
+
+async function once(engines: number, mode: Mode, p: SimParams, steps: number, rep: number) {
+  const n = 8;
+  const samplesPerStep = engines * p.maxRunning;
+  const rbs = Math.max(1, Math.round(samplesPerStep / n));
+  const database = await createTestDatabase(`rlq_csim${engines}`);
+  const db = createDb(database.url, { max: 2 });
+  const home = mkdtempSync(join(tmpdir(), "rlq-csim-"));
+  const procs: Proc[] = [];
+  try {
+    const farm = await spawnFake("bench/sim/engine-farm.ts", ["--engines", String(engines), "--params", JSON.stringify(p)]);
+    procs.push(farm);
+    const trainer = await spawnFake("bench/sim/trainer.ts", ["--params", JSON.stringify(p)]);
+    procs.push(trainer);
+    const prefix = `csim${engines}${mode}${Date.now().toString(36)}`.replace(/[^a-z0-9]/g, "");
+    const env: Record<string, string> = {
+      DATABASE_URL: database.url,
+      RLQ_QUEUE_PREFIX: prefix,
+      RLQ_HOME: home,
+      RLQ_LOG_LEVEL: "warn",
+      REDIS_URL: redisUrl,
+      RLQ_SIM_REWARD_WALL_MS: String(p.rewardMs / p.timeScale),
+    };
+    const config = {
+      prompt_data: join(repoRoot, "test/fixtures/prompts.jsonl"),
+      rollout_batch_size: rbs,
+      n_samples_per_prompt: n,
+      over_sampling_batch_size: isAsyncMode(mode) ? null : Math.ceil(rbs * 1.5),
+      num_rollout: steps,
+      rollout_max_response_len: Math.ceil(p.lenCap / p.tokenScale),
+      custom_rm_path: join(repoRoot, "bench/sim/reward-fixed.mjs"),
+      dynamic_sampling_filter_path: null,
+      engine: { kind: "sglang", urls: Array.from({ length: engines }, (_, i) => `${farm.url}/e/${i}`), logprob_check: "off", stream: false },
+      sglang_server_concurrency: values["server-concurrency"] ? Number(values["server-concurrency"]) : p.maxRunning,
+      trainer: { kind: "remote", url: trainer.url },
+      train_stall_timeout_s: 120,
+      ...modeConfig[mode],
+    };
+    const { runId } = await startRun(db, { config });
+    // Enough rollout jobs in flight for every group the controller may admit (async: (k+1) steps' worth).
+    const inflightGroups = Math.ceil((isAsyncMode(mode) ? (mode === "async_k2" ? 3 : 2) : 1.5) * rbs) + 8;
+    const pids = { up: -1, worker: -1 };
+    const cpu = startCpuSampler((pid, cmd) => {
+      if (pid === pids.up) return "rlq_up";
+      if (pid === pids.worker) return "rlq_worker";
+      if (pid === farm.child.pid) return "engine_farm";
+      if (pid === trainer.child.pid) return "trainer";
+      if (/^postgres: /.test(cmd)) return "postgres";
+      if (cmd.startsWith("redis-server") || cmd.includes("/redis-server")) return "redis";
+      return null;
+    }, 200);
+    const prof = (name: string) => (values.prof ? ["--cpu-prof", `--cpu-prof-dir=${values.prof}/${engines}-${mode}-${rep}-${name}`] : []);
+    const worker = spawnRlq(["worker", "rollout", "reward", "--concurrency", String(inflightGroups)], env, prof("worker"));
+    procs.push(worker);
+    pids.worker = worker.child.pid ?? -1;
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done", "--workers", "train,eval"], env, prof("up"));
+    pids.up = up.child.pid ?? -1;
+    const series: Totals[] = [];
+    let isDone = false;
+    const poller = (async () => {
+      while (!isDone) {
+        series.push(await getJson<Totals>(`${farm.url}/_totals`));
+        await sleep(250);
+      }
+    })();
+    const code = await up.exited;
+    isDone = true;
+    await poller;
+    series.push(await getJson<Totals>(`${farm.url}/_totals`));
+    cpu.stop();
+    if (code !== 0) throw new Error(`rlq up exited ${code}: ${up.output().slice(-3000)}\nworker: ${worker.output().slice(-2000)}`);
+    const farmStats = await getJson<{
+      engines: Array<{ firstDecodeWallMs: Record<string, number>; loadsWallMs: Array<{ version: number; askedAt: number; doneAt: number }> }>;
+      requests: number;
+      aborts: number;
+    }>(`${farm.url}/_stats`);
+    const trainerStats = await getJson<{
+      steps: Array<{ step: number; receivedAt: number; startAt: number; endAt: number; samples: number; realTokens: number }>;
+    }>(`${trainer.url}/_stats`);
+    const q = async <T>(text: string) => (await db.pool.query(text, [runId])).rows as T[];
+    const ms = (d: Date | string | null) => (d === null ? NaN : new Date(d).getTime());
+    const commits = new Map(
+      (await q<{ step: number; at: Date }>("SELECT step, committed_at AS at FROM train_steps WHERE run_id = $1 ORDER BY step")).map((r) => [r.step, ms(r.at)]),
+    );
+    const seals = new Map(
+      (
+        await q<{ step: number; at: Date }>(
+          "SELECT coalesce(step, (payload->>'step')::int) AS step, min(created_at) AS at FROM decisions WHERE run_id = $1 AND kind = 'step.sealed' GROUP BY 1",
+        )
+      ).map((r) => [r.step, ms(r.at)]),
+    );
+    const synced = new Map(
+      (
+        await q<{ step: number; at: Date }>(
+          "SELECT (payload->>'step')::int AS step, min(created_at) AS at FROM decisions WHERE run_id = $1 AND kind = 'weights.synced' GROUP BY 1",
+        )
+      ).map((r) => [r.step, ms(r.at)]),
+    );
+    const syncing = new Map(
+      (
+        await q<{ step: number; at: Date }>(
+          "SELECT (payload->>'step')::int AS step, min(created_at) AS at FROM decisions WHERE run_id = $1 AND kind = 'weights.syncing' GROUP BY 1",
+        )
+      ).map((r) => [r.step, ms(r.at)]),
+    );
+    const trained = await q<{ step: number; samples: number; tokens: number }>(
+      "SELECT trained_step AS step, count(*)::int AS samples, sum(response_length)::float8 AS tokens FROM rollout_history WHERE run_id = $1 AND trained_step IS NOT NULL GROUP BY 1 ORDER BY 1",
+    );
+    // Control-plane latencies per step, from the facts: the step's start (the previous step's weights
+    // synced, or the first draw) to its first dispatch and its first generated round, and the last
+    // reward before the seal to the seal.
+    const cp = new Map(
+      (
+        await q<{ step: number; first_dispatch: Date; first_round: Date | null; last_reward: Date | null }>(
+          `SELECT d.step, d.first_dispatch,
+                  (SELECT min(created_at) FROM group_rounds r WHERE r.run_id = $1 AND r.step = d.step) AS first_round,
+                  (SELECT max(w.created_at) FROM sample_rewards w WHERE w.run_id = $1
+                      AND w.created_at <= (SELECT min(created_at) FROM decisions x WHERE x.run_id = $1 AND x.kind = 'step.sealed' AND coalesce(x.step, (x.payload->>'step')::int) = d.step)) AS last_reward
+             FROM (SELECT (payload->>'step')::int AS step, min(created_at) AS first_dispatch FROM decisions
+                    WHERE run_id = $1 AND kind = 'group.dispatched' GROUP BY 1) d`,
+        )
+      ).map((r) => [r.step, { firstDispatch: ms(r.first_dispatch), firstRound: ms(r.first_round), lastReward: ms(r.last_reward) }]),
+    );
+    const firstDraw = ms((await q<{ at: Date }>("SELECT min(created_at) AS at FROM decisions WHERE run_id = $1 AND kind = 'prompts.drawn'"))[0]?.at ?? null);
+    const outcomes = await q<{ kind: string; n: number }>(
+      "SELECT kind, count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind IN ('group.dispatched', 'group.aborted', 'group.cut', 'group.outcome') GROUP BY 1",
+    );
+    // The steady-state window: step 0's commit to the last step the engines still had work for. Async
+    // mode draws the run's last prompts k+1 steps ahead of training them, so its last k+1 steps are the
+    // pipeline's drain (engines idle for want of prompts, not because of rlq): they are left out.
+    const last = isAsyncMode(mode) ? steps - 2 - (mode === "async_k2" ? 2 : 1) : steps - 1;
+    if (last < 1) throw new Error(`--steps ${steps}: ${mode} needs at least ${mode === "async_k2" ? 5 : 4} steps for a steady-state window`);
+    const t0 = commits.get(0) as number;
+    const t1 = commits.get(last) as number;
+    const windowS = (t1 - t0) / 1000;
+    const inWindow = trained.filter((r) => r.step >= 1 && r.step <= last);
+    const samples = inWindow.reduce((a, r) => a + r.samples, 0);
+    const rlqTokens = inWindow.reduce((a, r) => a + r.tokens, 0);
+    const a = totalsAt(series, t0);
+    const b = totalsAt(series, t1);
+    const trainerBusyMs = trainerStats.steps.reduce((acc, s) => acc + Math.max(0, Math.min(s.endAt, t1) - Math.max(s.startAt, t0)), 0);
+    const perStep: Array<Record<string, number>> = [];
+    for (let s = 0; s <= last; s++) {
+      const tr = trainerStats.steps.find((x) => x.step === s);
+      const seal = seals.get(s) ?? NaN;
+      const commit = commits.get(s) ?? NaN;
+      // Version s+1 is step s's output: when did the last engine first decode on it?
+      const firstDecodes = farmStats.engines.map((e) => e.firstDecodeWallMs[String(s + 1)] ?? NaN);
+      const loads = farmStats.engines.flatMap((e) => e.loadsWallMs.filter((l) => l.version === s + 1));
+      const c = cp.get(s);
+      const ready = s === 0 ? firstDraw : (synced.get(s - 1) ?? NaN);
+      perStep.push({
+        step: s,
+        ready_to_first_dispatch_ms: (c?.firstDispatch ?? NaN) - ready,
+        first_dispatch_to_first_round_ms: (c?.firstRound ?? NaN) - (c?.firstDispatch ?? NaN),
+        last_reward_to_seal_ms: seal - (c?.lastReward ?? NaN),
+        seal_to_trainer_received_ms: (tr?.receivedAt ?? NaN) - seal,
+        seal_to_train_start_ms: (tr?.startAt ?? NaN) - seal,
+        train_ms: (tr?.endAt ?? NaN) - (tr?.startAt ?? NaN),
+        train_end_to_commit_ms: commit - (tr?.endAt ?? NaN),
+        commit_to_synced_ms: (synced.get(s) ?? NaN) - commit,
+        syncing_to_synced_ms: (synced.get(s) ?? NaN) - (syncing.get(s) ?? NaN),
+        commit_to_all_engines_decoding_ms: firstDecodes.some((x) => Number.isNaN(x)) ? NaN : Math.max(...firstDecodes) - commit,
+        engines_decoding_on_new_version: firstDecodes.filter((x) => !Number.isNaN(x)).length,
+        engine_load_ms_max: loads.length ? Math.max(...loads.map((l) => l.doneAt - l.askedAt)) : NaN,
+      });
+    }
+    const cpuS = cpu.between(t0, t1);
+    const rlqCpuS = (cpuS.rlq_up ?? 0) + (cpuS.rlq_worker ?? 0);
+    const ideal = idealPipeline(p, engines, samplesPerStep);
+    const samplesPerS = samples / windowS;
+    const realTokensPerS = (rlqTokens * p.tokenScale) / windowS;
+    const idealSamplesPerS = ideal.pipelined.samplesPerS * p.timeScale;
+    const stepMs = (t1 - t0) / last;
+    const medianOf = (k: string) =>
+      median(
+        perStep
+          .filter((r) => (r.step as number) >= 1)
+          .map((r) => r[k] as number)
+          .filter((x) => !Number.isNaN(x)),
+      );
+    const r = {
+      engines,
+      mode,
+      rep,
+      rollout_batch_size: rbs,
+      samples_per_step: rbs * n,
+      window_s: windowS,
+      steady_steps: last,
+      samples_per_s: samplesPerS,
+      real_tokens_per_s: realTokensPerS,
+      ideal_samples_per_s: idealSamplesPerS,
+      ideal_real_tokens_per_s: ideal.pipelined.tokensPerS * p.timeScale,
+      ratio_samples_vs_ideal: samplesPerS / idealSamplesPerS,
+      ratio_tokens_vs_ideal: realTokensPerS / (ideal.pipelined.tokensPerS * p.timeScale),
+      ratio_samples_vs_sequential_ideal: samplesPerS / (ideal.sequential.samplesPerS * p.timeScale),
+      engine_busy_fraction: (b.busyMs - a.busyMs) / p.timeScale / (engines * (t1 - t0)),
+      engine_decode_utilization: (b.tokens - a.tokens) / (engines * ideal.engineTokensPerSAtFullBatch * p.timeScale * windowS),
+      trainer_busy_fraction: trainerBusyMs / (t1 - t0),
+      ideal_engine_busy: ideal.pipelined.engineBusy,
+      ideal_trainer_busy: ideal.pipelined.trainerBusy,
+      step_ms: stepMs,
+      bubble_seal_to_train_start_ms: medianOf("seal_to_train_start_ms"),
+      bubble_seal_to_train_start_frac: medianOf("seal_to_train_start_ms") / stepMs,
+      bubble_commit_to_all_engines_decoding_ms: medianOf("commit_to_all_engines_decoding_ms"),
+      bubble_commit_to_all_engines_decoding_frac: medianOf("commit_to_all_engines_decoding_ms") / stepMs,
+      ready_to_first_dispatch_ms: medianOf("ready_to_first_dispatch_ms"),
+      first_dispatch_to_first_round_ms: medianOf("first_dispatch_to_first_round_ms"),
+      last_reward_to_seal_ms: medianOf("last_reward_to_seal_ms"),
+      farm_timer_lateness_ms_mean: (series.at(-1)?.timerLateness?.sumMs ?? 0) / Math.max(1, series.at(-1)?.timerLateness?.count ?? 0),
+      farm_timer_lateness_ms_max: series.at(-1)?.timerLateness?.maxMs ?? null,
+      weight_load_ms_model: p.weightLoadMs / p.timeScale,
+      weight_sync_engine_ms_max: medianOf("engine_load_ms_max"),
+      weight_sync_commit_to_synced_ms: medianOf("commit_to_synced_ms"),
+      rlq_cpu_s: rlqCpuS,
+      rlq_cpu_cores: rlqCpuS / windowS,
+      rlq_cpu_ms_per_sample: (1000 * rlqCpuS) / samples,
+      rlq_cpu_ms_per_1k_rlq_tokens: (1e6 * rlqCpuS) / rlqTokens,
+      rlq_cpu_ms_per_1k_real_tokens: (1e6 * rlqCpuS) / (rlqTokens * p.tokenScale),
+      cpu_s_in_window: cpuS,
+      decisions: Object.fromEntries(outcomes.map((o) => [o.kind, o.n])),
+      farm_requests: farmStats.requests,
+      farm_aborts: farmStats.aborts,
+      per_step: perStep,
+    };
+    process.stderr.write(
+      `${engines} engines ${mode} #${rep}: ${samplesPerS.toFixed(1)} samples/s vs ideal ${idealSamplesPerS.toFixed(1)} (x${r.ratio_samples_vs_ideal.toFixed(2)}); engine busy ${r.engine_busy_fraction.toFixed(2)}, decode util ${r.engine_decode_utilization.toFixed(2)}, trainer busy ${r.trainer_busy_fraction.toFixed(2)}; bubbles ${r.bubble_seal_to_train_start_ms.toFixed(0)} / ${r.bubble_commit_to_all_engines_decoding_ms.toFixed(0)} ms of ${stepMs.toFixed(0)}; rlq ${r.rlq_cpu_cores.toFixed(2)} cores, ${r.rlq_cpu_ms_per_sample.toFixed(2)} ms/sample\n`,
+    );
+    return r;
+  } finally {
+    for (const pr of procs.reverse()) pr.kill("SIGTERM");
+    await Promise.all(procs.map((pr) => Promise.race([pr.exited, sleep(3000).then(() => pr.kill("SIGKILL"))])));
+    await db.close();
+    await database.drop();
+    rmSync(home, { recursive: true, force: true });
+  }
+}
+
+await prepareServices();
+const modes = values.modes.split(",") as Mode[];
+for (const m of modes) if (!(m in modeConfig)) throw new Error(`--modes: unknown mode ${m}; expected some of ${Object.keys(modeConfig).join(", ")}`);
+const results: Record<string, unknown> = {};
+const allRuns: unknown[] = [];
+for (const e of values.engines.split(",").map(Number)) {
+  const modesHere =
+    (values["modes-at"]
+      .split(",")
+      .find((kv) => Number(kv.split(":")[0]) === e)
+      ?.split(":")[1]
+      ?.split("+") as Mode[] | undefined) ?? modes;
+  const p: SimParams = {
+    ...defaultParams(e),
+    timeScale: perEngines(values["time-scale"], e, 1),
+    maxRunning: Number(values["max-running"]),
+    tokenScale: Number(values["token-scale"]),
+  };
+  const reps = perEngines(values["reps-at"], e, Number(values.reps));
+  const steps = perEngines(values["steps-at"], e, Number(values.steps));
+  const runs: Array<Awaited<ReturnType<typeof once>>> = [];
+  // Modes interleaved within each repetition, so every mode sees the same machine noise.
+  for (let rep = 0; rep < reps; rep++) for (const m of modesHere) runs.push(await once(e, m, p, steps, rep));
+  allRuns.push(...runs);
+  const ideal = idealPipeline(p, e, e * p.maxRunning);
+  const byMode: Record<string, unknown> = {};
+  for (const m of modesHere) {
+    const rs = runs.filter((r) => r.mode === m);
+    const med = (k: keyof (typeof rs)[number]) => median(rs.map((r) => r[k] as number));
+    // The zero-overhead event simulation of the same policy (bench/sim/policy-sim.ts), in wall units.
+    const policy = simulatePolicy(p, e, policyOf[m], Math.max(1, Math.round((e * p.maxRunning) / 8)), 8, steps);
+    const policySps = policy.samplesPerS * p.timeScale;
+    // The same, with rlq's pool cap and its batch /generate holding a finished request's slot until
+    // its batch-mates finish (src/engines/pool.ts runOn, src/engines/sglang.ts createBatcher).
+    const serverConcurrency = values["server-concurrency"] ? Number(values["server-concurrency"]) : p.maxRunning;
+    const coupled = simulatePolicy(
+      p,
+      e,
+      { ...policyOf[m], poolCap: serverConcurrency, isBatchCoupled: true },
+      Math.max(1, Math.round((e * p.maxRunning) / 8)),
+      8,
+      steps,
+    );
+    byMode[m] = {
+      reps: rs.length,
+      policy_ideal_samples_per_s: policySps,
+      policy_ideal_step_ms: policy.stepMs / p.timeScale,
+      policy_ideal_engine_decode_utilization: policy.engineDecodeUtilization,
+      policy_ideal_ratio_vs_pipeline_ideal: policySps / (ideal.pipelined.samplesPerS * p.timeScale),
+      ratio_samples_vs_policy_ideal: med("samples_per_s") / policySps,
+      policy_ideal_batch_coupled_samples_per_s: coupled.samplesPerS * p.timeScale,
+      ratio_samples_vs_policy_ideal_batch_coupled: med("samples_per_s") / (coupled.samplesPerS * p.timeScale),
+      samples_per_s: med("samples_per_s"),
+      real_tokens_per_s: med("real_tokens_per_s"),
+      ratio_samples_vs_ideal: med("ratio_samples_vs_ideal"),
+      ratio_tokens_vs_ideal: med("ratio_tokens_vs_ideal"),
+      ratio_samples_vs_sequential_ideal: med("ratio_samples_vs_sequential_ideal"),
+      engine_busy_fraction: med("engine_busy_fraction"),
+      engine_decode_utilization: med("engine_decode_utilization"),
+      trainer_busy_fraction: med("trainer_busy_fraction"),
+      step_ms: med("step_ms"),
+      bubble_seal_to_train_start_ms: med("bubble_seal_to_train_start_ms"),
+      bubble_seal_to_train_start_frac: med("bubble_seal_to_train_start_frac"),
+      bubble_commit_to_all_engines_decoding_ms: med("bubble_commit_to_all_engines_decoding_ms"),
+      bubble_commit_to_all_engines_decoding_frac: med("bubble_commit_to_all_engines_decoding_frac"),
+      weight_sync_engine_ms_max: med("weight_sync_engine_ms_max"),
+      weight_sync_commit_to_synced_ms: med("weight_sync_commit_to_synced_ms"),
+      rlq_cpu_cores: med("rlq_cpu_cores"),
+      rlq_cpu_ms_per_sample: med("rlq_cpu_ms_per_sample"),
+      rlq_cpu_ms_per_1k_rlq_tokens: med("rlq_cpu_ms_per_1k_rlq_tokens"),
+      rlq_cpu_ms_per_1k_real_tokens: med("rlq_cpu_ms_per_1k_real_tokens"),
+      ready_to_first_dispatch_ms: med("ready_to_first_dispatch_ms"),
+      first_dispatch_to_first_round_ms: med("first_dispatch_to_first_round_ms"),
+      last_reward_to_seal_ms: med("last_reward_to_seal_ms"),
+      farm_timer_lateness_ms_mean: med("farm_timer_lateness_ms_mean"),
+    };
+  }
+  const sps = (m: string) => (byMode[m] as { samples_per_s: number } | undefined)?.samples_per_s;
+  const pol = (m: string) => (byMode[m] as { policy_ideal_samples_per_s: number } | undefined)?.policy_ideal_samples_per_s;
+  results[String(e)] = {
+    params: p,
+    steps,
+    reps,
+    ideal: {
+      ...ideal,
+      samples_per_s_wall: ideal.pipelined.samplesPerS * p.timeScale,
+      sequential_samples_per_s_wall: ideal.sequential.samplesPerS * p.timeScale,
+    },
+    modes: byMode,
+    async_k1_over_sync_partial_off: sps("async_k1") && sps("sync_partial_off") ? (sps("async_k1") as number) / (sps("sync_partial_off") as number) : null,
+    async_k2_over_sync_partial_off: sps("async_k2") && sps("sync_partial_off") ? (sps("async_k2") as number) / (sps("sync_partial_off") as number) : null,
+    policy_ideal_async_k1_over_sync_partial_off:
+      pol("async_k1") && pol("sync_partial_off") ? (pol("async_k1") as number) / (pol("sync_partial_off") as number) : null,
+    policy_ideal_async_k2_over_sync_partial_off:
+      pol("async_k2") && pol("sync_partial_off") ? (pol("async_k2") as number) / (pol("sync_partial_off") as number) : null,
+  };
+  // Written after each engine count, so a long run keeps what it measured.
+  await writeResult(values.out, {
+    bench: "cluster-sim",
+    note:
+      "medians over reps; steady state (step 0's commit to the last steady step's); ideal = model.ts idealPipeline (a fluid perfect pipeline, same engine and trainer model); " +
+      "policy_ideal = policy-sim.ts (rlq's scheduling policy with zero overhead, same model); absolute rates are at time_scale (sim ms per wall ms)",
+    param_sources: paramSources,
+    results,
+    runs: allRuns,
+  });
+}

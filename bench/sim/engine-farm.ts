@@ -1,0 +1,169 @@
+/**
+ * BENCH FAKE: one process that plays N SGLang engines (bench/sim/model.ts's SimEngine: timers, no
+ * CPU per token), engine i at http://127.0.0.1:PORT/e/i. Each speaks the part of SGLang's native
+ * API rlq uses (src/engines/sglang.ts; behaviours from sglang's python/sglang/srt/entrypoints/http_server.py
+ * and managers/tokenizer_manager.py, as test/fakes/fake-sglang.ts documents them):
+ *   POST /generate {rid, input_ids, sampling_params, return_logprob, stream: false}, single or batch
+ *     (lists; the answer is the list of outputs in order, sent when every item ended);
+ *   POST /abort_request {rid}: that request ends now with its tokens so far, finish_reason abort;
+ *     abort_all is refused (rlq must never send it);
+ *   POST /update_weights_from_disk {model_path, weight_version}: new requests are held, running ones
+ *     finish (the model update lock), then the load takes weightLoadMs;
+ *   GET /health_generate, /health, /get_weight_version, /get_model_info, /get_server_info; POST /flush_cache.
+ * GET /_stats (farm only): per-engine busy time, tokens, loads, first decode per version; GET /_totals: the sums now.
+ *
+ * A sample's length is fixed by its key (rid minus the segment index), so a resumed segment ends
+ * where the sample would have. Generated token ids are 128..255 (the byte tokenizer's non-ASCII
+ * bytes; prompts are ASCII), so a resumed request counts its earlier tokens in input_ids; EOS 257.
+ *
+ *   tsx bench/sim/engine-farm.ts --port 0 --engines N --params JSON   (prints "listening PORT")
+ */
+import { createServer, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import { parseArgs } from "node:util";
+import { readJson, sendJson } from "../../test/fakes/http-json.ts";
+import { responseLength, SimEngine, wallClock, type SimParams } from "./model.ts";
+
+const { values } = parseArgs({ options: { port: { type: "string", default: "0" }, engines: { type: "string", default: "8" }, params: { type: "string" } } });
+if (!values.params) throw new Error("--params: the SimParams JSON is required");
+const p = JSON.parse(values.params) as SimParams;
+const n = Number(values.engines);
+const clock = wallClock(p.timeScale);
+const engines = Array.from({ length: n }, () => new SimEngine(p, clock));
+const EOS = 257;
+const stats = { generateCalls: 0, requests: 0, aborts: 0, loads: 0 };
+
+interface Item {
+  rid: string;
+  ids: number[];
+  maxNew: number;
+}
+
+/** Run one request on engine e; resolves with its SGLang output. */
+function runOne(e: SimEngine, item: Item): Promise<unknown> {
+  const key = item.rid.slice(0, item.rid.lastIndexOf("-"));
+  let prev = 0;
+  for (const t of item.ids) if (t >= 128 && t <= 255) prev++;
+  const total = Math.ceil(responseLength(key, p) / p.tokenScale); // rlq tokens of the whole sample
+  const left = Math.max(0, Math.min(total - prev, item.maxNew));
+  const isStopAtEnd = prev + left === total && responseLength(key, p) < p.lenCap;
+  stats.requests++;
+  return new Promise((resolve) => {
+    e.submit({
+      rid: item.rid,
+      target: left * p.tokenScale,
+      inputTokens: p.promptTokens + prev * p.tokenScale,
+      onDone(real, isAborted, version) {
+        const k = isAborted ? Math.floor(real / p.tokenScale) : left;
+        const out: Array<[number, number, null]> = [];
+        for (let i = 0; i < k; i++) out.push([-0.7, 128 + (((prev + i) * 37 + key.length) % 128), null]);
+        let finish = isAborted ? "abort" : "length";
+        if (!isAborted && isStopAtEnd && k > 0) {
+          out[k - 1] = [-0.1, EOS, null];
+          finish = "stop";
+        }
+        resolve({
+          text: "",
+          meta_info: {
+            id: item.rid,
+            output_token_logprobs: out,
+            finish_reason: { type: finish, ...(finish === "abort" ? { message: "Abort before finishing." } : {}) },
+            weight_version: String(version),
+            prompt_tokens: item.ids.length,
+            completion_tokens: out.length,
+            cached_tokens: 0,
+          },
+        });
+      },
+    });
+  });
+}
+
+async function generate(e: SimEngine, b: Record<string, unknown>, res: ServerResponse): Promise<void> {
+  if (b.stream === true) return sendJson(res, 400, { error: { message: "the engine farm answers only stream: false (set engine.stream: false)" } });
+  if (b.return_logprob !== true) return sendJson(res, 400, { error: { message: "rlq always asks for return_logprob" } });
+  stats.generateCalls++;
+  const isBatch = Array.isArray(b.input_ids) && Array.isArray((b.input_ids as unknown[])[0]);
+  const ids = (isBatch ? b.input_ids : [b.input_ids]) as number[][];
+  const rids = (isBatch ? b.rid : [b.rid]) as string[];
+  const sps = (isBatch ? b.sampling_params : [b.sampling_params]) as Array<Record<string, unknown>>;
+  if (!Array.isArray(rids) || rids.length !== ids.length) return sendJson(res, 400, { error: { message: "rid must have one entry per input" } });
+  const items: Item[] = ids.map((x, i) => ({ rid: String(rids[i]), ids: x, maxNew: Number((Array.isArray(sps) ? sps[i] : sps)?.max_new_tokens ?? 128) }));
+  let isGone = false;
+  res.on("close", () => {
+    if (res.writableFinished) return;
+    isGone = true;
+    for (const it of items) e.abort(it.rid); // SGLang aborts the requests of a client that disconnected
+  });
+  const outs = await Promise.all(items.map((it) => runOne(e, it)));
+  if (!isGone) sendJson(res, 200, isBatch ? outs : outs[0]);
+}
+
+const server = createServer((req, res) => {
+  void (async () => {
+    try {
+      const url = (req.url ?? "/").split("?")[0] as string;
+      if (url === "/_totals") {
+        let busyMs = 0;
+        let tokens = 0;
+        for (const e of engines) {
+          e.sync();
+          busyMs += e.busyMs;
+          tokens += e.tokens;
+        }
+        return sendJson(res, 200, { wallNowMs: Date.now(), busyMs, tokens, timerLateness: clock.lateness });
+      }
+      if (url === "/_stats") {
+        return sendJson(res, 200, {
+          ...stats,
+          engines: engines.map((e) => ({
+            busyMs: e.busyMs,
+            tokens: e.tokens,
+            loadMs: e.loadMs,
+            version: e.version,
+            firstDecodeWallMs: Object.fromEntries([...e.firstDecodeAt].map(([v, t]) => [v, clock.wallAt(t)])),
+            loadsWallMs: e.loadsAt.map((l) => ({ version: l.version, askedAt: clock.wallAt(l.askedAt), doneAt: clock.wallAt(l.doneAt) })),
+          })),
+          simNowMs: clock.now(),
+          wallNowMs: Date.now(),
+        });
+      }
+      const m = /^\/e\/(\d+)(\/.*)$/.exec(url);
+      const e = m ? engines[Number(m[1])] : undefined;
+      if (!m || !e) return sendJson(res, 404, { error: { message: `no engine at ${url}` } });
+      const path = m[2];
+      if (req.method === "POST" && path === "/generate") return await generate(e, await readJson(req), res);
+      if (req.method === "POST" && path === "/abort_request") {
+        const b = await readJson(req);
+        if (b.abort_all === true) return sendJson(res, 400, { error: { message: "rlq must never abort_all" } });
+        stats.aborts++;
+        e.abort(String(b.rid));
+        return sendJson(res, 200, {});
+      }
+      if (req.method === "POST" && path === "/update_weights_from_disk") {
+        const b = await readJson(req);
+        stats.loads++;
+        await e.load(Number(b.weight_version));
+        return sendJson(res, 200, { success: true, message: `loaded ${String(b.model_path)}`, num_paused_requests: 0 });
+      }
+      if (path === "/flush_cache") return sendJson(res, 200, {});
+      if (path === "/health_generate" || path === "/health") return sendJson(res, 200, {});
+      if (path === "/get_weight_version") return sendJson(res, 200, { weight_version: String(e.version) });
+      if (path === "/get_model_info")
+        return sendJson(res, 200, { model_path: "sim/8b", tokenizer_path: "sim/8b", is_generation: true, weight_version: String(e.version) });
+      if (path === "/get_server_info")
+        return sendJson(res, 200, { model_path: "sim/8b", weight_version: String(e.version), max_running_requests: p.maxRunning, version: "engine-farm" });
+      sendJson(res, 404, { error: { message: `no route ${req.method} ${path}` } });
+    } catch (err) {
+      if (!res.headersSent) sendJson(res, 500, { error: { message: (err as Error).message } });
+      else res.destroy();
+    }
+  })();
+});
+server.keepAliveTimeout = 60_000;
+server.maxConnections = 100_000;
+server.listen(Number(values.port), "127.0.0.1", () => process.stdout.write(`listening ${(server.address() as AddressInfo).port}\n`));
+process.on("SIGTERM", () => {
+  server.closeAllConnections();
+  server.close(() => process.exit(0));
+});

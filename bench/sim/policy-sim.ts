@@ -1,0 +1,338 @@
+/**
+ * The zero-overhead event simulation (bench/cluster-sim.ts's second ideal): the same engines
+ * (SimEngine), lengths, trainer and reward as the bench, the same scheduling policy as rlq's
+ * controller (DESIGN §1: over-sampling and the seal, aborts, partial rollouts, AReaL's admission
+ * rule, a weight sync that aborts in-flight requests and loads every engine), on a virtual clock,
+ * with no control-plane cost at all. What it loses against idealPipeline is the policy's
+ * (long tails, group granularity, sync pauses); what rlq loses against it is rlq's.
+ */
+import { responseLength, SimEngine, type SimClock, type SimParams } from "./model.ts";
+
+/** A virtual clock: timers run in time order in `run()`. */
+export function virtualClock(): SimClock & { run(until?: number): void } {
+  let now = 0;
+  let seq = 0;
+  // A binary heap of timers by (t, seq).
+  const heap: Array<{ t: number; seq: number; fn: () => void; isLive: boolean }> = [];
+  const less = (a: (typeof heap)[number], b: (typeof heap)[number]) => a.t < b.t || (a.t === b.t && a.seq < b.seq);
+  const push = (x: (typeof heap)[number]) => {
+    heap.push(x);
+    let i = heap.length - 1;
+    while (i > 0) {
+      const j = (i - 1) >> 1;
+      if (!less(heap[i] as never, heap[j] as never)) break;
+      [heap[i], heap[j]] = [heap[j] as never, heap[i] as never];
+      i = j;
+    }
+  };
+  const pop = () => {
+    const top = heap[0];
+    const last = heap.pop();
+    if (heap.length > 0 && last) {
+      heap[0] = last;
+      let i = 0;
+      for (;;) {
+        const l = 2 * i + 1;
+        const r = l + 1;
+        let m = i;
+        if (l < heap.length && less(heap[l] as never, heap[m] as never)) m = l;
+        if (r < heap.length && less(heap[r] as never, heap[m] as never)) m = r;
+        if (m === i) break;
+        [heap[i], heap[m]] = [heap[m] as never, heap[i] as never];
+        i = m;
+      }
+    }
+    return top;
+  };
+  return {
+    now: () => now,
+    at(t, fn) {
+      const timer = { t: Math.max(t, now), seq: seq++, fn, isLive: true };
+      push(timer);
+      return { cancel: () => void (timer.isLive = false) };
+    },
+    run(until = Infinity) {
+      for (;;) {
+        while (heap.length > 0 && !(heap[0] as { isLive: boolean }).isLive) pop();
+        const next = heap[0];
+        if (!next || next.t > until) {
+          if (until !== Infinity) now = until;
+          return;
+        }
+        pop();
+        now = next.t;
+        next.fn();
+      }
+    },
+  };
+}
+
+export interface PolicyMode {
+  isAsync: boolean;
+  /** async: max_staleness. */
+  k: number;
+  /** sync: partial_rollout. */
+  isPartial: boolean;
+  /** sync: over_sampling_batch_size / rollout_batch_size. */
+  overSampling: number;
+  /** rlq's pool (src/engines/pool-routing.ts): a resumed sample goes back to its engine and waits for a slot there. */
+  hasAffinity?: boolean;
+  /**
+   * rlq's pool cap per engine (sglang_server_concurrency): requests beyond it wait in the pool, FIFO,
+   * and go to the least-outstanding engine when a slot frees. Unset: every request goes to the engine
+   * with the fewest live requests at once (the engine queues it).
+   */
+  poolCap?: number;
+  /**
+   * With poolCap: the requests sent to one engine at one instant travel as one batch /generate
+   * (src/engines/sglang.ts createBatcher, stream: false), whose answer comes when its last item
+   * ends; the pool frees their slots only then (pool.ts runOn).
+   */
+  isBatchCoupled?: boolean;
+}
+
+interface Sample {
+  key: string;
+  total: number;
+  done: number;
+  isDone: boolean;
+  seg: number;
+  rid: string | null;
+  engine: SimEngine | null;
+  home: SimEngine | null;
+}
+interface Group {
+  id: number;
+  samples: Sample[];
+  isComplete: boolean;
+}
+
+/** Simulate `steps` steps; the result is in sim ms, over the same window as the bench (commit 0 to the last steady step). */
+export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMode, rbs: number, n: number, steps: number) {
+  const clock = virtualClock();
+  const engines = Array.from({ length: engineCount }, () => new SimEngine(p, clock));
+  const cap = Math.ceil(p.lenCap / p.tokenScale);
+  let nextGroup = 0;
+  const commits: number[] = [];
+  let version = 0;
+  let isSyncing = false;
+  const tokensAt: Array<[number, number]> = [];
+
+  const newGroup = (): Group => {
+    const id = nextGroup++;
+    return {
+      id,
+      isComplete: false,
+      samples: Array.from({ length: n }, (_, i) => ({
+        key: `sim-${id}-${i}`,
+        total: Math.ceil(responseLength(`sim-${id}-${i}`, p) / p.tokenScale),
+        done: 0,
+        isDone: false,
+        seg: 0,
+        rid: null,
+        engine: null,
+        home: null,
+      })),
+    };
+  };
+  const live = new Set<Group>();
+  let onGroupDone: (g: Group) => void = () => undefined;
+
+  const outstanding = new Map<SimEngine, number>(engines.map((e) => [e, 0]));
+  const poolQueue: Array<{ g: Group; s: Sample }> = [];
+  const openBatch = new Map<SimEngine, { at: number; left: number; size: number }>();
+  const pump = () => {
+    const cap = mode.poolCap as number;
+    while (poolQueue.length > 0) {
+      let best: SimEngine | null = null;
+      for (const e of engines)
+        if ((outstanding.get(e) as number) < cap && (best === null || (outstanding.get(e) as number) < (outstanding.get(best) as number))) best = e;
+      if (!best) return;
+      const { g, s } = poolQueue.shift() as { g: Group; s: Sample };
+      if (s.isDone || s.rid !== null || !live.has(g)) continue;
+      sendTo(best, g, s);
+    }
+  };
+  const dispatchSample = (g: Group, s: Sample) => {
+    if (mode.poolCap === undefined) {
+      sendTo(mode.hasAffinity && s.home ? s.home : engines.reduce((best, x) => (x.live < best.live ? x : best)), g, s);
+      return;
+    }
+    poolQueue.push({ g, s });
+    pump();
+  };
+  const sendTo = (e: SimEngine, g: Group, s: Sample) => {
+    s.home = e;
+    let release = () => undefined as void;
+    if (mode.poolCap !== undefined) {
+      outstanding.set(e, (outstanding.get(e) as number) + 1);
+      if (mode.isBatchCoupled) {
+        let b = openBatch.get(e);
+        if (!b || b.at !== clock.now()) {
+          b = { at: clock.now(), left: 0, size: 0 };
+          openBatch.set(e, b);
+        }
+        const batch = b;
+        batch.left++;
+        batch.size++;
+        release = () => {
+          if (--batch.left > 0) return;
+          outstanding.set(e, (outstanding.get(e) as number) - batch.size);
+          if (openBatch.get(e) === batch) openBatch.delete(e);
+          clock.at(clock.now(), pump);
+        };
+      } else {
+        release = () => {
+          outstanding.set(e, (outstanding.get(e) as number) - 1);
+          clock.at(clock.now(), pump);
+        };
+      }
+    }
+    const left = Math.min(s.total, cap) - s.done;
+    const rid = `${s.key}-${s.seg++}`;
+    s.rid = rid;
+    s.engine = e;
+    e.submit({
+      rid,
+      target: left * p.tokenScale,
+      inputTokens: p.promptTokens + s.done * p.tokenScale,
+      onDone(real, isAborted) {
+        s.rid = null;
+        s.engine = null;
+        release();
+        if (isAborted) {
+          s.done += Math.floor(real / p.tokenScale);
+          return;
+        }
+        s.done += left;
+        s.isDone = true;
+        if (g.samples.every((x) => x.isDone)) clock.at(clock.now() + p.rewardMs, () => onGroupDone(g));
+      },
+    });
+  };
+  const dispatch = (g: Group) => {
+    live.add(g);
+    for (const s of g.samples) if (!s.isDone && s.rid === null) dispatchSample(g, s);
+    // A group whose every member finished before it was drained back only waits for its reward.
+    if (g.samples.every((x) => x.isDone)) clock.at(clock.now() + p.rewardMs, () => onGroupDone(g));
+  };
+  const abortAll = (filter: (g: Group) => boolean) => {
+    for (const g of live) if (filter(g)) for (const s of g.samples) if (s.rid && s.engine) s.engine.abort(s.rid);
+  };
+  const trainMs = (groups: Group[]) =>
+    p.train0Ms + (1000 * groups.reduce((a, g) => a + g.samples.reduce((b, s) => b + s.done * p.tokenScale, 0), 0)) / p.trainTokensPerS;
+  const syncWeights = (then: () => void) => {
+    isSyncing = true;
+    version++;
+    let left = engines.length;
+    for (const e of engines) {
+      void e.load(version, () => {
+        if (--left > 0) return;
+        isSyncing = false;
+        then();
+      });
+    }
+  };
+  let trainerBusyMs = 0;
+
+  if (!mode.isAsync) {
+    let buffer: Group[] = [];
+    const step = (s: number) => {
+      if (s >= steps) return;
+      const drawn: Group[] = [];
+      const want = Math.ceil(rbs * mode.overSampling);
+      while (drawn.length < want) drawn.push(buffer.shift() ?? newGroup());
+      const kept: Group[] = [];
+      let isSealed = false;
+      onGroupDone = (g) => {
+        if (isSealed || !live.has(g) || g.isComplete) return;
+        g.isComplete = true;
+        live.delete(g);
+        kept.push(g);
+        if (kept.length < rbs) return;
+        isSealed = true;
+        const rest = [...live];
+        abortAll(() => true);
+        live.clear();
+        buffer = mode.isPartial ? [...buffer, ...rest] : buffer;
+        const t = trainMs(kept);
+        trainerBusyMs += t;
+        clock.at(clock.now() + t, () => {
+          commits.push(clock.now());
+          syncWeights(() => step(s + 1));
+        });
+      };
+      for (const g of drawn) dispatch(g);
+    };
+    step(0);
+  } else {
+    let accepted = 0;
+    let running = 0;
+    let drawnGroups = 0;
+    const batch: Group[] = [];
+    const sealed: Group[][] = [];
+    let isTraining = false;
+    const admit = () => {
+      if (isSyncing) return;
+      while (accepted + running < (mode.k + version + 1) * rbs && drawnGroups < steps * rbs) {
+        drawnGroups++;
+        running++;
+        dispatch(newGroup());
+      }
+    };
+    const train = () => {
+      if (isTraining || isSyncing || sealed.length === 0) return;
+      const groups = sealed.shift() as Group[];
+      isTraining = true;
+      const t = trainMs(groups);
+      trainerBusyMs += t;
+      clock.at(clock.now() + t, () => {
+        isTraining = false;
+        commits.push(clock.now());
+        // Sync: abort the in-flight requests (they resume after the load), load every engine.
+        const pending = [...live];
+        abortAll(() => true);
+        syncWeights(() => {
+          for (const g of pending) if (live.has(g)) dispatch(g);
+          admit();
+          train();
+        });
+      });
+    };
+    onGroupDone = (g) => {
+      if (g.isComplete || !live.has(g)) return;
+      g.isComplete = true;
+      live.delete(g);
+      running--;
+      accepted++;
+      batch.push(g);
+      if (batch.length >= rbs) sealed.push(batch.splice(0, rbs));
+      admit();
+      train();
+    };
+    admit();
+  }
+  const tick = () => {
+    let t = 0;
+    for (const e of engines) {
+      e.sync();
+      t += e.tokens;
+    }
+    tokensAt.push([clock.now(), t]);
+    if (clock.now() > 1e9) throw new Error(`policy simulation stalled after ${commits.length} of ${steps} steps`);
+    if (commits.length < steps) clock.at(clock.now() + 1000, tick);
+  };
+  tick();
+  clock.run();
+  const last = mode.isAsync ? steps - 2 - mode.k : steps - 1;
+  const t0 = commits[0] as number;
+  const t1 = commits[last] as number;
+  const tokAt = (t: number) => tokensAt.reduce((best, x) => (Math.abs(x[0] - t) < Math.abs(best[0] - t) ? x : best))[1];
+  return {
+    stepMs: (t1 - t0) / last,
+    samplesPerS: (1000 * rbs * n * last) / (t1 - t0),
+    engineDecodeUtilization: (tokAt(t1) - tokAt(t0)) / (((engineCount * (1000 * p.maxRunning)) / (p.itl0Ms + p.itlPerReqMs * p.maxRunning) / 1000) * (t1 - t0)),
+    commits,
+    trainerBusyMsTotal: trainerBusyMs,
+  };
+}

@@ -1,0 +1,65 @@
+import type { Services } from "../runtime/services.ts";
+import { startDashboard } from "../dashboard/server.ts";
+import { startMetricsServer, processMetrics } from "../observability/prometheus.ts";
+import { ConfigError } from "../config/run-config.ts";
+import { createDb } from "../store/db.ts";
+
+function parsePort(flag: string, value: string): number {
+  const port = Number(value);
+  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new ConfigError(`${flag} ${value}: expected a port number 0..65535 (0 picks a free one)`);
+  return port;
+}
+
+/**
+ * What every long-running rlq process may serve besides its work: Prometheus
+ * /metrics on RLQ_METRICS_PORT and, for `rlq up --dashboard`, the dashboard.
+ * The lines "dashboard listening URL" / "metrics listening PORT" go to stderr
+ * so scripts (and tests) can find a port chosen with 0.
+ */
+export async function startProcessExtras(s: Services, options: { dashboardPort: string | null }): Promise<{ close(): Promise<void> }> {
+  const closers: Array<() => Promise<void>> = [];
+  processMetrics().attach({ queues: s.queues, db: s.db });
+  try {
+    if (s.env.RLQ_METRICS_PORT !== undefined) {
+      const m = await startMetricsServer(s.env.RLQ_METRICS_PORT);
+      closers.push(() => m.close());
+      process.stderr.write(`metrics listening ${m.port}\n`);
+    }
+    if (options.dashboardPort !== null) {
+      // The page reads as rlq_reader: it serves read-only SQL over HTTP (issue 22).
+      const readerDb = createDb(s.urls.reader, { max: 4, applicationName: "rlq-dashboard" });
+      closers.push(() => readerDb.close());
+      const d = await startDashboard({
+        db: s.db,
+        readerDb,
+        queues: s.queues,
+        backend: s.backend,
+        contexts: s.contexts,
+        port: parsePort("--dashboard-port", options.dashboardPort),
+        ...(s.env.RLQ_DASHBOARD_TOKEN ? { token: s.env.RLQ_DASHBOARD_TOKEN } : {}),
+      });
+      closers.push(() => d.close());
+      process.stderr.write(`dashboard listening ${d.url}\n`);
+    }
+  } catch (e) {
+    for (const c of closers.reverse()) await c().catch(() => undefined);
+    throw e;
+  }
+  return {
+    async close() {
+      for (const c of closers.reverse()) await c().catch(() => undefined);
+      closers.length = 0;
+    },
+  };
+}
+
+/** `rlq dashboard [--port 8420]`: serve until SIGINT/SIGTERM. */
+export async function runDashboardCommand(s: Services, port: string, signal: AbortSignal): Promise<number> {
+  const extras = await startProcessExtras(s, { dashboardPort: port });
+  try {
+    await new Promise<void>((r) => (signal.aborted ? r() : signal.addEventListener("abort", () => r(), { once: true })));
+  } finally {
+    await extras.close();
+  }
+  return 0;
+}

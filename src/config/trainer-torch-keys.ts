@@ -1,0 +1,20 @@
+import { z } from "zod";
+
+/**
+ * Run-config keys read by the PyTorch trainer (workers/trainer-torch, docs/trainer-torch.md),
+ * slime's names where slime has one. The embedded trainer ignores them (it has no packing,
+ * no critic and no Hugging Face output); rlq refuses `advantage_estimator: ppo` unless the
+ * configured trainer declares a critic (src/trainer/capabilities.ts).
+ */
+export const trainerTorchKeys = {
+  /** slime's --use-dynamic-batch-size: pack each micro-batch into one row, up to max_tokens_per_gpu tokens. */
+  use_dynamic_batch_size: z.boolean().default(false),
+  /** slime's --num-critic-only-steps: the first N rollout steps train the critic only (ppo). */
+  num_critic_only_steps: z.number().int().nonnegative().default(0),
+  /** The critic's learning rate (slime's --critic-lr); null: lr. */
+  critic_lr: z.number().positive().nullable().default(null),
+  /** Recompute activations in the backward instead of keeping them (less memory, ~1/3 more compute). */
+  gradient_checkpointing: z.boolean().default(false),
+  /** Hugging Face output dtype; null: the model's own torch_dtype. */
+  hf_save_dtype: z.enum(["bf16", "fp16", "fp32"]).nullable().default(null),
+};

@@ -1,0 +1,201 @@
+import { createServer, type Server } from "node:http";
+import { timingSafeEqual } from "node:crypto";
+import { createRequire } from "node:module";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import express, { type NextFunction, type Request, type Response } from "express";
+import { z } from "zod";
+import type { Db } from "../store/db.ts";
+import type { Queues } from "../queue/queues.ts";
+import type { QueueBackend } from "../queue/backend.ts";
+import type { RunContextCache } from "../runtime/run-context.ts";
+import { jobIds } from "../queue/payloads.ts";
+import { listRunsForDashboard, listSamples, loadRunOverview, loadSample } from "./queries.ts";
+import { mountBullBoard } from "./bull-board.ts";
+import { processMetrics } from "../observability/prometheus.ts";
+import { requestRunChange } from "../api.ts";
+import { registerSecret } from "../lib/redact.ts";
+import { RlqError } from "../lib/errors.ts";
+
+/**
+ * `rlq dashboard` (and `rlq up --dashboard`): one HTTP server with
+ * - `/`            the page (static/index.html + app.js, charts by uPlot served from node_modules);
+ * - `/api/...`     JSON read from the store by single SELECTs (dashboard/queries.ts);
+ * - `/queues`      Bull Board;
+ * - `/metrics`     this process's Prometheus metrics.
+ * It holds no state of its own: every request reads Postgres (and the queue for
+ * the train job's state), so a dashboard keeps working while `rlq up` is
+ * SIGKILLed and restarted, and any number of dashboards can run.
+ */
+export interface DashboardOptions {
+  /** rlq's runtime pool: pause/resume requests only. */
+  db: Db;
+  /** Every read: a pool logged in as rlq_reader (docs/security.md), so the page cannot write even if a query could. */
+  readerDb: Db;
+  queues: Queues;
+  backend: QueueBackend;
+  contexts: RunContextCache;
+  port: number;
+  host?: string;
+  /** Bearer token for pause/resume; undefined: the dashboard is read-only. */
+  token?: string;
+}
+
+export interface DashboardHandle {
+  port: number;
+  url: string;
+  server: Server;
+  close(): Promise<void>;
+}
+
+const staticDir = join(dirname(fileURLToPath(import.meta.url)), "static");
+const requireFromHere = createRequire(import.meta.url);
+const uplotDir = dirname(requireFromHere.resolve("uplot/dist/uPlot.iife.min.js"));
+
+const sampleParams = z.object({ runId: z.string().min(1), groupId: z.coerce.number().int().nonnegative(), sampleIndex: z.coerce.number().int().nonnegative() });
+const stepQuery = z.object({ step: z.coerce.number().int().nonnegative().optional() });
+
+function tokenMatches(expected: string, header: string | undefined): boolean {
+  const m = /^Bearer (.+)$/.exec(header ?? "");
+  if (!m) return false;
+  const a = Buffer.from(m[1] as string);
+  const b = Buffer.from(expected);
+  return a.length === b.length && timingSafeEqual(a, b);
+}
+
+export async function startDashboard(options: DashboardOptions): Promise<DashboardHandle> {
+  const { db, queues, readerDb } = options;
+  if (options.token) registerSecret(options.token);
+  processMetrics().attach({ queues, db });
+  const app = express();
+  app.disable("x-powered-by");
+  const wrap = (fn: (req: Request, res: Response) => Promise<unknown>) => (req: Request, res: Response, next: NextFunction) => {
+    fn(req, res).then((body) => {
+      if (!res.headersSent) res.json(body);
+    }, next);
+  };
+
+  app.get("/", (_req, res) => res.sendFile(join(staticDir, "index.html")));
+  app.get("/app.js", (_req, res) => res.type("application/javascript").sendFile(join(staticDir, "app.mjs")));
+  app.get("/app.css", (_req, res) => res.type("text/css").sendFile(join(staticDir, "app.css")));
+  // uPlot from the installed package, never from a CDN: CI has no network.
+  app.get("/vendor/uPlot.iife.min.js", (_req, res) => res.type("application/javascript").sendFile(join(uplotDir, "uPlot.iife.min.js")));
+  app.get("/vendor/uPlot.min.css", (_req, res) => res.type("text/css").sendFile(join(uplotDir, "uPlot.min.css")));
+
+  app.get(
+    "/api/runs",
+    wrap(async () => ({ runs: await listRunsForDashboard(readerDb), canControl: options.token !== undefined })),
+  );
+  app.get(
+    "/api/runs/:runId",
+    wrap(async (req) => {
+      const runId = String(req.params.runId);
+      const overview = await loadRunOverview(readerDb, runId);
+      if (!overview.run) throw new RlqError("run_not_found", `run ${runId} does not exist`);
+      const step = Number(overview.run.step ?? 0);
+      const info = await queues.info("train", jobIds.train({ runId, step })).catch(() => null);
+      const phase = (info?.progress as { phase?: unknown } | null)?.phase;
+      return {
+        ...overview,
+        trainJob:
+          info && info.state !== "missing"
+            ? { step, state: info.state, attemptsMade: info.attemptsMade, phase: typeof phase === "string" ? phase : null }
+            : null,
+      };
+    }),
+  );
+  app.get(
+    "/api/runs/:runId/samples",
+    wrap(async (req) => {
+      const q = stepQuery.parse(req.query);
+      return { samples: await listSamples(readerDb, String(req.params.runId), q.step ?? null) };
+    }),
+  );
+  app.get(
+    "/api/runs/:runId/samples/:groupId/:sampleIndex",
+    wrap(async (req) => {
+      const p = sampleParams.parse(req.params);
+      const sample = await loadSample(readerDb, p.runId, p.groupId, p.sampleIndex);
+      if (!sample) throw new RlqError("sample_not_found", `run ${p.runId} has no sample ${p.groupId}/${p.sampleIndex} in rollout_history`);
+      // Token pieces for the colouring: the run's own tokenizer, one response token at a time.
+      const tokens = (sample.tokens as number[] | null) ?? [];
+      const promptLength = Number(sample.prompt_length ?? 0);
+      let pieces: string[] | null;
+      try {
+        const ctx = await options.contexts.get(p.runId);
+        pieces = tokens.slice(promptLength).map((t) => ctx.tokenizer.decode([t]));
+      } catch {
+        pieces = null;
+      }
+      return { sample: { ...sample, response_pieces: pieces } };
+    }),
+  );
+  app.post(
+    "/api/runs/:runId/:action",
+    wrap(async (req, res) => {
+      const action = String(req.params.action);
+      if (action !== "pause" && action !== "resume") {
+        res.status(404).json({ error: { code: "unknown_action", message: `POST /api/runs/ID/${action}: expected pause or resume` } });
+        return null;
+      }
+      if (!options.token) {
+        res.status(403).json({
+          error: { code: "dashboard_read_only", message: "this dashboard has no token: start it with RLQ_DASHBOARD_TOKEN set to allow pause/resume" },
+        });
+        return null;
+      }
+      if (!tokenMatches(options.token, req.header("authorization"))) {
+        res.status(401).json({ error: { code: "bad_token", message: "pause/resume needs the header 'Authorization: Bearer <RLQ_DASHBOARD_TOKEN>'" } });
+        return null;
+      }
+      const reqId = await requestRunChange(db, String(req.params.runId), action);
+      return { request: reqId, action };
+    }),
+  );
+
+  const board = mountBullBoard(options.backend, "/queues");
+  app.use("/queues", board.router);
+
+  app.get("/metrics", (_req, res, next) => {
+    const { registry } = processMetrics();
+    registry.metrics().then((body) => res.type(registry.contentType).send(body), next);
+  });
+  app.get("/healthz", (_req, res) => res.json({ ok: true }));
+
+  app.use((err: unknown, _req: Request, res: Response, _next: NextFunction) => {
+    void _next;
+    if (err instanceof z.ZodError) {
+      res.status(400).json({ error: { code: "bad_request", message: err.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; ") } });
+    } else if (err instanceof RlqError) {
+      res.status(err.code.endsWith("not_found") ? 404 : 400).json({ error: { code: err.code, message: err.message } });
+    } else {
+      res.status(500).json({ error: { code: "dashboard_error", message: (err as Error).message ?? String(err) } });
+    }
+  });
+
+  const server = createServer(app);
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", (e: NodeJS.ErrnoException) =>
+      reject(
+        e.code === "EADDRINUSE"
+          ? new RlqError("dashboard_port_in_use", `dashboard port ${options.port} is in use: pass --dashboard-port with a free port (0 picks one)`, {
+              cause: e,
+            })
+          : e,
+      ),
+    );
+    server.listen(options.port, options.host ?? "127.0.0.1", () => resolve());
+  });
+  const address = server.address();
+  const port = typeof address === "object" && address ? address.port : options.port;
+  return {
+    port,
+    url: `http://${options.host ?? "127.0.0.1"}:${port}`,
+    server,
+    async close() {
+      server.closeAllConnections();
+      await new Promise<void>((r) => server.close(() => r()));
+      await board.close();
+    },
+  };
+}

@@ -1,0 +1,133 @@
+import { createServer, type Server } from "node:http";
+import { Counter, Gauge, Registry, collectDefaultMetrics } from "prom-client";
+import type { Db } from "../store/db.ts";
+import { readSelect } from "../store/dashboard-read.ts";
+import { sql } from "../dashboard/queries.ts";
+import type { Queues } from "../queue/queues.ts";
+
+/**
+ * Prometheus metrics of one rlq process (prom-client). Counters are
+ * process-local (jobs this process finished, failed); gauges that describe
+ * the run (queue depths, lease epochs, engine counters) are read at scrape
+ * time from the queue and from the store, so every process reports the same
+ * truth and a restarted process has nothing to rebuild. Jobs/s is
+ * `rate(rlq_jobs_completed_total[1m])` in PromQL.
+ */
+export interface ProcessMetrics {
+  readonly registry: Registry;
+  jobCompleted(queue: string): void;
+  jobFailed(queue: string, isFinal: boolean): void;
+  /** Scrape-time gauges from the queue (depth per state) and the store (lease epoch, engines). */
+  attach(sources: { queues?: Queues; db?: Db }): void;
+}
+
+function create(): ProcessMetrics {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry, prefix: "rlq_" });
+  const completed = new Counter({ name: "rlq_jobs_completed_total", help: "Jobs this process completed", labelNames: ["queue"], registers: [registry] });
+  const failed = new Counter({
+    name: "rlq_jobs_failed_total",
+    help: "Job attempts that failed in this process (final: no retry left or unrecoverable)",
+    labelNames: ["queue", "final"],
+    registers: [registry],
+  });
+  const sources: { queues?: Queues; db?: Db } = {};
+  new Gauge({
+    name: "rlq_queue_jobs",
+    help: "Jobs per queue and state (waiting, active, delayed, failed, completed)",
+    labelNames: ["queue", "state"],
+    registers: [registry],
+    async collect() {
+      this.reset();
+      if (!sources.queues) return;
+      const depths = await sources.queues.depths().catch(() => null);
+      if (!depths) return;
+      for (const [queue, counts] of Object.entries(depths)) for (const [state, n] of Object.entries(counts)) this.set({ queue, state }, n);
+    },
+  });
+  new Gauge({
+    name: "rlq_lease_epoch",
+    help: "The current controller lease epoch of each run (it grows by one at each takeover)",
+    labelNames: ["run"],
+    registers: [registry],
+    async collect() {
+      this.reset();
+      if (!sources.db) return;
+      const rows = await readSelect<{ run_id: string; epoch: number }>(sources.db, sql.leaseEpochs).catch(() => []);
+      for (const r of rows) this.set({ run: r.run_id }, Number(r.epoch));
+    },
+  });
+  const engineFields = {
+    requests: "Requests started",
+    inFlight: "Requests in flight",
+    completed: "Requests completed",
+    aborted: "Requests aborted",
+    errors: "Requests that failed",
+    versionMismatches: "Answers with an unexpected weight version",
+    deaths: "Times the engine left the rotation",
+    tokensPerSecond: "Tokens generated per second (recent window)",
+  } as const;
+  const engineGauge = new Gauge({
+    name: "rlq_engine",
+    help: `Engine pool counters per run, rollout worker and engine (field: ${Object.keys(engineFields).join(", ")}), from engine_metrics`,
+    labelNames: ["run", "worker", "engine", "field"],
+    registers: [registry],
+    async collect() {
+      this.reset();
+      if (!sources.db) return;
+      const rows = await readSelect<{ run_id: string; worker: string; snapshot: unknown }>(sources.db, sql.engineSnapshots).catch(() => []);
+      for (const r of rows) {
+        const engines = (r.snapshot as { engines?: Array<Record<string, unknown>> } | null)?.engines ?? [];
+        for (const e of engines) {
+          for (const field of Object.keys(engineFields)) {
+            const v = e[field];
+            if (typeof v === "number") this.set({ run: r.run_id, worker: r.worker, engine: String(e.engineId), field }, v);
+          }
+        }
+      }
+    },
+  });
+  void engineGauge;
+  return {
+    registry,
+    jobCompleted: (queue) => completed.inc({ queue }),
+    jobFailed: (queue, isFinal) => failed.inc({ queue, final: String(isFinal) }),
+    attach(s) {
+      if (s.queues) sources.queues = s.queues;
+      if (s.db) sources.db = s.db;
+    },
+  };
+}
+
+let metrics: ProcessMetrics | null = null;
+
+/** The process's metrics (created on first use: a registry holds no connection). */
+export function processMetrics(): ProcessMetrics {
+  metrics ??= create();
+  return metrics;
+}
+
+/** Serve GET /metrics on 127.0.0.1:port (0: any free port). */
+export async function startMetricsServer(port: number, host = "127.0.0.1"): Promise<{ port: number; server: Server; close(): Promise<void> }> {
+  const { registry } = processMetrics();
+  const server = createServer((req, res) => {
+    if (req.url !== "/metrics") {
+      res.writeHead(404).end("GET /metrics\n");
+      return;
+    }
+    registry.metrics().then(
+      (body) => res.writeHead(200, { "content-type": registry.contentType }).end(body),
+      (e: unknown) => res.writeHead(500).end(String(e)),
+    );
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => resolve());
+  });
+  const address = server.address();
+  return {
+    port: typeof address === "object" && address ? address.port : port,
+    server,
+    close: () => new Promise<void>((r) => server.close(() => r())),
+  };
+}

@@ -1,0 +1,96 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { spawnFake, type Proc } from "../helpers/processes.ts";
+import { defaultParams, responseLength, type SimParams } from "../../bench/sim/model.ts";
+
+// The engine farm (bench/sim/engine-farm.ts) over HTTP: SGLang's /generate (single and batch),
+// /abort_request and /update_weights_from_disk as src/engines/sglang.ts calls them.
+const p: SimParams = { ...defaultParams(2), timeScale: 50, tokenScale: 16, weightLoadMs: 500 };
+let farm: Proc & { url: string };
+
+beforeAll(async () => {
+  farm = await spawnFake("bench/sim/engine-farm.ts", ["--engines", "2", "--params", JSON.stringify(p)]);
+});
+afterAll(() => farm?.kill("SIGTERM"));
+
+type Meta = { output_token_logprobs: Array<[number, number, null]>; finish_reason: { type: string }; weight_version: string };
+async function post(path: string, body: unknown): Promise<unknown> {
+  const r = await fetch(`${farm.url}${path}`, { method: "POST", body: JSON.stringify(body), headers: { "content-type": "application/json" } });
+  expect(r.status).toBe(200);
+  return r.json();
+}
+const expected = (key: string) => Math.ceil(responseLength(key, p) / p.tokenScale);
+
+describe("engine farm", () => {
+  it("answers a batch /generate with each sample's own length, ending in EOS (stop) or at the budget (length)", async () => {
+    const rids = ["r-1-0-0", "r-1-1-0", "r-1-2-0"];
+    const budget = 40;
+    const outs = (await post("/e/0/generate", {
+      rid: rids,
+      input_ids: rids.map(() => [256, 65, 66]),
+      return_logprob: true,
+      stream: false,
+      sampling_params: rids.map(() => ({ max_new_tokens: budget })),
+    })) as Array<{ meta_info: Meta }>;
+    expect(outs).toHaveLength(3);
+    outs.forEach((o, i) => {
+      const want = expected((rids[i] as string).slice(0, -2));
+      const got = o.meta_info.output_token_logprobs;
+      expect(got.length).toBe(Math.min(want, budget));
+      expect(o.meta_info.finish_reason.type).toBe(want <= budget ? "stop" : "length");
+      if (want <= budget) expect(got.at(-1)?.[1]).toBe(257);
+    });
+  });
+
+  it("an aborted request returns its tokens so far, and the resumed segment ends where the sample would have", async () => {
+    // Find a sample long enough to abort mid-way (at least 3 s of wall time at this scale).
+    let key = "";
+    for (let i = 0; !key; i++) if (responseLength(`long-${i}-0`, p) > 10_000) key = `long-${i}-0`;
+    const total = expected(key);
+    const totals = async () => ((await (await fetch(`${farm.url}/_totals`)).json()) as { tokens: number }).tokens;
+    const before = await totals(); // engine 0 is idle now: what changes from here is engine 1's
+    const first = post("/e/1/generate", {
+      rid: `${key}-0`,
+      input_ids: [256, 65],
+      return_logprob: true,
+      stream: false,
+      sampling_params: { max_new_tokens: 2000 },
+    }) as Promise<{ meta_info: Meta }>;
+    // Abort once the farm has generated something: poll its totals (a fact), never a fixed sleep.
+    for (;;) {
+      if ((await totals()) - before > 16 * 20) break;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    await post("/e/1/abort_request", { rid: `${key}-0` });
+    const a = (await first).meta_info;
+    expect(a.finish_reason.type).toBe("abort");
+    expect(a.output_token_logprobs.length).toBeGreaterThan(0);
+    expect(a.output_token_logprobs.length).toBeLessThan(total);
+    const ids = a.output_token_logprobs.map((t) => t[1]);
+    expect(ids.every((t) => t >= 128 && t <= 255)).toBe(true);
+    // A weight load in between: the resumed segment reports the new version.
+    const loaded = (await post("/e/1/update_weights_from_disk", { model_path: "/ckpt/1", weight_version: "1" })) as { success: boolean };
+    expect(loaded.success).toBe(true);
+    const b = (
+      (await post("/e/1/generate", {
+        rid: `${key}-1`,
+        input_ids: [256, 65, ...ids],
+        return_logprob: true,
+        stream: false,
+        sampling_params: { max_new_tokens: 2000 },
+      })) as { meta_info: Meta }
+    ).meta_info;
+    expect(b.weight_version).toBe("1");
+    expect(ids.length + b.output_token_logprobs.length).toBe(Math.min(total, ids.length + 2000));
+  });
+
+  it("refuses abort_all and streaming", async () => {
+    const r1 = await fetch(`${farm.url}/e/0/abort_request`, { method: "POST", body: JSON.stringify({ abort_all: true }) });
+    expect(r1.status).toBe(400);
+    const r2 = await fetch(`${farm.url}/e/0/generate`, {
+      method: "POST",
+      body: JSON.stringify({ rid: "x-0-0-0", input_ids: [1], return_logprob: true, stream: true }),
+    });
+    expect(r2.status).toBe(400);
+    expect(await r2.text()).toContain("stream: false");
+  });
+});

@@ -1,0 +1,18 @@
+"""What this trainer can do, answered in /v1/health ``capabilities`` (rlq reads it before a run trains)."""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+
+def capabilities(world_size: int = 1) -> Dict[str, Any]:
+    from .dist import fsdp2_available
+
+    return {
+        "critic": True,  # advantage_estimator: ppo (critic.py; embedded model family); rlq refuses ppo when this is false
+        "sequence_packing": True,  # use_dynamic_batch_size with max_tokens_per_gpu (embedded model)
+        "gradient_checkpointing": True,
+        "hf_save_dtype": ["bf16", "fp16", "fp32"],
+        "world_size": world_size,
+        "data_parallel": "ddp+sharded_optimizer" if world_size > 1 else None,
+        "fsdp2_available": fsdp2_available(),
+    }

@@ -1,0 +1,93 @@
+"""Data parallelism for the trainer: PyTorch's own distributed stack (torch.distributed), no home-made transport.
+
+One ``Dist`` per process. With one process it is the identity (no collectives at all), so
+the single-device trainer is unchanged. Under torchrun (``dist_worker.py``):
+
+- **gradients**: the model runs inside ``DistributedDataParallel`` (FSDP1 is unusable on
+  Debian's torch 1.13 under Python 3.11: importing torch.distributed.fsdp fails), with
+  ``no_sync()`` for every micro-batch but a rank's last one, so gradients accumulate locally
+  and are all-reduced once per optimizer step;
+- **optimizer state** is sharded (ZeRO-1, as torch.distributed.optim.ZeroRedundancyOptimizer
+  partitions it): each parameter has one owner rank (greedy by size, deterministic), only the
+  owner keeps its Adam moments and updates it, then broadcasts the new values;
+- **FSDP2** (``fully_shard``): detected (``fsdp2_available``) and reported in /v1/health; the
+  trainer does not use it yet (see docs/trainer-torch.md, Limits);
+- **agreement**: cancellation is decided by rank 0 and agreed with one all-reduce at points
+  every rank reaches the same number of times (per micro-batch round), so no rank is ever
+  left waiting in a collective the others skipped.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import torch
+
+
+def fsdp2_available() -> bool:
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401  (torch >= 2.6)
+        return True
+    except Exception:
+        try:
+            from torch.distributed._composable.fsdp import fully_shard  # noqa: F401,F811  (torch 2.4, 2.5)
+            return True
+        except Exception:
+            return False
+
+
+def partition(params: Sequence[Tuple[str, torch.Tensor]], world: int) -> Dict[str, int]:
+    """name → owner rank: largest tensors first, each to the least loaded rank (ties: lowest rank)."""
+    load = [0] * world
+    owner: Dict[str, int] = {}
+    order = sorted(range(len(params)), key=lambda i: (-params[i][1].numel(), i))
+    for i in order:
+        r = min(range(world), key=lambda k: (load[k], k))
+        owner[params[i][0]] = r
+        load[r] += params[i][1].numel()
+    return owner
+
+
+class Dist:
+    """rank / world and the few collectives the train step needs."""
+
+    def __init__(self, rank: int = 0, world: int = 1):
+        self.rank = rank
+        self.world = world
+        self.cancel_requested: Callable[[], bool] = lambda: False
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def mine(self, k: int) -> bool:
+        """Micro-batch k (of a round-robin split) is this rank's."""
+        return k % self.world == self.rank
+
+    def agree_cancel(self, check: Callable[[], None]) -> None:
+        """Every rank calls this the same number of times; all stop together when rank 0 was asked to."""
+        if not self.active:
+            check()
+            return
+        flag = torch.tensor([1 if (self.rank == 0 and self.cancel_requested()) else 0], dtype=torch.int32)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        if int(flag.item()):
+            from .trainer import Cancelled
+            raise Cancelled()
+
+    def all_gather(self, obj: Any) -> List[Any]:
+        if not self.active:
+            return [obj]
+        out: List[Any] = [None] * self.world
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def broadcast_from(self, tensor: torch.Tensor, src: int) -> None:
+        if self.active:
+            torch.distributed.broadcast(tensor, src=src)
+
+    def barrier(self) -> None:
+        if self.active:
+            torch.distributed.barrier()
+
+    def owners(self, params: Sequence[Tuple[str, torch.Tensor]]) -> Dict[str, int]:
+        return partition(params, self.world) if self.active else {n: 0 for n, _ in params}

@@ -1,0 +1,172 @@
+"""One rank of the trainer's process group, started by torchrun (``server.py --nproc N`` launches it).
+
+    torchrun --nproc_per_node N --max_restarts 0 rlq_torch/dist_worker.py --device cpu|cuda ...
+
+Every rank builds the same ``TorchTrainer`` with its ``Dist(rank, world)``. Rank 0 holds the one
+connection to the HTTP front (server.py), the single process that serves the protocol for all
+ranks: it receives a step (request, decoded batch, parsed config), hands it to every rank with
+``broadcast_object_list``, and sends progress, then the result or the error, back to the front.
+A cancel from the front is agreed by all ranks at their next micro-batch round (dist.py).
+
+Failures: any exception other than a cancel ends this rank (exit code 1) after rank 0 reported
+it; torchrun (``--max_restarts 0``) then stops the other ranks and exits, and the front marks the
+group dead and starts a fresh one for the next step. A killed rank makes its peers' collectives
+fail (gloo: connection closed), which is the same path. A step is never half-committed: files
+are written only after the last optimizer step, weights last.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+from multiprocessing.connection import Client
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, HERE)
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"[trainer-torch rank {os.environ.get('RANK', '?')} {time.strftime('%H:%M:%S')}] {msg}\n")
+    sys.stderr.flush()
+
+
+def watch_front(pid: int) -> None:
+    """Every rank ends when the front (server.py) is gone, even SIGKILLed: no orphaned process group."""
+    if pid <= 0:
+        return
+    import threading
+
+    def loop() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                log(f"the front (pid {pid}) is gone: exiting")
+                os._exit(1)
+            except PermissionError:
+                pass
+
+    threading.Thread(target=loop, name="front-watch", daemon=True).start()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="a rank of rlq's PyTorch trainer (started by torchrun from server.py --nproc N)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--bf16", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--defaults", default="{}", help="the server's defaults (JSON)")
+    ap.add_argument("--timeout-s", type=float, default=600, help="collective timeout")
+    ap.add_argument("--debug-rank-delay-s", type=float, default=0.0, help="testing aid: each micro-batch round waits this long")
+    args = ap.parse_args(argv)
+
+    if args.deterministic and args.device.startswith("cuda"):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+    import torch.distributed as tdist
+
+    from rlq_torch.dist import Dist
+    from rlq_torch.trainer import Cancelled, StepError, TorchTrainer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "cpu" or args.deterministic:
+        try:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        except TypeError:
+            torch.use_deterministic_algorithms(True)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(local_rank)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    tdist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
+    rank, world = tdist.get_rank(), tdist.get_world_size()
+    d = Dist(rank, world)
+    device = f"cuda:{local_rank}" if cuda else "cpu"
+    trainer = TorchTrainer(device, json.loads(args.defaults), bf16=None if args.bf16 == "auto" else args.bf16 == "on", log=log, dist=d)
+
+    watch_front(int(os.environ.get("RLQ_FRONT_PID", "0")))
+    conn = None
+    if rank == 0:
+        host, port = os.environ["RLQ_FRONT_ADDR"].rsplit(":", 1)
+        conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ["RLQ_FRONT_KEY"]))
+    pids = d.all_gather({"rank": rank, "pid": os.getpid(), "host": os.uname().nodename, "device": device})
+    if conn is not None:
+        conn.send(("hello", pids))
+    log(f"up: world {world}, {device}, torch {torch.__version__}")
+
+    cancel = {"flag": False}
+
+    def cancel_requested() -> bool:
+        while conn is not None and not cancel["flag"] and conn.poll(0):
+            m = conn.recv()
+            if m and m[0] == "cancel":
+                cancel["flag"] = True
+        return cancel["flag"]
+
+    d.cancel_requested = cancel_requested
+    while True:
+        box = [None]
+        if rank == 0:
+            try:
+                box[0] = conn.recv()
+            except (EOFError, OSError):
+                box[0] = ("shutdown",)  # the front went away: stop the group
+        tdist.broadcast_object_list(box, src=0)
+        msg = box[0]
+        if msg[0] == "shutdown":
+            break
+        if msg[0] != "step":
+            continue
+        _, req, batch, t, o = msg
+        cancel["flag"] = False
+
+        def progress(done: int, total: int, phase: str) -> None:
+            if conn is not None:
+                conn.send(("progress", done, total, phase))
+            if args.debug_rank_delay_s > 0 and (phase.startswith("train") or phase.startswith("old_logprobs")):
+                time.sleep(args.debug_rank_delay_s)
+
+        try:
+            result = trainer.train_step(req, batch, t, o, progress, lambda: None)
+            if conn is not None:
+                conn.send(("result", result, trainer.weight_version))
+        except Cancelled:
+            trainer.held = None
+            if conn is not None:
+                conn.send(("cancelled",))
+        except Exception as e:  # noqa: BLE001
+            code, retryable = ("internal", True)
+            if isinstance(e, StepError):
+                code, retryable = e.code, e.retryable
+            elif "out of memory" in str(e).lower():
+                code = "oom"
+            what = f"rank {rank}: {type(e).__name__}: {e}"
+            if code == "internal" and any(k in str(e) for k in ("gloo", "Connection closed", "Connection reset", "NCCL", "Timed out")):
+                what = f"the process group failed (a peer rank died, hung or lost its connection): {what}"
+            traceback.print_exc()
+            if conn is not None:
+                try:
+                    conn.send(("error", code, what, retryable))
+                except OSError:
+                    pass
+            # The peers may be inside a collective this rank will never join: end the group (torchrun stops the rest).
+            sys.stderr.flush()
+            os._exit(1)
+    if conn is not None:
+        conn.close()
+    # Not destroy_process_group() nor a normal interpreter exit: torch 1.13's ProcessGroupGloo destructor
+    # joins a gloo thread that waits for the GIL the exiting main thread holds, and the rank hangs for ever.
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""Push trained weights into SGLang servers (rlq's weight_sync: trainer_push).
+
+What SGLang expects, read from its http_server.py and io_struct.py
+(InitWeightsUpdateGroupReqInput, UpdateWeightsFromDistributedReqInput,
+UpdateWeightsFromTensorReqInput) and from how slime drives it
+(slime/backends/megatron_utils/update_weight/update_weight_from_distributed.py,
+slime/backends/sglang_utils/sglang_engine.py, at 624b824):
+
+1. once: POST /init_weights_update_group {master_address, master_port, rank_offset,
+   world_size, group_name, backend} on every engine while the trainer joins the same
+   process group as rank 0 (the call blocks until everyone has joined);
+2. per version: POST /pause_generation, POST /flush_cache, then per bucket
+   POST /update_weights_from_distributed {names, dtypes, shapes, group_name,
+   weight_version, flush_cache} on every engine while the trainer broadcasts each
+   tensor of the bucket from rank 0, in order; then POST /continue_generation,
+   always (slime's update_weights: pause -> flush -> send -> continue).
+3. same host: POST /update_weights_from_tensor {serialized_named_tensors, load_format,
+   flush_cache, weight_version} with the tensors pickled by torch's ForkingPickler and
+   base64-encoded (SGLang's MultiprocessingSerializer(output_str=True)): the engine maps
+   the trainer's shared memory instead of copying through a socket.
+
+Every call carries `Authorization: Bearer <key>` when the engines run with --api-key.
+The version is sent with the last bucket only, so an engine reports the new version
+only once every tensor has landed. A failed call raises PushError (the step's weights
+are committed on disk anyway: rlq's controller then falls back to reading the version
+the engines report, and the run pauses if they never report it).
+"""
+from __future__ import annotations
+
+import base64
+import datetime
+import http.client
+import io
+import json
+import threading
+import urllib.parse
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+
+class PushError(RuntimeError):
+    """A weight push failed: which engine, which call, what it answered."""
+
+    code = "weight_push_failed"
+
+
+DTYPE_NAMES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """SGLang parses `dtypes` with getattr(torch, name): 'bfloat16', 'float32', ..."""
+    if dtype not in DTYPE_NAMES:
+        raise PushError(f"cannot push a tensor of dtype {dtype}")
+    return DTYPE_NAMES[dtype]
+
+
+def post(url: str, body: Dict[str, Any], api_key: Optional[str], timeout_s: float, sent: Optional[threading.Event] = None) -> Dict[str, Any]:
+    """POST JSON; `sent` is set once the request is on the wire (before the answer is awaited)."""
+    u = urllib.parse.urlsplit(url)
+    data = json.dumps(body).encode()
+    headers = {"content-type": "application/json", "content-length": str(len(data))}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    conn_type = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    conn = conn_type(u.hostname, u.port, timeout=timeout_s)
+    try:
+        try:
+            conn.request("POST", u.path or "/", body=data, headers=headers)
+        finally:
+            if sent is not None:
+                sent.set()
+        res = conn.getresponse()
+        text = res.read().decode(errors="replace")
+    except (OSError, http.client.HTTPException) as e:
+        raise PushError(f"POST {url}: {e}") from e
+    finally:
+        conn.close()
+    if res.status < 200 or res.status >= 300:
+        raise PushError(f"POST {url}: HTTP {res.status}: {text[:300]}")
+    out = json.loads(text) if text.strip() else {}
+    if isinstance(out, dict) and out.get("success") is False:
+        raise PushError(f"POST {url}: {out.get('message', 'success: false')}")
+    return out if isinstance(out, dict) else {"answer": out}
+
+
+def _in_threads(calls: Sequence[Tuple[str, Dict[str, Any]]], api_key: Optional[str], timeout_s: float) -> List[Any]:
+    """POST to every engine at once and return once every request is on the wire.
+
+    The calls that join a process group or receive a broadcast answer only after this
+    process has done its part, and torch's rendezvous may hold the GIL while it waits
+    (torch 1.13's TCPStore does): the requests must be out before that starts.
+    """
+    results: List[Any] = [None] * len(calls)
+    sent = [threading.Event() for _ in calls]
+
+    def run(i: int, url: str, body: Dict[str, Any]) -> None:
+        try:
+            results[i] = post(url, body, api_key, timeout_s, sent[i])
+        except BaseException as e:  # noqa: BLE001 - re-raised by _join
+            results[i] = e
+            sent[i].set()
+
+    threads = [threading.Thread(target=run, args=(i, u, b), daemon=True) for i, (u, b) in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for e in sent:
+        e.wait(timeout_s)
+    return [threads, results]
+
+
+def _join(started: List[Any]) -> List[Dict[str, Any]]:
+    threads, results = started
+    for t in threads:
+        t.join()
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+class DistributedPusher:
+    """Rank 0 of a process group whose other ranks are the engines' (one per engine GPU)."""
+
+    def __init__(self, engines: Sequence[str], *, master_address: str, master_port: int, engine_world_sizes: Optional[Sequence[int]] = None,
+                 backend: str = "nccl", group_name: str = "rlq-weight-push", api_key: Optional[str] = None, timeout_s: float = 600.0,
+                 bucket_bytes: int = 512 << 20):
+        if not engines:
+            raise PushError("no engine to push to")
+        self.engines = [u.rstrip("/") for u in engines]
+        self.sizes = list(engine_world_sizes or [1] * len(self.engines))
+        if len(self.sizes) != len(self.engines):
+            raise PushError(f"engine_world_sizes has {len(self.sizes)} entries for {len(self.engines)} engines")
+        self.master_address = master_address
+        self.master_port = master_port
+        self.backend = backend
+        self.group_name = group_name
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.bucket_bytes = bucket_bytes
+        self.world_size = 1 + sum(self.sizes)
+        self.group = None
+
+    def connect(self) -> None:
+        """init_weights_update_group on every engine while this process joins as rank 0."""
+        calls = []
+        offset = 1
+        for url, size in zip(self.engines, self.sizes):
+            calls.append((f"{url}/init_weights_update_group", {
+                "master_address": self.master_address, "master_port": self.master_port, "rank_offset": offset,
+                "world_size": self.world_size, "group_name": self.group_name, "backend": self.backend,
+            }))
+            offset += size
+        started = _in_threads(calls, self.api_key, self.timeout_s)
+        if any(isinstance(r, BaseException) for r in started[1]):
+            _join(started)  # an engine refused or is unreachable: no group to wait for
+        if dist.is_initialized():
+            raise PushError("torch.distributed is already initialised in this process; the push group must be its own")
+        dist.init_process_group(self.backend, init_method=f"tcp://{self.master_address}:{self.master_port}", world_size=self.world_size, rank=0,
+                                timeout=datetime.timedelta(seconds=self.timeout_s))
+        self.group = dist.group.WORLD
+        _join(started)
+
+    def _all(self, path: str, body: Dict[str, Any]) -> None:
+        _join(_in_threads([(f"{u}{path}", body) for u in self.engines], self.api_key, self.timeout_s))
+
+    def push(self, named_tensors: Iterable[Tuple[str, torch.Tensor]], version: int) -> Dict[str, Any]:
+        """pause -> flush -> buckets of update_weights_from_distributed + broadcast -> continue (always)."""
+        if self.group is None:
+            self.connect()
+        # gloo (CPU) has no bfloat16 broadcast ("Invalid scalar type" in torch 1.13): bf16 goes as
+        # float32, exactly (the engine's load_weights copies it into its bf16 parameter).
+        items = [(n, (t.detach().float() if self.backend == "gloo" and t.dtype == torch.bfloat16 else t.detach()).contiguous()) for n, t in named_tensors]
+        buckets: List[List[Tuple[str, torch.Tensor]]] = [[]]
+        size = 0
+        for n, t in items:
+            nbytes = t.numel() * t.element_size()
+            if buckets[-1] and size + nbytes > self.bucket_bytes:
+                buckets.append([])
+                size = 0
+            buckets[-1].append((n, t))
+            size += nbytes
+        self._all("/pause_generation", {})
+        try:
+            self._all("/flush_cache", {})
+            for i, bucket in enumerate(buckets):
+                is_last = i == len(buckets) - 1
+                body = {
+                    "names": [n for n, _ in bucket],
+                    "dtypes": [dtype_name(t.dtype) for _, t in bucket],
+                    "shapes": [list(t.shape) for _, t in bucket],
+                    "group_name": self.group_name,
+                    "flush_cache": is_last,
+                    **({"weight_version": str(version)} if is_last else {}),
+                }
+                started = _in_threads([(f"{u}/update_weights_from_distributed", body) for u in self.engines], self.api_key, self.timeout_s)
+                for _, t in bucket:
+                    dist.broadcast(t, src=0, group=self.group)
+                _join(started)
+        finally:
+            self._all("/continue_generation", {})
+        return {"version": version, "tensors": len(items), "buckets": len(buckets), "engines": list(self.engines)}
+
+    def close(self) -> None:
+        if self.group is not None and dist.is_initialized():
+            dist.destroy_process_group()
+        self.group = None
+
+
+def serialize_named_tensors(named_tensors: Sequence[Tuple[str, torch.Tensor]]) -> str:
+    """SGLang's MultiprocessingSerializer.serialize(obj, output_str=True): ForkingPickler, then base64.
+
+    CPU tensors travel as shared memory the receiver maps by name (torch's file_system
+    sharing strategy, set here); CUDA tensors as CUDA IPC handles. The sender must keep the
+    tensors alive until the engine has answered.
+    """
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing as tmp
+
+    tmp.set_sharing_strategy("file_system")
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump([(n, t.detach().contiguous()) for n, t in named_tensors])
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def push_from_tensor(engine: str, named_tensors: Sequence[Tuple[str, torch.Tensor]], version: int, *, tp_size: int = 1,
+                     api_key: Optional[str] = None, timeout_s: float = 600.0) -> Dict[str, Any]:
+    """Same host: pause -> flush -> update_weights_from_tensor -> continue, as slime's update_weight_from_tensor."""
+    url = engine.rstrip("/")
+    keep = [(n, t.detach().contiguous()) for n, t in named_tensors]
+    blob = serialize_named_tensors(keep)
+    post(f"{url}/pause_generation", {}, api_key, timeout_s)
+    try:
+        post(f"{url}/flush_cache", {}, api_key, timeout_s)
+        post(f"{url}/update_weights_from_tensor", {
+            "serialized_named_tensors": [blob] * tp_size, "load_format": None, "flush_cache": True, "weight_version": str(version),
+        }, api_key, timeout_s)
+    finally:
+        post(f"{url}/continue_generation", {}, api_key, timeout_s)
+    del keep
+    return {"version": version, "tensors": len(named_tensors), "engines": [url]}
+
+
+def pusher_from_args(args: Any, api_key: Optional[str]) -> Optional[DistributedPusher]:
+    """The trainer server's --push-* flags; None when no engine is named."""
+    engines = [u for u in (getattr(args, "push_engines", None) or "").split(",") if u]
+    if not engines:
+        return None
+    return DistributedPusher(engines, master_address=args.push_master_address, master_port=args.push_master_port,
+                             backend=args.push_backend, api_key=api_key)
+
+
+def push_held(pusher: DistributedPusher, trainer: Any, version: int, log: Any = print) -> Dict[str, Any]:
+    """The trainer server's hook after a step: push the weights it holds as `version`.
+
+    A failed push does not fail the committed step (its checkpoint is on disk): it is logged and
+    reported in the step result; rlq's controller waits for the engines to report `version` and
+    pauses the run with the reason if they never do.
+    """
+    held = getattr(trainer, "held", None)
+    if held is None or held.version != version:
+        return {"error": f"the trainer holds no weights of version {version} to push"}
+    try:
+        policy = held.policy
+        named = policy.named_params() if hasattr(policy, "named_params") else policy.module.named_parameters()
+        out = pusher.push(named, version)
+        log(f"pushed version {version}: {out['tensors']} tensors in {out['buckets']} bucket(s) to {', '.join(out['engines'])}")
+        return out
+    except PushError as e:
+        log(f"weight push of version {version} failed: {e}")
+        return {"error": str(e)}

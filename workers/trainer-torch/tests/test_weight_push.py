@@ -1,0 +1,116 @@
+"""trainer_push for real: rank 0 (this process) pushes tensors over torch.distributed (gloo, CPU) into a
+receiver process that plays an SGLang engine (fake_push_engine.py), the way SGLang expects them."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import unittest
+import urllib.request
+
+from helpers import have_torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@unittest.skipUnless(have_torch(), "torch is not installed")
+class WeightPushTest(unittest.TestCase):
+    def start_engine(self, *args):
+        p = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_push_engine.py"), "--port", "0", *args], stdout=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: (p.kill(), p.wait(), p.stdout.close()))
+        line = p.stdout.readline()
+        self.assertTrue(line.startswith("listening "), line)
+        return f"http://127.0.0.1:{line.split()[1]}"
+
+    def received(self, url):
+        with urllib.request.urlopen(f"{url}/received", timeout=30) as r:
+            return json.loads(r.read())
+
+    def tensors(self):
+        import torch
+
+        g = torch.Generator().manual_seed(7)
+        return [
+            ("model.embed_tokens.weight", torch.randn(11, 4, generator=g)),
+            ("model.layers.0.mlp.up_proj.weight", torch.randn(8, 4, generator=g).to(torch.bfloat16)),
+            ("model.layers.0.input_layernorm.weight", torch.randn(4, generator=g)),
+            ("lm_head.weight", torch.randn(11, 4, generator=g).half()),
+        ]
+
+    def test_distributed_push_lands_every_tensor_inside_pause_and_continue(self):
+        import torch
+
+        from rlq_torch.weight_push import DistributedPusher
+
+        key = "push-key-1"
+        engine = self.start_engine("--api-key", key)
+        sent = self.tensors()
+        pusher = DistributedPusher([engine], master_address="127.0.0.1", master_port=free_port(), backend="gloo",
+                                   api_key=key, timeout_s=60, bucket_bytes=200)
+        try:
+            out = pusher.push(sent, version=3)
+        finally:
+            pusher.close()
+        self.assertGreater(out["buckets"], 1)
+        got = self.received(engine)
+        self.assertEqual(got["version"], "3")
+        calls = got["calls"]
+        self.assertEqual(calls[:3], ["init_weights_update_group", "pause_generation", "flush_cache"])
+        self.assertEqual(calls[-1], "continue_generation")
+        self.assertEqual(set(calls[3:-1]), {"update_weights_from_distributed"})
+        self.assertEqual(len(calls[3:-1]), out["buckets"])
+        for name, t in sent:
+            r = got["tensors"][name]
+            self.assertEqual(r["shape"], list(t.shape), name)
+            # gloo has no bfloat16 broadcast: bf16 travels as float32, exactly.
+            self.assertEqual(r["dtype"], str(torch.float32 if t.dtype == torch.bfloat16 else t.dtype), name)
+            self.assertEqual(r["values"], t.double().flatten().tolist(), name)
+
+    def test_the_server_hook_pushes_the_held_version_and_reports_a_failure_without_raising(self):
+        import types
+
+        from rlq_torch.weight_push import DistributedPusher, push_held
+
+        engine = self.start_engine()
+        sent = self.tensors()
+        trainer = types.SimpleNamespace(held=types.SimpleNamespace(version=4, policy=types.SimpleNamespace(named_params=lambda: sent)))
+        pusher = DistributedPusher([engine], master_address="127.0.0.1", master_port=free_port(), backend="gloo", timeout_s=60)
+        try:
+            out = push_held(pusher, trainer, 4, log=lambda m: None)
+        finally:
+            pusher.close()
+        self.assertEqual(out["tensors"], len(sent))
+        self.assertEqual(self.received(engine)["version"], "4")
+        self.assertIn("no weights of version 5", push_held(pusher, trainer, 5, log=lambda m: None)["error"])
+        dead = DistributedPusher(["http://127.0.0.1:9"], master_address="127.0.0.1", master_port=free_port(), backend="gloo", timeout_s=5)
+        self.assertIn("POST http://127.0.0.1:9/init_weights_update_group", push_held(dead, trainer, 4, log=lambda m: None)["error"])
+
+    def test_a_wrong_key_fails_the_push_with_the_answer(self):
+        from rlq_torch.weight_push import PushError, push_from_tensor
+
+        engine = self.start_engine("--api-key", "right")
+        with self.assertRaises(PushError) as e:
+            push_from_tensor(engine, self.tensors(), 1, api_key="wrong", timeout_s=30)
+        self.assertIn("HTTP 401", str(e.exception))
+
+    def test_same_host_push_from_tensor(self):
+        from rlq_torch.weight_push import push_from_tensor
+
+        engine = self.start_engine()
+        sent = [(n, t) for n, t in self.tensors() if t.dtype != __import__("torch").bfloat16]
+        push_from_tensor(engine, sent, 5, timeout_s=60)
+        got = self.received(engine)
+        self.assertEqual(got["version"], "5")
+        self.assertEqual(got["calls"], ["pause_generation", "flush_cache", "update_weights_from_tensor", "continue_generation"])
+        for name, t in sent:
+            self.assertEqual(got["tensors"][name]["values"], t.double().flatten().tolist(), name)
+
+
+if __name__ == "__main__":
+    unittest.main()
