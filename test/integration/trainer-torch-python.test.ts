@@ -24,10 +24,15 @@ describe("workers/trainer-torch", () => {
     expect(r.status, r.stdout + r.stderr).toBe(0);
   });
 
-  it.skipIf(!py)("its Python test suite passes (parity to 1e-6, model, trainer, protocol)", async () => {
-    const r = await runCommand(py as string, ["-m", "unittest", "discover", "-s", "workers/trainer-torch/tests"], { cwd: repoRoot, timeoutMs: 600_000 });
-    expect(r.status, r.stderr.slice(-4000)).toBe(0);
-    expect(r.stderr).toMatch(/OK/);
-    console.log(`${py}: ${/Ran \d+ tests?.*/.exec(r.stderr)?.[0] ?? ""} ${/OK.*$/m.exec(r.stderr)?.[0] ?? ""}`);
-  });
+  it.skipIf(!py)(
+    "its Python test suite passes (parity to 1e-6, model, trainer, protocol)",
+    async () => {
+      const r = await runCommand(py as string, ["-m", "unittest", "discover", "-s", "workers/trainer-torch/tests"], { cwd: repoRoot, timeoutMs: 580_000 });
+      expect(r.status, r.status === null ? "the Python suite ran past 580 s and was killed" : r.stderr.slice(-4000)).toBe(0);
+      expect(r.stderr).toMatch(/OK/);
+      console.log(`${py}: ${/Ran \d+ tests?.*/.exec(r.stderr)?.[0] ?? ""} ${/OK.*$/m.exec(r.stderr)?.[0] ?? ""}`);
+      // ~60 s on a quiet 2-core box; the limit leaves room for a heavily loaded one, and the child is killed before it.
+    },
+    600_000,
+  );
 });
