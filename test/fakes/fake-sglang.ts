@@ -604,7 +604,7 @@ async function push(apply: () => { success: boolean; message: string }, b: Recor
   // http_server.py / tokenizer_communicator_mixin.py _update_weight_version_if_provided.
   if (b.weight_version !== undefined && b.weight_version !== null) weightVersion = Number(b.weight_version);
   stats.loads++;
-  // scheduler.py: flush_cache after a successful update unless the body says flush_cache: false.
+  // io_struct.py: flush_cache defaults to true (the radix cache is flushed after the update; the fake counts it).
   if (b.flush_cache !== false) stats.cacheFlushes++;
   send(res, 200, {
     success: true,
