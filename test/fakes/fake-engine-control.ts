@@ -57,6 +57,11 @@ export interface FakeSglangStats {
   flushes: number;
   seedsSeen: number[];
   lastPush: null | { names: unknown; dtypes: unknown; shapes: unknown; group_name: unknown };
+  lastTensorPush: null | { count: number; bytes: number[]; load_format: unknown; flush_cache: boolean; weight_version: unknown };
+  calls: string[];
+  abortAlls: number;
+  flushRefused: number;
+  cacheFlushes: number;
 }
 
 export async function fakeStats(url: string): Promise<FakeSglangStats> {
@@ -82,4 +87,21 @@ export async function until<T>(what: string, fn: () => Promise<T | null | undefi
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 25));
   }
+}
+
+/**
+ * A trainer push that lands while requests are generating: pause in place (io_struct.py
+ * PauseGenerationReqInput mode "in_place"), then /update_weights_from_distributed (applied at once
+ * while paused: tokenizer_communicator_mixin.py; unpaused it would wait for the requests), then
+ * continue. The fake receives no tensors, so the push names none.
+ */
+export async function pushInPlace(url: string, version: number): Promise<void> {
+  const post = async (path: string, body: unknown) => {
+    const res = await fetch(`${url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+    if (!res.ok) throw new Error(`${path} on ${url}: HTTP ${res.status} ${await res.text()}`);
+  };
+  await post("/pause_generation", { mode: "in_place" });
+  await post("/init_weights_update_group", { master_address: "127.0.0.1", master_port: 1, rank_offset: 1, world_size: 2, group_name: "rlq-test" });
+  await post("/update_weights_from_distributed", { names: [], dtypes: [], shapes: [], group_name: "rlq-test", weight_version: String(version) });
+  await post("/continue_generation", {});
 }

@@ -1,8 +1,13 @@
 /**
  * TEST FAKE — the part of an SGLang router (sgl-model-gateway) rlq uses, as the
- * real one answers it (sgl-model-gateway src/server.rs, src/core/worker_service.rs):
- *   GET /workers → {workers: [{id, url, model_id, worker_type, connection_mode, is_healthy, load}], total, stats}
- *   POST /workers {url, worker_type?, dp_size?} adds a worker; DELETE /workers/:id removes one.
+ * real one answers it (sgl-model-gateway src/core/worker_service.rs, read in the router's source):
+ *   GET /workers → {workers: [{id, url, model_id, worker_type, connection_mode, is_healthy, load}], total,
+ *     stats: {prefill_count, decode_count, regular_count}} (WorkerService::list_workers, ListWorkersResult)
+ *   POST /workers {url, worker_type?, dp_size?} → 202 {status: "accepted", worker_id, url, location, message}
+ *     (create_worker: queued as a job); DELETE /workers/:id (a UUID; anything else 400 BAD_REQUEST,
+ *     unknown 404 WORKER_NOT_FOUND) → 202 {status: "accepted", worker_id, message} (delete_worker).
+ * Not re-read in the source (kept from the earlier reading): the `url@rank` form of dp-aware workers
+ * and which routes the auth middleware leaves open.
  * Like the real router it lists what it knows, not what a client can use:
  * - a data-parallel-aware worker (dp_size > 1) is listed once per rank as `url@rank`;
  * - prefill/decode workers (worker_type prefill | decode) and gRPC workers are listed too;
@@ -14,6 +19,7 @@
  *     [--dp-workers URL,...] [--prefill-workers URL,...] [--api-key KEY]
  * prints "listening <port>" on stdout.
  */
+import { randomUUID } from "node:crypto";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { parseArgs } from "node:util";
@@ -38,11 +44,10 @@ interface Worker {
   load: number;
 }
 const workers: Worker[] = [];
-let nextId = 0;
 function add(url: string, type = "regular", dpSize = 1): void {
   const urls = dpSize > 1 ? Array.from({ length: dpSize }, (_, r) => `${url}@${r}`) : [url];
   for (const u of urls)
-    workers.push({ id: `worker-${nextId++}`, url: u, model_id: "fake/model", worker_type: type, connection_mode: "http", is_healthy: true, load: 0 });
+    workers.push({ id: randomUUID(), url: u, model_id: "fake/model", worker_type: type, connection_mode: "http", is_healthy: true, load: 0 });
 }
 const list = (s: string) => s.split(",").filter((u) => u.length > 0);
 for (const u of list(values.workers)) add(u);
@@ -55,19 +60,36 @@ const server = createServer((req, res) => {
     if (url !== "/health" && values["api-key"] !== undefined && req.headers.authorization !== `Bearer ${values["api-key"]}`) {
       return sendJson(res, 401, { error: "Unauthorized" });
     }
+    const count = (type: string) => workers.filter((w) => w.worker_type === type).length;
     if (req.method === "GET" && url === "/workers")
-      return sendJson(res, 200, { workers, total: workers.length, stats: { prefill_count: workers.filter((w) => w.worker_type === "prefill").length } });
+      return sendJson(res, 200, {
+        workers,
+        total: workers.length,
+        stats: { prefill_count: count("prefill"), decode_count: count("decode"), regular_count: count("regular") },
+      });
     if (req.method === "POST" && url === "/workers") {
       const b = await readJson(req);
-      add(String(b.url), typeof b.worker_type === "string" ? b.worker_type : "regular", Number(b.dp_size ?? 1));
-      return sendJson(res, 202, { status: "accepted" });
+      const workerUrl = typeof b.url === "string" ? b.url : "";
+      add(workerUrl, typeof b.worker_type === "string" ? b.worker_type : "regular", Number(b.dp_size ?? 1));
+      const id = workers[workers.length - 1]?.id ?? "";
+      res.setHeader("location", `/workers/${id}`);
+      return sendJson(res, 202, {
+        status: "accepted",
+        worker_id: id,
+        url: workerUrl,
+        location: `/workers/${id}`,
+        message: "Worker addition queued for background processing",
+      });
     }
     const del = /^\/workers\/([^/]+)$/.exec(url);
     if (req.method === "DELETE" && del) {
-      const i = workers.findIndex((w) => w.id === del[1]);
-      if (i < 0) return sendJson(res, 404, { error: "no such worker" });
+      const raw = decodeURIComponent(del[1] as string);
+      if (!/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(raw))
+        return sendJson(res, 400, { error: `Invalid worker_id '${raw}' (expected UUID).`, code: "BAD_REQUEST" });
+      const i = workers.findIndex((w) => w.id === raw);
+      if (i < 0) return sendJson(res, 404, { error: `Worker ${raw} not found`, code: "WORKER_NOT_FOUND" });
       workers.splice(i, 1);
-      return sendJson(res, 200, { success: true });
+      return sendJson(res, 202, { status: "accepted", worker_id: raw, message: "Worker removal queued for background processing" });
     }
     sendJson(res, 404, { error: { message: `no route ${req.method} ${url}` } });
   })();

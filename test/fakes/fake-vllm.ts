@@ -29,8 +29,9 @@ const { values } = parseArgs({
     "legacy-token-strings": { type: "boolean", default: false },
     /**
      * vLLM --api-key: every /v1 route answers 401 without `Authorization: Bearer <key>`
-     * (vllm/entrypoints/openai/api_server.py, the AuthenticationMiddleware: only paths under /v1
-     * are checked; /health and /metrics are not).
+     * (vllm/entrypoints/openai/server_utils.py in newer vLLM, api_server.py before:
+     * AuthenticationMiddleware lets OPTIONS and every path not under /v1 through, so /health and
+     * /metrics are not checked; seen quoted, not re-read at a commit).
      */
     "api-key": { type: "string" },
   },

@@ -33,9 +33,12 @@ export function engineHarness(kind: "sglang" | "vllm") {
       pools.push(p);
       return p;
     },
-    /** A pool with fast health checks (overridable), closed after the test. */
+    /**
+     * A pool with frequent health checks (overridable), closed after the test. The timeout is over
+     * the second SGLang's /health_generate always takes (http_server.py polls once a second).
+     */
     pool(members: PoolOptions["members"], options: Partial<PoolOptions> = {}): EnginePool {
-      return this.trackPool(createEnginePool({ members, healthIntervalMs: 200, healthTimeoutMs: 1_000, warmupGraceMs: 0, noEngineWaitMs: 5_000, ...options }));
+      return this.trackPool(createEnginePool({ members, healthIntervalMs: 200, healthTimeoutMs: 2_500, warmupGraceMs: 0, noEngineWaitMs: 5_000, ...options }));
     },
   };
 }

@@ -136,31 +136,52 @@ describe("SGLang as it is", () => {
     expect(s).toEqual(await whole.generate(request("inc-w", { maxNewTokens: n, stopTokenIds: [] })));
   });
 
-  it("6. an abort carrying status_code is an error: 4xx fails the request, 5xx is retried from scratch, neither is a resumable partial", async () => {
+  it("6. a scheduler abort carrying status_code is an error, never a resumable partial: 400 fails the request, 500/503 are server failures", async () => {
+    // tokenizer_manager.py _wait_one_response: status 400 is raised as a ValueError (HTTP 400 / an
+    // SSE error event), 500 and 503 as an HTTPException (HTTP 500/503; a stream is cut without [DONE]).
     const f = await fake(["--stop-prob", "0"]);
     const p = pool([f.url], { isStreaming: false });
+    const s = pool([f.url], { isStreaming: true });
     await p.awaitReady(10_000);
+    await s.awaitReady(10_000);
     await setFault(f.url, { mode: "error_abort", afterTokens: 5, statusCode: 400 });
-    await expect(p.generate(request("ea-400", { maxNewTokens: 50 }))).rejects.toMatchObject({
-      code: "engine_request_rejected",
-      message: expect.stringMatching(/status 400/),
-    });
-    await setFault(f.url, { mode: "error_abort", afterTokens: 5, statusCode: 500 });
-    await expect(p.generate(request("ea-500", { maxNewTokens: 50 }))).rejects.toMatchObject({ code: "engine_request_failed", isRetriable: true });
+    for (const [q, id] of [
+      [p, "ea-400"],
+      [s, "ea-400-s"],
+    ] as const) {
+      await expect(q.generate(request(id, { maxNewTokens: 50 }))).rejects.toMatchObject({
+        code: "engine_request_rejected",
+        isRetriable: false,
+        message: expect.stringMatching(/injected server-side error 400/),
+      });
+    }
+    for (const q of [p, s]) expect(q.snapshot().engines[0]).toMatchObject({ errors: 0, requestErrors: 1, state: "healthy" });
+    await setFault(f.url, { mode: "error_abort", afterTokens: 5, statusCode: 503 });
+    await expect(p.generate(request("ea-503", { maxNewTokens: 50 }))).rejects.toMatchObject({ code: "engine_request_failed", isRetriable: true });
+    // Streamed, the cut stream keeps the tokens it got as an aborted partial: the rollout resubmits
+    // it, and a sample that never finishes fails after MAX_ROUNDS_PER_GROUP rounds (engines-rounds-cap.test.ts).
+    const cut = await s.generate(request("ea-503-s", { maxNewTokens: 50 })).catch((e: unknown) => e);
+    if (cut instanceof Error) expect(cut).toMatchObject({ isRetriable: true });
+    else expect(cut).toMatchObject({ finishReason: "abort" });
     await setFault(f.url, { mode: "none" });
     expect((await p.generate(request("ea-ok", { maxNewTokens: 50 }))).finishReason).toBe("length");
   });
 
-  it("7. weight_versions spans: a non-streamed answer that spans a push is cut at the boundary, every kept token labelled with its version", async () => {
+  it("7. weight_versions spans: an answer that outlived a push (generation paused in place) is cut at the boundary, every kept token labelled with its version", async () => {
     const f = await fake(["--token-delay-ms", "4", "--stop-prob", "0", "--weight-versions-spans"]);
     const e = createSglangServer({ url: f.url, requestTimeoutMs: 10_000, isStreaming: false });
+    const post = (path: string, body: unknown) =>
+      fetch(`${f.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
     const pending = e.generate(request("span", { maxNewTokens: 300, stopTokenIds: [], seed: 9 }));
     await until("tokens flowing", async () => (await fakeStats(f.url)).live === 1 && (await fakeStats(f.url)).tokensGenerated >= 10);
-    await fetch(`${f.url}/update_weights_from_distributed`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ weight_version: "5" }),
-    });
+    // Unpaused, a push waits for in-flight requests (tokenizer_communicator_mixin.py: the writer
+    // lock), so no answer spans it; paused in place, it applies at once.
+    expect((await post("/pause_generation", { mode: "in_place" })).status).toBe(200);
+    expect((await post("/flush_cache", {})).status).toBe(400); // a request is still running
+    await post("/init_weights_update_group", { master_address: "127.0.0.1", master_port: 1, rank_offset: 1, world_size: 2, group_name: "g" });
+    const pushed = await post("/update_weights_from_distributed", { names: [], dtypes: [], shapes: [], group_name: "g", weight_version: "5" });
+    expect(pushed.status).toBe(200);
+    await post("/continue_generation", {});
     const r = await pending;
     expect(r).toMatchObject({ finishReason: "abort", weightVersion: 0 });
     expect(r.tokenIds.length).toBeGreaterThan(0);

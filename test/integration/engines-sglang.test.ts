@@ -5,7 +5,7 @@ import { createEnginePool, type EnginePool } from "../../src/engines/pool.ts";
 import { createEnginesFromConfig } from "../../src/engines/from-config.ts";
 import { sglangEngineConfigSchema, engineRuntimeDefaults } from "../../src/engines/config-schema.ts";
 import { RlqError } from "../../src/lib/errors.ts";
-import { fakeStats, request, setFault, startFake, until } from "../fakes/fake-engine-control.ts";
+import { fakeStats, pushInPlace, request, setFault, startFake, until } from "../fakes/fake-engine-control.ts";
 
 /**
  * The SGLang adapter and the pool against the fake SGLang server as a
@@ -17,7 +17,7 @@ const fake = (args: string[] = []) => h.fake(args);
 function pool(urls: string[], extra: Partial<Parameters<typeof createEnginePool>[0]> = {}, requestTimeoutMs = 10_000): EnginePool {
   return h.pool(
     urls.map((url) => createSglangServer({ url, requestTimeoutMs, isStreaming: true })),
-    { healthTimeoutMs: 500, ...extra },
+    { healthTimeoutMs: 2_500, ...extra },
   );
 }
 
@@ -171,7 +171,7 @@ describe("SGLang adapter", () => {
     h.track(router);
     const p = await createEnginesFromConfig(
       sglangEngineConfigSchema.parse({ kind: "sglang", router_url: router.url }),
-      engineRuntimeDefaults({ rollout_health_check_interval: 0.2, rollout_health_check_timeout: 1 }),
+      engineRuntimeDefaults({ rollout_health_check_interval: 0.2, rollout_health_check_timeout: 2.5 }),
     );
     h.trackPool(p);
     await p.awaitReady(10_000);
@@ -191,11 +191,7 @@ describe("SGLang adapter", () => {
     const e = createSglangServer({ url: f.url, requestTimeoutMs: 10_000, isStreaming: true });
     const pending = e.generate(request("push-mid", { maxNewTokens: 500, stopTokenIds: [], seed: 9 }));
     await until("tokens flowing", async () => (await fakeStats(f.url)).live === 1 && (await fakeStats(f.url)).tokensGenerated >= 10);
-    await fetch(`${f.url}/update_weights_from_distributed`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ weight_version: "5" }),
-    });
+    await pushInPlace(f.url, 5);
     const r = await pending;
     expect(r).toMatchObject({ finishReason: "abort", weightVersion: 0 });
     expect(r.tokenIds.length).toBeGreaterThan(0);
