@@ -83,13 +83,10 @@ describe.skipIf(!python)("update_weights_from_tensor against the fake SGLang", (
     expect(flushed).toMatchObject({ status: 200, text: expect.stringMatching(/^Cache flushed\./) });
   });
 
-  // KNOWN DEFECT (workers/trainer-torch, left to its owner): rlq_torch/weight_push.py post() parses
-  // every 2xx body as JSON, but SGLang's /flush_cache answers plain text ("Cache flushed.\n…",
-  // http_server.py flush_cache), so push_from_tensor (and DistributedPusher.push) stop at the flush
-  // against a real server; the Python stand-in (tests/fake_push_engine.py) answers JSON there. It
-  // should also retry /flush_cache on 400 while aborted requests drain, as slime's
-  // sglang_engine.py flush_cache does (60 tries). When fixed, this test passes: drop `.fails`.
-  it.fails("rlq_torch.weight_push.push_from_tensor: pause → flush_cache → update_weights_from_tensor → continue, version read back", async () => {
+  // SGLang's /flush_cache answers plain text, and HTTP 400 while aborted requests drain
+  // (http_server.py flush_cache): rlq_torch.weight_push reads either and retries the 400, as
+  // slime's sglang_engine.py flush_cache does. The Python stand-in (tests/fake_push_engine.py) is kinder.
+  it("rlq_torch.weight_push.push_from_tensor: pause → flush_cache → update_weights_from_tensor → continue, version read back", async () => {
     const key = "push-key-2";
     const f = await h.fake(["--tp-size", "2", "--api-key", key]);
     const r = py(

@@ -33,6 +33,7 @@ import http.client
 import io
 import json
 import threading
+import time
 import urllib.parse
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -44,6 +45,10 @@ class PushError(RuntimeError):
     """A weight push failed: which engine, which call, what it answered."""
 
     code = "weight_push_failed"
+
+    def __init__(self, message: str, status: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 DTYPE_NAMES = {
@@ -87,11 +92,29 @@ def post(url: str, body: Dict[str, Any], api_key: Optional[str], timeout_s: floa
     finally:
         conn.close()
     if res.status < 200 or res.status >= 300:
-        raise PushError(f"POST {url}: HTTP {res.status}: {text[:300]}")
-    out = json.loads(text) if text.strip() else {}
+        raise PushError(f"POST {url}: HTTP {res.status}: {text[:300]}", res.status)
+    try:
+        out = json.loads(text) if text.strip() else {}
+    except ValueError:
+        # Some endpoints answer plain text: SGLang's /flush_cache says "Cache flushed..." (http_server.py flush_cache).
+        return {"text": text}
     if isinstance(out, dict) and out.get("success") is False:
         raise PushError(f"POST {url}: {out.get('message', 'success: false')}")
     return out if isinstance(out, dict) else {"answer": out}
+
+
+def flush_cache(url: str, api_key: Optional[str], timeout_s: float, tries: int = 60, wait_s: float = 1.0) -> None:
+    """POST /flush_cache until it takes: SGLang answers HTTP 400 (plain text) while requests are
+    still running (http_server.py flush_cache; scheduler.py flush_cache refuses when the queues
+    are not empty), and slime's sglang_engine.py flush_cache retries it (60 times, 1 s apart)."""
+    for attempt in range(tries):
+        try:
+            post(url, {}, api_key, timeout_s)
+            return
+        except PushError as e:
+            if e.status != 400 or attempt == tries - 1:
+                raise
+        time.sleep(wait_s)
 
 
 def _in_threads(calls: Sequence[Tuple[str, Dict[str, Any]]], api_key: Optional[str], timeout_s: float) -> List[Any]:
@@ -192,7 +215,8 @@ class DistributedPusher:
             size += nbytes
         self._all("/pause_generation", {})
         try:
-            self._all("/flush_cache", {})
+            for u in self.engines:
+                flush_cache(f"{u}/flush_cache", self.api_key, self.timeout_s)
             for i, bucket in enumerate(buckets):
                 is_last = i == len(buckets) - 1
                 body = {
@@ -242,7 +266,7 @@ def push_from_tensor(engine: str, named_tensors: Sequence[Tuple[str, torch.Tenso
     blob = serialize_named_tensors(keep)
     post(f"{url}/pause_generation", {}, api_key, timeout_s)
     try:
-        post(f"{url}/flush_cache", {}, api_key, timeout_s)
+        flush_cache(f"{url}/flush_cache", api_key, timeout_s)
         post(f"{url}/update_weights_from_tensor", {
             "serialized_named_tensors": [blob] * tp_size, "load_format": None, "flush_cache": True, "weight_version": str(version),
         }, api_key, timeout_s)
