@@ -41,6 +41,15 @@ from protocol import HTTP_STATUS, PROTOCOL_VERSION, RETRYABLE, Cancelled, Job, P
 from transfer import TransferError  # noqa: E402
 
 
+def push_worker_args(args) -> list:
+    """The --push-* flags as dist_worker.py takes them (rank 0 pushes; the key stays in the environment, by name)."""
+    if not args.push_engines:
+        return []
+    out = ["--push-engines", args.push_engines, "--push-master-address", args.push_master_address,
+           "--push-master-port", str(args.push_master_port), "--push-backend", args.push_backend]
+    return out + (["--push-api-key-env", args.push_api_key_env] if args.push_api_key_env else [])
+
+
 class TrainerService:
     """The jobs, the queue and the worker thread; HTTP handlers call in here."""
 
@@ -64,13 +73,14 @@ class TrainerService:
 
             self.trainer = DistTrainer(args.nproc, device, defaults, bf16, log, threads=args.threads, deterministic=args.deterministic,
                                        timeout_s=args.dist_timeout_s, debug_rank_delay_s=args.debug_rank_delay_s,
-                                       master_port=args.master_port, nnodes=args.nnodes, master_addr=args.master_addr)
+                                       master_port=args.master_port, nnodes=args.nnodes, master_addr=args.master_addr,
+                                       push_args=push_worker_args(args), sharding=args.sharding)
+            self.pusher = None  # the front holds no weights: rank 0 of the group pushes (dist_worker.py)
         else:
             self.trainer = TorchTrainer(device, defaults, bf16=bf16, log=log)
-        # With --nproc > 1 the front holds no weights (the ranks do): a push then reports that it cannot.
-        from rlq_torch.weight_push import pusher_from_args  # weight_sync: trainer_push (docs/engines.md)
+            from rlq_torch.weight_push import pusher_from_args  # weight_sync: trainer_push (docs/engines.md)
 
-        self.pusher = pusher_from_args(args, os.environ.get(args.push_api_key_env) if args.push_api_key_env else None)
+            self.pusher = pusher_from_args(args, os.environ.get(args.push_api_key_env) if args.push_api_key_env else None)
         self.device_name = str(self.trainer.device) if self.trainer.device.type != "cuda" else f"cuda:{torch.cuda.current_device()}"
         if args.nproc * args.nnodes > 1:
             self.device_name = f"{self.trainer.device.type} x{args.nproc * args.nnodes}"
@@ -331,11 +341,22 @@ def main(argv=None) -> None:
     ap.add_argument("--nnodes", type=int, default=1, help="nodes in the process group: the others run workers/trainer-torch/node.py")
     ap.add_argument("--master-addr", default="127.0.0.1", help="with --nnodes > 1: this node's address the other nodes reach")
     ap.add_argument("--master-port", type=int, default=None, help="rendezvous port (required with --nnodes > 1; default: a free port)")
+    ap.add_argument("--sharding", choices=["zero1", "fsdp"], default="zero1",
+                    help="with --nproc > 1: zero1 replicates the parameters (DDP) and shards the optimizer state; fsdp shards parameters, "
+                         "gradients and optimizer state with FullyShardedDataParallel (torch >= 2.0; rlq_torch/fsdp.py)")
     ap.add_argument("--dist-timeout-s", type=float, default=600, help="collective timeout of the process group (a hung rank fails the step after this)")
     ap.add_argument("--debug-rank-delay-s", type=float, default=0.0, help="testing aid: with --nproc > 1, every micro-batch round waits this long")
     args = ap.parse_args(argv)
     if args.nnodes > 1 and args.master_port is None:
         ap.error("--nnodes > 1 needs --master-port (the other nodes' node.py must be given the same one)")
+    if args.sharding == "fsdp":
+        if args.nproc * args.nnodes < 2:
+            ap.error("--sharding fsdp shards over ranks: it needs --nproc (x --nnodes) >= 2")
+        from rlq_torch.fsdp import fsdp_unavailable
+
+        why = fsdp_unavailable()
+        if why:
+            ap.error(why)
 
     if args.deterministic and args.device.startswith("cuda"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -16,10 +16,7 @@ class ShardedAdamW:
         """A backward with zero gradients, so a rank with no micro-batch left still joins DDP's all-reduce."""
         if fwd is None:
             return
-        dev = self.device
-        z = fwd(torch.zeros((1, 1), dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev),
-                torch.zeros(1, dtype=torch.long, device=dev), None, None)
-        (z.float().sum() * 0.0).backward()
+        (self._dummy_forward(fwd).float().sum() * 0.0).backward()
 
     def _masters(self, policy, owner: Dict[str, int]) -> Dict[str, torch.Tensor]:
         if policy.kind != "hf" or policy.save_dtype == torch.float32:
@@ -30,11 +27,17 @@ class ShardedAdamW:
         """Megatron clip (clip_grad / (norm + 1e-6) when < 1) then AdamW; returns the pre-clip norm.
 
         Many ranks: the gradients are already all-reduced (every rank computes the same norm); each
-        parameter is updated by its owner (the only rank holding its moments) and broadcast from it."""
+        parameter is updated by its owner (the only rank holding its moments) and broadcast from it.
+        fsdp: each rank holds a shard of every gradient: the squares are summed over the ranks, each rank
+        updates its own shards, and nothing is broadcast (fsdp.py)."""
+        fsdp = bool(getattr(self, "fsdp", False))
+        ndims = getattr(self, "_ndims", None) or {}
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for _, p in params:
             if p.grad is not None:
                 sq = sq + p.grad.double().pow(2).sum()
+        if fsdp:
+            torch.distributed.all_reduce(sq)
         norm = float(sq.sqrt())
         if not math.isfinite(norm):
             raise StepError("internal", f"gradient norm is {norm}: refusing to update the weights", True)
@@ -53,10 +56,10 @@ class ShardedAdamW:
                 m.mul_(t.adam_beta1).add_(g, alpha=1 - t.adam_beta1)
                 v.mul_(t.adam_beta2).addcmul_(g, g, value=1 - t.adam_beta2)
                 update = (m / bias1) / ((v / bias2).sqrt() + t.adam_eps)
-                if p.dim() > 1 and t.weight_decay != 0:
+                if (ndims.get(name, p.dim()) if fsdp else p.dim()) > 1 and t.weight_decay != 0:
                     p.mul_(1 - lr * t.weight_decay)
                 p.sub_(lr * update)
-            if self.dist.active:
+            if self.dist.active and not fsdp:
                 for name, p in params:
                     self.dist.broadcast_from(p.data, owner[name])
         return norm

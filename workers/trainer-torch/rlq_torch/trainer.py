@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from . import algorithms as A
+from . import fsdp as fsdp_mod
 from .batch import Batch, Sample
 from .critic_step import CriticSteps
 from .dist import Dist
@@ -69,6 +70,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
     def __init__(self, device: str = "cpu", defaults: Optional[Dict[str, Any]] = None, bf16: Optional[bool] = None, log: Callable[[str], None] = print,
                  dist: Optional[Dist] = None):
         self.dist = dist or Dist()
+        self._ndims: Optional[Dict[str, int]] = None  # fsdp: each parameter's rank before it was sharded flat
         self._ddp_cache: Optional[Tuple[Any, Any]] = None
         self._critic_ddp_cache: Optional[Tuple[Any, Any]] = None
         self.device = torch.device(device)
@@ -77,6 +79,17 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         self.held: Optional[Held] = None
         self.ref_cache: Dict[str, Any] = {}
         self.log = log
+
+    @property
+    def fsdp(self) -> bool:
+        """Parameters sharded with FullyShardedDataParallel (--sharding fsdp, many ranks; fsdp.py)."""
+        return self.dist.active and self.dist.sharding == "fsdp"
+
+    def full_weights(self) -> Optional[List[Tuple[str, torch.Tensor]]]:
+        """fsdp: the held weights gathered whole on rank 0 (for trainer_push); every rank must call it. None otherwise."""
+        if not self.fsdp or self.held is None or self._ddp_cache is None or self._ddp_cache[0] is not self.held.policy:
+            return None
+        return fsdp_mod.full_named_params(self._ddp_cache[1], self.held.policy, self.device, self.dist.rank)
 
     @property
     def weight_version(self) -> Optional[int]:
@@ -157,9 +170,10 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
             return packed_micro_batches(samples, t.max_tokens_per_gpu)
         return micro_batches(samples, t.max_tokens_per_gpu)
 
-    def forward_all(self, policy, samples, mbs, temperature, report, phase, check, packed: bool = False):
+    def forward_all(self, policy, samples, mbs, temperature, report, phase, check, packed: bool = False, fwd=None):
         """Log-probs and entropies of every response token, micro-batch by micro-batch; on many ranks
-        micro-batch k runs on rank k mod world and the results are all-gathered (same numbers as one rank)."""
+        micro-batch k runs on rank k mod world and the results are all-gathered (same numbers as one rank).
+        ``fwd``: the FSDP-wrapped forward (fsdp), which every rank runs in every round."""
         d = self.dist
         mine: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
         rounds = (len(mbs) + d.world - 1) // d.world
@@ -168,8 +182,11 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
             k = rnd * d.world + d.rank
             if k < len(mbs):
                 lo, hi = mbs[k]
-                lp, en = self.token_stats(policy, samples[lo:hi], temperature, grad=False, packed=packed)
+                lp, en = self.token_stats(policy, samples[lo:hi], temperature, grad=False, fwd=fwd, packed=packed)
                 mine[k] = (lp.double().cpu().numpy(), en.double().cpu().numpy())
+            elif fwd is not None:
+                with torch.no_grad():
+                    self._dummy_forward(fwd)
             report(f"{phase} {min((rnd + 1) * d.world, len(mbs))}/{len(mbs)}")
         if d.active:
             for part in d.all_gather(mine):
@@ -184,6 +201,11 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
             return None
         if self._ddp_cache is not None and self._ddp_cache[0] is policy:
             return self._ddp_cache[1]
+        if self.fsdp:
+            self._ndims = fsdp_mod.ndims(policy)
+            wrapped = fsdp_mod.wrap(_Forward(policy), self.device)
+            self._ddp_cache = (policy, wrapped)
+            return wrapped
         from torch.nn.parallel import DistributedDataParallel
 
         fwd = _Forward(policy)
@@ -191,6 +213,12 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         ddp = DistributedDataParallel(fwd, device_ids=ids, broadcast_buffers=False)
         self._ddp_cache = (policy, ddp)
         return ddp
+
+    def _dummy_forward(self, fwd):
+        """A one-token forward: a rank with no micro-batch left in a round still joins the wrapper's collectives."""
+        dev = self.device
+        return fwd(torch.zeros((1, 1), dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev),
+                   torch.zeros(1, dtype=torch.long, device=dev), None, None)
 
     # -------------------------------------------------------------- the step
 
@@ -209,9 +237,13 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         self.held = None  # the weights below change in place: never hold a half-trained version
         policy = start.policy
         ppo = o["advantage_estimator"] == "ppo"
+        if ppo and self.fsdp:
+            raise bad_request("advantage_estimator ppo is not supported with --sharding fsdp yet (the critic starts from the policy's full "
+                              "weights); use --sharding zero1")
         critic = self._critic_start(req, start, policy) if ppo else None
         train_actor = not ppo or req["step"] >= t.num_critic_only_steps
         validate_samples(policy, samples)  # on every rank, before any collective: a bad batch fails all ranks alike
+        sharded_fwd = self._ddp(policy) if self.fsdp else None  # fsdp: shard before the moments are made (shards' shapes)
         params = policy.named_params()
         for _, p in params:
             p.requires_grad_(True)
@@ -232,7 +264,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         all_mbs = self._micro_batches(policy, samples, t)
 
         policy.module.eval()
-        old, _ = self.forward_all(policy, samples, all_mbs, temperature, report, "old_logprobs", check, packed)
+        old, _ = self.forward_all(policy, samples, all_mbs, temperature, report, "old_logprobs", check, packed, fwd=sharded_fwd)
         ref = None
         if o["use_kl_loss"] or o["kl_coef"] != 0:
             ref_policy = self._reference(t, start)
@@ -333,7 +365,8 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         os.makedirs(out_dir, exist_ok=True)
         for _, p in params:
             p.grad = None
-            p.requires_grad_(False)
+            if not self.fsdp:  # fsdp: the flags stay as FSDP saw them when it wrapped the parameters
+                p.requires_grad_(False)
         # Optimizer first: a weights file present means its state is present too (as rlq's writer).
         # Many ranks: each writes its own shard of the optimizer state, then rank 0 the weights.
         if critic is not None:  # the critic first: a committed step's directory always carries its critic
@@ -345,9 +378,13 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                 critic[0].save_weights(out_dir, version, req["run_id"], req["step"])
         masters = self._masters(policy, owner)
         write_optimizer(out_dir, [(n, p) for n, p in params if owner[n] == d.rank], moments, iteration, version, req["run_id"], req["step"], masters,
-                        shard=(d.rank, d.world) if d.active else None)
+                        shard=(d.rank, d.world) if d.active else None, sharding="fsdp" if self.fsdp else None)
         d.barrier()
-        if d.rank == 0:
+        if self.fsdp:
+            with fsdp_mod.full_params(fwd, self.device):  # the whole weights on rank 0, written as one rank writes them
+                if d.rank == 0:
+                    policy.save(out_dir, version, req["run_id"], req["step"], dtype=t.save_dtype)
+        elif d.rank == 0:
             policy.save(out_dir, version, req["run_id"], req["step"], dtype=t.save_dtype)
         d.barrier()
         self.held = Held(policy, moments, iteration, version, os.path.realpath(out_dir))

@@ -62,9 +62,11 @@ class WeightLoading:
         if stored is not None and stored != v_in:
             raise bad_request(f"checkpoint {uri} holds weight version {stored}, the request says weight_version_in {v_in}")
         policy = load_policy(dir_, self.device)
+        if self.fsdp:
+            self._ddp(policy)  # shard first: the moments read below are this rank's shards of the parameters
         owner = self.dist.owners(policy.named_params())
         names = [n for n, _ in policy.named_params() if owner[n] == self.dist.rank]  # sharded: this rank's moments only
-        opt = read_optimizer(dir_, names, shard=(self.dist.rank, self.dist.world))
+        opt = read_optimizer(dir_, names, shard=(self.dist.rank, self.dist.world), sharding="fsdp" if self.fsdp else "zero1")
         moments: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
         iteration = 0
         if opt is not None:
