@@ -160,6 +160,31 @@ class FsdpFlagTest(unittest.TestCase):
         self.assertIn("--sharding fsdp shards over ranks: it needs --nproc", r.stderr)
 
     @unittest.skipUnless(have_torch(), "torch is not importable")
+    def test_optimizer_shards_say_how_they_were_sharded(self):
+        """fsdp shards (flat pieces of every parameter) are read only by a group of the same size and mode; a
+        zero1 or one-rank reader refuses them, and zero1 files carry no sharding key (their bytes are unchanged)."""
+        import torch
+
+        from rlq_torch.models import CheckpointError, read_optimizer, write_optimizer
+        from rlq_torch.safetensors_io import read_safetensors
+
+        with tempfile.TemporaryDirectory() as fsdp_dir, tempfile.TemporaryDirectory() as zero1_dir:
+            for rank in (0, 1):
+                piece = torch.full((3,), float(rank))
+                write_optimizer(fsdp_dir, [("w", piece)], {"w": (piece, piece + 1)}, 5, 2, "r", 1, {}, shard=(rank, 2), sharding="fsdp")
+                write_optimizer(zero1_dir, [(f"w{rank}", piece)], {f"w{rank}": (piece, piece)}, 5, 2, "r", 1, {}, shard=(rank, 2))
+            iteration, moments, _ = read_optimizer(fsdp_dir, ["w"], shard=(1, 2), sharding="fsdp")
+            self.assertEqual((iteration, moments["w"][0].tolist(), moments["w"][1].tolist()), (5, [1.0] * 3, [2.0] * 3))
+            for reader in ({}, {"shard": (0, 2)}, {"shard": (0, 4), "sharding": "fsdp"}):
+                with self.subTest(reader=reader), self.assertRaises(CheckpointError) as e:
+                    read_optimizer(fsdp_dir, ["w"], **reader)
+                self.assertIn("fsdp", str(e.exception))
+            with self.assertRaises(CheckpointError):
+                read_optimizer(zero1_dir, ["w0"], shard=(0, 2), sharding="fsdp")
+            self.assertNotIn("sharding", read_safetensors(f"{zero1_dir}/optimizer-00001-of-00002.safetensors")[0])
+            self.assertEqual(read_optimizer(zero1_dir, ["w0", "w1"])[0], 5)
+
+    @unittest.skipUnless(have_torch(), "torch is not importable")
     def test_an_old_torch_is_refused_with_the_reason(self):
         import torch
 
