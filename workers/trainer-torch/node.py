@@ -47,6 +47,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--dist-timeout-s", type=float, default=600)
+    ap.add_argument("--sharding", choices=["zero1", "fsdp"], default="zero1", help="the front's --sharding (every rank must agree)")
     ap.add_argument("--once", action="store_true", help="run the group once, do not restart it")
     args = ap.parse_args(argv)
     if not 1 <= args.node_rank < args.nnodes:
@@ -55,7 +56,8 @@ def main(argv=None) -> None:
     from rlq_torch.dist_front import torchrun_command
 
     bf16 = args.bf16 if args.bf16 != "auto" else ("on" if args.device.startswith("cuda") else "off")
-    worker_args = ["--device", "cuda" if args.device.startswith("cuda") else "cpu", "--bf16", bf16, "--timeout-s", str(args.dist_timeout_s)]
+    worker_args = ["--device", "cuda" if args.device.startswith("cuda") else "cpu", "--bf16", bf16, "--timeout-s", str(args.dist_timeout_s),
+                   "--sharding", args.sharding]
     if args.threads:
         worker_args += ["--threads", str(args.threads)]
     if args.deterministic:

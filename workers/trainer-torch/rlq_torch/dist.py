@@ -3,13 +3,14 @@
 One ``Dist`` per process. With one process it is the identity (no collectives at all), so
 the single-device trainer is unchanged. Under torchrun (``dist_worker.py``):
 
-- **gradients**: the model runs inside ``DistributedDataParallel`` (FSDP1 is unusable on
-  Debian's torch 1.13 under Python 3.11: importing torch.distributed.fsdp fails), with
-  ``no_sync()`` for every micro-batch but a rank's last one, so gradients accumulate locally
-  and are all-reduced once per optimizer step;
+- **gradients**: the model runs inside ``DistributedDataParallel`` (``--sharding zero1``), or
+  ``FullyShardedDataParallel`` with every parameter sharded (``--sharding fsdp``, torch >= 2.0,
+  fsdp.py), with ``no_sync()`` for every micro-batch but a rank's last one, so gradients
+  accumulate locally and are reduced once per optimizer step;
 - **optimizer state** is sharded (ZeRO-1, as torch.distributed.optim.ZeroRedundancyOptimizer
   partitions it): each parameter has one owner rank (greedy by size, deterministic), only the
-  owner keeps its Adam moments and updates it, then broadcasts the new values;
+  owner keeps its Adam moments and updates it, then broadcasts the new values (with fsdp each
+  rank keeps and updates the moments of its own shards);
 - **FSDP2** (``fully_shard``): detected (``fsdp2_available``) and reported in /v1/health; the
   trainer does not use it yet (see docs/trainer-torch.md, Limits);
 - **agreement**: cancellation is decided by rank 0 and agreed with one all-reduce at points
@@ -50,9 +51,10 @@ def partition(params: Sequence[Tuple[str, torch.Tensor]], world: int) -> Dict[st
 class Dist:
     """rank / world and the few collectives the train step needs."""
 
-    def __init__(self, rank: int = 0, world: int = 1):
+    def __init__(self, rank: int = 0, world: int = 1, sharding: str = "zero1"):
         self.rank = rank
         self.world = world
+        self.sharding = sharding  # zero1: replicated parameters, owner-sharded moments; fsdp: every parameter sharded (fsdp.py)
         self.cancel_requested: Callable[[], bool] = lambda: False
 
     @property
@@ -90,4 +92,7 @@ class Dist:
             torch.distributed.barrier()
 
     def owners(self, params: Sequence[Tuple[str, torch.Tensor]]) -> Dict[str, int]:
+        """Which rank keeps each parameter's moments and updates it. fsdp: every rank, its own shard of each."""
+        if self.active and self.sharding == "fsdp":
+            return {n: self.rank for n, _ in params}
         return partition(params, self.world) if self.active else {n: 0 for n, _ in params}

@@ -54,6 +54,20 @@ def watch_front(pid: int) -> None:
     threading.Thread(target=loop, name="front-watch", daemon=True).start()
 
 
+def push_weights(trainer, pusher, enabled: bool, result, progress) -> None:
+    """With trainer_push, every rank calls it after a step and rank 0 (the one with a pusher) pushes the version
+    it holds. A failed push does not fail the committed step: it is reported in the result (weight_push.push_held)."""
+    if not enabled:
+        return
+    full = trainer.full_weights() if hasattr(trainer, "full_weights") else None  # a collective when the parameters are sharded
+    if pusher is None:
+        return
+    from rlq_torch.weight_push import push_held
+
+    progress(1, 1, "weight_push")
+    result["weight_push"] = push_held(pusher, trainer, result["weight_version_out"], log, named=full)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="a rank of rlq's PyTorch trainer (started by torchrun from server.py --nproc N)")
     ap.add_argument("--device", default="cuda")
@@ -63,6 +77,12 @@ def main(argv=None) -> int:
     ap.add_argument("--defaults", default="{}", help="the server's defaults (JSON)")
     ap.add_argument("--timeout-s", type=float, default=600, help="collective timeout")
     ap.add_argument("--debug-rank-delay-s", type=float, default=0.0, help="testing aid: each micro-batch round waits this long")
+    ap.add_argument("--sharding", choices=["zero1", "fsdp"], default="zero1", help="zero1: DDP + sharded optimizer state; fsdp: FullyShardedDataParallel")
+    ap.add_argument("--push-engines", default="", help="weight_sync trainer_push: rank 0 pushes each trained version to these SGLang URLs")
+    ap.add_argument("--push-master-address", default="127.0.0.1")
+    ap.add_argument("--push-master-port", type=int, default=29600)
+    ap.add_argument("--push-backend", default="nccl")
+    ap.add_argument("--push-api-key-env", default=None)
     args = ap.parse_args(argv)
 
     if args.deterministic and args.device.startswith("cuda"):
@@ -71,6 +91,7 @@ def main(argv=None) -> int:
     import torch.distributed as tdist
 
     from rlq_torch.dist import Dist
+    from rlq_torch.models import CheckpointError
     from rlq_torch.trainer import Cancelled, StepError, TorchTrainer
 
     if args.threads:
@@ -88,10 +109,17 @@ def main(argv=None) -> int:
         torch.backends.cudnn.allow_tf32 = False
     tdist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
     rank, world = tdist.get_rank(), tdist.get_world_size()
-    d = Dist(rank, world)
+    d = Dist(rank, world, sharding=args.sharding)
     device = f"cuda:{local_rank}" if cuda else "cpu"
     trainer = TorchTrainer(device, json.loads(args.defaults), bf16=None if args.bf16 == "auto" else args.bf16 == "on", log=log, dist=d)
 
+    # trainer_push: rank 0 of this group is rank 0 of the push group too (its own group, weight_push.py), as in
+    # slime's update_weight_from_distributed, where one trainer rank broadcasts the gathered weights to the engines.
+    pusher = None
+    if rank == 0 and args.push_engines:
+        from rlq_torch.weight_push import pusher_from_args
+
+        pusher = pusher_from_args(args, os.environ.get(args.push_api_key_env) if args.push_api_key_env else None)
     watch_front(int(os.environ.get("RLQ_FRONT_PID", "0")))
     conn = None
     if rank == 0:
@@ -117,6 +145,8 @@ def main(argv=None) -> int:
         if rank == 0:
             try:
                 box[0] = conn.recv()
+                if box[0] and box[0][0] == "step":  # every rank learns whether rank 0 pushes (fsdp gathers the weights for it)
+                    box[0] = (*box[0], pusher is not None)
             except (EOFError, OSError):
                 box[0] = ("shutdown",)  # the front went away: stop the group
         tdist.broadcast_object_list(box, src=0)
@@ -125,7 +155,7 @@ def main(argv=None) -> int:
             break
         if msg[0] != "step":
             continue
-        _, req, batch, t, o = msg
+        _, req, batch, t, o, pushing = msg
         cancel["flag"] = False
 
         def progress(done: int, total: int, phase: str) -> None:
@@ -136,6 +166,7 @@ def main(argv=None) -> int:
 
         try:
             result = trainer.train_step(req, batch, t, o, progress, lambda: None)
+            push_weights(trainer, pusher, pushing, result, progress)
             if conn is not None:
                 conn.send(("result", result, trainer.weight_version))
         except Cancelled:
@@ -146,6 +177,8 @@ def main(argv=None) -> int:
             code, retryable = ("internal", True)
             if isinstance(e, StepError):
                 code, retryable = e.code, e.retryable
+            elif isinstance(e, CheckpointError):
+                code = "version_unavailable"  # as server.py answers it with one rank
             elif "out of memory" in str(e).lower():
                 code = "oom"
             what = f"rank {rank}: {type(e).__name__}: {e}"
@@ -162,6 +195,8 @@ def main(argv=None) -> int:
             os._exit(1)
     if conn is not None:
         conn.close()
+    if pusher is not None:
+        pusher.close()
     # Not destroy_process_group() nor a normal interpreter exit: torch 1.13's ProcessGroupGloo destructor
     # joins a gloo thread that waits for the GIL the exiting main thread holds, and the rank hangs for ever.
     sys.stderr.flush()

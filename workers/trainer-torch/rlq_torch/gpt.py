@@ -178,8 +178,29 @@ class Prng:
         return r * math.cos(2 * math.pi * v)
 
 
+_INIT_CACHE: "OrderedDict[Tuple[str, int], OrderedDict[str, torch.Tensor]]" = OrderedDict()
+_INIT_CACHE_SIZE = 2  # the policy's and the reference's initialisation are usually the same one
+
+
 def init_weights(c: Dict, seed: int) -> "OrderedDict[str, torch.Tensor]":
-    """initWeights(config, seed): float32 tensors in canonical order."""
+    """initWeights(config, seed): float32 tensors in canonical order (fresh copies).
+
+    The generator runs in pure Python (bit-identical to src/model/prng.ts), about 1 s for a tiny
+    model, so the last two initialisations are kept: a step's policy and its reference, or a test's
+    many trainers, initialise the same (config, seed) once per process."""
+    key = (json.dumps(c, sort_keys=True), int(seed))
+    hit = _INIT_CACHE.get(key)
+    if hit is None:
+        hit = _init_weights(c, seed)
+        _INIT_CACHE[key] = hit
+        while len(_INIT_CACHE) > _INIT_CACHE_SIZE:
+            _INIT_CACHE.popitem(last=False)
+    else:
+        _INIT_CACHE.move_to_end(key)
+    return OrderedDict((n, t.clone()) for n, t in hit.items())
+
+
+def _init_weights(c: Dict, seed: int) -> "OrderedDict[str, torch.Tensor]":
     residual_std = 0.02 / math.sqrt(2 * c["n_layers"])
     out: "OrderedDict[str, torch.Tensor]" = OrderedDict()
     for name, shape, kind in parameter_specs(c):

@@ -312,14 +312,19 @@ def optimizer_files(path: str) -> List[str]:
     return [os.path.join(path, n) for n in want]
 
 
-def read_optimizer(path: str, names: List[str], shard: Optional[Tuple[int, int]] = None):
+def read_optimizer(path: str, names: List[str], shard: Optional[Tuple[int, int]] = None, sharding: str = "zero1"):
     """(iteration, {name: (exp_avg, exp_avg_sq)}, masters) from the optimizer state beside the weights, or None (warm start).
 
     Sharded state (written by N ranks) is read shard by shard; ``shard=(rank, world)`` with the same
-    world size reads only this rank's own shard (the partition is a function of the model and N)."""
+    world size reads only this rank's own shard (the partition is a function of the model and N).
+    ``sharding="fsdp"``: each shard holds this rank's flat pieces of every parameter (fsdp.py), only
+    readable by a group of the same size and mode."""
     files = optimizer_files(path)
     if not files:
         return None
+    if sharding == "fsdp" and (shard is None or len(files) != shard[1]):
+        raise CheckpointError(f"{path}: {len(files)} optimizer file(s); a --sharding fsdp group of {shard[1] if shard else 1} ranks resumes "
+                              "only from the shards of a group of its own size")
     if shard is not None and len(files) == shard[1] > 1:
         files = [files[shard[0]]]
     tensors: Dict[str, torch.Tensor] = {}
@@ -331,6 +336,8 @@ def read_optimizer(path: str, names: List[str], shard: Optional[Tuple[int, int]]
             raise CheckpointError(f"{f}: unreadable ({e})") from e
         if m.get("format") != OPTIMIZER_FORMAT:
             raise CheckpointError(f"{f}: metadata.format is not {OPTIMIZER_FORMAT}")
+        if m.get("sharding", "zero1") != sharding:
+            raise CheckpointError(f"{f}: optimizer state written by a --sharding {m.get('sharding', 'zero1')} trainer; this one shards {sharding}")
         if meta and m.get("iteration") != meta.get("iteration"):
             raise CheckpointError(f"{f}: iteration {m.get('iteration')} differs from the other shards' {meta.get('iteration')}")
         meta = m
@@ -347,7 +354,8 @@ def read_optimizer(path: str, names: List[str], shard: Optional[Tuple[int, int]]
 
 
 def write_optimizer(out_dir: str, params: List[Tuple[str, nn.Parameter]], moments: Dict[str, Tuple[torch.Tensor, torch.Tensor]], iteration: int,
-                    version: int, run_id: str, step: int, masters: Dict[str, torch.Tensor], shard: Optional[Tuple[int, int]] = None) -> None:
+                    version: int, run_id: str, step: int, masters: Dict[str, torch.Tensor], shard: Optional[Tuple[int, int]] = None,
+                    sharding: Optional[str] = None) -> None:
     """optimizer.safetensors; with ``shard=(rank, world)`` this rank's part, optimizer-KKKKK-of-NNNNN.safetensors."""
     tensors = []
     for n, _ in params:
@@ -359,4 +367,6 @@ def write_optimizer(out_dir: str, params: List[Tuple[str, nn.Parameter]], moment
     meta = {"format": OPTIMIZER_FORMAT, "iteration": str(iteration), "version": str(version), "run": run_id, "step": str(step)}
     if shard is not None:
         meta.update({"shard": str(shard[0]), "num_shards": str(shard[1])})
+    if sharding is not None:  # only fsdp's flat shards say so: zero1 files stay byte-identical to earlier ones
+        meta["sharding"] = sharding
     write_safetensors(os.path.join(out_dir, OPTIMIZER_FILE if shard is None else shard_file(*shard)), tensors, meta)

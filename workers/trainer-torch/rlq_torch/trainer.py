@@ -26,7 +26,6 @@ import math
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.parse import quote
 
@@ -34,215 +33,17 @@ import numpy as np
 import torch
 
 from . import algorithms as A
-from . import gpt
+from . import fsdp as fsdp_mod
 from .batch import Batch, Sample
+from .critic_step import CriticSteps
 from .dist import Dist
-from .models import (CheckpointError, EmbeddedPolicy, checkpoint_kind, checkpoint_version, load_hf_dir, load_policy, path_from_uri,
-                     read_optimizer, write_optimizer)
-
-
-class StepError(Exception):
-    """A failure with a protocol error code."""
-
-    def __init__(self, code: str, message: str, retryable: bool):
-        super().__init__(message)
-        self.code = code
-        self.retryable = retryable
-
-
-class Cancelled(Exception):
-    pass
-
-
-def bad_request(msg: str) -> StepError:
-    return StepError("bad_request", msg, False)
-
-
-# ------------------------------------------------------------------ config
-
-
-@dataclass
-class TrainConfig:
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    lr_decay_style: str = "constant"
-    lr_warmup_iters: int = 0
-    lr_decay_iters: Optional[int] = None
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    global_batch_size: Optional[int] = None
-    num_steps_per_rollout: int = 1
-    num_rollout: Optional[int] = None
-    rollout_temperature: float = 1.0
-    ref_load: Optional[str] = None
-    seed: int = 1234
-    max_tokens_per_gpu: Optional[int] = None
-    model: Optional[Dict] = None
-    hf_checkpoint: Optional[str] = None
-    use_dynamic_batch_size: bool = False
-    num_critic_only_steps: int = 0
-    critic_lr: Optional[float] = None
-    gradient_checkpointing: bool = False
-    save_dtype: Optional[str] = None
-
-
-def _num(c: Dict, key: str, default, kind=float, lo=None, lo_open=False, hi=None, nullable=False):
-    v = c.get(key, default)
-    if v is None:
-        if nullable or default is None:
-            return None
-        raise bad_request(f"config.{key} must not be null")
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
-        raise bad_request(f"config.{key} = {v!r}: expected {'an integer' if kind is int else 'a number'}")
-    v = kind(v)
-    if lo is not None and (v <= lo if lo_open else v < lo):
-        raise bad_request(f"config.{key} = {v}: must be {'>' if lo_open else '>='} {lo}")
-    if hi is not None and v > hi:
-        raise bad_request(f"config.{key} = {v}: must be <= {hi}")
-    return v
-
-
-def parse_train_config(c: Dict[str, Any], defaults: Dict[str, Any]) -> TrainConfig:
-    """The run-config keys the trainer reads (slime/Megatron names, the embedded trainer's defaults).
-    ``defaults`` are the server's own (--max-tokens-per-gpu, --model-config, --hf-checkpoint)."""
-    t = TrainConfig()
-    t.lr = _num(c, "lr", 1e-6, lo=0, lo_open=True)
-    t.min_lr = _num(c, "min_lr", 0.0, lo=0)
-    t.lr_decay_style = c.get("lr_decay_style", "constant")
-    if t.lr_decay_style not in ("constant", "linear", "cosine"):
-        raise bad_request(f"config.lr_decay_style = {t.lr_decay_style!r}: expected constant | linear | cosine")
-    t.lr_warmup_iters = _num(c, "lr_warmup_iters", 0, int, lo=0)
-    t.lr_decay_iters = _num(c, "lr_decay_iters", None, int, lo=0, lo_open=True, nullable=True)
-    t.weight_decay = _num(c, "weight_decay", 0.0, lo=0)
-    t.adam_beta1 = _num(c, "adam_beta1", 0.9, lo=0, hi=0.999999)
-    t.adam_beta2 = _num(c, "adam_beta2", 0.999, lo=0, hi=0.999999)
-    t.adam_eps = _num(c, "adam_eps", 1e-8, lo=0, lo_open=True)
-    t.clip_grad = _num(c, "clip_grad", 1.0, lo=0, lo_open=True)
-    t.global_batch_size = _num(c, "global_batch_size", None, int, lo=0, lo_open=True, nullable=True)
-    t.num_steps_per_rollout = _num(c, "num_steps_per_rollout", 1, int, lo=0, lo_open=True)
-    t.num_rollout = _num(c, "num_rollout", None, int, lo=0, lo_open=True, nullable=True)
-    t.rollout_temperature = _num(c, "rollout_temperature", 1.0, lo=0, lo_open=True)
-    t.seed = _num(c, "seed", 1234, int, lo=0)
-    t.max_tokens_per_gpu = _num(c, "max_tokens_per_gpu", defaults.get("max_tokens_per_gpu"), int, lo=0, lo_open=True, nullable=True)
-    ref = c.get("ref_load")
-    if ref is not None and not isinstance(ref, str):
-        raise bad_request("config.ref_load must be a path or null")
-    t.ref_load = ref
-    hf = c.get("hf_checkpoint", defaults.get("hf_checkpoint"))
-    if hf is not None and not isinstance(hf, str):
-        raise bad_request("config.hf_checkpoint must be a path or null")
-    t.hf_checkpoint = hf
-    model = c.get("model", defaults.get("model"))
-    if model is not None:
-        try:
-            model = gpt.parse_model_config(model)
-        except ValueError as e:
-            raise bad_request(f"config.model: {e}") from e
-    t.model = model
-    t.use_dynamic_batch_size = _flag(c, "use_dynamic_batch_size", bool(defaults.get("use_dynamic_batch_size", False)))
-    if t.use_dynamic_batch_size and t.max_tokens_per_gpu is None:
-        raise bad_request("config.use_dynamic_batch_size needs max_tokens_per_gpu (the token budget of a packed micro-batch)")
-    t.num_critic_only_steps = _num(c, "num_critic_only_steps", 0, int, lo=0)
-    t.critic_lr = _num(c, "critic_lr", None, lo=0, lo_open=True, nullable=True)
-    t.gradient_checkpointing = _flag(c, "gradient_checkpointing", bool(defaults.get("gradient_checkpointing", False)))
-    sd = c.get("hf_save_dtype", defaults.get("hf_save_dtype"))
-    if sd is not None and sd not in ("bf16", "fp16", "fp32"):
-        raise bad_request(f"config.hf_save_dtype = {sd!r}: expected bf16 | fp16 | fp32 (or leave it out: the model's own torch_dtype)")
-    t.save_dtype = sd
-    return t
-
-
-def _flag(c: Dict[str, Any], key: str, default: bool) -> bool:
-    v = c.get(key, default)
-    if not isinstance(v, bool):
-        raise bad_request(f"config.{key} = {v!r}: expected true or false")
-    return v
-
-
-def parse_algorithm(c: Dict[str, Any]) -> Dict[str, Any]:
-    try:
-        o = A.parse_options({k: c[k] for k in A.DEFAULT_OPTIONS if k in c})
-        A.validate_options(o)
-    except A.AlgorithmError as e:
-        raise bad_request(f"config: {e}") from e
-    if o["use_opd"]:
-        raise bad_request("use_opd needs teacher log-probs, which the batch format does not carry")
-    return o
-
-
-def optimizer_step_plan(t: TrainConfig, num_samples: int) -> Tuple[int, int]:
-    gbs = t.global_batch_size if t.global_batch_size is not None else num_samples / t.num_steps_per_rollout
-    if not float(gbs).is_integer() or gbs <= 0 or num_samples % int(gbs) != 0:
-        raise bad_request(f"global_batch_size: {num_samples} samples do not split into whole global batches of {gbs}")
-    return int(gbs), num_samples // int(gbs)
-
-
-def learning_rate(t: TrainConfig, decay_iters: Optional[int], iteration: int) -> float:
-    """Megatron's get_lr (src/trainer/embedded/lr-schedule.ts): warmup, then constant / linear / cosine to min_lr."""
-    n = iteration + 1
-    if t.lr_warmup_iters > 0 and n <= t.lr_warmup_iters:
-        return t.lr * n / t.lr_warmup_iters
-    if t.lr_decay_style == "constant":
-        return t.lr
-    if decay_iters is None:
-        raise bad_request(f"lr_decay_style {t.lr_decay_style} needs lr_decay_iters (or num_rollout)")
-    if n > decay_iters:
-        return t.min_lr
-    span = decay_iters - t.lr_warmup_iters
-    ratio = 1.0 if span <= 0 else (n - t.lr_warmup_iters) / span
-    coeff = 1 - ratio if t.lr_decay_style == "linear" else 0.5 * (math.cos(math.pi * ratio) + 1)
-    return t.min_lr + (t.lr - t.min_lr) * coeff
-
-
-def micro_batches(samples: List[Sample], max_tokens: Optional[int]) -> List[Tuple[int, int]]:
-    """Consecutive [lo, hi) runs whose padded size (count × longest input) fits max_tokens (a longer sample runs alone)."""
-    if max_tokens is None:
-        return [(0, len(samples))] if samples else []
-    out = []
-    lo = 0
-    longest = 0
-    for i, s in enumerate(samples):
-        n = max(len(s.tokens) - 1, 1)
-        if i > lo and max(longest, n) * (i - lo + 1) > max_tokens:
-            out.append((lo, i))
-            lo, longest = i, 0
-        longest = max(longest, n)
-    if lo < len(samples):
-        out.append((lo, len(samples)))
-    return out
-
-
-def packed_micro_batches(samples: List[Sample], max_tokens: Optional[int]) -> List[Tuple[int, int]]:
-    """Dynamic micro-batches for packed rows (slime's use_dynamic_batch_size): consecutive [lo, hi) runs
-    whose total (unpadded) input tokens fit max_tokens; a longer sample runs alone."""
-    if max_tokens is None:
-        return [(0, len(samples))] if samples else []
-    out = []
-    lo = 0
-    total = 0
-    for i, s in enumerate(samples):
-        n = max(len(s.tokens) - 1, 1)
-        if i > lo and total + n > max_tokens:
-            out.append((lo, i))
-            lo, total = i, 0
-        total += n
-    if lo < len(samples):
-        out.append((lo, len(samples)))
-    return out
-
-
-def validate_samples(policy, samples: List[Sample]) -> None:
-    """The checks token_stats makes per micro-batch, over the whole batch up front."""
-    for i, s in enumerate(samples):
-        if len(s.tokens) - 1 > policy.max_positions:
-            raise bad_request(f"sample {i} has {len(s.tokens)} tokens, more than the model's {policy.max_positions} positions")
-        if s.response_length > 0 and s.prompt_length < 1:
-            raise bad_request("prompt_length must be >= 1 (the first token has no prediction)")
-        if len(s.tokens) and (int(s.tokens.max()) >= policy.vocab_size or int(s.tokens.min()) < 0):
-            raise bad_request(f"sample {i}: token ids outside the model's vocabulary of {policy.vocab_size}")
+from .micro_batching import micro_batches, packed_micro_batches, validate_samples
+from .models import write_optimizer
+from .sharded_adamw import ShardedAdamW
+# Re-exported: server.py, dist_worker.py, dist_front.py, bench.py and the tests import these from here.
+from .train_config import (Cancelled, StepError, TrainConfig, bad_request, learning_rate, optimizer_step_plan,  # noqa: F401
+                           parse_algorithm, parse_train_config)
+from .weight_loading import Held, WeightLoading
 
 
 class _Forward(torch.nn.Module):
@@ -262,22 +63,14 @@ class _Forward(torch.nn.Module):
 # ------------------------------------------------------------------ the trainer
 
 
-@dataclass
-class Held:
-    policy: Any
-    moments: Dict[str, Tuple[torch.Tensor, torch.Tensor]]
-    iteration: int
-    version: int
-    path: Optional[str]
-    critic: Any = None  # ppo: the value model, its Adam moments and iteration (critic.py)
-    critic_moments: Optional[Dict[str, Tuple[torch.Tensor, torch.Tensor]]] = None
-    critic_iteration: int = 0
+class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
+    """One train step (train_step), on one rank or as one rank of many (``dist``). Loading is in
+    weight_loading.py, the critic in critic_step.py, the optimizer in sharded_adamw.py."""
 
-
-class TorchTrainer:
     def __init__(self, device: str = "cpu", defaults: Optional[Dict[str, Any]] = None, bf16: Optional[bool] = None, log: Callable[[str], None] = print,
                  dist: Optional[Dist] = None):
         self.dist = dist or Dist()
+        self._ndims: Optional[Dict[str, int]] = None  # fsdp: each parameter's rank before it was sharded flat
         self._ddp_cache: Optional[Tuple[Any, Any]] = None
         self._critic_ddp_cache: Optional[Tuple[Any, Any]] = None
         self.device = torch.device(device)
@@ -288,6 +81,17 @@ class TorchTrainer:
         self.log = log
 
     @property
+    def fsdp(self) -> bool:
+        """Parameters sharded with FullyShardedDataParallel (--sharding fsdp, many ranks; fsdp.py)."""
+        return self.dist.active and self.dist.sharding == "fsdp"
+
+    def full_weights(self) -> Optional[List[Tuple[str, torch.Tensor]]]:
+        """fsdp: the held weights gathered whole on rank 0 (for trainer_push); every rank must call it. None otherwise."""
+        if not self.fsdp or self.held is None or self._ddp_cache is None or self._ddp_cache[0] is not self.held.policy:
+            return None
+        return fsdp_mod.full_named_params(self._ddp_cache[1], self.held.policy, self.device, self.dist.rank)
+
+    @property
     def weight_version(self) -> Optional[int]:
         return None if self.held is None else self.held.version
 
@@ -295,81 +99,6 @@ class TorchTrainer:
         if self.bf16 and self.device.type == "cuda":
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return nullcontext()
-
-    # -------------------------------------------------------------- loading
-
-    def _init_policy(self, t: TrainConfig):
-        """Version 0 without a checkpoint: hf_checkpoint, else the embedded model from seed."""
-        if t.hf_checkpoint:
-            return load_hf_dir(path_from_uri(t.hf_checkpoint), self.device)
-        if t.model is None:
-            raise bad_request("checkpoint_uri_in is null and the config has no model to initialise (set model: {...}, hf_checkpoint or ref_load, "
-                              "or start the server with --model-config / --hf-checkpoint)")
-        return EmbeddedPolicy(t.model, gpt.init_weights(t.model, t.seed), self.device)
-
-    def _start(self, req: Dict[str, Any], t: TrainConfig, report) -> Held:
-        uri = req["checkpoint_uri_in"]
-        v_in = req["weight_version_in"]
-        if uri is None:
-            report("init")
-            self.held = None
-            self._ddp_cache = None
-            self._critic_ddp_cache = None
-            return Held(self._init_policy(t), {}, 0, 0, None)
-        path = os.path.realpath(path_from_uri(uri))
-        h = self.held
-        if h is not None and h.path == path and h.version == v_in:
-            return h
-        self.held = None
-        self._ddp_cache = None
-        self._critic_ddp_cache = None
-        if h is not None:
-            del h
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-        report("load_checkpoint")
-        kind, dir_ = checkpoint_kind(uri)
-        stored = checkpoint_version(kind, dir_)
-        if stored is not None and stored != v_in:
-            raise bad_request(f"checkpoint {uri} holds weight version {stored}, the request says weight_version_in {v_in}")
-        policy = load_policy(dir_, self.device)
-        owner = self.dist.owners(policy.named_params())
-        names = [n for n, _ in policy.named_params() if owner[n] == self.dist.rank]  # sharded: this rank's moments only
-        opt = read_optimizer(dir_, names, shard=(self.dist.rank, self.dist.world))
-        moments: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
-        iteration = 0
-        if opt is not None:
-            iteration, raw, masters = opt
-            params = dict(policy.named_params())
-            for n in names:
-                m, v = raw[n]
-                if list(m.shape) != list(params[n].shape):
-                    raise CheckpointError(f"optimizer state for {n} has shape {list(m.shape)}, the weights {list(params[n].shape)}")
-                moments[n] = (m.to(self.device, torch.float32), v.to(self.device, torch.float32))
-            policy.load_masters(masters)
-        return Held(policy, moments, iteration, v_in, path)
-
-    def _reference(self, t: TrainConfig, start: Held):
-        """The frozen reference policy for KL terms: ref_load, else hf_checkpoint, else the seed initialisation."""
-        if t.ref_load:
-            key = f"path:{os.path.realpath(path_from_uri(t.ref_load))}"
-        elif t.hf_checkpoint:
-            key = f"path:{os.path.realpath(path_from_uri(t.hf_checkpoint))}"
-        elif t.model is not None:
-            key = f"seed:{t.seed}:{gpt.config_json(t.model)}"
-        else:
-            raise bad_request("use_kl_loss / kl_coef need a reference model: set ref_load")
-        ref = self.ref_cache.get(key)
-        if ref is None:
-            if key.startswith("path:"):
-                ref = load_policy(key[5:], self.device)
-            else:
-                ref = EmbeddedPolicy(t.model, gpt.init_weights(t.model, t.seed), self.device)
-            for _, p in ref.named_params():
-                p.requires_grad_(False)
-            self.ref_cache.clear()
-            self.ref_cache[key] = ref
-        return ref
 
     # -------------------------------------------------------------- compute
 
@@ -441,9 +170,10 @@ class TorchTrainer:
             return packed_micro_batches(samples, t.max_tokens_per_gpu)
         return micro_batches(samples, t.max_tokens_per_gpu)
 
-    def forward_all(self, policy, samples, mbs, temperature, report, phase, check, packed: bool = False):
+    def forward_all(self, policy, samples, mbs, temperature, report, phase, check, packed: bool = False, fwd=None):
         """Log-probs and entropies of every response token, micro-batch by micro-batch; on many ranks
-        micro-batch k runs on rank k mod world and the results are all-gathered (same numbers as one rank)."""
+        micro-batch k runs on rank k mod world and the results are all-gathered (same numbers as one rank).
+        ``fwd``: the FSDP-wrapped forward (fsdp), which every rank runs in every round."""
         d = self.dist
         mine: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
         rounds = (len(mbs) + d.world - 1) // d.world
@@ -452,8 +182,11 @@ class TorchTrainer:
             k = rnd * d.world + d.rank
             if k < len(mbs):
                 lo, hi = mbs[k]
-                lp, en = self.token_stats(policy, samples[lo:hi], temperature, grad=False, packed=packed)
+                lp, en = self.token_stats(policy, samples[lo:hi], temperature, grad=False, fwd=fwd, packed=packed)
                 mine[k] = (lp.double().cpu().numpy(), en.double().cpu().numpy())
+            elif fwd is not None:
+                with torch.no_grad():
+                    self._dummy_forward(fwd)
             report(f"{phase} {min((rnd + 1) * d.world, len(mbs))}/{len(mbs)}")
         if d.active:
             for part in d.all_gather(mine):
@@ -468,6 +201,11 @@ class TorchTrainer:
             return None
         if self._ddp_cache is not None and self._ddp_cache[0] is policy:
             return self._ddp_cache[1]
+        if self.fsdp:
+            self._ndims = fsdp_mod.ndims(policy)
+            wrapped = fsdp_mod.wrap(_Forward(policy), self.device)
+            self._ddp_cache = (policy, wrapped)
+            return wrapped
         from torch.nn.parallel import DistributedDataParallel
 
         fwd = _Forward(policy)
@@ -475,6 +213,12 @@ class TorchTrainer:
         ddp = DistributedDataParallel(fwd, device_ids=ids, broadcast_buffers=False)
         self._ddp_cache = (policy, ddp)
         return ddp
+
+    def _dummy_forward(self, fwd):
+        """A one-token forward: a rank with no micro-batch left in a round still joins the wrapper's collectives."""
+        dev = self.device
+        return fwd(torch.zeros((1, 1), dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev),
+                   torch.zeros(1, dtype=torch.long, device=dev), None, None)
 
     # -------------------------------------------------------------- the step
 
@@ -493,9 +237,13 @@ class TorchTrainer:
         self.held = None  # the weights below change in place: never hold a half-trained version
         policy = start.policy
         ppo = o["advantage_estimator"] == "ppo"
+        if ppo and self.fsdp:
+            raise bad_request("advantage_estimator ppo is not supported with --sharding fsdp yet (the critic starts from the policy's full "
+                              "weights); use --sharding zero1")
         critic = self._critic_start(req, start, policy) if ppo else None
         train_actor = not ppo or req["step"] >= t.num_critic_only_steps
         validate_samples(policy, samples)  # on every rank, before any collective: a bad batch fails all ranks alike
+        sharded_fwd = self._ddp(policy) if self.fsdp else None  # fsdp: shard before the moments are made (shards' shapes)
         params = policy.named_params()
         for _, p in params:
             p.requires_grad_(True)
@@ -516,7 +264,7 @@ class TorchTrainer:
         all_mbs = self._micro_batches(policy, samples, t)
 
         policy.module.eval()
-        old, _ = self.forward_all(policy, samples, all_mbs, temperature, report, "old_logprobs", check, packed)
+        old, _ = self.forward_all(policy, samples, all_mbs, temperature, report, "old_logprobs", check, packed, fwd=sharded_fwd)
         ref = None
         if o["use_kl_loss"] or o["kl_coef"] != 0:
             ref_policy = self._reference(t, start)
@@ -617,7 +365,8 @@ class TorchTrainer:
         os.makedirs(out_dir, exist_ok=True)
         for _, p in params:
             p.grad = None
-            p.requires_grad_(False)
+            if not self.fsdp:  # fsdp: the flags stay as FSDP saw them when it wrapped the parameters
+                p.requires_grad_(False)
         # Optimizer first: a weights file present means its state is present too (as rlq's writer).
         # Many ranks: each writes its own shard of the optimizer state, then rank 0 the weights.
         if critic is not None:  # the critic first: a committed step's directory always carries its critic
@@ -629,9 +378,13 @@ class TorchTrainer:
                 critic[0].save_weights(out_dir, version, req["run_id"], req["step"])
         masters = self._masters(policy, owner)
         write_optimizer(out_dir, [(n, p) for n, p in params if owner[n] == d.rank], moments, iteration, version, req["run_id"], req["step"], masters,
-                        shard=(d.rank, d.world) if d.active else None)
+                        shard=(d.rank, d.world) if d.active else None, sharding="fsdp" if self.fsdp else None)
         d.barrier()
-        if d.rank == 0:
+        if self.fsdp:
+            with fsdp_mod.full_params(fwd, self.device):  # the whole weights on rank 0, written as one rank writes them
+                if d.rank == 0:
+                    policy.save(out_dir, version, req["run_id"], req["step"], dtype=t.save_dtype)
+        elif d.rank == 0:
             policy.save(out_dir, version, req["run_id"], req["step"], dtype=t.save_dtype)
         d.barrier()
         self.held = Held(policy, moments, iteration, version, os.path.realpath(out_dir))
@@ -659,155 +412,3 @@ class TorchTrainer:
             metrics["returns_mean"] = float(np.asarray(returns)[loss_mask != 0].mean()) if n_train > 0 else 0.0
         return {"weight_version_out": version, "checkpoint_uri": "file://" + quote(os.path.abspath(out_dir)), "num_samples": len(samples),
                 "num_tokens": n_train, "metrics": {k: float(v) for k, v in metrics.items() if math.isfinite(v)}}
-
-    def _critic_start(self, req: Dict[str, Any], start: "Held", policy):
-        """(critic, moments, [iteration]): held with the policy, else from checkpoint_uri_in/critic, else from the policy's weights."""
-        from .critic import Critic, CriticError, load_critic
-
-        d = self.dist
-        if start.critic is not None:
-            return start.critic, start.critic_moments, [start.critic_iteration]
-        loaded = None
-        if req["checkpoint_uri_in"] is not None:
-            try:
-                mine = lambda c: [n for n, r in d.owners(c.named_params()).items() if r == d.rank]  # noqa: E731  (sharded: own moments only)
-                loaded = load_critic(os.path.realpath(path_from_uri(req["checkpoint_uri_in"])), self.device, names_for=mine, shard=(d.rank, d.world))
-            except CriticError as e:
-                raise CheckpointError(str(e)) from e
-        try:
-            critic = loaded[0] if loaded is not None else Critic.from_policy(policy, self.device)
-        except CriticError as e:
-            raise bad_request(f"advantage_estimator ppo: {e}") from e
-        moments, iteration = {}, 0
-        if loaded is not None and loaded[1] is not None:
-            iteration, moments = loaded[1]
-        owner = d.owners(critic.named_params())
-        for n, p in critic.named_params():
-            p.requires_grad_(True)
-            if n not in moments and owner[n] == d.rank:
-                moments[n] = (torch.zeros_like(p, dtype=torch.float32), torch.zeros_like(p, dtype=torch.float32))
-        return critic, moments, [iteration]
-
-    def _critic_ddp(self, critic):
-        if not self.dist.active:
-            return None
-        if self._critic_ddp_cache is not None and self._critic_ddp_cache[0] is critic:
-            return self._critic_ddp_cache[1]
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        ddp = DistributedDataParallel(critic.net, device_ids=ids, broadcast_buffers=False)
-        self._critic_ddp_cache = (critic, ddp)
-        return ddp
-
-    def _critic_values_all(self, critic, samples, mbs, report, check) -> np.ndarray:
-        """The critic's values for every response token before any update (micro-batch k on rank k mod world, all-gathered)."""
-        d = self.dist
-        mine: Dict[int, np.ndarray] = {}
-        rounds = (len(mbs) + d.world - 1) // d.world
-        for rnd in range(rounds):
-            d.agree_cancel(check)
-            k = rnd * d.world + d.rank
-            if k < len(mbs):
-                lo, hi = mbs[k]
-                mine[k] = critic.values(samples[lo:hi], grad=False).double().cpu().numpy()
-            report(f"old_values {min((rnd + 1) * d.world, len(mbs))}/{len(mbs)}")
-        for part in d.all_gather(mine) if d.active else []:
-            mine.update(part)
-        parts = [mine[k] for k in range(len(mbs))]
-        return np.concatenate(parts) if parts else np.zeros(0)
-
-    def _critic_update(self, critic, gsamples, g_shape, a, old_values, returns, loss_mask, own, normalizer, o, t, lr_of, check) -> Dict[str, float]:
-        """One optimizer step of the critic on a global batch: clipped value loss (value_clip) with the global batch's
-        denominators, micro-batched, then clip + AdamW (critic_lr, else the actor's schedule)."""
-        d = self.dist
-        model, moments, it = critic
-        params = model.named_params()
-        owner = d.owners(params)
-        fwd = self._critic_ddp(model)
-        for _, p in params:
-            p.grad = None
-        mbs = micro_batches(gsamples, t.max_tokens_per_gpu)
-        rounds = (len(mbs) + d.world - 1) // d.world
-        by_mb: Dict[int, Dict[str, float]] = {}
-        for rnd in range(rounds):  # as the policy: micro-batch k on rank k mod world, gradients synced on the last round
-            d.agree_cancel(check)
-            k = rnd * d.world + d.rank
-            with (nullcontext() if (fwd is None or rnd == rounds - 1) else fwd.no_sync()):
-                if k >= len(mbs):
-                    if fwd is not None:
-                        model.zero_backward(fwd)
-                    continue
-                lo, hi = mbs[k]
-                v_t = model.values(gsamples[lo:hi], grad=True, fwd=fwd)
-                mb_shape = g_shape.slice(lo, hi)
-                ma, mb_ = a + int(g_shape.offsets[lo]), a + int(g_shape.offsets[hi])
-                loss, dv, m = A.value_loss_terms(mb_shape.like(v_t.detach().double().cpu().numpy()), old_values[ma:mb_], np.asarray(returns)[ma:mb_],
-                                                 loss_mask[ma:mb_], o["value_clip"], o["calculate_per_token_loss"],
-                                                 sample_denominators=own[lo:hi], normalizer=normalizer)
-                if v_t.numel() > 0:
-                    (v_t * torch.from_numpy((dv * d.world).astype(np.float32)).to(self.device)).sum().backward()  # DDP averages
-                elif fwd is not None:
-                    model.zero_backward(fwd)
-                by_mb[k] = m
-        for part in d.all_gather(by_mb) if d.active else []:
-            by_mb.update(part)
-        metrics: Dict[str, float] = {}
-        for k in range(len(mbs)):
-            for key, v in by_mb[k].items():
-                metrics[key] = metrics.get(key, 0.0) + v
-        d.agree_cancel(check)
-        lr = t.critic_lr if t.critic_lr is not None else lr_of(it[0])
-        metrics["critic_grad_norm"] = self._adamw(params, moments, owner, it[0], lr, t)
-        metrics["critic_lr"] = lr
-        it[0] += 1
-        return metrics
-
-    def _zero_backward(self, policy, fwd) -> None:
-        """A backward with zero gradients, so a rank with no micro-batch left still joins DDP's all-reduce."""
-        if fwd is None:
-            return
-        dev = self.device
-        z = fwd(torch.zeros((1, 1), dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev),
-                torch.zeros(1, dtype=torch.long, device=dev), None, None)
-        (z.float().sum() * 0.0).backward()
-
-    def _masters(self, policy, owner: Dict[str, int]) -> Dict[str, torch.Tensor]:
-        if policy.kind != "hf" or policy.save_dtype == torch.float32:
-            return {}
-        return {n: p.detach() for n, p in policy.named_params() if owner[n] == self.dist.rank}
-
-    def _adamw(self, params, moments, owner: Dict[str, int], iteration: int, lr: float, t: TrainConfig) -> float:
-        """Megatron clip (clip_grad / (norm + 1e-6) when < 1) then AdamW; returns the pre-clip norm.
-
-        Many ranks: the gradients are already all-reduced (every rank computes the same norm); each
-        parameter is updated by its owner (the only rank holding its moments) and broadcast from it."""
-        sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        for _, p in params:
-            if p.grad is not None:
-                sq = sq + p.grad.double().pow(2).sum()
-        norm = float(sq.sqrt())
-        if not math.isfinite(norm):
-            raise StepError("internal", f"gradient norm is {norm}: refusing to update the weights", True)
-        coeff = t.clip_grad / (norm + 1e-6)
-        scale = coeff if coeff < 1 else 1.0
-        step = iteration + 1
-        bias1 = 1 - t.adam_beta1 ** step
-        bias2 = 1 - t.adam_beta2 ** step
-        with torch.no_grad():
-            for name, p in params:
-                if owner[name] != self.dist.rank:
-                    continue
-                g = p.grad if p.grad is not None else torch.zeros_like(p)
-                g = g.float() * scale if scale != 1.0 else g.float()
-                m, v = moments[name]
-                m.mul_(t.adam_beta1).add_(g, alpha=1 - t.adam_beta1)
-                v.mul_(t.adam_beta2).addcmul_(g, g, value=1 - t.adam_beta2)
-                update = (m / bias1) / ((v / bias2).sqrt() + t.adam_eps)
-                if p.dim() > 1 and t.weight_decay != 0:
-                    p.mul_(1 - lr * t.weight_decay)
-                p.sub_(lr * update)
-            if self.dist.active:
-                for name, p in params:
-                    self.dist.broadcast_from(p.data, owner[name])
-        return norm

@@ -8,7 +8,10 @@ slime/backends/sglang_utils/sglang_engine.py, at 624b824):
 
 1. once: POST /init_weights_update_group {master_address, master_port, rank_offset,
    world_size, group_name, backend} on every engine while the trainer joins the same
-   process group as rank 0 (the call blocks until everyone has joined);
+   process group as rank 0 (the call blocks until everyone has joined). The group is not
+   the process's default group (a trainer rank already has one, its training group): it is
+   built as SGLang's init_custom_process_group builds it (init_push_group below), so both
+   sides agree on the rendezvous store's keys;
 2. per version: POST /pause_generation, POST /flush_cache, then per bucket
    POST /update_weights_from_distributed {names, dtypes, shapes, group_name,
    weight_version, flush_cache} on every engine while the trainer broadcasts each
@@ -152,8 +155,35 @@ def _join(started: List[Any]) -> List[Dict[str, Any]]:
     return results
 
 
+def init_push_group(backend: str, master_address: str, master_port: int, world_size: int, rank: int, group_name: str,
+                    timeout: datetime.timedelta):
+    """A process group of its own (not the default one), built the way SGLang's init_custom_process_group
+    (python/sglang/srt/utils.py) and slime's init_process_group (slime/utils/distributed_utils.py) build it:
+    the store a tcp:// rendezvous makes (rank 0 hosts a TCPStore), under PrefixStore(group_name), then torch's
+    own group constructor.
+
+    The store is made here, not by ``rendezvous("tcp://...")``: inside a torchrun rank (--nproc > 1) that
+    would connect as a client to a store it expects torchrun's agent to host (TORCHELASTIC_USE_AGENT_STORE),
+    which nobody hosts at the push port, and rank 0 and the engines would wait for each other until the timeout."""
+    import torch.distributed.distributed_c10d as c10d
+    from torch.distributed import TCPStore
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper
+
+    store = PrefixStore(group_name, TCPStore(master_address, master_port, world_size, rank == 0, timeout, multi_tenant=True))
+    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2] if x.isdigit())
+    options = {"backend_options" if version >= (2, 6) else "pg_options": None}  # renamed in torch 2.6
+    made = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name, timeout=timeout, **options)
+    group = made[0] if isinstance(made, tuple) else made  # torch >= 2.1 answers (group, store)
+    ranks = c10d._world.pg_group_ranks if hasattr(c10d, "_world") else c10d._pg_group_ranks  # torch >= 2.0 | 1.13
+    ranks[group] = {i: i for i in range(world_size)}
+    return group
+
+
 class DistributedPusher:
-    """Rank 0 of a process group whose other ranks are the engines' (one per engine GPU)."""
+    """Rank 0 of a process group whose other ranks are the engines' (one per engine GPU).
+
+    Works in a process that has no process group (server.py with one rank) and in rank 0 of the
+    trainer's training group (``--nproc N``, dist_worker.py): the push group is never the default one."""
 
     def __init__(self, engines: Sequence[str], *, master_address: str, master_port: int, engine_world_sizes: Optional[Sequence[int]] = None,
                  backend: str = "nccl", group_name: str = "rlq-weight-push", api_key: Optional[str] = None, timeout_s: float = 600.0,
@@ -187,11 +217,8 @@ class DistributedPusher:
         started = _in_threads(calls, self.api_key, self.timeout_s)
         if any(isinstance(r, BaseException) for r in started[1]):
             _join(started)  # an engine refused or is unreachable: no group to wait for
-        if dist.is_initialized():
-            raise PushError("torch.distributed is already initialised in this process; the push group must be its own")
-        dist.init_process_group(self.backend, init_method=f"tcp://{self.master_address}:{self.master_port}", world_size=self.world_size, rank=0,
-                                timeout=datetime.timedelta(seconds=self.timeout_s))
-        self.group = dist.group.WORLD
+        self.group = init_push_group(self.backend, self.master_address, self.master_port, self.world_size, 0, self.group_name,
+                                     datetime.timedelta(seconds=self.timeout_s))
         _join(started)
 
     def _all(self, path: str, body: Dict[str, Any]) -> None:
@@ -236,8 +263,8 @@ class DistributedPusher:
         return {"version": version, "tensors": len(items), "buckets": len(buckets), "engines": list(self.engines)}
 
     def close(self) -> None:
-        if self.group is not None and dist.is_initialized():
-            dist.destroy_process_group()
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
         self.group = None
 
 
@@ -285,7 +312,8 @@ def pusher_from_args(args: Any, api_key: Optional[str]) -> Optional[DistributedP
                              backend=args.push_backend, api_key=api_key)
 
 
-def push_held(pusher: DistributedPusher, trainer: Any, version: int, log: Any = print) -> Dict[str, Any]:
+def push_held(pusher: DistributedPusher, trainer: Any, version: int, log: Any = print,
+              named: Optional[Sequence[Tuple[str, torch.Tensor]]] = None) -> Dict[str, Any]:
     """The trainer server's hook after a step: push the weights it holds as `version`.
 
     A failed push does not fail the committed step (its checkpoint is on disk): it is logged and
@@ -296,8 +324,9 @@ def push_held(pusher: DistributedPusher, trainer: Any, version: int, log: Any = 
     if held is None or held.version != version:
         return {"error": f"the trainer holds no weights of version {version} to push"}
     try:
-        policy = held.policy
-        named = policy.named_params() if hasattr(policy, "named_params") else policy.module.named_parameters()
+        if named is None:  # replicated weights: this process holds them whole (with FSDP the caller gathers them)
+            policy = held.policy
+            named = policy.named_params() if hasattr(policy, "named_params") else policy.module.named_parameters()
         out = pusher.push(named, version)
         log(f"pushed version {version}: {out['tensors']} tensors in {out['buckets']} bucket(s) to {', '.join(out['engines'])}")
         return out

@@ -8,7 +8,8 @@ tensors allocated from `dtypes` and `shapes` (getattr(torch, dtype)), and sets t
 weight version when given; /update_weights_from_tensor unpickles the
 MultiprocessingSerializer blob; /pause_generation, /flush_cache, /continue_generation
 answer and are recorded. --api-key: 401 without `Authorization: Bearer`.
-GET /received: the call order, the version, and every tensor received (as lists).
+GET /received: the call order, the version, and every tensor received (as lists); POST /reset_received
+forgets them. Each /init_weights_update_group builds a new group, so one engine serves many pushers.
 
     python3 fake_push_engine.py --port 0 [--api-key KEY]   # prints "listening PORT"
 """
@@ -24,7 +25,28 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing  # noqa: F401  (registers the tensor reductions pickle needs)
 
-state = {"calls": [], "version": "default", "tensors": {}, "group": None}
+state = {"calls": [], "version": "default", "tensors": {}, "group": None, "pg": None}
+
+
+def init_custom_process_group(backend, init_method, world_size, rank, group_name):
+    """As SGLang's python/sglang/srt/utils.py init_custom_process_group (its own copy, not the trainer's):
+    a group that is not the default one, its rendezvous store under PrefixStore(group_name)."""
+    import datetime
+
+    import torch.distributed.distributed_c10d as c10d
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, rendezvous
+
+    timeout = datetime.timedelta(seconds=120)
+    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2] if x.isdigit())
+    options = {"backend_options" if version >= (2, 6) else "pg_options": None}
+    pg = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name, timeout=timeout, **options)
+    pg = pg[0] if isinstance(pg, tuple) else pg
+    ranks = c10d._world.pg_group_ranks if hasattr(c10d, "_world") else c10d._pg_group_ranks  # torch >= 2.0 | 1.13
+    ranks[pg] = {i: i for i in range(world_size)}
+    return pg
 lock = threading.Lock()
 
 
@@ -62,11 +84,17 @@ class Handler(BaseHTTPRequestHandler):
         b = self._body()
         with lock:
             state["calls"].append(path.lstrip("/"))
+        if path == "/reset_received":  # test control, not SGLang's: forget what was received (one engine serves many tests)
+            with lock:
+                state.update(calls=[], version="default", tensors={})
+            return self._send(200, {})
         if path in ("/pause_generation", "/continue_generation", "/flush_cache"):
             return self._send(200, {})
         if path == "/init_weights_update_group":
-            dist.init_process_group(b["backend"], init_method=f"tcp://{b['master_address']}:{b['master_port']}",
-                                    world_size=b["world_size"], rank=b["rank_offset"])
+            if state["pg"] is not None:  # a new pusher (torch allows a group name once): SGLang's destroy_weights_update_group
+                dist.destroy_process_group(state["pg"])
+            state["pg"] = init_custom_process_group(b["backend"], f"tcp://{b['master_address']}:{b['master_port']}",
+                                                    b["world_size"], b["rank_offset"], b["group_name"])
             state["group"] = b["group_name"]
             return self._send(200, {"success": True, "message": "Succeeded to initialize custom process group."})
         if path == "/update_weights_from_distributed":
@@ -74,7 +102,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(400, {"success": False, "message": f"unknown group {b.get('group_name')}"})
             for name, dtype, shape in zip(b["names"], b["dtypes"], b["shapes"]):
                 t = torch.empty(shape, dtype=getattr(torch, dtype))
-                dist.broadcast(t, src=0)
+                dist.broadcast(t, src=0, group=state["pg"])
                 with lock:
                     state["tensors"][name] = t
             if b.get("weight_version") is not None:

@@ -75,7 +75,8 @@ class ProtocolTest(unittest.TestCase):
         done = self.trainer.wait(run, 0)
         self.assertEqual((done["state"], done["attempt"]), ("done", "2"))
         self.assertEqual(done["result"]["checkpoint_uri"], "file://" + self.out(run, 0, "2"))
-        time.sleep(1.6)  # the superseded attempt stops at its next safe point and writes nothing
+        # One worker thread runs the steps: attempt 2 ran only after the superseded attempt 1 had stopped
+        # (at its next safe point), so what attempt 1 wrote is already on disk: nothing.
         self.assertEqual(os.listdir(self.out(run, 0, "1")), [])
 
     def test_cancel(self):
@@ -88,7 +89,7 @@ class ProtocolTest(unittest.TestCase):
         code, st = self.trainer.call("POST", f"/v1/steps/{run}/0/cancel", {"attempt": "1"})
         self.assertEqual((code, st["state"]), (200, "cancelled"))
         self.assertGreater(st["progress_seq"], seq)
-        time.sleep(1.5)
+        self.wait_idle()  # the worker let go of the cancelled attempt (after its slow batch arrived)
         _, st = self.trainer.call("GET", f"/v1/steps/{run}/0")
         self.assertEqual(st["state"], "cancelled")
         self.assertEqual(os.listdir(self.out(run, 0, "1")), [])
@@ -96,6 +97,15 @@ class ProtocolTest(unittest.TestCase):
         fast = self.batches.add(f"{run}-fast", make_batch(run, 0, seed=4))
         self.assertEqual(self.trainer.call("POST", "/v1/steps", request(run, 0, "2", self.out(run, 0, "2"), fast))[0], 202)
         self.assertEqual(self.trainer.wait(run, 0)["state"], "done")
+
+    def wait_idle(self, timeout: float = 60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            _, h = self.trainer.call("GET", "/v1/health")
+            if not h["busy"]:
+                return
+            time.sleep(0.05)
+        self.fail("the trainer stayed busy")
 
     def test_not_found(self):
         code, body = self.trainer.call("GET", "/v1/steps/nope/3")

@@ -21,12 +21,33 @@ def free_port() -> int:
 
 @unittest.skipUnless(have_torch(), "torch is not installed")
 class WeightPushTest(unittest.TestCase):
-    def start_engine(self, *args):
-        p = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_push_engine.py"), "--port", "0", *args], stdout=subprocess.PIPE, text=True)
-        self.addCleanup(lambda: (p.kill(), p.wait(), p.stdout.close()))
-        line = p.stdout.readline()
-        self.assertTrue(line.startswith("listening "), line)
-        return f"http://127.0.0.1:{line.split()[1]}"
+    """One stand-in engine (a process importing torch) for every test, with an API key; each test starts from
+    an empty record of what it received."""
+
+    KEY = "push-key-1"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_push_engine.py"), "--port", "0", "--api-key", cls.KEY],
+                                    stdout=subprocess.PIPE, text=True)
+        line = cls.proc.stdout.readline()
+        if not line.startswith("listening "):
+            cls.tearDownClass()
+            raise RuntimeError(f"the stand-in engine did not start: {line!r}")
+        cls.url = f"http://127.0.0.1:{line.split()[1]}"
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.proc.kill()
+        cls.proc.wait()
+        cls.proc.stdout.close()
+
+    def start_engine(self):
+        rq = urllib.request.Request(f"{self.url}/reset_received", data=b"{}", method="POST",
+                                    headers={"content-type": "application/json", "authorization": f"Bearer {self.KEY}"})
+        with urllib.request.urlopen(rq, timeout=30):
+            pass
+        return self.url
 
     def received(self, url):
         with urllib.request.urlopen(f"{url}/received", timeout=30) as r:
@@ -48,8 +69,8 @@ class WeightPushTest(unittest.TestCase):
 
         from rlq_torch.weight_push import DistributedPusher
 
-        key = "push-key-1"
-        engine = self.start_engine("--api-key", key)
+        key = self.KEY
+        engine = self.start_engine()
         sent = self.tensors()
         pusher = DistributedPusher([engine], master_address="127.0.0.1", master_port=free_port(), backend="gloo",
                                    api_key=key, timeout_s=60, bucket_bytes=200)
@@ -80,7 +101,7 @@ class WeightPushTest(unittest.TestCase):
         engine = self.start_engine()
         sent = self.tensors()
         trainer = types.SimpleNamespace(held=types.SimpleNamespace(version=4, policy=types.SimpleNamespace(named_params=lambda: sent)))
-        pusher = DistributedPusher([engine], master_address="127.0.0.1", master_port=free_port(), backend="gloo", timeout_s=60)
+        pusher = DistributedPusher([engine], master_address="127.0.0.1", master_port=free_port(), backend="gloo", api_key=self.KEY, timeout_s=60)
         try:
             out = push_held(pusher, trainer, 4, log=lambda m: None)
         finally:
@@ -94,7 +115,7 @@ class WeightPushTest(unittest.TestCase):
     def test_a_wrong_key_fails_the_push_with_the_answer(self):
         from rlq_torch.weight_push import PushError, push_from_tensor
 
-        engine = self.start_engine("--api-key", "right")
+        engine = self.start_engine()
         with self.assertRaises(PushError) as e:
             push_from_tensor(engine, self.tensors(), 1, api_key="wrong", timeout_s=30)
         self.assertIn("HTTP 401", str(e.exception))
@@ -104,7 +125,7 @@ class WeightPushTest(unittest.TestCase):
 
         engine = self.start_engine()
         sent = [(n, t) for n, t in self.tensors() if t.dtype != __import__("torch").bfloat16]
-        push_from_tensor(engine, sent, 5, timeout_s=60)
+        push_from_tensor(engine, sent, 5, api_key=self.KEY, timeout_s=60)
         got = self.received(engine)
         self.assertEqual(got["version"], "5")
         self.assertEqual(got["calls"], ["pause_generation", "flush_cache", "update_weights_from_tensor", "continue_generation"])
