@@ -38,7 +38,7 @@ from .batch import Batch, Sample
 from .critic_step import CriticSteps
 from .dist import Dist
 from .micro_batching import micro_batches, packed_micro_batches, validate_samples
-from .models import write_optimizer
+from .models import SAVE_DTYPES, write_optimizer
 from .sharded_adamw import ShardedAdamW
 # Re-exported: server.py, dist_worker.py, dist_front.py, bench.py and the tests import these from here.
 from .train_config import (Cancelled, StepError, TrainConfig, bad_request, learning_rate, optimizer_step_plan,  # noqa: F401
@@ -376,6 +376,10 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
             d.barrier()
             if d.rank == 0:
                 critic[0].save_weights(out_dir, version, req["run_id"], req["step"])
+        if policy.kind == "hf" and t.save_dtype is not None:
+            # Every rank, before the masters are taken: policy.save (rank 0 only) would set it too late for
+            # this step's fp32 masters, and never on the other ranks.
+            policy.save_dtype = SAVE_DTYPES[t.save_dtype]
         masters = self._masters(policy, owner)
         write_optimizer(out_dir, [(n, p) for n, p in params if owner[n] == d.rank], moments, iteration, version, req["run_id"], req["step"], masters,
                         shard=(d.rank, d.world) if d.active else None, sharding="fsdp" if self.fsdp else None)
