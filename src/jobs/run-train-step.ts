@@ -8,12 +8,12 @@ import { loadGroupsWithRewards } from "../store/group-view.ts";
 import { commitTrainStep, loadTrainStep } from "../store/train-facts.ts";
 import type { TrainJob } from "../queue/payloads.ts";
 import type { RunContext } from "../runtime/run-context.ts";
-import type { Trainer, TrainBatch, TrainProgress, TrainSample } from "./trainer.ts";
+import type { Trainer, TrainBatch, TrainProgress, TrainSample } from "../trainer/trainer.ts";
 import { sha256Hex } from "../lib/hash.ts";
 import { maskStale, stepVersionIn } from "../core/sample.ts";
 import { stalenessHistogram } from "../core/staleness.ts";
 import { stepLoads } from "../core/group-load.ts";
-import { checkpointRootFor, pruneCommittedCheckpoints } from "./checkpoint-retention.ts";
+import { checkpointRootFor, pruneCommittedCheckpoints } from "../trainer/checkpoint-retention.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /**
