@@ -1,7 +1,8 @@
 // Typed lint. Boundaries from STYLE.md are enforced here, not in review:
 // bullmq/ioredis only in queue/ and workers/, pg/drizzle only in store/,
 // onnxruntime-node only in engines/ (and reward/ for reward models),
-// no I/O in core/ and algorithms/.
+// no I/O in core/ and algorithms/; rollout/, reward/ and trainer/ do not import store/, runtime/,
+// controller/, jobs/ or cli/ (the job processors in jobs/ join them to the store).
 import js from "@eslint/js";
 import tseslint from "typescript-eslint";
 import { importX } from "eslint-plugin-import-x";
@@ -26,6 +27,9 @@ const layersAbove = [
   "**/data/**",
   "**/observability/**",
 ];
+// Capability folders (rollout/, reward/, trainer/) reach no layer that wires processes or reads facts:
+// the job processors that join a capability to the store live in jobs/ (issue 21).
+const wiringAbove = ["**/store/**", "**/runtime/**", "**/controller/**", "**/jobs/**", "**/cli/**"];
 const io = [
   "bullmq",
   "ioredis",
@@ -93,12 +97,20 @@ export default tseslint.config(
     rules: { "no-restricted-imports": ["error", { paths: [...queueOnly, ...onnx] }] },
   },
   {
-    files: ["src/engines/**/*.ts", "src/reward/**/*.ts"],
+    files: ["src/engines/**/*.ts"],
     rules: { "no-restricted-imports": ["error", { paths: [...queueOnly, ...pgOnly], patterns: drizzle }] },
   },
   {
+    files: ["src/reward/**/*.ts"],
+    rules: { "no-restricted-imports": ["error", { paths: [...queueOnly, ...pgOnly], patterns: [...drizzle, ...wiringAbove] }] },
+  },
+  {
+    files: ["src/rollout/**/*.ts", "src/trainer/**/*.ts"],
+    rules: { "no-restricted-imports": ["error", { paths: [...queueOnly, ...pgOnly, ...onnx], patterns: [...drizzle, ...wiringAbove] }] },
+  },
+  {
     files: ["src/**/*.ts"],
-    ignores: ["src/core/**", "src/algorithms/**", "src/queue/**", "src/store/**", "src/engines/**", "src/reward/**"],
+    ignores: ["src/core/**", "src/algorithms/**", "src/queue/**", "src/store/**", "src/engines/**", "src/reward/**", "src/rollout/**", "src/trainer/**"],
     rules: { "no-restricted-imports": ["error", { paths: [...queueOnly, ...pgOnly, ...onnx], patterns: drizzle }] },
   },
 );

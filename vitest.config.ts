@@ -10,7 +10,7 @@ export default defineConfig({
       {
         test: {
           name: "unit",
-          include: ["src/**/*.test.ts", "examples/**/*.test.ts", "test/lint/**/*.test.ts"],
+          include: ["src/**/*.test.ts", "examples/**/*.test.ts", "test/lint/**/*.test.ts", "test/replay/**/*.test.ts"],
           testTimeout: 60_000,
           environment: "node",
         },
@@ -19,7 +19,7 @@ export default defineConfig({
         test: {
           name: "integration",
           include: ["test/**/*.test.ts"],
-          exclude: ["test/lint/**"],
+          exclude: ["test/lint/**", "test/replay/**"],
           environment: "node",
           testTimeout: 240_000,
           hookTimeout: 120_000,

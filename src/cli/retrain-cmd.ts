@@ -2,7 +2,7 @@ import type { Services } from "../runtime/services.ts";
 import { createTrainerProvider } from "../runtime/engines.ts";
 import { loadEmbedded } from "../runtime/embedded.ts";
 import { ConfigError } from "../config/run-config.ts";
-import { formatRetrain, reproducesCommit, retrainStep } from "../trainer/retrain.ts";
+import { formatRetrain, reproducesCommit, retrainStep } from "../jobs/retrain.ts";
 
 /**
  * `rlq retrain RUN --step S [--out DIR]`: replay step S's recorded batch into

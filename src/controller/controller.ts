@@ -1,53 +1,36 @@
 import { pathToFileURL } from "node:url";
 import type { Db, Database } from "../store/db.ts";
 import { appendDecisions, LeaseLostError, loadDecisions, tryAcquireLease, type Lease } from "../store/decision-log.ts";
-import { insertDrawnPrompts, projectRunInTx, setRunProjection } from "../store/run-facts.ts";
-import { loadRoundStatuses } from "../store/rollout-facts.ts";
-import { loadGroupsWithRewards } from "../store/group-view.ts";
-import { historyRows, insertHistory } from "../store/history.ts";
-import { loadTrainStep } from "../store/train-facts.ts";
-import { loadEvalResults } from "../store/eval-facts.ts";
-import { markRunRequest, pendingRunRequests } from "../store/run-requests.ts";
-import type { JobInfo, Queues } from "../queue/queues.ts";
-import { jobIds, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "../queue/payloads.ts";
-import { amendableKeys, effectiveMaxStaleness, overSamplingBatchSize, parseRunConfig } from "../config/run-config.ts";
-import { fold, apply, isAsync, totalSteps, type RunState } from "../core/run-state.ts";
-import { maskStale } from "../core/sample.ts";
-import { judgeStaleness, maskMinVersion, stalenessRule } from "../core/staleness.ts";
+import { projectRunInTx, setRunProjection } from "../store/projections.ts";
+import { fold, apply, isAsync, type RunState } from "../core/run-state.ts";
 import type { Decision } from "../core/decisions.ts";
 import type { Dataset } from "../data/dataset.ts";
 import { loadRunDataset } from "../runtime/plugins-registry.ts";
-import { createBufferFilter, createDynamicFilter, shouldDrop, type BufferFilter, type DynamicFilter } from "../runtime/filters.ts";
-import type { RunContext, RunContextCache } from "../runtime/run-context.ts";
+import { createBufferFilter, createDynamicFilter, type BufferFilter, type DynamicFilter } from "../runtime/filters.ts";
+import type { RunContext } from "../runtime/run-context.ts";
 import { createEngineAdmin, type EngineAdmin } from "./engine-admin.ts";
-import { planDraw } from "./draw.ts";
 import { checkFingerprints } from "./fingerprints.ts";
 import { createRolloutFunctionDriver, type RolloutFunctionDriver } from "./rollout-function.ts";
-import type { Logger } from "../observability/logger.ts";
-import { errorMessage, RlqError } from "../lib/errors.ts";
+import type { ControllerDeps, ControllerHost } from "./host.ts";
+import { enqueueJobsFor } from "./jobs.ts";
+import { tickSync } from "./sync-step.ts";
+import { tickAsync } from "./async-pipeline.ts";
+import { reconcile } from "./reconcile.ts";
+import { handleRequests } from "./requests.ts";
 import { sleep } from "../lib/sleep.ts";
 
-/**
- * The per-run controller (DESIGN §1, sync mode). It holds the run's lease,
- * folds the decision log into state, and drives one step at a time:
- * collect (draw, dispatch, filter completed groups) → seal → drain (aborted
- * rounds back to the buffer or discarded) → train → sync → next step.
- * Every decision is committed before its job is enqueued (outbox); on start,
- * periodically, and whenever the queue's sentinel vanished it reconciles the
- * queues with what the state expects.
- */
-export interface ControllerDeps {
-  db: Db;
-  queues: Queues;
-  contexts: RunContextCache;
-  log: Logger;
-  holder: string;
-  crashPoint(name: string): void;
-  pollMs?: number;
-  reconcileMs?: number;
-  engineAdmin?: (ctx: RunContext) => EngineAdmin;
-}
+export type { ControllerDeps } from "./host.ts";
+export { reconcileAction } from "./reconcile.ts";
 
+/**
+ * The per-run controller (DESIGN §1). It holds the run's lease, folds the
+ * decision log into state, and ticks the sync step (sync-step.ts) or the async
+ * pipeline (async-pipeline.ts). Decisions are made in core/ (decide-groups.ts,
+ * pipeline.ts, the fold); every decision is committed before its job is
+ * enqueued (outbox, jobs.ts); on start, periodically, and whenever the queue's
+ * sentinel vanished it reconciles the queues with what the state expects
+ * (reconcile.ts).
+ */
 export type ControllerExit = "completed" | "cancelled" | "stopped" | "lease_lost";
 
 export async function runController(deps: ControllerDeps, runId: string, signal: AbortSignal): Promise<ControllerExit> {
@@ -78,20 +61,20 @@ export async function runController(deps: ControllerDeps, runId: string, signal:
   }
 }
 
-class RunController {
+class RunController implements ControllerHost {
   private lastReconcile = 0;
   /** rollout_function_path: the user's planner runs the collect phase (rollout-function.ts). */
   private rolloutFunction: RolloutFunctionDriver | null = null;
 
   private constructor(
-    private readonly deps: ControllerDeps,
+    readonly deps: ControllerDeps,
     private readonly lease: Lease,
-    private state: RunState,
-    private readonly ctx: RunContext,
-    private readonly dataset: Dataset,
-    private readonly filter: DynamicFilter,
-    private readonly bufferFilter: BufferFilter,
-    private readonly engines: EngineAdmin,
+    readonly state: RunState,
+    readonly ctx: RunContext,
+    readonly dataset: Dataset,
+    readonly filter: DynamicFilter,
+    readonly bufferFilter: BufferFilter,
+    readonly engines: EngineAdmin,
   ) {}
 
   static async start(deps: ControllerDeps, lease: Lease): Promise<RunController> {
@@ -199,7 +182,7 @@ class RunController {
   }
 
   /** Commit decisions (and writes that must land with them), then fold them in. */
-  private async commit(list: Decision[], extra?: (tx: Database) => Promise<void>): Promise<void> {
+  async commit(list: Decision[], extra?: (tx: Database) => Promise<void>): Promise<void> {
     const s = this.state;
     const status = [...list].reverse().find((d) => d.kind === "run.status");
     const synced = [...list].reverse().find((d) => d.kind === "weights.synced");
@@ -213,486 +196,22 @@ class RunController {
     for (const d of logged) apply(this.state, d);
   }
 
+  /** `commit`, then the crash point, then the jobs the decisions call for (outbox: decision first, then job). */
+  async commitThenEnqueue(list: Decision[], options: { extra?: (tx: Database) => Promise<void>; crashPoint?: string } = {}): Promise<void> {
+    await this.commit(list, options.extra);
+    if (options.crashPoint) this.deps.crashPoint(options.crashPoint);
+    await enqueueJobsFor(this.deps.queues, this.state.runId, this.state.config, list);
+  }
+
   private async tick(): Promise<boolean> {
-    if (isAsync(this.state)) return this.tickAsync();
-    // An eval pins the engines' version: nothing moves until its results land.
-    if (this.state.pendingEval) return this.awaitEval();
-    if (this.state.phase === "collect" && this.state.step === 0 && this.isEvalDue(0) && !this.state.config.skip_eval_before_train) {
-      return this.dispatchEval(0, this.state.weightVersion);
-    }
-    switch (this.state.phase) {
-      case "collect":
-        return this.collect();
-      case "drain":
-        return this.drain();
-      case "train":
-        return this.awaitTrain();
-      case "sync":
-        return this.sync();
-      case "done":
-        return false;
-    }
+    return isAsync(this.state) ? tickAsync(this) : tickSync(this, this.rolloutFunction);
   }
 
-  private async collect(): Promise<boolean> {
-    if (this.rolloutFunction) return this.rolloutFunction.tick();
-    const s = this.state;
-    const c = s.config;
-    const rbs = c.rollout_batch_size;
-    const keys = [...s.inflight].map((groupId) => ({ groupId, round: s.groups.get(groupId)?.round ?? 0 }));
-    const { ready, redo } = await this.landedRounds(keys);
-    if (redo.length > 0) {
-      // A round that ended unfinished without a seal (engine abort or failure): continue it as a new round.
-      await this.dispatch(redo);
-    }
-    if (c.deterministic && ready.length < keys.length) return redo.length > 0;
-    ready.sort((a, b) => a - b);
-    await this.decideGroups(ready);
-    if (s.kept.length >= rbs) {
-      const aborted = [...s.inflight].sort((a, b) => a - b).map((groupId) => ({ groupId, round: s.groups.get(groupId)?.round ?? 0 }));
-      await this.commit([{ kind: "step.sealed", payload: { step: s.step, kept: [...s.kept].sort((a, b) => a - b), aborted } }]);
-      this.deps.crashPoint("controller.after_seal");
-      return true;
-    }
-    if (s.kept.length + s.inflight.size < rbs && (!c.deterministic || s.inflight.size === 0)) {
-      await this.drawAndDispatch();
-      return true;
-    }
-    return ready.length > 0 || redo.length > 0;
-  }
-
-  /**
-   * Filter completed group rounds (in the given order) and record their
-   * outcomes, in one transaction: one bulk load, one commit. Sync mode: every
-   * group joins the current step. Async mode: each joins the earliest unsealed
-   * step, and a step is sealed (and the next one started) as soon as it holds
-   * rollout_batch_size groups. The staleness rule is applied at the join:
-   * drop cuts stale samples (the group regenerates them in a new round).
-   */
-  private async decideGroups(ready: readonly number[]): Promise<void> {
-    if (ready.length === 0) return;
-    const s = this.state;
-    const c = s.config;
-    const rule = stalenessRule(c);
-    const async = isAsync(s);
-    const total = totalSteps(s);
-    const keys = ready.map((groupId) => {
-      const round = s.groups.get(groupId)?.round ?? 0;
-      return { groupId, round, maskBeforeRound: c.mask_offpolicy_in_partial_rollout ? round : null };
-    });
-    const views = await loadGroupsWithRewards(this.deps.db, s.runId, keys, c.n_samples_per_prompt);
-    let step = s.step;
-    let keptInStep = [...s.kept];
-    let remaining = s.kept.length + s.inflight.size + (async ? s.draining.size : 0);
-    const list: Decision[] = [];
-    const rows: Parameters<typeof insertHistory>[1] = [];
-    const regenerate: Array<{ groupId: number; round: number }> = [];
-    const decode = (ids: readonly number[]) => this.ctx.tokenizer.decode(ids);
-    for (const { groupId, round } of keys) {
-      const g = views.get(groupId);
-      if (!g) continue;
-      const rewards = g.samples.map((x) => g.rewards.get(x.sampleIndex)?.reward ?? 0);
-      const verdict = await this.filter({
-        groupId,
-        rewards,
-        samples: g.samples.map((x) => ({ response: decode(x.responseTokens), status: x.status })),
-      });
-      let outcome: "kept" | "filtered" | "buffered" | "discarded";
-      let reason: string | null = null;
-      // slime: remaining = groups still able to count (kept + in flight, this one included).
-      if (!verdict.keep && shouldDrop(verdict, remaining, c.rollout_batch_size)) {
-        outcome = "filtered";
-        reason = verdict.reason ?? "filtered";
-        remaining--;
-      } else if (keptInStep.length < c.rollout_batch_size && step < total) {
-        const stale = judgeStaleness(g.samples, step, rule, s.groups.get(groupId)?.regenerations ?? 0);
-        if (stale.kind === "cut") {
-          // The group stays in flight: its stale samples regenerate from the prompt in the next round.
-          list.push(
-            { kind: "group.filtered", payload: { groupId, round, step, keep: true, reason: verdict.reason ?? null } },
-            { kind: "group.cut", payload: { groupId, step, round: round + 1, samples: stale.samples, reason: stale.reason } },
-            this.dispatchDecision(groupId, round + 1),
-          );
-          regenerate.push({ groupId, round: round + 1 });
-          continue;
-        }
-        if (stale.kind === "discard") {
-          outcome = "discarded";
-          reason = stale.reason;
-          remaining--;
-        } else {
-          outcome = "kept";
-          keptInStep.push(groupId);
-        }
-      } else {
-        outcome = c.partial_rollout && !async ? "buffered" : "discarded";
-        reason = "surplus";
-      }
-      if (outcome !== "buffered") {
-        const minVersion = outcome === "kept" ? maskMinVersion(rule, step) : null;
-        const view = { ...g, samples: g.samples.map((x) => maskStale(x, minVersion)) };
-        rows.push(...historyRows(s.runId, step, view, g.rewards, outcome, reason, decode, null));
-      }
-      list.push(
-        { kind: "group.filtered", payload: { groupId, round, step, keep: outcome !== "filtered", reason: verdict.reason ?? null } },
-        { kind: "group.outcome", payload: { groupId, step, outcome, reason } },
-      );
-      if (async && keptInStep.length >= c.rollout_batch_size) {
-        list.push({ kind: "step.sealed", payload: { step, kept: [...keptInStep].sort((a, b) => a - b), aborted: [] } });
-        if (step + 1 < total) list.push({ kind: "step.started", payload: { step: step + 1, weightVersion: s.weightVersion } });
-        step++;
-        keptInStep = [];
-      }
-    }
-    await this.commit(list, (tx) => insertHistory(tx, rows));
-    if (regenerate.length > 0) await this.enqueueRollouts(regenerate);
-  }
-
-  private async drawAndDispatch(want = overSamplingBatchSize(this.state.config)): Promise<void> {
-    const s = this.state;
-    const { fromBuffer, draws, cursor, rows } = await planDraw(
-      { dataset: this.dataset, tokenizer: this.ctx.tokenizer, bufferFilter: this.bufferFilter },
-      s,
-      want,
-      s.step,
-    );
-    const dispatches = [
-      ...fromBuffer.map((groupId) => ({ groupId, round: (s.groups.get(groupId)?.round ?? -1) + 1 })),
-      ...draws.map((d) => ({ groupId: d.groupId, round: 0 })),
-    ];
-    const list: Decision[] = [
-      { kind: "prompts.drawn", payload: { step: s.step, fromBuffer, fresh: draws, cursor } },
-      ...(await this.cutStaleBuffered(fromBuffer)),
-      ...dispatches.map((d) => this.dispatchDecision(d.groupId, d.round)),
-    ];
-    await this.commit(list, async (tx) => {
-      await insertDrawnPrompts(tx, rows);
-    });
-    this.deps.crashPoint("controller.after_draw");
-    await this.enqueueRollouts(dispatches);
-  }
-
-  /**
-   * staleness_policy drop: a buffered group resuming in this step with samples
-   * already too stale for it is cut before it resumes (they regenerate from the
-   * prompt), rather than continued and cut when it completes. Groups out of
-   * regenerations resume as they are and are discarded when they complete.
-   */
-  private async cutStaleBuffered(fromBuffer: readonly number[]): Promise<Decision[]> {
-    const s = this.state;
-    const c = s.config;
-    const rule = stalenessRule(c);
-    if (fromBuffer.length === 0 || rule.policy !== "drop" || rule.maxStaleness === null) return [];
-    const keys = fromBuffer.map((groupId) => ({ groupId, round: -1, maskBeforeRound: null }));
-    const views = await loadGroupsWithRewards(this.deps.db, s.runId, keys, c.n_samples_per_prompt);
-    const out: Decision[] = [];
-    for (const groupId of fromBuffer) {
-      const g = views.get(groupId);
-      const st = s.groups.get(groupId);
-      if (!g || !st) continue;
-      // With mask_offpolicy the resumed round masks everything before it: nothing earlier is trained, nothing is stale.
-      if (c.mask_offpolicy_in_partial_rollout) continue;
-      const verdict = judgeStaleness(g.samples, s.step, rule, st.regenerations);
-      if (verdict.kind === "cut")
-        out.push({ kind: "group.cut", payload: { groupId, step: s.step, round: st.round + 1, samples: verdict.samples, reason: verdict.reason } });
-    }
-    return out;
-  }
-
-  private dispatchDecision(groupId: number, round: number): Decision {
-    const s = this.state;
-    return { kind: "group.dispatched", payload: { groupId, round, step: s.step, weightVersion: s.weightVersion } };
-  }
-
-  private async dispatch(list: Array<{ groupId: number; round: number }>): Promise<void> {
-    await this.commit(list.map((d) => this.dispatchDecision(d.groupId, d.round)));
-    await this.enqueueRollouts(list);
-  }
-
-  /** Enqueue the rollout jobs of committed dispatch decisions (step and version as the decisions recorded them). */
-  private async enqueueRollouts(list: Array<{ groupId: number; round: number }>): Promise<void> {
-    const s = this.state;
-    await this.deps.queues.enqueueMany(
-      "rollout",
-      list.map((d) => ({ runId: s.runId, groupId: d.groupId, round: d.round, step: s.groups.get(d.groupId)?.step ?? s.step, weightVersion: s.weightVersion })),
-    );
-  }
-
-  private async drain(): Promise<boolean> {
-    const s = this.state;
-    const c = s.config;
-    const keys = [...s.draining].map(([groupId, round]) => ({ groupId, round }));
-    const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
-    const landed = keys.filter((k) => statuses.has(k.groupId)).sort((a, b) => a.groupId - b.groupId);
-    // The landed groups' outcomes, 256 groups per commit (with their history rows when discarded).
-    for (let i = 0; i < landed.length; i += 256) {
-      const chunk = landed.slice(i, i + 256);
-      const outcome = c.partial_rollout ? ("buffered" as const) : ("discarded" as const);
-      const decisions = chunk.map((k) => ({ kind: "group.outcome" as const, payload: { groupId: k.groupId, step: s.step, outcome, reason: "aborted" } }));
-      if (c.partial_rollout) {
-        await this.commit(decisions);
-        continue;
-      }
-      const views = await loadGroupsWithRewards(
-        this.deps.db,
-        s.runId,
-        chunk.map((k) => ({ ...k, maskBeforeRound: null })),
-        c.n_samples_per_prompt,
-      );
-      const rows = [...views.values()].flatMap((g) =>
-        historyRows(s.runId, s.step, g, null, "discarded", "aborted", (ids) => this.ctx.tokenizer.decode(ids), null),
-      );
-      await this.commit(decisions, (tx) => insertHistory(tx, rows));
-    }
-    if (s.draining.size > 0) return landed.length > 0;
-    await this.commit([{ kind: "train.dispatched", payload: { step: s.step, weightVersionIn: s.trainedVersion } }]);
-    this.deps.crashPoint("controller.after_train_dispatch");
-    await this.deps.queues.enqueue("train", { runId: s.runId, step: s.step }, { attempts: c.max_attempts });
-    return true;
-  }
-
-  private async awaitTrain(): Promise<boolean> {
-    const s = this.state;
-    const row = await loadTrainStep(this.deps.db, s.runId, s.step);
-    if (!row) return false;
-    await this.commit([{ kind: "step.trained", payload: { step: s.step, weightVersionOut: row.weightVersionOut, checkpointUri: row.checkpointUri } }]);
-    this.deps.log.info({ runId: s.runId, step: s.step, version: row.weightVersionOut }, "train step committed");
-    return true;
-  }
-
-  private isEvalDue(boundary: number): boolean {
-    const c = this.state.config;
-    if (c.eval_interval === null || c.eval_prompt_data === null || this.state.evalsDispatched.has(boundary)) return false;
-    return boundary === 0 || boundary % c.eval_interval === 0 || boundary === totalSteps(this.state);
-  }
-
-  private async dispatchEval(boundary: number, weightVersion: number): Promise<boolean> {
-    const runId = this.state.runId;
-    await this.commit([{ kind: "eval.dispatched", payload: { step: boundary, weightVersion } }]);
-    await this.deps.queues.enqueue("eval", { runId, step: boundary });
-    return true;
-  }
-
-  private async awaitEval(): Promise<boolean> {
-    const pending = this.state.pendingEval;
-    if (!pending) return false;
-    const rows = await loadEvalResults(this.deps.db, this.state.runId, pending.step);
-    if (rows.length === 0) return false;
-    await this.commit([{ kind: "eval.recorded", payload: { step: pending.step } }]);
-    for (const r of rows)
-      this.deps.log.info({ runId: this.state.runId, step: r.step, dataset: r.dataset, meanReward: r.meanReward, passAtK: r.passAtK }, "eval recorded");
-    return true;
-  }
-
-  private async sync(): Promise<boolean> {
-    const s = this.state;
-    const c = s.config;
-    const total = totalSteps(s);
-    const isLast = s.step + 1 >= total;
-    // Evals run after the step's sync, on the synced version (weights.synced is then already recorded).
-    if (s.weightVersion === s.trainedVersion && this.isEvalDue(s.step + 1)) return this.dispatchEval(s.step + 1, s.weightVersion);
-    if (((s.step + 1) % c.update_weights_interval === 0 || isLast) && s.weightVersion !== s.trainedVersion) {
-      const uri = s.trainedCheckpointUri as string;
-      await this.engines.loadWeights(s.trainedVersion, uri);
-      await this.commit([{ kind: "weights.synced", payload: { step: s.step, weightVersion: s.trainedVersion, checkpointUri: uri } }]);
-      this.deps.crashPoint("controller.after_sync");
-      if (this.isEvalDue(s.step + 1)) return this.dispatchEval(s.step + 1, s.weightVersion);
-    }
-    if (isLast) {
-      await this.commit([{ kind: "run.status", payload: { status: "completed", reason: null } }]);
-      this.deps.log.info({ runId: s.runId, steps: total }, "run completed");
-    } else {
-      await this.commit([{ kind: "step.started", payload: { step: s.step + 1, weightVersion: s.weightVersion } }]);
-    }
-    return true;
-  }
-
-  // ---- Asynchronous mode (train_async): generation, training and weight sync overlap (DESIGN §1). ----
-
-  private async tickAsync(): Promise<boolean> {
-    const s = this.state;
-    if (s.step === 0 && s.lastTrainedStep < 0 && this.isEvalDue(0) && !s.config.skip_eval_before_train) return this.dispatchEval(0, s.weightVersion);
-    let progressed = false;
-    if (s.pendingEval) progressed = (await this.awaitEval()) || progressed;
-    progressed = (await this.collectAsync()) || progressed;
-    progressed = (await this.trainAsync()) || progressed;
-    progressed = (await this.syncAsync()) || progressed;
-    if (s.status === "running" && s.syncing === null) progressed = (await this.admitAsync()) || progressed;
-    return progressed;
-  }
-
-  /**
-   * Of these rounds, the landed ones: complete with every reward in (ready to
-   * decide), or unfinished (aborted or an engine failure: `redo` holds the
-   * round that continues them). Rounds still generating are in neither.
-   */
-  private async landedRounds(
-    keys: ReadonlyArray<{ groupId: number; round: number }>,
-  ): Promise<{ ready: number[]; redo: Array<{ groupId: number; round: number }> }> {
-    const n = this.state.config.n_samples_per_prompt;
-    const statuses = await loadRoundStatuses(this.deps.db, this.state.runId, keys);
-    const ready: number[] = [];
-    const redo: Array<{ groupId: number; round: number }> = [];
-    for (const k of keys) {
-      const st = statuses.get(k.groupId);
-      if (!st) continue;
-      if (!st.isComplete) redo.push({ groupId: k.groupId, round: k.round + 1 });
-      else if (st.rewardCount >= n) ready.push(k.groupId);
-    }
-    return { ready, redo };
-  }
-
-  /** Every group generating or aborted-and-not-landed, with its current round. */
-  private liveRounds(): Array<{ groupId: number; round: number }> {
-    const s = this.state;
-    return [
-      ...[...s.inflight].map((groupId) => ({ groupId, round: s.groups.get(groupId)?.round ?? 0 })),
-      ...[...s.draining].map(([groupId, round]) => ({ groupId, round })),
-    ];
-  }
-
-  /**
-   * Completed groups join the earliest unsealed step (decideGroups seals
-   * full steps); a round that ended unfinished (aborted for a weight sync,
-   * or an engine failure) continues as a new round at the current version.
-   * While a sync is in progress nothing is decided or dispatched: it only
-   * waits for the old version's rounds to land.
-   */
-  private async collectAsync(): Promise<boolean> {
-    const s = this.state;
-    if (s.syncing !== null) return false;
-    const keys = this.liveRounds();
-    if (keys.length === 0) return false;
-    const { ready, redo } = await this.landedRounds(keys);
-    if (redo.length > 0) await this.dispatch(redo);
-    ready.sort((a, b) => a - b);
-    await this.decideGroups(ready);
-    return ready.length > 0 || redo.length > 0;
-  }
-
-  /** Steps train one at a time, in order, while generation goes on. */
-  private async trainAsync(): Promise<boolean> {
-    const s = this.state;
-    if (s.training !== null) {
-      const row = await loadTrainStep(this.deps.db, s.runId, s.training);
-      if (!row) return false;
-      await this.commit([{ kind: "step.trained", payload: { step: s.training, weightVersionOut: row.weightVersionOut, checkpointUri: row.checkpointUri } }]);
-      this.deps.log.info({ runId: s.runId, step: row.step, version: row.weightVersionOut }, "train step committed");
-      return true;
-    }
-    const next = s.trainQueue[0];
-    if (next === undefined) return false;
-    await this.commit([{ kind: "train.dispatched", payload: { step: next, weightVersionIn: s.trainedVersion } }]);
-    this.deps.crashPoint("controller.after_train_dispatch");
-    await this.deps.queues.enqueue("train", { runId: s.runId, step: next }, { attempts: s.config.max_attempts });
-    return true;
-  }
-
-  /**
-   * Weight sync: record the intent (weights.syncing) with the in-flight rounds
-   * to abort (weight_update_mode abort) or none (drain), wait until every round
-   * of the old version landed, then load the engines and record weights.synced.
-   * No request spans two versions: one segment, one version.
-   */
-  private async syncAsync(): Promise<boolean> {
-    const s = this.state;
-    const c = s.config;
-    const total = totalSteps(s);
-    if (s.syncing !== null) {
-      const keys = this.liveRounds();
-      const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
-      if (keys.some((k) => !statuses.has(k.groupId))) return false;
-      const target = s.syncing;
-      const row = await loadTrainStep(this.deps.db, s.runId, target.step);
-      if (!row) throw new RlqError("batch_inconsistent", `run ${s.runId}: syncing to step ${target.step}'s weights, which never committed`);
-      await this.engines.loadWeights(target.weightVersion, row.checkpointUri);
-      await this.commit([{ kind: "weights.synced", payload: { step: target.step, weightVersion: target.weightVersion, checkpointUri: row.checkpointUri } }]);
-      this.deps.crashPoint("controller.after_sync");
-      if (this.isEvalDue(target.step + 1)) await this.dispatchEval(target.step + 1, target.weightVersion);
-      return true;
-    }
-    const last = s.lastTrainedStep;
-    if (s.trainedVersion === s.weightVersion) {
-      if (last + 1 >= total && s.training === null && s.trainQueue.length === 0 && !s.pendingEval && s.inflight.size === 0 && s.draining.size === 0) {
-        await this.commit([{ kind: "run.status", payload: { status: "completed", reason: null } }]);
-        this.deps.log.info({ runId: s.runId, steps: total }, "run completed");
-        return true;
-      }
-      return false;
-    }
-    // An eval pins the engines' version until its results land.
-    if (s.pendingEval) return false;
-    if ((last + 1) % c.update_weights_interval !== 0 && last + 1 < total) return false;
-    const list: Decision[] = [{ kind: "weights.syncing", payload: { step: last, weightVersion: s.trainedVersion, mode: c.weight_update_mode } }];
-    if (c.weight_update_mode === "abort") {
-      const keys = [...s.inflight].map((groupId) => ({ groupId, round: s.groups.get(groupId)?.round ?? 0 }));
-      const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
-      for (const k of keys.sort((a, b) => a.groupId - b.groupId)) {
-        if (statuses.has(k.groupId)) continue; // already landed: nothing to abort
-        list.push({
-          kind: "group.aborted",
-          payload: { groupId: k.groupId, round: k.round, step: s.step, reason: `weight sync to version ${s.trainedVersion}` },
-        });
-      }
-    }
-    await this.commit(list);
-    return true;
-  }
-
-  /**
-   * Admission control, counted in groups (AReaL's rule): a new group starts
-   * only while accepted + running < (k + v + 1) × rollout_batch_size, v the
-   * engines' version; filtered-out groups free their place. No more than the
-   * run's remaining steps can use.
-   */
-  private async admitAsync(): Promise<boolean> {
-    const s = this.state;
-    const c = s.config;
-    const k = effectiveMaxStaleness(c) ?? 1;
-    const rbs = c.rollout_batch_size;
-    const cap = Math.min((k + s.weightVersion + 1) * rbs, totalSteps(s) * rbs);
-    const free = cap - s.acceptedGroups - s.inflight.size - s.draining.size;
-    if (free <= 0) return false;
-    await this.drawAndDispatch(Math.min(free, overSamplingBatchSize(c)));
-    return true;
-  }
-
-  /** Operator requests (pause, resume, cancel, amend) become decisions here. */
   private async handleRequests(): Promise<void> {
-    const s = this.state;
-    for (const r of await pendingRunRequests(this.deps.db, s.runId)) {
-      let error: string | null = null;
-      try {
-        if (r.kind === "pause" && s.status === "running") {
-          await this.commit([{ kind: "run.status", payload: { status: "paused", reason: "paused by operator" } }]);
-        } else if (r.kind === "resume" && s.status === "paused") {
-          await this.commit([{ kind: "run.status", payload: { status: "running", reason: null } }]);
-          await this.reconcile(true);
-        } else if (r.kind === "cancel" && (s.status === "running" || s.status === "paused")) {
-          await this.commit([{ kind: "run.status", payload: { status: "cancelled", reason: "cancelled by operator" } }]);
-        } else if (r.kind === "amend") {
-          const changes = (r.payload as { changes?: Record<string, unknown> }).changes ?? {};
-          const bad = Object.keys(changes).filter((k) => !(k in amendableKeys));
-          if (bad.length > 0) throw new Error(`keys ${bad.join(", ")} cannot be amended on a live run (allowed: ${Object.keys(amendableKeys).join(", ")})`);
-          const next = parseRunConfig({ ...s.config, ...changes }, "amended config");
-          if (isAsync(s) && next.num_rollout !== null) {
-            // Async mode may have sealed steps ahead of the trainer: they are decided, so they are trained.
-            const sealed = s.lastTrainedStep + 1 + (s.training !== null ? 1 : 0) + s.trainQueue.length;
-            if (next.num_rollout < sealed)
-              throw new Error(`num_rollout ${next.num_rollout} is below the ${sealed} step(s) already sealed; the smallest allowed is ${sealed}`);
-          }
-          const amended = { ...s.config, ...changes } as Record<string, unknown>;
-          await this.commit([{ kind: "run.amended", payload: { changes } }], (tx) => projectRunInTx(tx, s.runId, { config: amended }));
-        }
-      } catch (e) {
-        if (e instanceof LeaseLostError) throw e;
-        error = errorMessage(e);
-      }
-      await markRunRequest(this.deps.db, r.id, this.state.seq, error);
-    }
+    await handleRequests(this, () => this.reconcile(true));
   }
 
-  private async pause(reason: string): Promise<void> {
+  async pause(reason: string): Promise<void> {
     if (this.state.status !== "running") return;
     this.deps.log.error({ runId: this.state.runId, reason }, "run paused");
     await this.commit([{ kind: "run.status", payload: { status: "paused", reason } }]);
@@ -701,100 +220,7 @@ class RunController {
   /** Make the queues match the state: missing jobs added, failed ones retried (or the run paused). */
   async reconcile(isResume: boolean): Promise<void> {
     this.lastReconcile = Date.now();
-    const s = this.state;
-    if (s.status !== "running") return;
-    const n = s.config.n_samples_per_prompt;
-    const async = isAsync(s);
-    if (s.phase === "collect" || s.phase === "drain") {
-      const keys = async
-        ? this.liveRounds()
-        : s.phase === "collect"
-          ? [...s.inflight].map((groupId) => ({ groupId, round: s.groups.get(groupId)?.round ?? 0 }))
-          : [...s.draining].map(([groupId, round]) => ({ groupId, round }));
-      const statuses = await loadRoundStatuses(this.deps.db, s.runId, keys);
-      for (const k of keys) {
-        const st = statuses.get(k.groupId);
-        const data = { runId: s.runId, groupId: k.groupId, round: k.round, step: s.groups.get(k.groupId)?.step ?? s.step };
-        const roundStatus = async () => (await loadRoundStatuses(this.deps.db, s.runId, [k])).get(k.groupId);
-        if (!st) await this.ensureJob("rollout", { ...data, weightVersion: s.weightVersion }, isResume, async () => (await roundStatus()) !== undefined);
-        else if (s.phase === "collect" && st.isComplete && st.rewardCount < n) {
-          await this.ensureJob("reward", data, isResume, async () => ((await roundStatus())?.rewardCount ?? 0) >= n);
-        }
-      }
-    }
-    const pendingEval = s.pendingEval;
-    const hasEval = async () => pendingEval !== null && (await loadEvalResults(this.deps.db, s.runId, pendingEval.step)).length > 0;
-    if (pendingEval && !(await hasEval())) {
-      await this.ensureJob("eval", { runId: s.runId, step: pendingEval.step }, isResume, hasEval);
-    }
-    const training = async ? s.training : s.phase === "train" ? s.step : null;
-    const hasTrained = async () => training !== null && (await loadTrainStep(this.deps.db, s.runId, training)) !== null;
-    if (training !== null && !(await hasTrained())) {
-      await this.ensureJob("train", { runId: s.runId, step: training }, isResume, hasTrained, s.config.max_attempts);
-    }
-  }
-
-  /**
-   * Make one expected job exist (`reconcileAction` decides from the job's
-   * state). `hasFact` is read again before a job is added or re-run: a job
-   * that finished between the caller's fact check and this look at the queue
-   * is done, not lost.
-   */
-  private async ensureJob<K extends QueueKind>(
-    kind: K,
-    data: JobData<K>,
-    isResume: boolean,
-    hasFact: () => Promise<boolean>,
-    attempts?: number,
-  ): Promise<void> {
-    const q = this.deps.queues;
-    const id = (jobIds[kind] as (d: JobData<K>) => string)(data);
-    const info = await q.info(kind, id);
-    const action = reconcileAction(kind, info, isResume);
-    if (action === "add" || action === "replace") {
-      if (await hasFact()) return;
-      if (action === "replace") {
-        this.deps.log.warn(
-          { runId: data.runId, kind, jobId: id, state: info.state },
-          `${kind} job ${info.state === "unknown" ? "in no queue list" : "completed"} without its fact: adding it again`,
-        );
-        await q.remove(kind, id);
-      }
-      await q.enqueue(kind, data, attempts === undefined ? {} : { attempts });
-    } else if (action === "pause") {
-      await this.pause(`${kind} job ${id} failed after ${info.attemptsMade} attempt(s): ${info.failedReason ?? "unknown error"}`);
-    } else if (action === "retry") {
-      await q.retry(kind, id);
-    }
-  }
-}
-
-/**
- * What reconcile does with an expected job whose fact is missing, from the
- * job's queue state:
- * - missing: add it;
- * - completed without its fact (cannot normally happen), or a job record in
- *   no list at all (state "unknown": a partial loss of the queue state, e.g.
- *   keys lost in a failover or a non-atomic flush, leaves the record but not
- *   its list entry; BullMQ would ignore a plain add of its id): remove and
- *   add again;
- * - failed: retry; an unrecoverable failure or a train job that used up its
- *   attempts pauses the run instead, except while resuming (a resume retries);
- * - waiting, active, delayed: nothing (BullMQ's stall check covers a dead worker).
- */
-export function reconcileAction(kind: QueueKind, info: JobInfo, isResume: boolean): "none" | "add" | "replace" | "retry" | "pause" {
-  switch (info.state) {
-    case "missing":
-      return "add";
-    case "completed":
-    case "unknown":
-      return "replace";
-    case "failed": {
-      const isFatal = (info.failedReason ?? "").startsWith(UNRECOVERABLE_PREFIX) || kind === "train";
-      return isFatal && !isResume ? "pause" : "retry";
-    }
-    default:
-      return "none";
+    await reconcile(this, isResume);
   }
 }
 

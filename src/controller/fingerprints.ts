@@ -1,5 +1,5 @@
 import type { Db } from "../store/db.ts";
-import { setRunProjection } from "../store/run-facts.ts";
+import { setRunProjection } from "../store/projections.ts";
 import type { RunConfig } from "../config/run-config.ts";
 import type { RunState } from "../core/run-state.ts";
 import type { Dataset } from "../data/dataset.ts";

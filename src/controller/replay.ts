@@ -1,12 +1,12 @@
 import { maskStale } from "../core/sample.ts";
-import { maskMinVersion, stalenessRule } from "../core/staleness.ts";
+import { outcomeLoads } from "../core/group-load.ts";
 import type { Db } from "../store/db.ts";
 import { loadDecisions } from "../store/decision-log.ts";
 import { loadGroupWithRewards } from "../store/group-view.ts";
-import { historyRows, loadHistory, replaceProjections } from "../store/history.ts";
+import { historyRows, loadHistory } from "../store/history.ts";
+import { replaceProjections, type HistoryRow } from "../store/projections.ts";
 import { loadRunRow } from "../store/run-facts.ts";
 import { listTrainSteps } from "../store/train-facts.ts";
-import type { rolloutHistory } from "../store/schema/index.ts";
 import { fold } from "../core/run-state.ts";
 import type { RunContext } from "../runtime/run-context.ts";
 
@@ -16,8 +16,6 @@ import type { RunContext } from "../runtime/run-context.ts";
  * what a plugin decided is itself a recorded decision. `--check` compares
  * with the live projections instead of writing.
  */
-type HistoryRow = typeof rolloutHistory.$inferInsert;
-
 export interface ReplayResult {
   runId: string;
   decisions: number;
@@ -29,24 +27,15 @@ async function rebuild(db: Db, ctx: RunContext) {
   const decisions = await loadDecisions(db, ctx.runId);
   const state = fold(ctx.runId, decisions);
   const trained = new Map((await listTrainSteps(db, ctx.runId)).map((t) => [t.step, t]));
-  const c = state.config;
-  const rule = stalenessRule(c);
   const rows: HistoryRow[] = [];
-  const roundOf = new Map<number, number>();
-  const abortedRound = new Map<number, number>();
-  for (const d of decisions) {
-    if (d.kind === "group.filtered") roundOf.set(d.payload.groupId, d.payload.round);
-    if (d.kind === "step.sealed") for (const a of d.payload.aborted) abortedRound.set(a.groupId, a.round);
-    if (d.kind !== "group.outcome" || d.payload.outcome === "buffered") continue;
-    const { groupId, step, outcome, reason } = d.payload;
-    const isAborted = outcome === "discarded" && reason === "aborted";
-    const round = isAborted ? (abortedRound.get(groupId) ?? 0) : (roundOf.get(groupId) ?? 0);
-    const mask = !isAborted && c.mask_offpolicy_in_partial_rollout ? round : null;
-    const loaded = await loadGroupWithRewards(db, ctx.runId, groupId, round, c.n_samples_per_prompt, mask);
-    const minVersion = outcome === "kept" ? maskMinVersion(rule, step) : null;
+  for (const o of outcomeLoads(state.config, decisions)) {
+    const { groupId, round, maskBeforeRound, minVersion } = o.load;
+    const loaded = await loadGroupWithRewards(db, ctx.runId, groupId, round, state.config.n_samples_per_prompt, maskBeforeRound);
     const g = { ...loaded, samples: loaded.samples.map((x) => maskStale(x, minVersion)) };
-    const trainedStep = outcome === "kept" && trained.has(step) ? step : null;
-    rows.push(...historyRows(ctx.runId, step, g, isAborted ? null : g.rewards, outcome, reason, (ids) => ctx.tokenizer.decode(ids), trainedStep));
+    const trainedStep = o.outcome === "kept" && trained.has(o.step) ? o.step : null;
+    // An aborted round is drained, never judged: it has no rewards of its own.
+    const isAborted = o.outcome === "discarded" && o.reason === "aborted";
+    rows.push(...historyRows(ctx.runId, o.step, g, isAborted ? null : g.rewards, o.outcome, o.reason, (ids) => ctx.tokenizer.decode(ids), trainedStep));
   }
   const committed = [...trained.keys()];
   const runRow = {

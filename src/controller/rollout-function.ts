@@ -1,31 +1,37 @@
-import type { Db, Database } from "../store/db.ts";
 import { LeaseLostError } from "../store/decision-log.ts";
-import { findDecisions, insertDrawnPrompts, loadDrawnPrompts, setRunProjection } from "../store/run-facts.ts";
+import { findDecisions, insertDrawnPrompts, loadDrawnPrompts } from "../store/run-facts.ts";
+import { setRunProjection } from "../store/projections.ts";
 import { loadRoundStatuses } from "../store/rollout-facts.ts";
 import { loadGroupsWithRewards } from "../store/group-view.ts";
-import { historyRows, insertHistory } from "../store/history.ts";
-import type { Queues } from "../queue/queues.ts";
-import type { RunState } from "../core/run-state.ts";
-import type { Decision, DecisionPayload } from "../core/decisions.ts";
-import type { Dataset } from "../data/dataset.ts";
-import type { Tokenizer } from "../data/tokenizer.ts";
-import type { BufferFilter, DynamicFilter } from "../runtime/filters.ts";
+import type { Decision } from "../core/decisions.ts";
 import type { DynamicFilterOutput } from "../filters/index.ts";
-import type { Logger } from "../observability/logger.ts";
 import {
-  badReturn,
   deepFreeze,
   loadRolloutFunction,
-  trainOutputSchema,
-  zodDetail,
   type RolloutFunction,
   type RolloutGroup,
   type RolloutSample,
   type RolloutTrainContext,
 } from "../rollout/rollout-function-contract.ts";
 import { planDraw } from "./draw.ts";
-import { CallJournal, type JournalCall, type JournalEffects } from "./rollout-journal.ts";
+import { CallJournal, type JournalEffects } from "./rollout-journal.ts";
+import { enqueueJobsFor } from "./jobs.ts";
+import { sealReturn } from "./rollout-function-seal.ts";
+import {
+  MAX_STUCK_TICKS,
+  verdictFor,
+  where,
+  type Call,
+  type CallRecord,
+  type Execution,
+  type Input,
+  type RolloutFunctionDriver,
+  type RolloutFunctionHost,
+  type SeenGroup,
+} from "./rollout-function-host.ts";
 import { errorMessage, RlqError } from "../lib/errors.ts";
+
+export type { RolloutFunctionDriver, RolloutFunctionHost } from "./rollout-function-host.ts";
 
 /**
  * rollout_function_path, train branch: the user's `rollout(args, ctx)` plans
@@ -51,57 +57,6 @@ import { errorMessage, RlqError } from "../lib/errors.ts";
  * A throw, a bad return, a bad call or non-determinism pauses the run with the
  * reason; nothing recorded is lost and `rlq run resume` replays the function.
  */
-export interface RolloutFunctionHost {
-  db: Db;
-  queues: Queues;
-  log: Logger;
-  crashPoint(name: string): void;
-  /** The controller's live state (mutated by `commit`). */
-  state(): RunState;
-  /** Commit decisions (and writes that land with them), then fold them in. */
-  commit(list: Decision[], extra?: (tx: Database) => Promise<void>): Promise<void>;
-  /** Pause the run with a reason (no-op unless running). */
-  pause(reason: string): Promise<void>;
-  dataset: Dataset;
-  tokenizer: Tokenizer;
-  filter: DynamicFilter;
-  bufferFilter: BufferFilter;
-}
-
-export interface RolloutFunctionDriver {
-  /** The collect phase of the current step: returns whether anything happened. */
-  tick(): Promise<boolean>;
-}
-
-type CallRecord = DecisionPayload<"rollout_fn.called">;
-type Input =
-  | { op: "draw"; n: number }
-  | { op: "generate"; groupId: number }
-  | { op: "filter_dynamic"; groupId: number; round: number; samples: readonly RolloutSample[] }
-  | { op: "add_to_buffer"; groups: Array<{ groupId: number; round: number | null }> };
-type Call = JournalCall<CallRecord, Input>;
-
-/** A group as the function has seen it this step: changes only at its own calls and at deliveries. */
-type SeenGroup =
-  | { phase: "drawn" | "generating" | "buffered"; group: RolloutGroup }
-  | { phase: "generated"; group: RolloutGroup; samples: readonly RolloutSample[]; round: number };
-
-/** Ticks the function may sit blocked on something that is not a ctx call before the run pauses. */
-const MAX_STUCK_TICKS = 300;
-
-interface Execution {
-  step: number;
-  journal: CallJournal<CallRecord, Input>;
-  seen: Map<number, SeenGroup>;
-  /** The round each generate call waits on (its first round, then continuations). */
-  genRound: Map<number, number>;
-  /** Filter verdicts in call order (effect time): group → {round, verdict}. */
-  verdicts: Map<number, { round: number; verdict: DynamicFilterOutput }>;
-  /** The first misuse of ctx: the run pauses with it. */
-  fatal: RlqError | null;
-  stuckTicks: number;
-}
-
 export async function createRolloutFunctionDriver(host: RolloutFunctionHost, path: string, baseDir = process.cwd()): Promise<RolloutFunctionDriver> {
   let fn: RolloutFunction;
   try {
@@ -132,7 +87,7 @@ class Driver implements RolloutFunctionDriver {
       if (ex.fatal) throw ex.fatal;
       const result = ex.journal.result;
       if (result) {
-        await this.finish(ex, result);
+        await sealReturn(this.host, this.path, ex, result);
         this.exec = null;
         return true;
       }
@@ -141,7 +96,7 @@ class Driver implements RolloutFunctionDriver {
       if (ex.stuckTicks >= MAX_STUCK_TICKS) {
         throw new RlqError(
           "rollout_fn_blocked",
-          `${this.where(ex.step)}: the function is waiting on something other than a ctx call (a timer, outside I/O?); it may only await ctx calls`,
+          `${where(this.path, ex.step)}: the function is waiting on something other than a ctx call (a timer, outside I/O?); it may only await ctx calls`,
         );
       }
       return progressed;
@@ -157,16 +112,12 @@ class Driver implements RolloutFunctionDriver {
     }
   }
 
-  private where(step: number): string {
-    return `rollout_function_path ${this.path} step ${step}`;
-  }
-
   private async begin(step: number): Promise<Execution> {
     const s = this.host.state();
     const records = await findDecisions(this.host.db, s.runId, "rollout_fn.called", { step });
     const ex: Execution = {
       step,
-      journal: new CallJournal<CallRecord, Input>(records, this.where(step)),
+      journal: new CallJournal<CallRecord, Input>(records, where(this.path, step)),
       seen: new Map(),
       genRound: new Map(),
       verdicts: new Map(),
@@ -185,7 +136,7 @@ class Driver implements RolloutFunctionDriver {
 
   private context(ex: Execution): RolloutTrainContext {
     const misuse = (message: string): Promise<never> => {
-      const err = new RlqError("plugin_bad_call", `${this.where(ex.step)}: ${message}`);
+      const err = new RlqError("plugin_bad_call", `${where(this.path, ex.step)}: ${message}`);
       ex.fatal ??= err;
       return Promise.reject(err);
     };
@@ -315,7 +266,7 @@ class Driver implements RolloutFunctionDriver {
         const list: Decision[] = [];
         for (const g of input.groups) {
           if (g.round !== null)
-            list.push({ kind: "group.filtered", payload: { groupId: g.groupId, round: g.round, step: ex.step, ...this.verdictFor(ex, g.groupId, g.round) } });
+            list.push({ kind: "group.filtered", payload: { groupId: g.groupId, round: g.round, step: ex.step, ...verdictFor(ex, g.groupId, g.round) } });
           list.push({ kind: "group.outcome", payload: { groupId: g.groupId, step: ex.step, outcome: "buffered", reason: "add_to_buffer" } });
         }
         await this.host.commit([...list, { kind: "rollout_fn.called", payload: rec }]);
@@ -323,11 +274,6 @@ class Driver implements RolloutFunctionDriver {
       }
       c.outcome = { ok: true, value: undefined };
     }
-  }
-
-  private verdictFor(ex: Execution, groupId: number, round: number): { keep: boolean; reason: string | null } {
-    const v = ex.verdicts.get(groupId);
-    return v && v.round === round ? { keep: v.verdict.keep, reason: v.verdict.reason } : { keep: true, reason: null };
   }
 
   /** The built-in draw: buffer first through the buffer filter, then the cursor. */
@@ -353,7 +299,7 @@ class Driver implements RolloutFunctionDriver {
     return deepFreeze(
       rec.groupIds.map((groupId, i) => {
         const p = prompts.get(groupId);
-        if (!p) throw new RlqError("group_not_found", `${this.where(rec.step)}: drawn group ${groupId} has no drawn_prompts row`);
+        if (!p) throw new RlqError("group_not_found", `${where(this.path, rec.step)}: drawn group ${groupId} has no drawn_prompts row`);
         return { groupId, prompt: p.prompt, label: p.label, metadata: p.metadata, isFromBuffer: i < rec.bufferCount };
       }),
     );
@@ -363,7 +309,6 @@ class Driver implements RolloutFunctionDriver {
   private async dispatch(ex: Execution, calls: Call[]): Promise<void> {
     const s = this.host.state();
     const list: Decision[] = [];
-    const jobs: Array<{ groupId: number; round: number }> = [];
     for (const c of calls) {
       const groupId = (c.input as { groupId: number }).groupId;
       const round = (s.groups.get(groupId)?.round ?? -1) + 1;
@@ -374,19 +319,10 @@ class Driver implements RolloutFunctionDriver {
       );
       c.record = rec;
       ex.genRound.set(c.ordinal, round);
-      jobs.push({ groupId, round });
     }
     await this.host.commit(list);
     this.host.crashPoint("rollout_fn.after_generate");
-    await this.enqueue(jobs);
-  }
-
-  private async enqueue(jobs: Array<{ groupId: number; round: number }>): Promise<void> {
-    const s = this.host.state();
-    await this.host.queues.enqueueMany(
-      "rollout",
-      jobs.map((j) => ({ runId: s.runId, groupId: j.groupId, round: j.round, step: s.step, weightVersion: s.weightVersion })),
-    );
+    await enqueueJobsFor(this.host.queues, s.runId, s.config, list);
   }
 
   /** Generate calls waiting on a round: finished and scored → the result; ended unfinished → continue as the next round. */
@@ -445,129 +381,16 @@ class Driver implements RolloutFunctionDriver {
       }
       if (redo.length > 0) {
         // A round that ended unfinished without a seal (engine abort or failure): continue it, as built-in.
-        const next = redo.map((k) => ({ groupId: k.groupId, round: k.round + 1 }));
-        await this.host.commit(
-          next.map((d) => ({ kind: "group.dispatched", payload: { groupId: d.groupId, round: d.round, step: ex.step, weightVersion: s.weightVersion } })),
-        );
+        const next: Decision[] = redo.map((k) => ({
+          kind: "group.dispatched",
+          payload: { groupId: k.groupId, round: k.round + 1, step: ex.step, weightVersion: s.weightVersion },
+        }));
+        await this.host.commit(next);
         for (const k of redo) ex.genRound.set(k.c.ordinal, k.round + 1);
-        await this.enqueue(next);
+        await enqueueJobsFor(this.host.queues, s.runId, s.config, next);
       }
       if (!moved) return;
       calls = calls.filter((c) => c.outcome === null);
     }
   }
-
-  // ---- the return: the step's outcomes and its seal, in one commit.
-
-  private async finish(ex: Execution, result: NonNullable<CallJournal<CallRecord, Input>["result"]>): Promise<void> {
-    if (!result.ok) {
-      const e = result.error;
-      if (e instanceof RlqError && !e.isRetriable) throw e;
-      throw new RlqError("plugin_threw", `${this.where(ex.step)}: the function threw: ${errorMessage(e)}`, { cause: e });
-    }
-    ex.journal.checkReplayComplete();
-    const s = this.host.state();
-    const c = s.config;
-    const { kept, metrics } = this.validate(ex, result.value);
-    const keptSet = new Set(kept);
-    const list: Decision[] = [];
-    const historyKeys: Array<{ groupId: number; round: number; outcome: "kept" | "filtered" | "discarded"; reason: string | null }> = [];
-    const generated = [...ex.seen.values()].filter((g): g is Extract<SeenGroup, { phase: "generated" }> => g.phase === "generated");
-    const byId = new Map(generated.map((g) => [g.group.groupId, g]));
-    for (const id of kept) {
-      const g = byId.get(id) as Extract<SeenGroup, { phase: "generated" }>;
-      const v = this.verdictFor(ex, id, g.round);
-      list.push({ kind: "group.filtered", payload: { groupId: id, round: g.round, step: ex.step, keep: true, reason: v.reason } });
-      list.push({ kind: "group.outcome", payload: { groupId: id, step: ex.step, outcome: "kept", reason: null } });
-      historyKeys.push({ groupId: id, round: g.round, outcome: "kept", reason: null });
-    }
-    for (const g of generated.filter((x) => !keptSet.has(x.group.groupId)).sort((a, b) => a.group.groupId - b.group.groupId)) {
-      const id = g.group.groupId;
-      const v = this.verdictFor(ex, id, g.round);
-      const outcome = v.keep ? "discarded" : "filtered";
-      const reason = v.keep ? "not_returned" : (v.reason ?? "filtered");
-      list.push({ kind: "group.filtered", payload: { groupId: id, round: g.round, step: ex.step, keep: v.keep, reason: v.reason } });
-      list.push({ kind: "group.outcome", payload: { groupId: id, step: ex.step, outcome, reason } });
-      historyKeys.push({ groupId: id, round: g.round, outcome, reason });
-    }
-    // Drawn and never generated: discarded (addToBuffer keeps a group for later). Their history row
-    // uses the group's last judged round, as `rlq replay` does.
-    const unused = [...ex.seen.values()]
-      .filter((g) => g.phase === "drawn")
-      .map((g) => g.group.groupId)
-      .sort((a, b) => a - b);
-    for (const id of unused) {
-      const judged = await findDecisions(this.host.db, s.runId, "group.filtered", { groupId: id });
-      list.push({ kind: "group.outcome", payload: { groupId: id, step: ex.step, outcome: "discarded", reason: "unused" } });
-      historyKeys.push({ groupId: id, round: judged[judged.length - 1]?.round ?? 0, outcome: "discarded", reason: "unused" });
-    }
-    // Generations the function did not wait for: aborted with the seal, then buffered or discarded by the drain.
-    const aborted = [...ex.seen.values()]
-      .filter((g) => g.phase === "generating")
-      .map((g) => ({ groupId: g.group.groupId, round: s.groups.get(g.group.groupId)?.round ?? 0 }))
-      .sort((a, b) => a.groupId - b.groupId);
-    list.push({ kind: "step.sealed", payload: { step: ex.step, kept, aborted } });
-
-    const rows: Parameters<typeof insertHistory>[1] = [];
-    for (const k of historyKeys) {
-      const mask = c.mask_offpolicy_in_partial_rollout ? k.round : null;
-      const view = (
-        await loadGroupsWithRewards(this.host.db, s.runId, [{ groupId: k.groupId, round: k.round, maskBeforeRound: mask }], c.n_samples_per_prompt)
-      ).get(k.groupId);
-      if (view) rows.push(...historyRows(s.runId, ex.step, view, view.rewards, k.outcome, k.reason, (ids) => this.host.tokenizer.decode(ids), null));
-    }
-    this.host.crashPoint("rollout_fn.before_seal");
-    await this.host.commit(list, (tx) => insertHistory(tx, rows));
-    this.host.log.info({ runId: s.runId, step: ex.step, kept: kept.length, calls: ex.journal.calls.length, metrics }, "rollout function sealed the step");
-    this.host.crashPoint("controller.after_seal");
-  }
-
-  /** The returned groups: exactly rollout_batch_size groups of n_samples_per_prompt samples, each generated in this step. */
-  private validate(ex: Execution, value: unknown): { kept: number[]; metrics: Record<string, number> | null } {
-    const c = this.host.state().config;
-    const rbs = c.rollout_batch_size;
-    const n = c.n_samples_per_prompt;
-    const bad = (detail: string) => badReturn(this.path, ex.step, false, detail);
-    const parsed = trainOutputSchema.safeParse(value);
-    if (!parsed.success) {
-      throw bad(
-        `${describe(value)}; expected {samples: Sample[][], metrics?} (or Sample[][]): rollout_batch_size (${rbs}) groups from ctx.generate (${zodDetail(parsed.error)})`,
-      );
-    }
-    const groups = parsed.data.samples;
-    if (groups.length !== rbs)
-      throw bad(`${groups.length} group(s); expected exactly rollout_batch_size = ${rbs} groups of n_samples_per_prompt = ${n} samples`);
-    const ids: number[] = [];
-    for (const [i, group] of groups.entries()) {
-      const id = group[0]?.groupId;
-      if (group.length !== n || id === undefined) throw bad(`group #${i} with ${group.length} sample(s); expected n_samples_per_prompt = ${n}`);
-      if (ids.includes(id)) throw bad(`group ${id} twice`);
-      const seen = ex.seen.get(id);
-      if (!seen || seen.phase !== "generated") {
-        throw bad(
-          `group ${id}, which ${seen ? `is ${seen.phase}` : "was not drawn"} in this step; every returned group must come from an awaited ctx.generate of this step`,
-        );
-      }
-      const indices = new Set<number>();
-      for (const x of group) {
-        const rec = seen.samples[x.sampleIndex];
-        if (x.groupId !== id || !rec || indices.has(x.sampleIndex))
-          throw bad(`group #${i} mixing groups or repeating samples (group ${x.groupId} sample ${x.sampleIndex}); return the groups ctx.generate gave`);
-        indices.add(x.sampleIndex);
-        if ((x.reward !== undefined && x.reward !== rec.reward) || (x.response !== undefined && x.response !== rec.response)) {
-          throw bad(
-            `group ${id} sample ${x.sampleIndex} with an edited reward or response; rlq trains on the recorded samples (change rewards with custom_rm_path)`,
-          );
-        }
-      }
-      ids.push(id);
-    }
-    return { kept: ids, metrics: parsed.data.metrics ?? null };
-  }
-}
-
-function describe(value: unknown): string {
-  if (value === undefined) return "undefined";
-  const text = JSON.stringify(value);
-  return text === undefined ? typeof value : text.length > 120 ? `${text.slice(0, 120)}…` : text;
 }

@@ -11,7 +11,7 @@ import { RlqError } from "../lib/errors.ts";
  * data_source, evaluation=False)` as a TS/JS module function
  * `rollout(args, ctx)` (docs/plugins.md). The train branch runs in the
  * controller as a replayed planner (src/controller/rollout-function.ts), the
- * eval branch inside the eval job (src/rollout/rollout-function-eval.ts).
+ * eval branch inside the eval job (src/jobs/rollout-function-eval.ts).
  * What the function gets and must return is defined here.
  */
 

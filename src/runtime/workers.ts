@@ -1,10 +1,10 @@
 import type { Services } from "./services.ts";
 import { startWorker, type WorkerHandle } from "../queue/worker-host.ts";
 import type { QueueKind } from "../queue/payloads.ts";
-import { generateGroupRound } from "../rollout/generate-group-round.ts";
-import { scoreGroupRound } from "../reward/worker-score-group.ts";
-import { runTrainStep } from "../trainer/run-train-step.ts";
-import { runEval } from "../rollout/run-eval.ts";
+import { generateGroupRound } from "../jobs/generate-group-round.ts";
+import { scoreGroupRound } from "../jobs/worker-score-group.ts";
+import { runTrainStep } from "../jobs/run-train-step.ts";
+import { runEval } from "../jobs/run-eval.ts";
 import { upsertEngineMetrics } from "../store/engine-metrics.ts";
 import { createJobStore } from "../store/job-batch.ts";
 import { coalesce } from "../lib/coalesce.ts";

@@ -4,6 +4,7 @@ import type { Db, Database } from "./db.ts";
 import { decisions, runLeases } from "./schema/index.ts";
 import { decisionKeys, parseDecision, type Decision, type LoggedDecision } from "../core/decisions.ts";
 import { RlqError } from "../lib/errors.ts";
+import { projectLastSeq } from "./projections.ts";
 
 /**
  * The run's decision log: the controller's lease (advisory lock + epoch
@@ -114,7 +115,7 @@ export async function appendDecisions(
                         ${sql.param(keys.map((k) => k.step))}::int[], ${sql.param(keys.map((k) => k.groupId))}::bigint[],
                         ${sql.param(logged.map((d) => JSON.stringify(d.payload)))}::text[]) WITH ORDINALITY AS d(seq, kind, step, group_id, payload, ord)
            ORDER BY d.ord`);
-        await tx.execute(sql`UPDATE runs SET last_seq = ${logged[logged.length - 1]?.seq ?? 0}, updated_at = now() WHERE id = ${runId}`);
+        await projectLastSeq(tx, runId, logged[logged.length - 1]?.seq ?? 0);
       }
       if (extra) await extra(tx);
     });
@@ -124,6 +125,15 @@ export async function appendDecisions(
     throw e;
   }
   return logged;
+}
+
+/**
+ * A new run's first decisions (run.created, run.status running) under epoch 0,
+ * in the transaction that creates the run (store/run-facts.ts `insertRun`):
+ * before any lease exists, so no fence applies yet.
+ */
+export async function insertFirstDecisions(tx: Database, runId: string, list: readonly Decision[]): Promise<void> {
+  await tx.insert(decisions).values(list.map((d, seq) => ({ runId, seq, leaseEpoch: 0, kind: d.kind, payload: d.payload })));
 }
 
 export async function currentEpoch(db: Db, runId: string): Promise<number | null> {

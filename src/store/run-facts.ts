@@ -1,6 +1,8 @@
 import { and, asc, eq, inArray, sql } from "drizzle-orm";
 import type { Db } from "./db.ts";
 import { decisions, drawnPrompts, runLeases, runs } from "./schema/index.ts";
+import { insertFirstDecisions } from "./decision-log.ts";
+import { insertRunProjection } from "./projections.ts";
 import { parseDecision, type Decision, type DecisionKind, type DecisionPayload } from "../core/decisions.ts";
 
 /** Create a run: its projection row, its lease row (epoch 0) and decisions 0 and 1, in one transaction. */
@@ -29,20 +31,16 @@ export async function insertRun(
   };
   const running: Decision = { kind: "run.status", payload: { status: "running", reason: null } };
   await db.db.transaction(async (tx) => {
-    await tx.insert(runs).values({
+    await insertRunProjection(tx, {
       id: input.runId,
       name: input.name,
       config: input.config,
       datasetFingerprint: input.datasetFingerprint,
       pluginFingerprints: input.pluginFingerprints,
-      status: "running",
       lastSeq: 1,
     });
     await tx.insert(runLeases).values({ runId: input.runId, epoch: 0, holder: "rlq run start" });
-    await tx.insert(decisions).values([
-      { runId: input.runId, seq: 0, leaseEpoch: 0, kind: created.kind, payload: created.payload },
-      { runId: input.runId, seq: 1, leaseEpoch: 0, kind: running.kind, payload: running.payload },
-    ]);
+    await insertFirstDecisions(tx, input.runId, [created, running]);
   });
 }
 
@@ -115,29 +113,4 @@ export async function insertDrawnPrompts(tx: import("./db.ts").Database, rows: R
                   ${col((r) => r.label ?? null)}::text[], ${col((r) => JSON.stringify(r.metadata))}::text[],
                   ${col((r) => `{${r.promptTokens.join(",")}}`)}::text[])
         AS t(run_id, draw_ordinal, epoch, dataset_index, step, prompt, label, metadata, prompt_tokens)`);
-}
-
-/** Update the run projection's status fields (the decision is the fact). */
-export async function setRunProjection(
-  db: Db,
-  runId: string,
-  fields: { status?: string; step?: number; weightVersion?: number; lastError?: string | null },
-): Promise<void> {
-  await db.db
-    .update(runs)
-    .set({ ...fields, updatedAt: sql`now()` })
-    .where(eq(runs.id, runId));
-}
-
-/** Projection updates that must land in the controller's decision transaction. */
-export async function projectRunInTx(
-  tx: import("./db.ts").Database,
-  runId: string,
-  fields: { status?: string; lastError?: string | null; weightVersion?: number; config?: Record<string, unknown> },
-): Promise<void> {
-  if (Object.keys(fields).length === 0) return;
-  await tx
-    .update(runs)
-    .set({ ...fields, updatedAt: sql`now()` })
-    .where(eq(runs.id, runId));
 }

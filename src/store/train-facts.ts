@@ -1,6 +1,7 @@
-import { and, eq, inArray, isNull, sql } from "drizzle-orm";
+import { and, eq } from "drizzle-orm";
 import type { Db } from "./db.ts";
-import { rolloutHistory, trainMetrics, trainSteps } from "./schema/index.ts";
+import { trainMetrics, trainSteps } from "./schema/index.ts";
+import { projectTrainedStep } from "./projections.ts";
 
 export interface TrainCommit {
   runId: string;
@@ -52,13 +53,7 @@ export async function commitTrainStep(db: Db, c: TrainCommit): Promise<{ isWinne
     if (entries.length > 0) {
       await tx.insert(trainMetrics).values(entries.map(([key, value]) => ({ runId: c.runId, step: c.step, key, value })));
     }
-    if (c.groupIds.length > 0) {
-      await tx
-        .update(rolloutHistory)
-        .set({ trainedStep: c.step })
-        .where(and(eq(rolloutHistory.runId, c.runId), inArray(rolloutHistory.groupId, c.groupIds), isNull(rolloutHistory.trainedStep)));
-    }
-    await tx.execute(sql`UPDATE runs SET step = ${c.step + 1}, updated_at = now() WHERE id = ${c.runId} AND step < ${c.step + 1}`);
+    await projectTrainedStep(tx, c.runId, c.step, c.groupIds);
     return { isWinner: true, row };
   });
 }

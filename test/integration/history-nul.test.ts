@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestDatabase } from "../helpers/services.ts";
 import { createDb, type Db } from "../../src/store/db.ts";
-import { historyRows, insertHistory } from "../../src/store/history.ts";
+import { historyRows } from "../../src/store/history.ts";
+import { insertHistory } from "../../src/store/projections.ts";
 import { assembleSample } from "../../src/core/sample.ts";
 
 /**

@@ -48,4 +48,12 @@ describe("lint boundaries (eslint.config.js)", () => {
     expect(await restricted("src/store/db.ts", 'import "pg";\nexport const x = 1;\n')).toEqual([]);
     expect(await restricted("src/engines/onnx-runtime.ts", 'import "onnxruntime-node";\nexport const x = 1;\n')).toEqual([]);
   });
+  it("rollout/, reward/ and trainer/ import neither store/, runtime/, controller/ nor jobs/; the job processors in jobs/ do", async () => {
+    const up = ['import "../store/db.ts";', 'import "../runtime/run-context.ts";', 'import "../controller/jobs.ts";', 'import "../jobs/run-train-step.ts";'];
+    for (const file of ["src/rollout/custom-generate.ts", "src/reward/math.ts", "src/trainer/batch-codec.ts"]) {
+      for (const line of up) expect(await restricted(file, `${line}\nexport const x = 1;\n`)).not.toEqual([]);
+    }
+    expect(await restricted("src/trainer/embedded/adamw.ts", 'import "../../store/db.ts";\nexport const x = 1;\n')).not.toEqual([]);
+    expect(await restricted("src/jobs/run-train-step.ts", 'import "../store/db.ts";\nimport "../runtime/run-context.ts";\nexport const x = 1;\n')).toEqual([]);
+  });
 });

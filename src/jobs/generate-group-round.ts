@@ -14,7 +14,7 @@ import { isRequestError } from "../engines/remote.ts";
  * this round instead of being resubmitted forever.
  */
 export const MAX_ROUNDS_PER_GROUP = 64;
-import { generateCustomRound } from "./custom-generate.ts";
+import { generateCustomRound } from "../rollout/custom-generate.ts";
 
 /**
  * The rollout job: one round of one group. Every sample that is not

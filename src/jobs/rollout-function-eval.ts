@@ -16,7 +16,7 @@ import {
   type EvalPrompt,
   type EvalSample,
   type RolloutEvalContext,
-} from "./rollout-function-contract.ts";
+} from "../rollout/rollout-function-contract.ts";
 
 /**
  * rollout_function_path, eval branch (slime's `generate_rollout(...,

@@ -9,8 +9,8 @@ import { listTrainSteps, loadTrainMetrics, loadTrainStep } from "../store/train-
 import type { RunContext } from "../runtime/run-context.ts";
 import { sha256Hex } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
-import type { Trainer, TrainProgress } from "./trainer.ts";
-import { checkpointRootFor } from "./checkpoint-retention.ts";
+import type { Trainer, TrainProgress } from "../trainer/trainer.ts";
+import { checkpointRootFor } from "../trainer/checkpoint-retention.ts";
 import { loadTrainBatch, stepDir, WEIGHTS_FILE } from "./run-train-step.ts";
 
 /**

@@ -8,11 +8,12 @@ import { loadGroupsWithRewards } from "../store/group-view.ts";
 import { commitTrainStep, loadTrainStep } from "../store/train-facts.ts";
 import type { TrainJob } from "../queue/payloads.ts";
 import type { RunContext } from "../runtime/run-context.ts";
-import type { Trainer, TrainBatch, TrainProgress, TrainSample } from "./trainer.ts";
+import type { Trainer, TrainBatch, TrainProgress, TrainSample } from "../trainer/trainer.ts";
 import { sha256Hex } from "../lib/hash.ts";
 import { maskStale, stepVersionIn } from "../core/sample.ts";
-import { maskMinVersion, stalenessHistogram, stalenessRule } from "../core/staleness.ts";
-import { checkpointRootFor, pruneCommittedCheckpoints } from "./checkpoint-retention.ts";
+import { stalenessHistogram } from "../core/staleness.ts";
+import { stepLoads } from "../core/group-load.ts";
+import { checkpointRootFor, pruneCommittedCheckpoints } from "../trainer/checkpoint-retention.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /**
@@ -46,19 +47,14 @@ export async function loadTrainBatch(db: Db, ctx: RunContext, step: number): Pro
   const verdicts = await findDecisions(db, runId, "group.filtered", { step });
   const samples: TrainSample[] = [];
   let numTokens = 0;
-  // staleness_policy mask: tokens older than the bound get loss mask 0 (the same rule the controller's history rows used).
-  const minVersion = maskMinVersion(stalenessRule(config), step);
-  // Each kept group's last keep verdict of the step says which round's rewards it trains on.
-  const lastKeep = new Map(verdicts.filter((v) => v.keep).map((v) => [v.groupId, v]));
-  const keys = seal.kept.map((groupId) => {
-    const kept = lastKeep.get(groupId);
-    if (!kept) throw new RlqError("batch_inconsistent", `train step ${step}: kept group ${groupId} has no keep verdict`);
-    return { groupId, round: kept.round, maskBeforeRound: config.mask_offpolicy_in_partial_rollout ? kept.round : null };
-  });
+  // Each kept group trains on the round of its last keep verdict of the step; staleness_policy mask:
+  // tokens older than the bound get loss mask 0 (core/group-load.ts: the rule the history rows use).
+  const { loads: keys, missing } = stepLoads(config, step, seal.kept, verdicts);
+  if (missing !== null) throw new RlqError("batch_inconsistent", `train step ${step}: kept group ${missing} has no keep verdict`);
   // Groups load 256 at a time, one statement per chunk (it was four statements per group: 4k for a 1k-group step).
   const chunk = 256;
   let views: Awaited<ReturnType<typeof loadGroupsWithRewards>> = new Map();
-  for (const [gi, { groupId, round }] of keys.entries()) {
+  for (const [gi, { groupId, round, minVersion }] of keys.entries()) {
     if (gi % chunk === 0) views = await loadGroupsWithRewards(db, runId, keys.slice(gi, gi + chunk), config.n_samples_per_prompt);
     const g = views.get(groupId);
     if (!g) throw new Error(`unreachable: group ${groupId} was loaded with its chunk`);

@@ -1,0 +1,112 @@
+import { loadRoundStatuses } from "../store/rollout-facts.ts";
+import { loadTrainStep } from "../store/train-facts.ts";
+import { loadEvalResults } from "../store/eval-facts.ts";
+import type { JobInfo } from "../queue/queues.ts";
+import { jobIds, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "../queue/payloads.ts";
+import { isAsync } from "../core/run-state.ts";
+import type { ControllerHost } from "./host.ts";
+import { inflightRounds, liveRounds } from "./groups.ts";
+import { enqueueJob, jobFor, rewardJobFor, type Job } from "./jobs.ts";
+
+/**
+ * Make the queues match the state (DESIGN §2): for each job the state expects
+ * and whose fact is missing, missing jobs are added, failed ones retried (or
+ * the run paused). Runs at start, every few seconds, whenever the queue's
+ * sentinel vanished, and on resume (`isResume`: failures are retried).
+ * The jobs are the ones their decisions call for (`jobFor`).
+ */
+export async function reconcile(h: ControllerHost, isResume: boolean): Promise<void> {
+  const s = h.state;
+  if (s.status !== "running") return;
+  const { db } = h.deps;
+  const n = s.config.n_samples_per_prompt;
+  const async = isAsync(s);
+  if (s.phase === "collect" || s.phase === "drain") {
+    const keys = async ? liveRounds(h) : s.phase === "collect" ? inflightRounds(h) : [...s.draining].map(([groupId, round]) => ({ groupId, round }));
+    const statuses = await loadRoundStatuses(db, s.runId, keys);
+    for (const k of keys) {
+      const st = statuses.get(k.groupId);
+      // The round's dispatch as recorded (its step), at the engines' version.
+      const dispatch = {
+        kind: "group.dispatched" as const,
+        payload: { groupId: k.groupId, round: k.round, step: s.groups.get(k.groupId)?.step ?? s.step, weightVersion: s.weightVersion },
+      };
+      const rollout = jobFor(s.runId, s.config, dispatch);
+      if (rollout?.kind !== "rollout") throw new Error("unreachable: a dispatch calls for a rollout job");
+      const roundStatus = async () => (await loadRoundStatuses(db, s.runId, [k])).get(k.groupId);
+      if (!st) await ensureJob(h, rollout, isResume, async () => (await roundStatus()) !== undefined);
+      else if (s.phase === "collect" && st.isComplete && st.rewardCount < n) {
+        await ensureJob(h, rewardJobFor(rollout.data), isResume, async () => ((await roundStatus())?.rewardCount ?? 0) >= n);
+      }
+    }
+  }
+  const pendingEval = s.pendingEval;
+  const hasEval = async () => pendingEval !== null && (await loadEvalResults(db, s.runId, pendingEval.step)).length > 0;
+  if (pendingEval && !(await hasEval())) {
+    const job = jobFor(s.runId, s.config, { kind: "eval.dispatched", payload: pendingEval });
+    if (job) await ensureJob(h, job, isResume, hasEval);
+  }
+  const training = async ? s.training : s.phase === "train" ? s.step : null;
+  const hasTrained = async () => training !== null && (await loadTrainStep(db, s.runId, training)) !== null;
+  if (training !== null && !(await hasTrained())) {
+    const job = jobFor(s.runId, s.config, { kind: "train.dispatched", payload: { step: training, weightVersionIn: s.trainedVersion } });
+    if (job) await ensureJob(h, job, isResume, hasTrained);
+  }
+}
+
+/**
+ * Make one expected job exist (`reconcileAction` decides from the job's
+ * state). `hasFact` is read again before a job is added or re-run: a job
+ * that finished between the caller's fact check and this look at the queue
+ * is done, not lost.
+ */
+async function ensureJob(h: ControllerHost, job: Job, isResume: boolean, hasFact: () => Promise<boolean>): Promise<void> {
+  const q = h.deps.queues;
+  const id = (jobIds[job.kind] as (d: JobData<QueueKind>) => string)(job.data);
+  const info = await q.info(job.kind, id);
+  const action = reconcileAction(job.kind, info, isResume);
+  if (action === "add" || action === "replace") {
+    if (await hasFact()) return;
+    if (action === "replace") {
+      h.deps.log.warn(
+        { runId: job.data.runId, kind: job.kind, jobId: id, state: info.state },
+        `${job.kind} job ${info.state === "unknown" ? "in no queue list" : "completed"} without its fact: adding it again`,
+      );
+      await q.remove(job.kind, id);
+    }
+    await enqueueJob(q, job);
+  } else if (action === "pause") {
+    await h.pause(`${job.kind} job ${id} failed after ${info.attemptsMade} attempt(s): ${info.failedReason ?? "unknown error"}`);
+  } else if (action === "retry") {
+    await q.retry(job.kind, id);
+  }
+}
+
+/**
+ * What reconcile does with an expected job whose fact is missing, from the
+ * job's queue state:
+ * - missing: add it;
+ * - completed without its fact (cannot normally happen), or a job record in
+ *   no list at all (state "unknown": a partial loss of the queue state, e.g.
+ *   keys lost in a failover or a non-atomic flush, leaves the record but not
+ *   its list entry; BullMQ would ignore a plain add of its id): remove and
+ *   add again;
+ * - failed: retry; an unrecoverable failure or a train job that used up its
+ *   attempts pauses the run instead, except while resuming (a resume retries);
+ * - waiting, active, delayed: nothing (BullMQ's stall check covers a dead worker).
+ */
+export function reconcileAction(kind: QueueKind, info: JobInfo, isResume: boolean): "none" | "add" | "replace" | "retry" | "pause" {
+  switch (info.state) {
+    case "missing":
+      return "add";
+    case "completed":
+    case "unknown":
+      return "replace";
+    case "failed": {
+      const isFatal = (info.failedReason ?? "").startsWith(UNRECOVERABLE_PREFIX) || kind === "train";
+      return isFatal && !isResume ? "pause" : "retry";
+    }
+    default:
+      return "none";
+  }
+}

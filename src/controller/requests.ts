@@ -1,0 +1,46 @@
+import { LeaseLostError } from "../store/decision-log.ts";
+import { projectRunInTx } from "../store/projections.ts";
+import { markRunRequest, pendingRunRequests } from "../store/run-requests.ts";
+import { amendableKeys, parseRunConfig } from "../config/run-config.ts";
+import { isAsync } from "../core/run-state.ts";
+import { errorMessage } from "../lib/errors.ts";
+import type { ControllerHost } from "./host.ts";
+
+/**
+ * Operator requests (pause, resume, cancel, amend) become decisions here, in
+ * the order they were made; each request is marked with the seq it was
+ * handled at, or with the error that refused it.
+ */
+export async function handleRequests(h: ControllerHost, reconcileOnResume: () => Promise<void>): Promise<void> {
+  const s = h.state;
+  for (const r of await pendingRunRequests(h.deps.db, s.runId)) {
+    let error: string | null = null;
+    try {
+      if (r.kind === "pause" && s.status === "running") {
+        await h.commit([{ kind: "run.status", payload: { status: "paused", reason: "paused by operator" } }]);
+      } else if (r.kind === "resume" && s.status === "paused") {
+        await h.commit([{ kind: "run.status", payload: { status: "running", reason: null } }]);
+        await reconcileOnResume();
+      } else if (r.kind === "cancel" && (s.status === "running" || s.status === "paused")) {
+        await h.commit([{ kind: "run.status", payload: { status: "cancelled", reason: "cancelled by operator" } }]);
+      } else if (r.kind === "amend") {
+        const changes = (r.payload as { changes?: Record<string, unknown> }).changes ?? {};
+        const bad = Object.keys(changes).filter((k) => !(k in amendableKeys));
+        if (bad.length > 0) throw new Error(`keys ${bad.join(", ")} cannot be amended on a live run (allowed: ${Object.keys(amendableKeys).join(", ")})`);
+        const next = parseRunConfig({ ...s.config, ...changes }, "amended config");
+        if (isAsync(s) && next.num_rollout !== null) {
+          // Async mode may have sealed steps ahead of the trainer: they are decided, so they are trained.
+          const sealed = s.lastTrainedStep + 1 + (s.training !== null ? 1 : 0) + s.trainQueue.length;
+          if (next.num_rollout < sealed)
+            throw new Error(`num_rollout ${next.num_rollout} is below the ${sealed} step(s) already sealed; the smallest allowed is ${sealed}`);
+        }
+        const amended = { ...s.config, ...changes } as Record<string, unknown>;
+        await h.commit([{ kind: "run.amended", payload: { changes } }], (tx) => projectRunInTx(tx, s.runId, { config: amended }));
+      }
+    } catch (e) {
+      if (e instanceof LeaseLostError) throw e;
+      error = errorMessage(e);
+    }
+    await markRunRequest(h.deps.db, r.id, h.state.seq, error);
+  }
+}

@@ -1,0 +1,100 @@
+import { loadRoundStatuses } from "../store/rollout-facts.ts";
+import { loadGroupsWithRewards } from "../store/group-view.ts";
+import { historyRows } from "../store/history.ts";
+import { insertHistory } from "../store/projections.ts";
+import { totalSteps } from "../core/run-state.ts";
+import { sealDecision, shouldDrawMore } from "../core/decide-groups.ts";
+import { groupLoad } from "../core/group-load.ts";
+import type { ControllerHost } from "./host.ts";
+import type { RolloutFunctionDriver } from "./rollout-function.ts";
+import { decideReady, dispatchRounds, drawAndDispatch, inflightRounds, landedRounds } from "./groups.ts";
+import { awaitEval, completeRun, dispatchEval, dispatchTrain, isEvalDue, isFirstEvalDue, recordTrained, syncEngines } from "./step-blocks.ts";
+
+/**
+ * One rollout step in synchronous mode (DESIGN §1): collect (draw, dispatch,
+ * filter completed groups) → seal → drain (aborted rounds back to the buffer
+ * or discarded) → train → sync → next step. Each call does what the state's
+ * phase allows and returns whether anything happened.
+ */
+export async function tickSync(h: ControllerHost, rolloutFunction: RolloutFunctionDriver | null): Promise<boolean> {
+  const s = h.state;
+  // An eval pins the engines' version: nothing moves until its results land.
+  if (s.pendingEval) return awaitEval(h);
+  if (s.phase === "collect" && s.step === 0 && isFirstEvalDue(h)) return dispatchEval(h, 0, s.weightVersion);
+  switch (s.phase) {
+    case "collect":
+      return rolloutFunction ? rolloutFunction.tick() : collect(h);
+    case "drain":
+      return drain(h);
+    case "train":
+      return recordTrained(h, s.step);
+    case "sync":
+      return sync(h);
+    case "done":
+      return false;
+  }
+}
+
+async function collect(h: ControllerHost): Promise<boolean> {
+  const s = h.state;
+  const c = s.config;
+  const keys = inflightRounds(h);
+  const { ready, redo } = await landedRounds(h, keys);
+  // A round that ended unfinished without a seal (engine abort or failure): continue it as a new round.
+  if (redo.length > 0) await dispatchRounds(h, redo);
+  if (c.deterministic && ready.length < keys.length) return redo.length > 0;
+  ready.sort((a, b) => a - b);
+  await decideReady(h, ready);
+  const seal = sealDecision(s);
+  if (seal) {
+    await h.commit([seal]);
+    h.deps.crashPoint("controller.after_seal");
+    return true;
+  }
+  if (shouldDrawMore(s)) {
+    await drawAndDispatch(h);
+    return true;
+  }
+  return ready.length > 0 || redo.length > 0;
+}
+
+/** The sealed step's aborted rounds land: buffered (partial_rollout) or discarded; then the train job. */
+async function drain(h: ControllerHost): Promise<boolean> {
+  const s = h.state;
+  const c = s.config;
+  const keys = [...s.draining].map(([groupId, round]) => ({ groupId, round }));
+  const statuses = await loadRoundStatuses(h.deps.db, s.runId, keys);
+  const landed = keys.filter((k) => statuses.has(k.groupId)).sort((a, b) => a.groupId - b.groupId);
+  // The landed groups' outcomes, 256 groups per commit (with their history rows when discarded).
+  for (let i = 0; i < landed.length; i += 256) {
+    const chunk = landed.slice(i, i + 256);
+    const outcome = c.partial_rollout ? ("buffered" as const) : ("discarded" as const);
+    const decisions = chunk.map((k) => ({ kind: "group.outcome" as const, payload: { groupId: k.groupId, step: s.step, outcome, reason: "aborted" } }));
+    if (c.partial_rollout) {
+      await h.commit(decisions);
+      continue;
+    }
+    const loads = chunk.map((k) => groupLoad(c, { ...k, step: s.step, outcome: "aborted" }));
+    const views = await loadGroupsWithRewards(h.deps.db, s.runId, loads, c.n_samples_per_prompt);
+    const rows = [...views.values()].flatMap((g) => historyRows(s.runId, s.step, g, null, "discarded", "aborted", (ids) => h.ctx.tokenizer.decode(ids), null));
+    await h.commit(decisions, (tx) => insertHistory(tx, rows));
+  }
+  if (s.draining.size > 0) return landed.length > 0;
+  return dispatchTrain(h, s.step);
+}
+
+/** After the step trained: sync the engines (every update_weights_interval steps, and the last), evals, then the next step. */
+async function sync(h: ControllerHost): Promise<boolean> {
+  const s = h.state;
+  const c = s.config;
+  const isLast = s.step + 1 >= totalSteps(s);
+  // Evals run after the step's sync, on the synced version (weights.synced is then already recorded).
+  if (s.weightVersion === s.trainedVersion && isEvalDue(h, s.step + 1)) return dispatchEval(h, s.step + 1, s.weightVersion);
+  if (((s.step + 1) % c.update_weights_interval === 0 || isLast) && s.weightVersion !== s.trainedVersion) {
+    await syncEngines(h, s.step, s.trainedVersion, s.trainedCheckpointUri as string);
+    if (isEvalDue(h, s.step + 1)) return dispatchEval(h, s.step + 1, s.weightVersion);
+  }
+  if (isLast) return completeRun(h);
+  await h.commit([{ kind: "step.started", payload: { step: s.step + 1, weightVersion: s.weightVersion } }]);
+  return true;
+}
