@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 import { spawnRlq } from "../helpers/processes.ts";
 import { until } from "../fakes/fake-engine-control.ts";
-import { MAX_ROUNDS_PER_GROUP } from "../../src/rollout/generate-group-round.ts";
+import { MAX_ROUNDS_PER_GROUP } from "../../src/jobs/generate-group-round.ts";
 
 /**
  * Issue 15, point 6: a sample the server keeps aborting is not resubmitted
