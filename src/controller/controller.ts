@@ -1,6 +1,7 @@
 import { pathToFileURL } from "node:url";
 import type { Db, Database } from "../store/db.ts";
-import { appendDecisions, LeaseLostError, loadDecisions, tryAcquireLease, type Lease } from "../store/decision-log.ts";
+import { appendDecisions, LeaseLostError, tryAcquireLease, type Lease } from "../store/decision-log.ts";
+import { loadRunState, saveRunSnapshot, SNAPSHOT_EVERY_DECISIONS } from "../store/run-snapshots.ts";
 import { insertDrawnPrompts, projectRunInTx, setRunProjection } from "../store/run-facts.ts";
 import { loadRoundStatuses } from "../store/rollout-facts.ts";
 import { loadGroupsWithRewards } from "../store/group-view.ts";
@@ -11,7 +12,7 @@ import { markRunRequest, pendingRunRequests } from "../store/run-requests.ts";
 import type { JobInfo, Queues } from "../queue/queues.ts";
 import { jobIds, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "../queue/payloads.ts";
 import { amendableKeys, effectiveMaxStaleness, overSamplingBatchSize, parseRunConfig } from "../config/run-config.ts";
-import { fold, apply, isAsync, totalSteps, type RunState } from "../core/run-state.ts";
+import { apply, isAsync, totalSteps, type RunState } from "../core/run-state.ts";
 import { maskStale } from "../core/sample.ts";
 import { judgeStaleness, maskMinVersion, stalenessRule } from "../core/staleness.ts";
 import type { Decision } from "../core/decisions.ts";
@@ -82,6 +83,8 @@ class RunController {
   private lastReconcile = 0;
   /** rollout_function_path: the user's planner runs the collect phase (rollout-function.ts). */
   private rolloutFunction: RolloutFunctionDriver | null = null;
+  /** seq of the run's latest snapshot (store/run-snapshots.ts; -1: none). */
+  private snapshotSeq = -1;
 
   private constructor(
     private readonly deps: ControllerDeps,
@@ -96,7 +99,8 @@ class RunController {
 
   static async start(deps: ControllerDeps, lease: Lease): Promise<RunController> {
     const t0 = Date.now();
-    const state = fold(lease.runId, await loadDecisions(deps.db, lease.runId));
+    // The latest snapshot and the decisions after it: the same state as folding the whole log.
+    const { state, fromSnapshotSeq } = await loadRunState(deps.db, lease.runId);
     const ctx = await deps.contexts.get(lease.runId);
     const c = state.config;
     const { dataset } = await loadRunDataset(c, ctx.tokenizer);
@@ -111,6 +115,7 @@ class RunController {
       await createBufferFilter(c, process.cwd()),
       (deps.engineAdmin ?? createEngineAdmin.bind(null, c))(ctx),
     );
+    ctl.snapshotSeq = fromSnapshotSeq;
     if (c.rollout_function_path !== null) {
       ctl.rolloutFunction = await createRolloutFunctionDriver(
         {
@@ -211,6 +216,19 @@ class RunController {
       });
     });
     for (const d of logged) apply(this.state, d);
+    if (this.state.seq - this.snapshotSeq >= SNAPSHOT_EVERY_DECISIONS) await this.snapshot();
+  }
+
+  /** A snapshot is an optimisation of restarts: failing to write one only costs a longer fold. */
+  private async snapshot(): Promise<void> {
+    const seq = this.state.seq;
+    try {
+      await saveRunSnapshot(this.deps.db, this.state);
+      this.snapshotSeq = seq;
+    } catch (e) {
+      this.snapshotSeq = seq; // try again after another SNAPSHOT_EVERY_DECISIONS, not on every commit
+      this.deps.log.warn({ runId: this.state.runId, seq, err: errorMessage(e) }, "run snapshot not written");
+    }
   }
 
   private async tick(): Promise<boolean> {

@@ -31,15 +31,16 @@ export class SlotKvCache {
   }
 
   /**
-   * Store a prefill's keys/values into `slot` at positions 0..seqLen-1.
-   * @param present per buffer [1, H, seqLen, hd]
+   * Store row `row` of a prefill's keys/values into `slot` at positions 0..seqLen-1.
+   * @param present per buffer [rows, H, seqLen, hd]
    */
-  writePrefill(slot: number, present: readonly Float32Array[], seqLen: number): void {
+  writePrefill(slot: number, present: readonly Float32Array[], seqLen: number, row = 0): void {
     const rowFloats = seqLen * this.hd;
     present.forEach((src, i) => {
       const dst = this.buffers[i] as Float32Array;
+      const base = row * this.heads * rowFloats;
       for (let h = 0; h < this.heads; h++) {
-        dst.set(src.subarray(h * rowFloats, (h + 1) * rowFloats), slot * this.slotSize + h * this.length * this.hd);
+        dst.set(src.subarray(base + h * rowFloats, base + (h + 1) * rowFloats), slot * this.slotSize + h * this.length * this.hd);
       }
     });
   }
