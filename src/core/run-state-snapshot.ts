@@ -16,7 +16,15 @@ import { emptyState, type GroupPhase, type RunState } from "./run-state.ts";
 export const SNAPSHOT_FORMAT = 1;
 
 const groupPhases: readonly GroupPhase[] = ["inflight", "kept", "filtered", "buffered", "discarded", "draining"];
-const ints = z.array(z.number().int());
+/**
+ * An array of integers, checked by a plain loop: zod's per-element checks of a 1M-sample run's
+ * group columns (5 × 125k numbers) took most of a restart (bench/recovery.ts).
+ */
+const ints = z.custom<number[]>((v) => {
+  if (!Array.isArray(v)) return false;
+  for (const x of v as unknown[]) if (!Number.isInteger(x)) return false;
+  return true;
+}, "expected an array of integers");
 
 const snapshotSchema = z.object({
   format: z.literal(SNAPSHOT_FORMAT),
