@@ -51,13 +51,17 @@ export class SlotKvCache {
    */
   writeDecode(fresh: readonly Float32Array[], positions: Int32Array): void {
     const b = positions.length;
+    const hd = this.hd;
+    // Element loops, not subarray + set: a view per (row, head, buffer) was ~1k allocations per
+    // tick at B=64, a visible share of a small model's decode (bench/embedded-model.ts).
     fresh.forEach((src, i) => {
       const dst = this.buffers[i] as Float32Array;
       for (let row = 0; row < b; row++) {
         const pos = positions[row] as number;
         for (let h = 0; h < this.heads; h++) {
-          const from = (row * this.heads + h) * this.hd;
-          dst.set(src.subarray(from, from + this.hd), row * this.slotSize + (h * this.length + pos) * this.hd);
+          const from = (row * this.heads + h) * hd;
+          const to = row * this.slotSize + (h * this.length + pos) * hd;
+          for (let k = 0; k < hd; k++) dst[to + k] = src[from + k] as number;
         }
       }
     });
