@@ -14,24 +14,24 @@ export const SNAPSHOT_EVERY_DECISIONS = 20_000;
 const KEEP = 2;
 
 /**
- * The run's state: the latest usable snapshot, then every decision after it.
- * A missing or unusable snapshot (another format, a failed parse) means a fold
- * of the whole log, which gives the same state, only slower.
+ * The run's state: the newest usable snapshot (of the KEEP newest), then every
+ * decision after it. No usable snapshot (another format, a failed parse) means
+ * a fold of the whole log, which gives the same state, only slower.
  * `fromSnapshotSeq` is the snapshot's seq (-1: none used).
  */
 export async function loadRunState(db: Db, runId: string): Promise<{ state: RunState; fromSnapshotSeq: number }> {
-  const snap = await db.pool.query<{ seq: string; state: string }>(
-    "SELECT seq, state FROM run_snapshots WHERE run_id = $1 AND format = $2 ORDER BY seq DESC LIMIT 1",
+  const snaps = await db.pool.query<{ seq: string; state: string }>(
+    `SELECT seq, state FROM run_snapshots WHERE run_id = $1 AND format = $2 ORDER BY seq DESC LIMIT ${KEEP}`,
     [runId, SNAPSHOT_FORMAT],
   );
-  const row = snap.rows[0];
   let state: RunState | null = null;
-  if (row) {
+  for (const row of snaps.rows) {
     try {
       state = restoreRunState(runId, JSON.parse(row.state));
     } catch {
       state = null;
     }
+    if (state !== null) break;
   }
   if (state === null) return { state: fold(runId, await loadDecisionsAfter(db, runId, -1)), fromSnapshotSeq: -1 };
   const fromSnapshotSeq = state.seq;
