@@ -131,6 +131,8 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       rollout_max_response_len: Math.ceil(p.lenCap / p.tokenScale),
       custom_rm_path: join(repoRoot, "bench/sim/reward-fixed.mjs"),
       dynamic_sampling_filter_path: null,
+      // The farm speaks rlq's byte ids, as the test fakes do (run configs must now say so).
+      tokenizer: "bytes",
       engine: { kind: "sglang", urls: Array.from({ length: engines }, (_, i) => `${farm.url}/e/${i}`), logprob_check: "off", stream: false },
       sglang_server_concurrency: values["server-concurrency"] ? Number(values["server-concurrency"]) : p.maxRunning,
       trainer: { kind: "remote", url: trainer.url },

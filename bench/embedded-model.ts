@@ -21,7 +21,8 @@
  *   wall time. `decode_vs_ceiling` = decode / ceiling (ratio of medians;
  *   `_median_of_pairs`: the median of the per-sample ratios, which share noise).
  * - worker engine: createEmbeddedEngine (worker thread, message passing,
- *   schema checks), B concurrent generate() calls; tokens / wall.
+ *   schema checks), B concurrent generate() calls; tokens / wall (prefills
+ *   included), its samples interleaved with the ceiling's.
  * Trainer (jax-js, wasm, this thread): B=256, T=24; fwd+bwd tokens/s =
  * B*T / fwd+bwd time; also forward only and AdamW.
  *
@@ -122,33 +123,38 @@ async function scheduler(shape: Shape, runner: ModelRunner, batch: number, secon
   return { generated: tokens / (wallMs / 1000), decode: decodeTokens / (decodeMs / 1000) };
 }
 
-/** The worker-thread engine: per sample, rounds of B concurrent generate() calls until `seconds` have passed; tokens / wall. */
-async function workerEngine(shape: Shape, batch: number, seconds: number): Promise<number[]> {
+/**
+ * The worker-thread engine: `sample()` runs rounds of B concurrent generate() calls until
+ * `seconds` have passed and returns tokens / wall. One engine per batch size, warmed up by one
+ * sample; its samples are interleaved with the ceiling's (engineBench).
+ */
+async function workerEngine(shape: Shape, batch: number, seconds: number): Promise<{ sample(): Promise<number>; close(): Promise<void> }> {
   const engine = await createEmbeddedEngine({ checkpointUri: shape.checkpointDir, maxBatchSize: 64 });
-  try {
-    const rates: number[] = [];
-    let id = 0;
-    for (let rep = 0; rep <= reps; rep++) {
-      let tokens = 0;
-      const t0 = performance.now();
-      while (performance.now() - t0 < seconds * 1000) {
-        const results = await Promise.all(
-          Array.from({ length: batch }, (_, i) =>
-            engine.generate({
-              requestId: `w${id++}`,
-              inputIds: prompt(shape.config.vocab_size, shape.promptLen, i),
-              sampling: { temperature: 1, topP: 1, topK: -1, maxNewTokens: shape.newTokens, stopTokenIds: [], seed: id },
-            }),
-          ),
-        );
-        tokens += results.reduce((n, r) => n + r.tokenIds.length, 0);
-      }
-      if (rep > 0) rates.push(tokens / ((performance.now() - t0) / 1000)); // rep 0 warms up
+  let id = 0;
+  const sample = async (): Promise<number> => {
+    let tokens = 0;
+    const t0 = performance.now();
+    while (performance.now() - t0 < seconds * 1000) {
+      const results = await Promise.all(
+        Array.from({ length: batch }, (_, i) =>
+          engine.generate({
+            requestId: `w${id++}`,
+            inputIds: prompt(shape.config.vocab_size, shape.promptLen, i),
+            sampling: { temperature: 1, topP: 1, topK: -1, maxNewTokens: shape.newTokens, stopTokenIds: [], seed: id },
+          }),
+        ),
+      );
+      tokens += results.reduce((n, r) => n + r.tokenIds.length, 0);
     }
-    return rates;
-  } finally {
+    return tokens / ((performance.now() - t0) / 1000);
+  };
+  try {
+    await sample(); // warm-up
+  } catch (e) {
     await engine.close();
+    throw e;
   }
+  return { sample, close: () => engine.close() };
 }
 
 async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
@@ -157,15 +163,21 @@ async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
   try {
     for (const batch of BATCHES) {
       await scheduler(shape, runner, batch, 0.1); // warm-up
-      const runs: Array<{ ceiling: number; ceilingPadded: number; generated: number; decode: number }> = [];
-      for (let rep = 0; rep < reps; rep++) {
-        // Interleaved, so both see the same share of a noisy machine.
-        const c = await ceiling(shape.config, shape.weights, batch, batch, SAMPLE_S);
-        const cp = batch === 1 ? await ceiling(shape.config, shape.weights, 1, 2, SAMPLE_S) : c;
-        const s = await scheduler(shape, runner, batch, SAMPLE_S);
-        runs.push({ ceiling: round(c), ceilingPadded: round(cp), generated: round(s.generated), decode: round(s.decode) });
+      const runs: Array<{ ceiling: number; ceilingPadded: number; generated: number; decode: number; worker: number }> = [];
+      const engine = await workerEngine(shape, batch, SAMPLE_S);
+      try {
+        for (let rep = 0; rep < reps; rep++) {
+          // Interleaved, so all three see the same share of a noisy machine.
+          const c = await ceiling(shape.config, shape.weights, batch, batch, SAMPLE_S);
+          const cp = batch === 1 ? await ceiling(shape.config, shape.weights, 1, 2, SAMPLE_S) : c;
+          const s = await scheduler(shape, runner, batch, SAMPLE_S);
+          const w = await engine.sample();
+          runs.push({ ceiling: round(c), ceilingPadded: round(cp), generated: round(s.generated), decode: round(s.decode), worker: round(w) });
+        }
+      } finally {
+        await engine.close();
       }
-      const worker = await workerEngine(shape, batch, SAMPLE_S);
+      const worker = runs.map((r) => r.worker);
       const med = {
         ceiling: median(runs.map((r) => r.ceiling)),
         ceilingPadded: median(runs.map((r) => r.ceilingPadded)),
@@ -183,6 +195,7 @@ async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
         decode_vs_ceiling_median_of_pairs: round(median(runs.map((r) => r.decode / r.ceiling)), 3),
         generated_vs_ceiling: round(med.generated / med.ceiling, 3),
         worker_vs_ceiling: round(med.worker / med.ceiling, 3),
+        worker_vs_ceiling_median_of_pairs: round(median(runs.map((r) => r.worker / r.ceiling)), 3),
         runs,
         worker_runs: worker.map((w) => round(w)),
       };

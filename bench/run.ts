@@ -9,7 +9,7 @@ import { spawnSync } from "node:child_process";
 // default, where the fixed cost per sample shows) and ~440-token ones (where the per-token cost does).
 const all: Record<string, string[][]> = {
   "control-plane": [[], ["--rbs", "512", "--max-len", "1024", "--stop-prob", "0.002"]],
-  recovery: [[]],
+  recovery: [["--compare-snapshots", "--reps", "6"]],
   "group-load": [[]],
   "embedded-model": [[]],
   "engine-pool": [[]],

@@ -4,6 +4,12 @@
 // (npm run build) when the sources are not shipped. The shebang's V8 flags are
 // src/runtime/node-flags.ts's (why there; a test keeps the two equal).
 import { existsSync } from "node:fs";
+import { enableCompileCache } from "node:module";
+
+// V8's code cache on disk (os.tmpdir()/node-compile-cache) for every module loaded after this
+// line: rlq's few hundred modules compile once, not on every start. It cut `rlq --version` by
+// ~20% on a loaded 2-core box (bench/recovery.ts measures the restart it is for).
+enableCompileCache?.();
 
 const src = new URL("../src/cli/main.ts", import.meta.url);
 let cli;

@@ -37,7 +37,8 @@ const log: Array<{ step: number; receivedAt: number; startAt: number; endAt: num
 async function train(st: StepState, req: Record<string, unknown>): Promise<void> {
   const receivedAt = Date.now();
   try {
-    const r = await fetch(String(req.batch_url));
+    // The batch URL takes the step's bearer token (trainer protocol: batch_token).
+    const r = await fetch(String(req.batch_url), typeof req.batch_token === "string" ? { headers: { authorization: `Bearer ${req.batch_token}` } } : {});
     if (!r.ok) throw Object.assign(new Error(`batch fetch: HTTP ${r.status}`), { code: "batch_fetch_failed" });
     const batch = decodeBatch(new Uint8Array(await r.arrayBuffer()));
     let tokens = 0;

@@ -1,5 +1,4 @@
 import type { Services } from "../runtime/services.ts";
-import { startDashboard } from "../dashboard/server.ts";
 import { startMetricsServer, processMetrics } from "../observability/prometheus.ts";
 import { ConfigError } from "../config/run-config.ts";
 import { createDb } from "../store/db.ts";
@@ -29,6 +28,8 @@ export async function startProcessExtras(s: Services, options: { dashboardPort: 
       // The page reads as rlq_reader: it serves read-only SQL over HTTP (issue 22).
       const readerDb = createDb(s.urls.reader, { max: 4, applicationName: "rlq-dashboard" });
       closers.push(() => readerDb.close());
+      // Express and Bull Board load only with a dashboard: every `rlq up` and worker would pay for them.
+      const { startDashboard } = await import("../dashboard/server.ts");
       const d = await startDashboard({
         db: s.db,
         readerDb,

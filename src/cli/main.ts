@@ -2,25 +2,18 @@
 import { parseArgs } from "node:util";
 import { readEnv } from "../config/env.ts";
 import { createServices, type Services } from "../runtime/services.ts";
-import { startRun, runStatus, requestRunChange } from "../api.ts";
-import { runSql } from "./sql.ts";
-import { adminSql } from "../store/roles.ts";
 import { runUp } from "./up.ts";
-import { exportRun } from "./export.ts";
-import { replayRun } from "../controller/replay.ts";
-import { applyOverrides } from "../config/load.ts";
 import { queueKinds, type QueueKind } from "../queue/payloads.ts";
 import { defaultConcurrency, startWorkers } from "../runtime/workers.ts";
 import { loadEmbedded } from "../runtime/embedded.ts";
-import { formatStatus } from "./format-status.ts";
-import { runDemo } from "./demo.ts";
 import { ConfigError } from "../config/run-config.ts";
 import { RlqError } from "../lib/errors.ts";
 import { helpOrVersion, unknownSubcommand } from "./help.ts";
-import { configCommand } from "./config-cmd.ts";
-import { retrainCommand } from "./retrain-cmd.ts";
-import { runDashboardCommand, startProcessExtras } from "./dashboard.ts";
+import { startProcessExtras } from "./dashboard.ts";
 import { createProgressDisplay } from "../observability/progress.ts";
+
+// The other commands' modules load when their command runs: every `rlq up` and `rlq worker`
+// start would otherwise pay for them (bench/recovery.ts measures restart from spawn).
 
 const usage = `rlq — durable RL post-training on a queue
 
@@ -73,7 +66,7 @@ export async function main(argv: string[]): Promise<number> {
   }
   const [cmd, ...rest] = argv;
   // slime's flags pass through `config import-slime` untouched: it parses its own arguments.
-  if (cmd === "config") return configCommand(rest);
+  if (cmd === "config") return (await import("./config-cmd.ts")).configCommand(rest);
   const { values, positionals } = parseArgs({
     args: rest,
     allowPositionals: true,
@@ -106,6 +99,7 @@ export async function main(argv: string[]): Promise<number> {
     case "db":
       if (positionals[0] === "admin-sql") {
         const url = readEnv().DATABASE_URL;
+        const { adminSql } = await import("../store/roles.ts");
         process.stdout.write(adminSql(url ? decodeURIComponent(new URL(url).pathname.slice(1)) || "postgres" : "postgres"));
         return 0;
       }
@@ -178,11 +172,13 @@ export async function main(argv: string[]): Promise<number> {
       if (!Number.isInteger(limit) || limit <= 0) throw new ConfigError(`--limit ${values.limit}: expected a positive number of rows, e.g. --limit 5000`);
       if (positionals.length > 1)
         throw new ConfigError(`rlq sql: expected one quoted statement, got ${positionals.length} arguments; quote the whole query: rlq sql "SELECT ..."`);
+      const { runSql } = await import("./sql.ts");
       return withServices("rlq-sql", (s) => runSql(s.urls.reader, query, { asJson: values.json ?? false, limit }));
     }
     case "replay": {
       const id = positionals[0];
       if (!id) throw new ConfigError("rlq replay: expected a run id");
+      const { replayRun } = await import("../controller/replay.ts");
       return withServices("rlq-replay", async (s) => {
         const res = await replayRun(s.db, await s.contexts.get(id), { check: values.check ?? false });
         if (values.check) {
@@ -195,6 +191,7 @@ export async function main(argv: string[]): Promise<number> {
       });
     }
     case "retrain": {
+      const { retrainCommand } = await import("./retrain-cmd.ts");
       const { signal } = waitForSignal();
       return withServices("rlq-retrain", (s) => retrainCommand(s, positionals[0], values.step, values.out, signal));
     }
@@ -202,11 +199,13 @@ export async function main(argv: string[]): Promise<number> {
       const id = positionals[0];
       if (!id) throw new ConfigError("rlq export: expected a run id");
       if ((values.format ?? "jsonl") !== "jsonl") throw new ConfigError(`--format ${values.format}: only jsonl is supported`);
+      const { exportRun } = await import("./export.ts");
       return withServices("rlq-export", (s) => exportRun(s.db, id, process.stdout));
     }
     case "demo":
-      return runDemo(values.set ?? []);
+      return (await import("./demo.ts")).runDemo(values.set ?? []);
     case "dashboard": {
+      const { runDashboardCommand } = await import("./dashboard.ts");
       const { signal } = waitForSignal();
       return withServices("rlq-dashboard", (s) => runDashboardCommand(s, values.port ?? "8420", signal));
     }
@@ -219,6 +218,7 @@ export async function main(argv: string[]): Promise<number> {
 async function runCommand(positionals: string[], values: Record<string, unknown>): Promise<number> {
   const [sub, id] = positionals;
   const sets = (values.set as string[] | undefined) ?? [];
+  const { startRun, runStatus, requestRunChange } = await import("../api.ts");
   switch (sub) {
     case "start": {
       if (typeof values.config !== "string") throw new ConfigError("rlq run start: --config FILE is required");
@@ -235,6 +235,7 @@ async function runCommand(positionals: string[], values: Record<string, unknown>
       if (!id) throw new ConfigError("rlq run status: expected a run id");
       return withServices("rlq-status", async (s) => {
         const report = await runStatus(s.db, id, s.queues);
+        const { formatStatus } = await import("./format-status.ts");
         process.stdout.write(values.json ? JSON.stringify(report, null, 2) + "\n" : formatStatus(report));
         return 0;
       });
@@ -243,6 +244,7 @@ async function runCommand(positionals: string[], values: Record<string, unknown>
     case "cancel":
     case "amend": {
       if (!id) throw new ConfigError(`rlq run ${sub}: expected a run id`);
+      const { applyOverrides } = await import("../config/load.ts");
       const payload = sub === "amend" ? { changes: applyOverrides({}, sets) } : {};
       if (sub === "amend" && sets.length === 0) throw new ConfigError("rlq run amend: expected --set key=value");
       return withServices("rlq-run", async (s) => {

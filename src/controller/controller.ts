@@ -1,8 +1,9 @@
 import { pathToFileURL } from "node:url";
 import type { Db, Database } from "../store/db.ts";
-import { appendDecisions, LeaseLostError, loadDecisions, tryAcquireLease, type Lease } from "../store/decision-log.ts";
+import { appendDecisions, LeaseLostError, tryAcquireLease, type Lease } from "../store/decision-log.ts";
+import { loadRunState, saveRunSnapshot, SNAPSHOT_EVERY_DECISIONS } from "../store/run-snapshots.ts";
 import { projectRunInTx, setRunProjection } from "../store/projections.ts";
-import { fold, apply, isAsync, type RunState } from "../core/run-state.ts";
+import { apply, isAsync, type RunState } from "../core/run-state.ts";
 import type { Decision } from "../core/decisions.ts";
 import type { Dataset } from "../data/dataset.ts";
 import { loadRunDataset } from "../runtime/plugins-registry.ts";
@@ -18,6 +19,7 @@ import { tickAsync } from "./async-pipeline.ts";
 import { reconcile } from "./reconcile.ts";
 import { handleRequests } from "./requests.ts";
 import { sleep } from "../lib/sleep.ts";
+import { errorMessage } from "../lib/errors.ts";
 
 export type { ControllerDeps } from "./host.ts";
 export { reconcileAction } from "./reconcile.ts";
@@ -65,6 +67,8 @@ class RunController implements ControllerHost {
   private lastReconcile = 0;
   /** rollout_function_path: the user's planner runs the collect phase (rollout-function.ts). */
   private rolloutFunction: RolloutFunctionDriver | null = null;
+  /** seq of the run's latest snapshot (store/run-snapshots.ts; -1: none). */
+  private snapshotSeq = -1;
 
   private constructor(
     readonly deps: ControllerDeps,
@@ -79,7 +83,8 @@ class RunController implements ControllerHost {
 
   static async start(deps: ControllerDeps, lease: Lease): Promise<RunController> {
     const t0 = Date.now();
-    const state = fold(lease.runId, await loadDecisions(deps.db, lease.runId));
+    // The latest snapshot and the decisions after it: the same state as folding the whole log.
+    const { state, fromSnapshotSeq } = await loadRunState(deps.db, lease.runId);
     const ctx = await deps.contexts.get(lease.runId);
     const c = state.config;
     const { dataset } = await loadRunDataset(c, ctx.tokenizer);
@@ -94,6 +99,7 @@ class RunController implements ControllerHost {
       await createBufferFilter(c, process.cwd()),
       (deps.engineAdmin ?? createEngineAdmin.bind(null, c))(ctx),
     );
+    ctl.snapshotSeq = fromSnapshotSeq;
     if (c.rollout_function_path !== null) {
       ctl.rolloutFunction = await createRolloutFunctionDriver(
         {
@@ -194,6 +200,19 @@ class RunController implements ControllerHost {
       });
     });
     for (const d of logged) apply(this.state, d);
+    if (this.state.seq - this.snapshotSeq >= SNAPSHOT_EVERY_DECISIONS) await this.snapshot();
+  }
+
+  /** A snapshot is an optimisation of restarts: failing to write one only costs a longer fold. */
+  private async snapshot(): Promise<void> {
+    const seq = this.state.seq;
+    try {
+      await saveRunSnapshot(this.deps.db, this.state);
+      this.snapshotSeq = seq;
+    } catch (e) {
+      this.snapshotSeq = seq; // try again after another SNAPSHOT_EVERY_DECISIONS, not on every commit
+      this.deps.log.warn({ runId: this.state.runId, seq, err: errorMessage(e) }, "run snapshot not written");
+    }
   }
 
   /** `commit`, then the crash point, then the jobs the decisions call for (outbox: decision first, then job). */

@@ -2,7 +2,7 @@ import { readFile } from "node:fs/promises";
 import { sha256Hex } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
 import { promptRowFromRecord, type PromptRecordKeys } from "./chat-template.ts";
-import { isParquetPath, loadParquetDataset, type PromptDatasetOptions } from "./parquet.ts";
+import type { PromptDatasetOptions } from "./parquet.ts";
 import type { Dataset, PromptRow } from "./prompt-row.ts";
 
 /**
@@ -56,5 +56,8 @@ export async function loadJsonlDataset(path: string, keys: PromptRecordKeys, opt
 
 /** JSONL or Parquet, by file extension. */
 export async function loadPromptData(path: string, keys: PromptRecordKeys, options: PromptDatasetOptions = {}): Promise<Dataset> {
+  if (!/\.parquet$/i.test(path)) return loadJsonlDataset(path, keys, options);
+  // Loaded on use: hyparquet is ~30 modules that every rlq start would pay for (bench/recovery.ts).
+  const { isParquetPath, loadParquetDataset } = await import("./parquet.ts");
   return isParquetPath(path) ? loadParquetDataset(path, keys, options) : loadJsonlDataset(path, keys, options);
 }

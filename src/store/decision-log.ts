@@ -86,6 +86,15 @@ export async function loadDecisions(db: Db, runId: string): Promise<LoggedDecisi
   return rows.map((r) => parseDecision(r.kind, r.payload, r.seq));
 }
 
+/** The run's decisions with seq > `afterSeq`, in order (a restart's tail after its snapshot). */
+export async function loadDecisionsAfter(db: Db, runId: string, afterSeq: number): Promise<LoggedDecision[]> {
+  const res = await db.pool.query<{ seq: string; kind: string; payload: unknown }>(
+    "SELECT seq, kind, payload FROM decisions WHERE run_id = $1 AND seq > $2 ORDER BY seq",
+    [runId, afterSeq],
+  );
+  return res.rows.map((r) => parseDecision(r.kind, r.payload, Number(r.seq)));
+}
+
 /**
  * Append decisions in one transaction, with `extra` writes (facts and
  * projections that must land with them) in the same transaction.

@@ -1,4 +1,6 @@
 import { spawn, type ChildProcess } from "node:child_process";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { rlqNodeFlags } from "../../src/runtime/node-flags.ts";
 
@@ -53,7 +55,8 @@ export async function spawnFake(script: string, args: string[] = []): Promise<Pr
 
 /** An rlq process as `bin/rlq.js` starts one: with rlq's V8 flags (src/runtime/node-flags.ts). */
 export function spawnRlq(args: string[], env: Record<string, string>, nodeArgs: string[] = []): Proc {
-  return spawnTs("src/cli/main.ts", args, env, [...rlqNodeFlags, ...nodeArgs]);
+  // bin/rlq.js enables Node's compile cache (module.enableCompileCache: this directory).
+  return spawnTs("src/cli/main.ts", args, { NODE_COMPILE_CACHE: join(tmpdir(), "node-compile-cache"), ...env }, [...rlqNodeFlags, ...nodeArgs]);
 }
 
 /** Poll a predicate over facts until it holds (the timeout only bounds a broken run). */

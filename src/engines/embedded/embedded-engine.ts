@@ -77,6 +77,8 @@ class WorkerEngine implements EmbeddedEngine {
   private nextTicket = 0;
   private failure: Error | null = null;
   private closed = false;
+  /** generate() calls of this turn, posted together at its end (protocol.ts). */
+  private outbox: GenerateRequest[] = [];
 
   constructor(
     readonly id: string,
@@ -101,7 +103,8 @@ class WorkerEngine implements EmbeddedEngine {
     }
     return new Promise((resolve, reject) => {
       this.pending.set(req.requestId, { resolve, reject });
-      this.send({ type: "generate", request: req });
+      if (this.outbox.length === 0) queueMicrotask(() => this.flush());
+      this.outbox.push(req);
     });
   }
 
@@ -143,7 +146,16 @@ class WorkerEngine implements EmbeddedEngine {
     clearTimeout(timer);
   }
 
+  private flush(): void {
+    if (this.outbox.length === 0) return;
+    const requests = this.outbox;
+    this.outbox = [];
+    this.worker.postMessage({ type: "generate", requests } satisfies ToWorker);
+  }
+
+  /** Queued generates go first, so an abort or a load never overtakes the requests it concerns. */
   private send(msg: ToWorker): void {
+    this.flush();
     this.worker.postMessage(msg);
   }
 
@@ -157,12 +169,13 @@ class WorkerEngine implements EmbeddedEngine {
 
   private onMessage(msg: FromWorker): void {
     switch (msg.type) {
-      case "done": {
-        const p = this.pending.get(msg.requestId);
-        this.pending.delete(msg.requestId);
-        p?.resolve(generateResultSchema.parse({ ...msg.result, engineId: this.id }));
+      case "done":
+        for (const { requestId, result } of msg.results) {
+          const p = this.pending.get(requestId);
+          this.pending.delete(requestId);
+          p?.resolve(generateResultSchema.parse({ ...result, engineId: this.id }));
+        }
         break;
-      }
       case "failed": {
         const p = this.pending.get(msg.requestId);
         this.pending.delete(msg.requestId);

@@ -2,7 +2,7 @@ import { parentPort, receiveMessageOnPort, workerData } from "node:worker_thread
 import { readCheckpoint } from "../../model/checkpoint.ts";
 import { ModelRunner } from "./model-runner.ts";
 import type { EngineWorkerData, FromWorker, ToWorker } from "./protocol.ts";
-import { DecodeScheduler } from "./scheduler.ts";
+import { DecodeScheduler, type SchedulerResult } from "./scheduler.ts";
 
 /**
  * Worker-thread entry of the embedded engine: owns the ORT sessions, the KV
@@ -12,7 +12,18 @@ import { DecodeScheduler } from "./scheduler.ts";
  */
 if (!parentPort) throw new Error("engine-worker must run in a worker thread");
 const port = parentPort;
-const post = (msg: FromWorker): void => port.postMessage(msg);
+/** Finished requests of the current tick, sent as one "done" message. */
+let finished: Array<{ requestId: string; result: SchedulerResult }> = [];
+const flushDone = (): void => {
+  if (finished.length === 0) return;
+  port.postMessage({ type: "done", results: finished } satisfies FromWorker);
+  finished = [];
+};
+// Any other message goes after the results before it (an abort's ack after its aborted results).
+const post = (msg: FromWorker): void => {
+  flushDone();
+  port.postMessage(msg);
+};
 
 async function main(): Promise<void> {
   const data = workerData as EngineWorkerData;
@@ -22,7 +33,7 @@ async function main(): Promise<void> {
     runner,
     ckpt.version,
     {
-      done: (requestId, result) => post({ type: "done", requestId, result }),
+      done: (requestId, result) => finished.push({ requestId, result }),
       failed: (requestId, message) => post({ type: "failed", requestId, message }),
     },
     { maxBatchSize: data.maxBatchSize, logitNoiseStd: data.logitNoiseStd },
@@ -33,7 +44,7 @@ async function main(): Promise<void> {
   const handle = (msg: ToWorker): void => {
     switch (msg.type) {
       case "generate":
-        scheduler.submit(msg.request);
+        for (const r of msg.requests) scheduler.submit(r);
         break;
       case "abort":
         scheduler.abort(msg.ids);
@@ -79,6 +90,7 @@ async function main(): Promise<void> {
   post({ type: "ready", version: ckpt.version, config: ckpt.config });
   while (!closed) {
     drain();
+    flushDone();
     if (closed) break;
     if (scheduler.isIdle) {
       await new Promise<void>((resolve) => (wake = resolve));
@@ -86,6 +98,7 @@ async function main(): Promise<void> {
       continue;
     }
     await scheduler.step();
+    flushDone();
     await new Promise<void>((resolve) => setImmediate(resolve));
   }
   await runner.release();

@@ -31,15 +31,16 @@ export class SlotKvCache {
   }
 
   /**
-   * Store a prefill's keys/values into `slot` at positions 0..seqLen-1.
-   * @param present per buffer [1, H, seqLen, hd]
+   * Store row `row` of a prefill's keys/values into `slot` at positions 0..seqLen-1.
+   * @param present per buffer [rows, H, seqLen, hd]
    */
-  writePrefill(slot: number, present: readonly Float32Array[], seqLen: number): void {
+  writePrefill(slot: number, present: readonly Float32Array[], seqLen: number, row = 0): void {
     const rowFloats = seqLen * this.hd;
     present.forEach((src, i) => {
       const dst = this.buffers[i] as Float32Array;
+      const base = row * this.heads * rowFloats;
       for (let h = 0; h < this.heads; h++) {
-        dst.set(src.subarray(h * rowFloats, (h + 1) * rowFloats), slot * this.slotSize + h * this.length * this.hd);
+        dst.set(src.subarray(base + h * rowFloats, base + (h + 1) * rowFloats), slot * this.slotSize + h * this.length * this.hd);
       }
     });
   }
@@ -50,13 +51,17 @@ export class SlotKvCache {
    */
   writeDecode(fresh: readonly Float32Array[], positions: Int32Array): void {
     const b = positions.length;
+    const hd = this.hd;
+    // Element loops, not subarray + set: a view per (row, head, buffer) was ~1k allocations per
+    // tick at B=64, a visible share of a small model's decode (bench/embedded-model.ts).
     fresh.forEach((src, i) => {
       const dst = this.buffers[i] as Float32Array;
       for (let row = 0; row < b; row++) {
         const pos = positions[row] as number;
         for (let h = 0; h < this.heads; h++) {
-          const from = (row * this.heads + h) * this.hd;
-          dst.set(src.subarray(from, from + this.hd), row * this.slotSize + (h * this.length + pos) * this.hd);
+          const from = (row * this.heads + h) * hd;
+          const to = row * this.slotSize + (h * this.length + pos) * hd;
+          for (let k = 0; k < hd; k++) dst[to + k] = src[from + k] as number;
         }
       }
     });

@@ -23,8 +23,24 @@ export interface DecodeOutput {
   fresh: Float32Array[];
 }
 
+/**
+ * A decode at a fixed row count over fixed past buffers, with its feeds built
+ * once: write `ids` and `positions` in place, then `run()`. Building the feed
+ * object (~30 weight tensors, the past views) on every tick was a visible share
+ * of a small model's tick (bench/embedded-model.ts). Valid until the weights change.
+ */
+export interface DecodeHandle {
+  /** [rows] int32, the token at `positions` (the tensors wrap these arrays). */
+  readonly ids: Int32Array;
+  /** [rows] int32, each < cacheLength */
+  readonly positions: Int32Array;
+  run(): Promise<DecodeOutput>;
+}
+
 export class ModelRunner {
   private weightFeeds: OrtFeeds = {};
+  /** Bumped by setWeights: a DecodeHandle of another generation is stale. */
+  private weightsGeneration = 0;
 
   private constructor(
     readonly config: ModelConfig,
@@ -46,6 +62,7 @@ export class ModelRunner {
     const feeds: OrtFeeds = {};
     for (const spec of parameterSpecs(this.config)) feeds[spec.name] = floatTensor(weights[spec.name] as Float32Array, spec.shape);
     this.weightFeeds = feeds;
+    this.weightsGeneration++;
   }
 
   /** @param ids [B, T] int32 row-major, all rows starting at position 0 */
@@ -86,6 +103,41 @@ export class ModelRunner {
     const fresh: Float32Array[] = [];
     for (let l = 0; l < nl; l++) fresh.push(tensorFloats(out[`new.${l}.key`], "key"), tensorFloats(out[`new.${l}.value`], "value"));
     return { logits: tensorFloats(out.logits, "logits"), fresh };
+  }
+
+  /**
+   * @param past per layer key/value [rows, H, cacheLength, hd] (index 2l, 2l+1); must stay
+   *   the same arrays, unchanged in length, for the handle's life (the KV cache's slot views).
+   */
+  decodeHandle(rows: number, past: Float32Array[], cacheLength: number): DecodeHandle {
+    const { n_heads: nh, n_layers: nl } = this.config;
+    const hd = headDim(this.config);
+    if (past.length !== 2 * nl) throw new Error("decode: inconsistent batch inputs");
+    const ids = new Int32Array(rows);
+    const positions = new Int32Array(rows);
+    const feeds: OrtFeeds = { ...this.weightFeeds, input_ids: int32Tensor(ids, [rows]), positions: int32Tensor(positions, [rows]) };
+    for (let l = 0; l < nl; l++) {
+      for (const [i, kind] of [
+        [0, "key"],
+        [1, "value"],
+      ] as const) {
+        const data = past[2 * l + i] as Float32Array;
+        if (data.length !== rows * nh * cacheLength * hd) throw new Error(`decode: past.${l}.${kind} has ${data.length} values`);
+        feeds[`past.${l}.${kind}`] = floatTensor(data, [rows, nh, cacheLength, hd]);
+      }
+    }
+    const generation = this.weightsGeneration;
+    return {
+      ids,
+      positions,
+      run: async () => {
+        if (generation !== this.weightsGeneration) throw new Error("decode: handle built for other weights");
+        const out = await this.decodeSession.run(feeds);
+        const fresh: Float32Array[] = [];
+        for (let l = 0; l < nl; l++) fresh.push(tensorFloats(out[`new.${l}.key`], "key"), tensorFloats(out[`new.${l}.value`], "value"));
+        return { logits: tensorFloats(out.logits, "logits"), fresh };
+      },
+    };
   }
 
   async release(): Promise<void> {

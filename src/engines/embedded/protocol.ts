@@ -12,15 +12,21 @@ export interface EngineWorkerData {
   logitNoiseStd: number;
 }
 
+/**
+ * Requests and results travel in batches: the generate() calls of one main-thread turn go as
+ * one message, and the requests a worker tick finishes come back as one. One message per
+ * request made the worker start a batch before its last request had arrived, and cost a
+ * structured clone each (bench/embedded-model.ts).
+ */
 export type ToWorker =
-  | { type: "generate"; request: GenerateRequest }
+  | { type: "generate"; requests: GenerateRequest[] }
   | { type: "abort"; ids: string[]; ticket: number }
   | { type: "load"; version: number; path: string; ticket: number }
   | { type: "close" };
 
 export type FromWorker =
   | { type: "ready"; version: number; config: ModelConfig }
-  | { type: "done"; requestId: string; result: SchedulerResult }
+  | { type: "done"; results: Array<{ requestId: string; result: SchedulerResult }> }
   | { type: "failed"; requestId: string; message: string }
   | { type: "ack"; ticket: number; error?: string }
   | { type: "fatal"; message: string };

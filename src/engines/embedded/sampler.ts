@@ -28,7 +28,14 @@ export interface SampledToken {
  */
 export function sampleToken(logits: ArrayLike<number>, config: SamplingConfig, u: number, noise?: ArrayLike<number>): SampledToken {
   const n = logits.length;
-  const z = new Float64Array(n);
+  // Scratch rows reused across calls: one allocation per call was a visible share of a small
+  // model's decode tick (bench/embedded-model.ts). Same arithmetic, in the same order, as before.
+  if (scratchZ.length < n) {
+    scratchZ = new Float64Array(n);
+    scratchP = new Float64Array(n);
+  }
+  const z = scratchZ;
+  const p = scratchP;
   let max = -Infinity;
   for (let i = 0; i < n; i++) {
     const v = (logits[i]! + (noise ? noise[i]! : 0)) / config.temperature;
@@ -36,40 +43,44 @@ export function sampleToken(logits: ArrayLike<number>, config: SamplingConfig, u
     if (v > max) max = v;
   }
   let sum = 0;
-  const p = new Float64Array(n);
   for (let i = 0; i < n; i++) sum += p[i] = Math.exp(z[i]! - max);
   const lse = max + Math.log(sum);
   for (let i = 0; i < n; i++) p[i] = p[i]! / sum;
 
   const truncate = (config.topK > 0 && config.topK < n) || config.topP < 1;
-  let order: number[];
-  let mass: number;
   if (!truncate) {
-    order = [];
-    for (let i = 0; i < n; i++) order.push(i);
-    mass = 1;
-  } else {
-    // Descending probability, ties by lower id: a total order, so the kept set is deterministic.
-    order = Array.from({ length: n }, (_, i) => i).sort((a, b) => p[b]! - p[a]! || a - b);
-    if (config.topK > 0 && config.topK < n) order.length = config.topK;
-    let kept = 0;
-    for (const i of order) kept += p[i]!;
-    if (config.topP < 1) {
-      // top-p over the top-k-renormalised distribution (SGLang/HF order): smallest prefix reaching topP.
-      let cum = 0;
-      let cut = order.length;
-      for (let j = 0; j < order.length; j++) {
-        cum += p[order[j]!]! / kept;
-        if (cum >= config.topP) {
-          cut = j + 1;
-          break;
-        }
+    // The whole vocabulary in id order, mass 1.
+    let target = u;
+    let token = n - 1;
+    for (let i = 0; i < n; i++) {
+      target -= p[i]!;
+      if (target < 0) {
+        token = i;
+        break;
       }
-      order.length = cut;
     }
-    mass = 0;
-    for (const i of order) mass += p[i]!;
+    return { token, logProb: z[token]! - lse };
   }
+  // Descending probability, ties by lower id: a total order, so the kept set is deterministic.
+  const order = Array.from({ length: n }, (_, i) => i).sort((a, b) => p[b]! - p[a]! || a - b);
+  if (config.topK > 0 && config.topK < n) order.length = config.topK;
+  let kept = 0;
+  for (const i of order) kept += p[i]!;
+  if (config.topP < 1) {
+    // top-p over the top-k-renormalised distribution (SGLang/HF order): smallest prefix reaching topP.
+    let cum = 0;
+    let cut = order.length;
+    for (let j = 0; j < order.length; j++) {
+      cum += p[order[j]!]! / kept;
+      if (cum >= config.topP) {
+        cut = j + 1;
+        break;
+      }
+    }
+    order.length = cut;
+  }
+  let mass = 0;
+  for (const i of order) mass += p[i]!;
 
   let target = u * mass;
   let token = order[order.length - 1]!;
@@ -82,6 +93,9 @@ export function sampleToken(logits: ArrayLike<number>, config: SamplingConfig, u
   }
   return { token, logProb: z[token]! - lse };
 }
+
+let scratchZ = new Float64Array(0);
+let scratchP = new Float64Array(0);
 
 /** [vocab] Gaussian logit noise from the request's noise stream (std 0 → undefined). */
 export function logitNoise(rng: Prng | null, vocab: number, std: number): Float64Array | undefined {

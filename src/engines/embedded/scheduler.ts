@@ -3,12 +3,13 @@ import { mixSeed, Prng } from "../../model/prng.ts";
 import type { Weights } from "../../model/weights.ts";
 import type { FinishReason, GenerateRequest } from "../engine.ts";
 import { SlotKvCache } from "./kv-cache.ts";
-import type { ModelRunner } from "./model-runner.ts";
+import type { DecodeHandle, ModelRunner } from "./model-runner.ts";
 import { logitNoise, sampleToken } from "./sampler.ts";
 
 /**
  * Continuous batching for the embedded engine. One `step()` is one scheduler
- * tick: swap weights if asked, admit waiting requests (prefill each alone, B=1),
+ * tick: swap weights if asked, admit waiting requests (prefilled together when
+ * their prompts have the same length: a GRPO group's samples share one prompt),
  * then one batched decode step for every active request. Requests join and leave
  * only between ticks, and weights change only between ticks.
  *
@@ -44,6 +45,8 @@ export class DecodeScheduler {
   private readonly active: Sequence[] = [];
   private readonly cache: SlotKvCache;
   private pendingSwap: { version: number; weights: Weights; resolve: () => void } | null = null;
+  /** Decode feeds per row count, built once per weight version (ModelRunner.decodeHandle). */
+  private readonly handles = new Map<number, DecodeHandle>();
 
   constructor(
     private readonly runner: ModelRunner,
@@ -108,36 +111,53 @@ export class DecodeScheduler {
       this.pendingSwap = null;
       for (let i = this.active.length - 1; i >= 0; i--) this.leave(i, "abort");
       this.runner.setWeights(swap.weights);
+      this.handles.clear();
       this.version = swap.version;
       swap.resolve();
     }
     let produced = 0;
-    while (this.waiting.length > 0 && this.active.length < this.opts.maxBatchSize) {
-      produced += await this.admit(this.waiting.shift() as Sequence);
+    const ctx = this.runner.config.context_length;
+    const admitted: Sequence[] = [];
+    while (this.waiting.length > 0 && this.active.length + admitted.length < this.opts.maxBatchSize) {
+      const seq = this.waiting.shift() as Sequence;
+      if (seq.request.sampling.maxNewTokens === 0 || seq.tokens.length >= ctx) this.finish(seq, "length");
+      else admitted.push(seq);
     }
+    // Same-length prompts go through one prefill, in arrival order within each length. Rows are
+    // never padded: padding would change the attention's reduction lengths and so the rounding,
+    // and a request's tokens must not depend on its batch-mates. One-token prompts stay alone:
+    // a single-row MatMul takes ORT's GEMV path, which rounds differently from a batch's GEMM.
+    const byLength = new Map<number, Sequence[]>();
+    for (const seq of admitted) {
+      const key = seq.tokens.length === 1 ? -byLength.size - 1 : seq.tokens.length;
+      const list = byLength.get(key);
+      if (list) list.push(seq);
+      else byLength.set(key, [seq]);
+    }
+    for (const group of byLength.values()) produced += await this.admit(group);
     if (this.active.length > 0) produced += await this.decodeStep();
     return produced;
   }
 
-  /** Prefill a request alone and sample its first token. */
-  private async admit(seq: Sequence): Promise<number> {
-    const ctx = this.runner.config.context_length;
-    if (seq.request.sampling.maxNewTokens === 0 || seq.tokens.length >= ctx) {
-      this.finish(seq, "length");
-      return 0;
-    }
-    const n = seq.tokens.length;
-    const out = await this.runner.prefill(Int32Array.from(seq.tokens), 1, n);
+  /** Prefill requests with prompts of one length together and sample each one's first token. */
+  private async admit(group: Sequence[]): Promise<number> {
+    const n = (group[0] as Sequence).tokens.length;
+    const ids = new Int32Array(group.length * n); // [rows, n]
+    group.forEach((seq, row) => ids.set(seq.tokens, row * n));
+    const out = await this.runner.prefill(ids, group.length, n);
     const vocab = this.runner.config.vocab_size;
-    this.sample(seq, out.logits.subarray((n - 1) * vocab, n * vocab));
-    const reason = this.finishReason(seq);
-    if (reason) {
-      this.finish(seq, reason);
-    } else {
-      this.cache.writePrefill(this.active.length, out.present, n);
-      this.active.push(seq);
-    }
-    return 1;
+    group.forEach((seq, row) => {
+      const at = (row * n + n - 1) * vocab;
+      this.sample(seq, out.logits.subarray(at, at + vocab));
+      const reason = this.finishReason(seq);
+      if (reason) {
+        this.finish(seq, reason);
+      } else {
+        this.cache.writePrefill(this.active.length, out.present, n, row);
+        this.active.push(seq);
+      }
+    });
+    return group.length;
   }
 
   private async decodeStep(): Promise<number> {
@@ -146,13 +166,20 @@ export class DecodeScheduler {
     // the GEMM path used for 2+ rows (measured: ~1e-7). Padding B=1 to 2 rows
     // keeps a request's logits bit-identical whatever the batch size.
     const rows = Math.max(b, 2);
-    const ids = new Int32Array(rows);
-    const positions = new Int32Array(rows);
+    let handle = this.handles.get(rows);
+    if (!handle) {
+      handle = this.runner.decodeHandle(rows, this.cache.views(rows), this.cache.length);
+      this.handles.set(rows, handle);
+    }
+    const { ids, positions } = handle;
+    // A padding row (B=1) decodes token 0 at position 0 of an unused slot, as before.
+    ids.fill(0);
+    positions.fill(0);
     this.active.forEach((seq, i) => {
       positions[i] = seq.tokens.length - 1; // the last sampled token, not yet in the cache
       ids[i] = seq.tokens[seq.tokens.length - 1] as number;
     });
-    const out = await this.runner.decode(ids, positions, this.cache.views(rows), this.cache.length);
+    const out = await handle.run();
     this.cache.writeDecode(out.fresh, positions.subarray(0, b));
     const vocab = this.runner.config.vocab_size;
     this.active.forEach((seq, i) => this.sample(seq, out.logits.subarray(i * vocab, (i + 1) * vocab)));

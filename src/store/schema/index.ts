@@ -8,3 +8,4 @@ export * from "./rollout-history.ts";
 export * from "./run-requests.ts";
 export * from "./evals.ts";
 export * from "./engine-metrics.ts";
+export * from "./run-snapshots.ts";
