@@ -1,0 +1,122 @@
+/**
+ * The fake SGLang's state (test/fakes/fake-sglang.ts is the server; its header documents every
+ * behaviour with the SGLang source it comes from): options from the command line, the live
+ * requests, the counters tests read on /stats, the weight version and the injected fault.
+ */
+import type { ServerResponse } from "node:http";
+import type { LogprobMode } from "../fake-lm.ts";
+
+/** Set once from the command line by fake-sglang.ts. */
+export const opts = {
+  tokenDelayMs: 0,
+  stopProb: 0.08,
+  logprobMode: "scaled" as LogprobMode,
+  loadDelayMs: 0,
+  apiKey: undefined as string | undefined,
+  contextLength: 32768,
+  isDeterministic: false,
+  isIncremental: false,
+  streamInterval: 1,
+  hasSpans: false,
+  isNewVersionApi: false,
+  healthBlockMs: 20_000,
+  healthPollMs: 1000,
+  tpSize: 1,
+  disconnectAbortDelayMs: 2000,
+  isInstant: false,
+};
+
+export type FaultMode = "none" | "5xx" | "hang" | "abort_mid" | "error_abort" | "reset" | "die" | "stale_version";
+export interface Fault {
+  mode: FaultMode;
+  afterTokens: number;
+  /** 5xx / reset: answers left to fail; -1 = all. */
+  count: number;
+  version: number;
+  scope: "generate" | "all";
+  statusCode: number;
+}
+
+/** What changes while the server runs. */
+export const st = {
+  weightVersion: 0,
+  fault: { mode: "none", afterTokens: 0, count: -1, version: 0, scope: "generate", statusCode: 500 } as Fault,
+  /** Bumped by every POST /_fault: a hang ends when its fault is replaced. */
+  faultEpoch: 0,
+  /** Loads wait for in-flight requests; new requests wait for a load (SGLang's model update lock). */
+  loading: null as Promise<void> | null,
+  drained: null as (() => void) | null,
+  paused: null as Promise<void> | null,
+  pauseMode: "abort" as "abort" | "in_place" | "retract",
+  resume: null as (() => void) | null,
+};
+export interface LiveRequest {
+  aborted: boolean;
+}
+export const live = new Map<string, LiveRequest>();
+export const stats = {
+  generate: 0,
+  batches: 0,
+  aborted: 0,
+  loads: 0,
+  abortRequests: 0,
+  failed5xx: 0,
+  maxLive: 0,
+  refused: 0,
+  duplicates: 0,
+  unauthorized: 0,
+  bytesSent: 0,
+  /** Tokens decoded so far, all requests: tests wait on it instead of sleeping. */
+  tokensGenerated: 0,
+  healthBusy: 0,
+  pauses: 0,
+  flushes: 0,
+  /** The last update_weights_from_distributed body's names, dtypes and shapes. */
+  lastPush: null as null | { names: unknown; dtypes: unknown; shapes: unknown; group_name: unknown },
+  /** The last update_weights_from_tensor body, as checked (the tensors themselves stay opaque). */
+  lastTensorPush: null as null | { count: number; bytes: number[]; load_format: unknown; flush_cache: boolean; weight_version: unknown },
+  /** Every push and load in order, with whether requests were live when it applied (tests read the order). */
+  calls: [] as string[],
+  groups: [] as unknown[],
+  /** /abort_request with abort_all (rlq must never send one: other runs share the server). */
+  abortAlls: 0,
+  /** /flush_cache answers: refused while requests ran, done. */
+  flushRefused: 0,
+  cacheFlushes: 0,
+  seedsSeen: [] as number[],
+};
+/** Groups made by /init_weights_update_group (model_runner.py keeps them by group_name). */
+export const groupNames = new Set<string>();
+
+export const reportedVersion = () => (st.fault.mode === "stale_version" ? st.fault.version : st.weightVersion);
+export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+export const isHanging = () => st.fault.mode === "hang";
+
+export function send(res: ServerResponse, status: number, obj: unknown): void {
+  const text = JSON.stringify(obj);
+  stats.bytesSent += Buffer.byteLength(text);
+  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
+  res.end(text);
+}
+
+export function take5xx(scope: "generate" | "health"): boolean {
+  if (st.fault.mode !== "5xx") return false;
+  if (scope === "health" && st.fault.scope !== "all") return false;
+  if (st.fault.count === 0) return false;
+  if (st.fault.count > 0) st.fault.count--;
+  stats.failed5xx++;
+  return true;
+}
+
+export async function hangWhileFaulted(): Promise<void> {
+  const epoch = st.faultEpoch;
+  while (isHanging() && st.faultEpoch === epoch) await sleep(20);
+}
+
+export type Finish = "stop" | "length" | "abort" | "error_abort";
+export interface Generated {
+  out: Array<[number, number, null]>;
+  top: Array<Array<[number, number, null]>>;
+  versions: number[];
+  finish: Finish;
+}
