@@ -73,13 +73,3 @@ export function request(id: string, options: Partial<GenerateRequest["sampling"]
     ...(sessionKey === undefined ? {} : { sessionKey }),
   };
 }
-
-export async function until<T>(what: string, fn: () => Promise<T | null | undefined | false> | T | null | undefined | false, timeoutMs = 20_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
