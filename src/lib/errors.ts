@@ -29,6 +29,7 @@ export const ERROR_CODES = {
   dataset_bad_row: { retriable: false, meaning: "A dataset row lacks the input key or has a value of the wrong type." },
   tokenizer_missing: { retriable: false, meaning: "No tokenizer file where the config points." },
   tokenizer_invalid: { retriable: false, meaning: "The tokenizer file cannot be parsed." },
+  tokenizer_cannot_encode: { retriable: false, meaning: "The demo tokenizer has no token for a character of the text." },
   tokenizer_no_chat_template: { retriable: false, meaning: "apply_chat_template is set but the tokenizer has no chat template." },
   model_invalid: { retriable: false, meaning: "A model file (config, safetensors, checkpoint) is missing, malformed or does not match the model config." },
   dashboard_port_in_use: { retriable: false, meaning: "The dashboard's port is taken." },
