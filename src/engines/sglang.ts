@@ -16,6 +16,7 @@ import { createEnginePool } from "./pool.ts";
 import { applySglangMeta, readSglangAnswer } from "./sglang-answer.ts";
 import { createBatcher } from "./sglang-batcher.ts";
 import { errorMessage, RlqError } from "../lib/errors.ts";
+import { requestText } from "../lib/http-client.ts";
 
 /**
  * One SGLang server through its native API (as slime/rollout/sglang_rollout.py at 624b824 uses it):
@@ -204,9 +205,8 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
     },
     async health(timeoutMs = adminMs) {
       try {
-        const res = await fetch(`${url}/health_generate`, { signal: AbortSignal.timeout(timeoutMs), headers });
-        await res.arrayBuffer().catch(() => undefined);
-        if (res.ok) return true;
+        const res = await requestText("GET", `${url}/health_generate`, undefined, { timeoutMs, headers });
+        if (res.status >= 200 && res.status < 300) return true;
         // 503 while weights load or generation is paused (http_server.py health_generate): busy if the
         // server still answers its version endpoint, which takes no model lock.
         healthFailure =
