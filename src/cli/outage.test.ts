@@ -39,7 +39,7 @@ describe("isOutageError", () => {
     expect(isOutageError(new Error("Connection terminated unexpectedly"))).toBe(true);
     expect(
       isOutageError(
-        new RlqError("enqueue_failed", "add failed", { cause: Object.assign(new Error("connect ECONNREFUSED 10.0.0.2:6379"), { code: "ECONNREFUSED" }) }),
+        new RlqError("http_unreachable", "add failed", { cause: Object.assign(new Error("connect ECONNREFUSED 10.0.0.2:6379"), { code: "ECONNREFUSED" }) }),
       ),
     ).toBe(true);
     expect(isOutageError(new RlqError("lease_lost", "run x: this controller no longer holds the run's lease"))).toBe(true);

@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * The only reader of process.env. Everything else receives an `Env`.
@@ -49,7 +50,7 @@ export function readEnv(source: NodeJS.ProcessEnv = process.env): Env {
     const key = issue?.path.join(".") ?? "?";
     // A URL may carry a password: name the variable, never print its value.
     const shown = /URL$/.test(key) ? "(value not shown)" : JSON.stringify(source[key]);
-    throw new Error(`environment variable ${key}=${shown}: ${issue?.message ?? "invalid"}`);
+    throw new RlqError("config_invalid", `environment variable ${key}=${shown}: ${issue?.message ?? "invalid"}`);
   }
   return parsed.data;
 }

@@ -7,6 +7,7 @@ import { secretRefSchema } from "./secrets.ts";
 import { normalizeSlimeForms, parsedConfigIssues, rawConfigIssues, unknownKeyAdvice } from "./slime-traps.ts";
 import { metricExportKeys, refineMetricExport } from "../observability/metrics-export/config.ts";
 import { redact } from "../lib/redact.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * The run config: one YAML or JSON file, slime's flag names in snake_case
@@ -286,10 +287,10 @@ export const amendableKeys = {
   trainer_unreachable_timeout_s: "only changes fault handling",
 } as const;
 
-export class ConfigError extends Error {
-  readonly code = "config_invalid";
+/** A config a user wrote wrongly (code `config_invalid`, not retriable): the message names the key, the value and what was expected. */
+export class ConfigError extends RlqError {
   constructor(message: string) {
-    super(message);
+    super("config_invalid", message);
     this.name = "ConfigError";
   }
 }

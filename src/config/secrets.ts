@@ -1,6 +1,7 @@
 import { readFileSync } from "node:fs";
 import { z } from "zod";
 import { registerSecret } from "../lib/redact.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * A secret (API key, bearer token, password) is named in a run config or a flag, never written
@@ -16,8 +17,11 @@ export const secretRefSchema = z.union([
 export type SecretRef = z.infer<typeof secretRefSchema>;
 
 /** A secret that could not be read: names the reference and what to do, never a value. */
-export class SecretError extends Error {
-  readonly code = "secret_unavailable";
+export class SecretError extends RlqError {
+  constructor(message: string, options: { cause?: unknown } = {}) {
+    super("secret_unavailable", message, options);
+    this.name = "SecretError";
+  }
 }
 
 /** Resolve a reference. `source` is the process environment as config/env.ts hands it out. */

@@ -1,3 +1,4 @@
+import { RlqError } from "../lib/errors.ts";
 import { loadRoundStatuses } from "../store/rollout-facts.ts";
 import { loadTrainStep } from "../store/train-facts.ts";
 import { loadEvalResults } from "../store/eval-facts.ts";
@@ -32,7 +33,7 @@ export async function reconcile(h: ControllerHost, isResume: boolean): Promise<v
         payload: { groupId: k.groupId, round: k.round, step: s.groups.get(k.groupId)?.step ?? s.step, weightVersion: s.weightVersion },
       };
       const rollout = jobFor(s.runId, s.config, dispatch);
-      if (rollout?.kind !== "rollout") throw new Error("unreachable: a dispatch calls for a rollout job");
+      if (rollout?.kind !== "rollout") throw new RlqError("invariant_violated", "unreachable: a dispatch calls for a rollout job");
       const roundStatus = async () => (await loadRoundStatuses(db, s.runId, [k])).get(k.groupId);
       if (!st) await ensureJob(h, rollout, isResume, async () => (await roundStatus()) !== undefined);
       else if (s.phase === "collect" && st.isComplete && st.rewardCount < n) {

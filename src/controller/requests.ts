@@ -3,7 +3,7 @@ import { projectRunInTx } from "../store/projections.ts";
 import { markRunRequest, pendingRunRequests } from "../store/run-requests.ts";
 import { amendableKeys, parseRunConfig } from "../config/run-config.ts";
 import { isAsync } from "../core/run-state.ts";
-import { errorMessage } from "../lib/errors.ts";
+import { errorMessage, RlqError } from "../lib/errors.ts";
 import type { ControllerHost } from "./host.ts";
 
 /**
@@ -26,13 +26,17 @@ export async function handleRequests(h: ControllerHost, reconcileOnResume: () =>
       } else if (r.kind === "amend") {
         const changes = (r.payload as { changes?: Record<string, unknown> }).changes ?? {};
         const bad = Object.keys(changes).filter((k) => !(k in amendableKeys));
-        if (bad.length > 0) throw new Error(`keys ${bad.join(", ")} cannot be amended on a live run (allowed: ${Object.keys(amendableKeys).join(", ")})`);
+        if (bad.length > 0)
+          throw new RlqError("amend_refused", `keys ${bad.join(", ")} cannot be amended on a live run (allowed: ${Object.keys(amendableKeys).join(", ")})`);
         const next = parseRunConfig({ ...s.config, ...changes }, "amended config");
         if (isAsync(s) && next.num_rollout !== null) {
           // Async mode may have sealed steps ahead of the trainer: they are decided, so they are trained.
           const sealed = s.lastTrainedStep + 1 + (s.training !== null ? 1 : 0) + s.trainQueue.length;
           if (next.num_rollout < sealed)
-            throw new Error(`num_rollout ${next.num_rollout} is below the ${sealed} step(s) already sealed; the smallest allowed is ${sealed}`);
+            throw new RlqError(
+              "amend_refused",
+              `num_rollout ${next.num_rollout} is below the ${sealed} step(s) already sealed; the smallest allowed is ${sealed}`,
+            );
         }
         const amended = { ...s.config, ...changes } as Record<string, unknown>;
         await h.commit([{ kind: "run.amended", payload: { changes } }], (tx) => projectRunInTx(tx, s.runId, { config: amended }));

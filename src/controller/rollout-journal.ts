@@ -158,7 +158,7 @@ export class CallJournal<R extends CallRecord, I> {
         for (const c of fresh) c.record = this.match(c);
         await effects.effect(fresh);
         const missed = fresh.find((c) => c.record === null);
-        if (missed) throw new Error(`${this.where}: ctx call #${missed.ordinal} (${missed.op}) was not effected`);
+        if (missed) throw new RlqError("invariant_violated", `${this.where}: ctx call #${missed.ordinal} (${missed.op}) was not effected`);
         progressed = true;
       }
       const waiting = this.calls.slice(this.delivered).filter((c) => c.outcome === null);
@@ -177,7 +177,7 @@ export class CallJournal<R extends CallRecord, I> {
       const c = this.calls[this.delivered];
       if (!c?.outcome) break;
       const settle = this.settlers[c.ordinal];
-      if (!settle) throw new Error(`${this.where}: no settler for ctx call #${c.ordinal}`);
+      if (!settle) throw new RlqError("invariant_violated", `${this.where}: no settler for ctx call #${c.ordinal}`);
       this.delivered++;
       effects.delivered(c);
       if (c.outcome.ok) settle.resolve(c.outcome.value);

@@ -1,3 +1,4 @@
+import { RlqError } from "../lib/errors.ts";
 import type { Cursor } from "./decisions.ts";
 import { permutation } from "./random.ts";
 import { seedFrom } from "../lib/hash.ts";
@@ -38,7 +39,7 @@ export function datasetIndexAt(order: DatasetOrder, epoch: number, offset: numbe
 }
 
 export function drawFresh(order: DatasetOrder, cursor: Cursor, n: number): { draws: FreshDraw[]; cursor: Cursor } {
-  if (order.size <= 0) throw new Error("dataset is empty: nothing to draw");
+  if (order.size <= 0) throw new RlqError("dataset_empty", "dataset is empty: nothing to draw");
   let { epoch, offset, nextOrdinal } = cursor;
   const draws: FreshDraw[] = [];
   for (let i = 0; i < n; i++) {

@@ -1,3 +1,4 @@
+import { RlqError } from "../lib/errors.ts";
 import { z } from "zod";
 
 /**
@@ -119,10 +120,10 @@ export type Decision = {
 export type LoggedDecision = Decision & { seq: number };
 
 export function parseDecision(kind: string, payload: unknown, seq: number): LoggedDecision {
-  if (!(kind in decisionSchemas)) throw new Error(`decision ${seq}: unknown kind '${kind}'`);
+  if (!(kind in decisionSchemas)) throw new RlqError("decision_log_corrupt", `decision ${seq}: unknown kind '${kind}'`);
   const schema = decisionSchemas[kind as DecisionKind];
   const parsed = schema.safeParse(payload);
-  if (!parsed.success) throw new Error(`decision ${seq} (${kind}): ${parsed.error.message}`);
+  if (!parsed.success) throw new RlqError("decision_log_corrupt", `decision ${seq} (${kind}): ${parsed.error.message}`);
   return { kind, payload: parsed.data, seq } as LoggedDecision;
 }
 

@@ -1,3 +1,4 @@
+import { RlqError } from "../lib/errors.ts";
 import type { RunConfig } from "../config/run-config.ts";
 import { parseRunConfig } from "../config/run-config.ts";
 import type { Cursor, LoggedDecision } from "./decisions.ts";
@@ -110,13 +111,13 @@ export function emptyState(runId: string): RunState {
 
 function group(state: RunState, groupId: number): GroupState {
   const g = state.groups.get(groupId);
-  if (!g) throw new Error(`run ${state.runId}: decision refers to unknown group ${groupId}`);
+  if (!g) throw new RlqError("decision_log_corrupt", `run ${state.runId}: decision refers to unknown group ${groupId}`);
   return g;
 }
 
 /** Apply one decision (mutates and returns `state`). */
 export function apply(state: RunState, d: LoggedDecision): RunState {
-  if (d.seq !== state.seq + 1) throw new Error(`run ${state.runId}: decision seq ${d.seq} after ${state.seq}`);
+  if (d.seq !== state.seq + 1) throw new RlqError("decision_log_corrupt", `run ${state.runId}: decision seq ${d.seq} after ${state.seq}`);
   state.seq = d.seq;
   switch (d.kind) {
     case "run.created": {

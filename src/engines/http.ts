@@ -1,59 +1,26 @@
-import http from "node:http";
-import https from "node:https";
-import { RlqError } from "../lib/errors.ts";
+import { RlqError, type ErrorCode } from "../lib/errors.ts";
+import { httpRequest, HttpNetworkError, isRetriableStatus, type BodySink, type HttpCallOptions } from "../lib/http-client.ts";
+
+export { bearer, type HttpCallOptions } from "../lib/http-client.ts";
 
 /**
  * The one place where HTTP failures of inference servers become RlqErrors
+ * (the transport is lib/http-client.ts, rlq's one HTTP client)
  * (codes below), so that the pool and the processor edge decide retries from
  * `code`/`isRetriable` and never from message text.
  *
  * - engine_unreachable: connection refused/reset, DNS, socket closed (retriable)
  * - engine_timeout: no answer within the request's timeout (retriable)
- * - engine_http_error: non-2xx; retriable for 5xx and 429
+ * - engine_http_error: non-2xx; retriable as lib/http-client.ts's isRetriableStatus (5xx, 408, 429)
  * - engine_bad_response: not JSON or not the expected shape (retriable: a
  *   restarting server can answer garbage; a persistent one shows up in metrics)
  */
-export interface HttpCallOptions {
-  timeoutMs: number;
-  /** Cancels the call (the pool's local abort); the caller decides what that means. */
-  signal?: AbortSignal;
-  /** Extra request headers (Authorization: Bearer for a server started with --api-key). */
-  headers?: Readonly<Record<string, string>>;
-}
-
-/** The headers a server started with --api-key wants (SGLang, vLLM, the SGLang router). */
-export function bearer(apiKey: string | undefined): Record<string, string> | undefined {
-  return apiKey === undefined ? undefined : { authorization: `Bearer ${apiKey}` };
-}
-
 export class EngineHttpError extends RlqError {
   readonly status: number | null;
-  constructor(code: string, message: string, options: { cause?: unknown; isRetriable: boolean; status?: number | null }) {
+  constructor(code: ErrorCode, message: string, options: { cause?: unknown; isRetriable: boolean; status?: number | null }) {
     super(code, message, { cause: options.cause, isRetriable: options.isRetriable });
     this.status = options.status ?? null;
   }
-}
-
-/**
- * The transport is node:http with a keep-alive agent, not fetch: undici's
- * fetch costs about 4x more CPU per request (WHATWG streams, an AbortSignal
- * and a Request object each), which was the largest single cost of a rollout
- * job against an instant engine (bench/control-plane.ts; measured with the
- * same server: 2048 small POSTs, ~1.8 s of CPU with fetch, ~0.4 s with
- * node:http). Idle sockets are closed after IDLE_SOCKET_MS, under the 5 s
- * keep-alive of uvicorn (SGLang, vLLM) and Node servers, so a request is not
- * written to a socket the server is closing; if that still happens on a
- * reused socket before any answer, the request is sent once more on a new one.
- */
-const IDLE_SOCKET_MS = 4_000;
-let agents: { http: http.Agent; https: https.Agent } | null = null;
-
-function agentFor(u: URL): http.Agent {
-  agents ??= {
-    http: new http.Agent({ keepAlive: true, timeout: IDLE_SOCKET_MS }),
-    https: new https.Agent({ keepAlive: true, timeout: IDLE_SOCKET_MS }),
-  };
-  return u.protocol === "https:" ? agents.https : agents.http;
 }
 
 /** True when the error is the caller's own cancellation (not a timeout, not a network fault). */
@@ -61,11 +28,17 @@ export function isLocalCancel(error: unknown, signal: AbortSignal | undefined): 
   return signal?.aborted === true && !(error instanceof EngineHttpError && error.code === "engine_timeout");
 }
 
-function networkError(url: string, e: unknown, timedOut: boolean): EngineHttpError {
-  if (timedOut) return new EngineHttpError("engine_timeout", `${url}: no answer in time`, { cause: e, isRetriable: true });
-  const code = (e as { code?: string }).code ?? (e as { cause?: { code?: string } }).cause?.code;
-  const detail = code ?? (e as Error).message;
-  return new EngineHttpError("engine_unreachable", `${url}: ${detail}`, { cause: e, isRetriable: true });
+/** A call that got no answer, in this module's codes. */
+function networkError(url: string, e: HttpNetworkError): EngineHttpError {
+  if (e.kind === "timeout") return new EngineHttpError("engine_timeout", `${url}: no answer in time`, { cause: e.cause, isRetriable: true });
+  return new EngineHttpError("engine_unreachable", `${url}: ${e.errno ?? (e.cause as Error).message}`, { cause: e.cause, isRetriable: true });
+}
+
+/** `httpRequest` with this module's errors: a network failure becomes engine_unreachable or engine_timeout. */
+function request<T>(...args: Parameters<typeof httpRequest<T>>): Promise<T> {
+  return httpRequest(...args).catch((e: unknown) => {
+    throw e instanceof HttpNetworkError ? networkError(args[1], e) : e;
+  });
 }
 
 function statusError(url: string, status: number, text: string): EngineHttpError {
@@ -77,110 +50,8 @@ function statusError(url: string, status: number, text: string): EngineHttpError
     );
   }
   return new EngineHttpError("engine_http_error", `${url}: HTTP ${status}: ${text.slice(0, 300)}`, {
-    isRetriable: status >= 500 || status === 429,
+    isRetriable: isRetriableStatus(status),
     status,
-  });
-}
-
-/** Takes a response body chunk by chunk (decoded); `end` gives the call's result. Throwing from either ends the call with that error. */
-interface BodySink<T> {
-  write(chunk: string): void;
-  end(): T;
-}
-
-/**
- * One request. `onResponse` gets the status and the content type and returns
- * the sink for the body; resolves with the sink's result once the body ended.
- * The timeout covers the whole call; the caller's signal cancels it (the
- * socket is destroyed, so the server sees the disconnect).
- */
-function request<T>(
-  method: "GET" | "POST" | "DELETE",
-  url: string,
-  body: unknown,
-  headers: Record<string, string>,
-  options: HttpCallOptions,
-  onResponse: (status: number, contentType: string) => BodySink<T>,
-): Promise<T> {
-  const u = new URL(url);
-  const payload = body === undefined ? undefined : JSON.stringify(body);
-  const signal = options.signal;
-  return new Promise<T>((resolve, reject) => {
-    let timedOut = false;
-    let isDone = false;
-    let current: http.ClientRequest | null = null;
-    const finish = (error: unknown, value?: T) => {
-      if (isDone) return;
-      isDone = true;
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", onAbort);
-      if (error === null) resolve(value as T);
-      else reject(error instanceof RlqError ? error : networkError(url, error, timedOut));
-    };
-    const timer = setTimeout(() => {
-      timedOut = true;
-      current?.destroy(new Error("timeout"));
-      finish(new Error("timeout"));
-    }, options.timeoutMs);
-    timer.unref?.();
-    const onAbort = () => {
-      const e = Object.assign(new Error("aborted by caller"), { name: "AbortError", code: "ABORT_ERR" });
-      current?.destroy(e);
-      finish(e);
-    };
-    if (signal?.aborted) return onAbort();
-    signal?.addEventListener("abort", onAbort, { once: true });
-
-    const send = (isRetry: boolean) => {
-      let hasAnswer = false;
-      const req = (u.protocol === "https:" ? https : http).request(u, {
-        method,
-        agent: agentFor(u),
-        headers: payload === undefined ? headers : { ...headers, "content-type": "application/json", "content-length": Buffer.byteLength(payload) },
-      });
-      current = req;
-      req.on("error", (e: NodeJS.ErrnoException) => {
-        // A keep-alive socket the server closed while idle: the request never reached it.
-        if (!hasAnswer && !isRetry && !isDone && req.reusedSocket && (e.code === "ECONNRESET" || e.code === "EPIPE")) return send(true);
-        finish(e);
-      });
-      req.on("response", (res) => {
-        hasAnswer = true;
-        let sink: BodySink<T> | null = null;
-        let failed: unknown = null;
-        try {
-          sink = onResponse(res.statusCode ?? 0, String(res.headers["content-type"] ?? ""));
-        } catch (e) {
-          failed = e;
-        }
-        res.setEncoding("utf8");
-        res.on("data", (chunk: string) => {
-          if (failed !== null || sink === null) return;
-          try {
-            sink.write(chunk);
-          } catch (e) {
-            failed = e;
-            res.destroy();
-            finish(e);
-          }
-        });
-        res.on("end", () => {
-          if (failed !== null) return finish(failed);
-          try {
-            finish(null, (sink as BodySink<T>).end());
-          } catch (e) {
-            finish(e);
-          }
-        });
-        // The connection died mid-body (the server process exited, a reset).
-        res.on("error", (e) => finish(e));
-        res.on("close", () => {
-          if (!res.complete) finish(Object.assign(new Error("socket closed mid-answer"), { code: "ECONNRESET" }));
-        });
-      });
-      req.end(payload);
-    };
-    send(false);
   });
 }
 
@@ -200,7 +71,7 @@ function textSink(url: string, status: number): BodySink<string> {
 
 /** GET or POST a JSON body; resolves with the parsed JSON answer ({} for an empty body). */
 export async function callJson(method: "GET" | "POST" | "DELETE", url: string, body: unknown, options: HttpCallOptions): Promise<unknown> {
-  const text = await request(method, url, body, { ...options.headers }, options, (status) => textSink(url, status));
+  const text = await request(method, url, body, options, ({ status }) => textSink(url, status));
   if (text.length === 0) return {};
   try {
     return JSON.parse(text) as unknown;
@@ -219,7 +90,7 @@ export async function callJson(method: "GET" | "POST" | "DELETE", url: string, b
  */
 export async function postStream(url: string, body: unknown, options: HttpCallOptions, onData: (payload: unknown) => void): Promise<void> {
   const headers = { ...options.headers, accept: "text/event-stream" };
-  await request("POST", url, body, headers, options, (status, contentType): BodySink<void> => {
+  await request("POST", url, body, { ...options, headers }, ({ status, contentType }): BodySink<void> => {
     if (status < 200 || status >= 300 || !contentType.includes("text/event-stream")) {
       const text = textSink(url, status);
       return {

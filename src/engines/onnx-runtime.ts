@@ -1,4 +1,5 @@
 import * as ort from "onnxruntime-node";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * The one module of engines/ that imports onnxruntime-node (STYLE.md boundary):
@@ -47,6 +48,6 @@ export function int32Tensor(data: Int32Array, dims: readonly number[]): OrtTenso
 
 /** The float32 contents of an output tensor. */
 export function tensorFloats(t: OrtTensor | undefined, name: string): Float32Array {
-  if (!t || !(t.data instanceof Float32Array)) throw new Error(`onnxruntime: output "${name}" missing or not float32`);
+  if (!t || !(t.data instanceof Float32Array)) throw new RlqError("invariant_violated", `onnxruntime: output "${name}" missing or not float32`);
   return t.data;
 }

@@ -5,6 +5,7 @@ import { bearer, callJson, isLocalCancel, postStream } from "./http.ts";
 import { classifyProbe, type LogprobProbe } from "./logprob-check.ts";
 import { abortedResult, emptyPartial, type GenerateHooks, type PartialOutput, type RemoteEngine } from "./remote.ts";
 import { RlqError } from "../lib/errors.ts";
+import { requestText } from "../lib/http-client.ts";
 
 /**
  * An OpenAI-compatible completions server (vLLM), generation only.
@@ -179,9 +180,8 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
     async abort() {},
     async health(timeoutMs = adminMs) {
       try {
-        const res = await fetch(`${url}/health`, { signal: AbortSignal.timeout(timeoutMs), headers: bearer(options.apiKey) });
-        await res.arrayBuffer().catch(() => undefined);
-        return res.ok;
+        const res = await requestText("GET", `${url}/health`, undefined, { timeoutMs, headers: bearer(options.apiKey) });
+        return res.status >= 200 && res.status < 300;
       } catch {
         return false;
       }

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { applySglangMeta, readSglangAnswer } from "./sglang.ts";
+import { applySglangMeta, readSglangAnswer } from "./sglang-answer.ts";
 import { applyCompletionChoice } from "./openai-compat.ts";
 import { emptyPartial, parseWeightVersion } from "./remote.ts";
 

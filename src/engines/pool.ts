@@ -1,7 +1,10 @@
-import { generateRequestSchema, type Engine, type GenerateRequest, type GenerateResult } from "./engine.ts";
-import { EngineMetrics, type EngineMetricsSnapshot } from "./metrics.ts";
+import { generateRequestSchema, type GenerateRequest, type GenerateResult } from "./engine.ts";
+import { EngineMetrics } from "./metrics.ts";
+import { createMemberChecker } from "./pool-health.ts";
 import { AffinityMap, pickEngine } from "./pool-routing.ts";
-import { checkLogprobCompatibility, type LogprobProbe } from "./logprob-check.ts";
+import type { EnginePool, EnginePoolOptions, Inflight, Member, PendingEntry, PoolLog, Waiter } from "./pool-types.ts";
+import { createVersionOps } from "./pool-versions.ts";
+import { checkLogprobCompatibility } from "./logprob-check.ts";
 import { abortedResult, emptyPartial, isRequestError, type PartialOutput, type RemoteEngine } from "./remote.ts";
 import { RlqError, errorMessage } from "../lib/errors.ts";
 
@@ -25,104 +28,11 @@ import { RlqError, errorMessage } from "../lib/errors.ts";
  * Versions: the pool routes only to engines on its current version: the
  * version of the last `loadWeights`/`setCurrentVersion`, or else the highest
  * version its healthy engines report. An engine behind it is "stale".
+ *
+ * Health checks and admission live in pool-health.ts, version syncs in
+ * pool-versions.ts, the types in pool-types.ts; this file routes and runs requests.
  */
-export type MemberState = "starting" | "healthy" | "stale" | "loading" | "dead" | "refused";
-
-export interface PoolLog {
-  info(obj: object, msg: string): void;
-  warn(obj: object, msg: string): void;
-}
-
-export interface EnginePoolOptions {
-  members: readonly RemoteEngine[];
-  /** slime sglang_server_concurrency. Default 512. */
-  maxConcurrentPerEngine?: number;
-  /** Default 5 s. */
-  healthIntervalMs?: number;
-  /** A /health_generate slower than this counts as failed. Default 10 s. */
-  healthTimeoutMs?: number;
-  /** After the pool starts, failing checks do not declare an engine dead for this long. Default 300 s. */
-  warmupGraceMs?: number;
-  /** How long `abort` waits for the server to answer aborted requests before cancelling them locally. Default 10 s. */
-  abortWaitMs?: number;
-  /** Attempts per request across engines when a request fails before any token. Default 3. */
-  maxAttempts?: number;
-  /** How long a request waits for any routable engine before failing (retriable). Default 120 s. */
-  noEngineWaitMs?: number;
-  /** How long an engine may answer health checks with "busy" (loading weights) before it is declared dead. Default 15 min. */
-  busyLimitMs?: number;
-  /** "probe" (default): check each engine's log-prob semantics on admission (logprob-check.ts). */
-  logprobCheck?: "probe" | "off";
-  /** Input for the probe; any valid token ids of the model. Default [1..8]. */
-  probeInputIds?: readonly number[];
-  log?: PoolLog;
-  now?: () => number;
-}
-
-export interface PoolSnapshot {
-  currentVersion: number | null;
-  isAdmissionPaused: boolean;
-  queued: number;
-  engines: EngineMetricsSnapshot[];
-}
-
-export interface EnginePool extends Engine {
-  /** Route only to engines on `version` from now on (trainer_push: after the trainer reports it). */
-  setCurrentVersion(version: number): void;
-  currentVersion(): number | null;
-  /** Resolves when every live engine reports `version`; engines that die meanwhile are left out. */
-  awaitVersion(version: number, timeoutMs: number): Promise<{ engines: string[] }>;
-  /** New requests wait (in-flight ones continue) until resumeAdmission. */
-  pauseAdmission(): void;
-  resumeAdmission(): void;
-  /** Resolves once at least one engine is routable (or rejects after `timeoutMs`). */
-  awaitReady(timeoutMs: number): Promise<void>;
-  /** Run one health round now (tests and the controller use it; the monitor runs them on its own). */
-  checkHealth(): Promise<void>;
-  /** Engines found later (an SGLang router's refreshed worker list); ones already here are ignored. */
-  addMembers(engines: readonly RemoteEngine[]): void;
-  snapshot(): PoolSnapshot;
-  engineStates(): Record<string, MemberState>;
-}
-
-interface Inflight {
-  rid: string;
-  controller: AbortController;
-  partial: PartialOutput;
-  /** Why it was cancelled locally: the caller aborted, or the engine died. */
-  cancelReason: "abort" | "dead" | null;
-  settled: Promise<void>;
-}
-
-interface Member {
-  engine: RemoteEngine;
-  state: MemberState;
-  version: number | null;
-  probe: LogprobProbe | null;
-  inflight: Map<string, Inflight>;
-  metrics: EngineMetrics;
-  isChecking: boolean;
-  consecutiveErrors: number;
-  /** Errors already counted in consecutiveErrors. */
-  countedErrors: WeakSet<object>;
-  /** Slots taken by requests routed here that have not started yet. */
-  reserved: number;
-  /** Since when its health checks answer "busy" (503 while loading weights or paused); null: not busy. */
-  busySinceMs: number | null;
-}
-
-interface PendingEntry {
-  abortRequested: boolean;
-  isSettled: boolean;
-  inflight: Inflight | null;
-  member: Member | null;
-  done: Promise<void>;
-}
-
-interface Waiter {
-  sessionKey: string | undefined;
-  wake: () => void;
-}
+export type { EnginePool, EnginePoolOptions, MemberState, PoolLog, PoolSnapshot } from "./pool-types.ts";
 
 /** The rid one attempt of a request has on the server: unique per attempt, never a prefix of another. */
 export function serverRid(requestId: string, attempt: number): string {
@@ -213,94 +123,35 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     wakeWaiters();
   }
 
-  async function admit(m: Member): Promise<void> {
-    // The server answers: read its version, check it once per incarnation, load current weights if behind.
-    const v = await m.engine.weightVersion();
-    m.version = v;
-    if (m.probe === null && options.logprobCheck !== "off") {
-      try {
-        await m.engine.checkServer();
-        m.probe = await m.engine.probeLogProbs(probeInput);
-        if (m.probe.isTemperatureScaled === null || m.probe.isBeforeTruncation === null) {
-          log.warn({ engine: m.engine.id, probe: m.probe }, "engine log-prob probe was inconclusive; accepting the engine");
-        }
-      } catch (e) {
-        if (e instanceof RlqError && !e.isRetriable) {
-          m.state = "refused";
-          m.metrics.lastError = e.message;
-          log.warn({ engine: m.engine.id, err: e.message }, "engine refused");
-          return;
-        }
-        throw e;
-      }
-    }
-    if (current === null || v > current) learnVersion(v);
-    if (v === current) {
-      if (m.state !== "healthy") log.info({ engine: m.engine.id, version: v }, "engine admitted");
-      m.state = "healthy";
-      m.consecutiveErrors = 0;
-      wakeWaiters();
-      return;
-    }
-    m.state = "stale";
-    if (reload !== null && reload.version === current && m.engine.canLoadWeights) {
-      m.state = "loading";
-      log.info({ engine: m.engine.id, from: v, to: reload.version }, "loading current weights into a re-admitted engine");
-      try {
-        await m.engine.loadWeights(reload.version, reload.uri);
-        m.version = reload.version;
-        m.state = "healthy";
-        m.consecutiveErrors = 0;
-        log.info({ engine: m.engine.id, version: m.version }, "engine admitted");
-        wakeWaiters();
-      } catch (e) {
-        m.state = "stale";
-        m.metrics.lastError = errorMessage(e);
-        log.warn({ engine: m.engine.id, err: errorMessage(e) }, "loading current weights failed; will retry");
-      }
-    }
-  }
-
-  async function checkMember(m: Member): Promise<void> {
-    if (m.isChecking || m.state === "refused" || m.state === "loading" || isClosed) return;
-    m.isChecking = true;
-    try {
-      const ok = await m.engine.health(healthTimeoutMs);
-      if (isClosed) return;
-      if (!ok) {
-        const isInGrace = startedAtMs !== null && now() - startedAtMs < (options.warmupGraceMs ?? 300_000);
-        if (m.state === "starting" && isInGrace) return;
-        // SGLang's /health_generate blocks, then answers 503, while weights load or generation is
-        // paused (http_server.py health_generate; slime pauses its health monitor around updates).
-        // A server that answers 503 but still reports its version is busy, not dead; so is any
-        // engine while this pool holds admission for a trainer push.
-        const isBusy = m.engine.lastHealthFailure?.() === "busy";
-        if (isBusy || isPaused) {
-          m.busySinceMs ??= now();
-          m.metrics.busyChecks++;
-          if (now() - m.busySinceMs < busyLimitMs) return;
-          markDead(m, `busy (health_generate 503) for more than ${busyLimitMs} ms`);
-          return;
-        }
-        markDead(m, "health_generate failed or timed out");
-        return;
-      }
-      m.busySinceMs = null;
-      if (m.state === "healthy" && m.version === current) {
-        // Cheap path: still fine. The version is re-read so an engine restarted between checks is caught.
-        const v = await m.engine.weightVersion();
-        if (v === m.version) return;
-        m.version = v;
-        if (current !== null && v < current) m.state = "stale";
-      }
-      await admit(m);
-    } catch (e) {
-      const isInGrace = startedAtMs !== null && now() - startedAtMs < (options.warmupGraceMs ?? 300_000);
-      if (!(m.state === "starting" && isInGrace)) markDead(m, errorMessage(e));
-    } finally {
-      m.isChecking = false;
-    }
-  }
+  const checkMember = createMemberChecker({
+    options,
+    log,
+    now,
+    healthTimeoutMs,
+    busyLimitMs,
+    probeInput,
+    current: () => current,
+    reload: () => reload,
+    isPaused: () => isPaused,
+    isClosed: () => isClosed,
+    startedAtMs: () => startedAtMs,
+    learnVersion,
+    markDead,
+    wakeWaiters,
+  });
+  const versionOps = createVersionOps({
+    members,
+    now,
+    healthIntervalMs,
+    ensureStarted,
+    markDead,
+    wakeWaiters,
+    setReload: (r) => (reload = r),
+    pin: (version) => {
+      current = version;
+      isPinned = true;
+    },
+  });
 
   function runHealthRound(): Promise<void> {
     if (healthRound) return healthRound;
@@ -515,38 +366,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
       ensureStarted();
       return members.some((m) => isRoutable(m));
     },
-    async loadWeights(version, uri) {
-      ensureStarted();
-      reload = { version, uri };
-      const live = members.filter((m) => m.state !== "dead" && m.state !== "refused" && m.engine.canLoadWeights);
-      const results = await Promise.allSettled(
-        live.map(async (m) => {
-          const was = m.state;
-          m.state = "loading";
-          try {
-            await m.engine.loadWeights(version, uri);
-            m.version = version;
-            m.state = "healthy";
-          } catch (e) {
-            m.state = was === "loading" ? "stale" : was;
-            throw e;
-          }
-        }),
-      );
-      const failures = results.flatMap((r, i) => (r.status === "rejected" ? [{ m: live[i] as Member, e: r.reason as unknown }] : []));
-      for (const { m, e } of failures) markDead(m, `loading version ${version} failed: ${errorMessage(e)}`);
-      current = version;
-      isPinned = true;
-      for (const m of members) if (m.state === "healthy" && m.version !== version) m.state = "stale";
-      wakeWaiters();
-      if (failures.length === live.length && live.length > 0) {
-        const first = failures[0]?.e;
-        throw new RlqError("engine_load_failed", `no engine loaded version ${version} (${uri}): ${errorMessage(first)}`, {
-          cause: first,
-          isRetriable: !(first instanceof RlqError) || first.isRetriable,
-        });
-      }
-    },
+    ...versionOps,
     async weightVersion() {
       ensureStarted();
       if (current !== null) return current;
@@ -554,46 +374,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
       if (current === null) throw new RlqError("engine_unavailable", "no engine in the pool reported a weight version", { isRetriable: true });
       return current;
     },
-    setCurrentVersion(version) {
-      current = version;
-      isPinned = true;
-      for (const m of members) if (m.state === "healthy" && m.version !== version) m.state = "stale";
-      wakeWaiters();
-    },
     currentVersion: () => current,
-    async awaitVersion(version, timeoutMs) {
-      ensureStarted();
-      const deadline = now() + timeoutMs;
-      // Fenced engines cannot report versions; the trainer's report is the evidence.
-      for (const m of members) m.engine.setVersion?.(version);
-      for (;;) {
-        await Promise.all(
-          members.map(async (m) => {
-            if (m.state === "dead" || m.state === "refused") return;
-            try {
-              m.version = await m.engine.weightVersion();
-            } catch (e) {
-              markDead(m, errorMessage(e));
-            }
-          }),
-        );
-        const live = members.filter((m) => m.state !== "dead" && m.state !== "refused");
-        if (live.length > 0 && live.every((m) => m.version === version)) {
-          current = version;
-          isPinned = true;
-          for (const m of live) if (m.state === "stale" || m.state === "starting") m.state = "healthy";
-          wakeWaiters();
-          return { engines: live.map((m) => m.engine.id) };
-        }
-        if (now() > deadline) {
-          const states = members.map((m) => `${m.engine.id}=${m.state}@v${m.version ?? "?"}`).join(", ");
-          throw new RlqError("engine_version_timeout", `engines did not all report version ${version} within ${timeoutMs} ms: ${states}`, {
-            isRetriable: true,
-          });
-        }
-        await new Promise((r) => setTimeout(r, Math.min(500, healthIntervalMs)).unref?.());
-      }
-    },
     pauseAdmission() {
       isPaused = true;
     },

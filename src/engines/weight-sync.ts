@@ -1,4 +1,5 @@
 import type { EnginePool, PoolSnapshot } from "./pool.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * The controller's side of weight sync (DESIGN §1 step 7, §6).
@@ -56,7 +57,7 @@ export function createWeightSync(pool: EnginePool, options: { mode: WeightSyncMo
     async sync(version, checkpointUri) {
       const t0 = now();
       if (options.mode === "disk") {
-        if (checkpointUri === null) throw new Error(`weight sync (disk): version ${version} has no checkpoint URI`);
+        if (checkpointUri === null) throw new RlqError("version_unavailable", `weight sync (disk): version ${version} has no checkpoint URI`);
         await pool.loadWeights(version, checkpointUri);
       } else {
         try {

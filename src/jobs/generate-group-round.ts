@@ -14,7 +14,8 @@ import { isRequestError } from "../engines/remote.ts";
  * this round instead of being resubmitted forever.
  */
 export const MAX_ROUNDS_PER_GROUP = 64;
-import { generateCustomRound } from "../rollout/custom-generate.ts";
+import { generateCustomRound } from "../rollout/custom-generate-round.ts";
+import { runSampling } from "../rollout/sampling-params.ts";
 
 /**
  * The rollout job: one round of one group. Every sample that is not
@@ -167,11 +168,8 @@ async function generateSegment(
       batchKey: `${job.runId}-${job.groupId}`,
       inputIds: [...promptTokens, ...sample.responseTokens],
       sampling: {
-        temperature: c.rollout_temperature,
-        topP: c.rollout_top_p,
-        topK: c.rollout_top_k,
+        ...runSampling(c, "rollout", ctx.tokenizer.eosId),
         maxNewTokens: budget,
-        stopTokenIds: c.rollout_stop_token_ids.length > 0 ? c.rollout_stop_token_ids : [ctx.tokenizer.eosId],
         seed: seedFrom(c.rollout_seed, job.groupId, sample.sampleIndex, segmentIndex),
       },
     });

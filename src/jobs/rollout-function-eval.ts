@@ -17,6 +17,7 @@ import {
   type EvalSample,
   type RolloutEvalContext,
 } from "../rollout/rollout-function-contract.ts";
+import { evalMaxNewTokens, runSampling } from "../rollout/sampling-params.ts";
 
 /**
  * rollout_function_path, eval branch (slime's `generate_rollout(...,
@@ -101,11 +102,8 @@ export async function runRolloutFunctionEval(deps: RolloutEvalDeps, ctx: RunCont
               requestId: `${runId}-eval${step}-${row.dataset}-${row.index}-${first + i}`,
               inputIds,
               sampling: {
-                temperature: c.eval_temperature ?? c.rollout_temperature,
-                topP: c.eval_top_p ?? c.rollout_top_p,
-                topK: c.eval_top_k ?? c.rollout_top_k,
-                maxNewTokens: c.eval_max_response_len ?? c.rollout_max_response_len,
-                stopTokenIds: c.rollout_stop_token_ids.length > 0 ? c.rollout_stop_token_ids : [ctx.tokenizer.eosId],
+                ...runSampling(c, "eval", ctx.tokenizer.eosId),
+                maxNewTokens: evalMaxNewTokens(c),
                 seed: seedFrom(c.rollout_seed, "eval", row.dataset, row.index, first + i),
               },
             }),

@@ -9,6 +9,7 @@ import { passAtK } from "../algorithms/index.ts";
 import { seedFrom } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
 import { runRolloutFunctionEval } from "./rollout-function-eval.ts";
+import { evalMaxNewTokens, runSampling } from "../rollout/sampling-params.ts";
 
 /**
  * The eval job: every prompt of every eval dataset, n_samples_per_eval_prompt
@@ -59,7 +60,7 @@ export async function runEval(deps: EvalDeps, ctx: RunContext, job: EvalJob, job
       label_key: c.eval_label_key ?? c.label_key,
       metadata_key: c.metadata_key,
     });
-    const maxNew = c.eval_max_response_len ?? c.rollout_max_response_len;
+    const maxNew = evalMaxNewTokens(c);
     const perPrompt = await mapLimited(data.rows, Math.max(1, Math.floor((deps.maxInFlight ?? 256) / n)), async (row) => {
       const inputIds = ctx.tokenizer.encode(row.prompt);
       const gens = await Promise.all(
@@ -68,11 +69,8 @@ export async function runEval(deps: EvalDeps, ctx: RunContext, job: EvalJob, job
             requestId: `${runId}-eval${step}-${name}-${row.index}-${j}`,
             inputIds,
             sampling: {
-              temperature: c.eval_temperature ?? c.rollout_temperature,
-              topP: c.eval_top_p ?? c.rollout_top_p,
-              topK: c.eval_top_k ?? c.rollout_top_k,
+              ...runSampling(c, "eval", ctx.tokenizer.eosId),
               maxNewTokens: maxNew,
-              stopTokenIds: c.rollout_stop_token_ids.length > 0 ? c.rollout_stop_token_ids : [ctx.tokenizer.eosId],
               seed: seedFrom(c.rollout_seed, "eval", name, row.index, j),
             },
           }),

@@ -57,7 +57,7 @@ export async function loadTrainBatch(db: Db, ctx: RunContext, step: number): Pro
   for (const [gi, { groupId, round, minVersion }] of keys.entries()) {
     if (gi % chunk === 0) views = await loadGroupsWithRewards(db, runId, keys.slice(gi, gi + chunk), config.n_samples_per_prompt);
     const g = views.get(groupId);
-    if (!g) throw new Error(`unreachable: group ${groupId} was loaded with its chunk`);
+    if (!g) throw new RlqError("invariant_violated", `unreachable: group ${groupId} was loaded with its chunk`);
     for (const assembled of g.samples) {
       const s = maskStale(assembled, minVersion);
       const r = g.rewards.get(s.sampleIndex);

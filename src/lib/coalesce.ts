@@ -1,3 +1,4 @@
+import { RlqError } from "./errors.ts";
 /**
  * Group commit for concurrent callers: calls made while a batch is running
  * queue up and go together as the next batch, so N concurrent jobs cost one
@@ -22,9 +23,11 @@ export interface CoalesceOptions {
 export type BatchRunner<K, R> = (keys: K[]) => Promise<Array<R | Error>>;
 
 export function coalesce<K, R>(run: BatchRunner<K, R>, options: CoalesceOptions): (key: K) => Promise<R> {
-  if (!Number.isInteger(options.maxBatch) || options.maxBatch < 1) throw new Error(`coalesce: maxBatch must be a positive integer, got ${options.maxBatch}`);
+  if (!Number.isInteger(options.maxBatch) || options.maxBatch < 1)
+    throw new RlqError("invariant_violated", `coalesce: maxBatch must be a positive integer, got ${options.maxBatch}`);
   const maxInFlight = options.maxInFlight ?? 1;
-  if (!Number.isInteger(maxInFlight) || maxInFlight < 1) throw new Error(`coalesce: maxInFlight must be a positive integer, got ${options.maxInFlight}`);
+  if (!Number.isInteger(maxInFlight) || maxInFlight < 1)
+    throw new RlqError("invariant_violated", `coalesce: maxInFlight must be a positive integer, got ${options.maxInFlight}`);
   type Waiter = { key: K; resolve(r: R): void; reject(e: unknown): void };
   const queue: Waiter[] = [];
   let inFlight = 0;
@@ -32,7 +35,7 @@ export function coalesce<K, R>(run: BatchRunner<K, R>, options: CoalesceOptions)
 
   const settle = (w: Waiter, r: R | Error | undefined): void => {
     if (r instanceof Error) w.reject(r);
-    else if (r === undefined) w.reject(new Error("coalesce: the batch runner returned fewer results than keys"));
+    else if (r === undefined) w.reject(new RlqError("invariant_violated", "coalesce: the batch runner returned fewer results than keys"));
     else w.resolve(r);
   };
 

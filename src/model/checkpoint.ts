@@ -4,6 +4,7 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 import { parseModelConfig, type ModelConfig } from "./config.ts";
 import { decodeSafetensors, encodeSafetensors, type NamedTensor } from "./safetensors.ts";
 import { assertWeightsMatch, parameterSpecs, type Weights } from "./weights.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * Checkpoints: one directory per weight version holding one safetensors file of
@@ -65,14 +66,14 @@ export function encodeCheckpoint(ckpt: Checkpoint): Uint8Array {
 export function decodeCheckpoint(bytes: Uint8Array, source = "checkpoint"): Checkpoint {
   const file = decodeSafetensors(bytes);
   const meta = file.metadata;
-  if (meta.format !== MODEL_FORMAT) throw new Error(`${source}: metadata.format is ${String(meta.format)}, expected ${MODEL_FORMAT}`);
-  if (meta.config === undefined) throw new Error(`${source}: metadata.config is missing`);
+  if (meta.format !== MODEL_FORMAT) throw new RlqError("model_invalid", `${source}: metadata.format is ${String(meta.format)}, expected ${MODEL_FORMAT}`);
+  if (meta.config === undefined) throw new RlqError("model_invalid", `${source}: metadata.config is missing`);
   const config = parseModelConfig(JSON.parse(meta.config));
   const weights: Weights = {};
   for (const spec of parameterSpecs(config)) {
     const t = file.tensors.get(spec.name);
     if (!t || !(t.data instanceof Float32Array) || t.shape.join(",") !== spec.shape.join(",")) {
-      throw new Error(`${source}: tensor "${spec.name}" missing or not F32 [${spec.shape.join(", ")}]`);
+      throw new RlqError("model_invalid", `${source}: tensor "${spec.name}" missing or not F32 [${spec.shape.join(", ")}]`);
     }
     weights[spec.name] = t.data;
   }
@@ -96,13 +97,13 @@ export function encodeOptimizerState(config: ModelConfig, state: OptimizerState,
 
 export function decodeOptimizerState(config: ModelConfig, bytes: Uint8Array, source = "optimizer state"): OptimizerState {
   const file = decodeSafetensors(bytes);
-  if (file.metadata.format !== OPTIMIZER_FORMAT) throw new Error(`${source}: metadata.format is not ${OPTIMIZER_FORMAT}`);
+  if (file.metadata.format !== OPTIMIZER_FORMAT) throw new RlqError("model_invalid", `${source}: metadata.format is not ${OPTIMIZER_FORMAT}`);
   const expAvg: Weights = {};
   const expAvgSq: Weights = {};
   for (const s of parameterSpecs(config)) {
     const m = file.tensors.get(`exp_avg.${s.name}`)?.data;
     const v = file.tensors.get(`exp_avg_sq.${s.name}`)?.data;
-    if (!(m instanceof Float32Array) || !(v instanceof Float32Array)) throw new Error(`${source}: moments for "${s.name}" missing`);
+    if (!(m instanceof Float32Array) || !(v instanceof Float32Array)) throw new RlqError("model_invalid", `${source}: moments for "${s.name}" missing`);
     expAvg[s.name] = m;
     expAvgSq[s.name] = v;
   }

@@ -1,5 +1,6 @@
 import { headDim, type ModelConfig } from "./config.ts";
 import { tensor, type Weights } from "./weights.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * The test oracle: a plain float64 forward pass of the model, written for
@@ -45,7 +46,7 @@ export function referenceForward(config: ModelConfig, weights: Weights, tokens: 
   const { d_model: d, n_heads: nh, vocab_size: v, layer_norm_eps: eps } = config;
   const hd = headDim(config);
   const T = tokens.length;
-  if (T > config.context_length) throw new Error(`referenceForward: ${T} tokens exceed context ${config.context_length}`);
+  if (T > config.context_length) throw new RlqError("invariant_violated", `referenceForward: ${T} tokens exceed context ${config.context_length}`);
   const tok = tensor(weights, "tok_emb.weight");
   const pos = tensor(weights, "pos_emb.weight");
   let xs: Float64Array[] = tokens.map((id, t) => {

@@ -1,4 +1,5 @@
 import { endianness } from "node:os";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * safetensors, written and read by hand (https://github.com/huggingface/safetensors):
@@ -35,7 +36,7 @@ function dtypeOf(data: TensorData): SafetensorsDtype {
 function assertLittleEndian(): void {
   // Typed arrays use host byte order; safetensors is little-endian. Every
   // platform Node ships on is LE, but fail loudly rather than write garbage.
-  if (endianness() !== "LE") throw new Error("safetensors: big-endian hosts are not supported");
+  if (endianness() !== "LE") throw new RlqError("model_invalid", "safetensors: big-endian hosts are not supported");
 }
 
 /** Serialize tensors (in the given order) and string metadata. */
@@ -44,9 +45,9 @@ export function encodeSafetensors(tensors: readonly NamedTensor[], metadata: Rec
   const header: Record<string, unknown> = { __metadata__: metadata };
   let offset = 0;
   for (const t of tensors) {
-    if (t.name === "__metadata__" || t.name in header) throw new Error(`safetensors: duplicate or reserved name "${t.name}"`);
+    if (t.name === "__metadata__" || t.name in header) throw new RlqError("model_invalid", `safetensors: duplicate or reserved name "${t.name}"`);
     const count = t.shape.reduce((a, b) => a * b, 1);
-    if (count !== t.data.length) throw new Error(`safetensors: "${t.name}" has ${t.data.length} values for shape [${t.shape.join(", ")}]`);
+    if (count !== t.data.length) throw new RlqError("model_invalid", `safetensors: "${t.name}" has ${t.data.length} values for shape [${t.shape.join(", ")}]`);
     header[t.name] = { dtype: dtypeOf(t.data), shape: t.shape, data_offsets: [offset, offset + t.data.byteLength] };
     offset += t.data.byteLength;
   }
@@ -66,14 +67,15 @@ export function encodeSafetensors(tensors: readonly NamedTensor[], metadata: Rec
 
 function parseHeaderEntry(name: string, entry: unknown): { dtype: SafetensorsDtype; shape: number[]; begin: number; end: number } {
   const e = entry as { dtype?: unknown; shape?: unknown; data_offsets?: unknown };
-  if (typeof e !== "object" || e === null) throw new Error(`safetensors: bad header entry for "${name}"`);
+  if (typeof e !== "object" || e === null) throw new RlqError("model_invalid", `safetensors: bad header entry for "${name}"`);
   if (e.dtype !== "F32" && e.dtype !== "F64" && e.dtype !== "I32") {
-    throw new Error(`safetensors: "${name}" has dtype ${String(e.dtype)}, expected F32, F64 or I32`);
+    throw new RlqError("model_invalid", `safetensors: "${name}" has dtype ${String(e.dtype)}, expected F32, F64 or I32`);
   }
-  if (!Array.isArray(e.shape) || !e.shape.every((d) => Number.isInteger(d) && d >= 0)) throw new Error(`safetensors: bad shape for "${name}"`);
+  if (!Array.isArray(e.shape) || !e.shape.every((d) => Number.isInteger(d) && d >= 0))
+    throw new RlqError("model_invalid", `safetensors: bad shape for "${name}"`);
   const offsets = e.data_offsets;
   if (!Array.isArray(offsets) || offsets.length !== 2 || !offsets.every((o) => Number.isInteger(o))) {
-    throw new Error(`safetensors: bad data_offsets for "${name}"`);
+    throw new RlqError("model_invalid", `safetensors: bad data_offsets for "${name}"`);
   }
   return { dtype: e.dtype, shape: e.shape as number[], begin: offsets[0] as number, end: offsets[1] as number };
 }
@@ -81,10 +83,10 @@ function parseHeaderEntry(name: string, entry: unknown): { dtype: SafetensorsDty
 /** Parse a safetensors buffer. Tensor data is copied out, so the result does not alias `bytes`. */
 export function decodeSafetensors(bytes: Uint8Array): SafetensorsFile {
   assertLittleEndian();
-  if (bytes.length < 8) throw new Error("safetensors: file shorter than its 8-byte header length");
+  if (bytes.length < 8) throw new RlqError("model_invalid", "safetensors: file shorter than its 8-byte header length");
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const headerLength = Number(view.getBigUint64(0, true));
-  if (8 + headerLength > bytes.length) throw new Error("safetensors: header length exceeds file size");
+  if (8 + headerLength > bytes.length) throw new RlqError("model_invalid", "safetensors: header length exceeds file size");
   const header = JSON.parse(Buffer.from(bytes.subarray(8, 8 + headerLength)).toString("utf8")) as Record<string, unknown>;
   const dataStart = 8 + headerLength;
   const metadata: Record<string, string> = {};
@@ -98,7 +100,7 @@ export function decodeSafetensors(bytes: Uint8Array): SafetensorsFile {
     const { dtype, shape, begin, end } = parseHeaderEntry(name, entry);
     const count = shape.reduce((a, b) => a * b, 1);
     if (end - begin !== count * BYTES[dtype] || dataStart + end > bytes.length) {
-      throw new Error(`safetensors: "${name}" data_offsets [${begin}, ${end}) do not match shape or file size`);
+      throw new RlqError("model_invalid", `safetensors: "${name}" data_offsets [${begin}, ${end}) do not match shape or file size`);
     }
     // Copy into a fresh, aligned ArrayBuffer (offsets in the file need not be aligned).
     // Not bytes.slice(): on a Node Buffer that is a view, not a copy.

@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * A small tokenizer for the embedded model: a fixed list of token strings,
@@ -26,7 +27,7 @@ export class Tokenizer {
     this.special = new Set([spec.padId, spec.bosId, spec.eosId]);
     spec.tokens.forEach((t, id) => {
       if (this.special.has(id)) return;
-      if (this.byText.has(t)) throw new Error(`tokenizer: duplicate token ${JSON.stringify(t)}`);
+      if (this.byText.has(t)) throw new RlqError("tokenizer_invalid", `tokenizer: duplicate token ${JSON.stringify(t)}`);
       this.byText.set(t, id);
     });
     this.maxPieceLength = Math.max(...[...this.byText.keys()].map((t) => t.length));
@@ -58,7 +59,7 @@ export class Tokenizer {
           continue outer;
         }
       }
-      throw new Error(`tokenizer: character ${JSON.stringify(text[i])} at ${i} is not in the vocabulary`);
+      throw new RlqError("tokenizer_cannot_encode", `tokenizer: character ${JSON.stringify(text[i])} at ${i} is not in the vocabulary`);
     }
     return ids;
   }

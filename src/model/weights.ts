@@ -1,5 +1,6 @@
 import type { ModelConfig } from "./config.ts";
 import { deriveSeed, Prng } from "./prng.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * Weight names, shapes and deterministic initialisation.
@@ -86,18 +87,18 @@ export function assertWeightsMatch(config: ModelConfig, weights: Weights): void 
   const specs = parameterSpecs(config);
   for (const spec of specs) {
     const w = weights[spec.name];
-    if (!w) throw new Error(`weights: missing tensor "${spec.name}"`);
+    if (!w) throw new RlqError("model_invalid", `weights: missing tensor "${spec.name}"`);
     if (w.length !== numel(spec.shape)) {
-      throw new Error(`weights: "${spec.name}" has ${w.length} values, expected shape [${spec.shape.join(", ")}]`);
+      throw new RlqError("model_invalid", `weights: "${spec.name}" has ${w.length} values, expected shape [${spec.shape.join(", ")}]`);
     }
   }
   const extra = Object.keys(weights).filter((k) => !specs.some((s) => s.name === k));
-  if (extra.length > 0) throw new Error(`weights: unexpected tensors ${extra.join(", ")}`);
+  if (extra.length > 0) throw new RlqError("model_invalid", `weights: unexpected tensors ${extra.join(", ")}`);
 }
 
 /** Get a tensor or throw (noUncheckedIndexedAccess-friendly). */
 export function tensor(weights: Weights, name: string): Float32Array {
   const w = weights[name];
-  if (!w) throw new Error(`weights: missing tensor "${name}"`);
+  if (!w) throw new RlqError("model_invalid", `weights: missing tensor "${name}"`);
   return w;
 }

@@ -1,6 +1,6 @@
 import { z } from "zod";
 import { RlqError } from "../lib/errors.ts";
-import { postJsonWithRetry, type HttpRetryOptions } from "../reward/remote.ts";
+import { postJsonWithRetry, type HttpRetryOptions } from "../lib/http-client.ts";
 import type { CustomGenerateFunction, CustomGenerateHelpers, CustomGenerateSample, Turn } from "../rollout/custom-generate.ts";
 import { loadPluginFunction, parsePluginPath } from "./load.ts";
 

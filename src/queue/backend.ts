@@ -2,6 +2,7 @@ import { Queue, Worker, withBackend, createPostgresBackend, type ConnectionOptio
 import { isIP } from "node:net";
 import { Redis } from "ioredis";
 import type { Env } from "../config/env.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * The queue backend: BullMQ on Redis when REDIS_URL is set (production), else
@@ -30,7 +31,7 @@ export interface QueueBackend {
 export function redisOptionsFromUrl(url: string): Record<string, unknown> {
   const u = new URL(url);
   if (u.protocol !== "redis:" && u.protocol !== "rediss:") {
-    throw new Error(`REDIS_URL: expected redis://[user:password@]host:port[/db] or rediss:// for TLS, got the scheme ${u.protocol}`);
+    throw new RlqError("config_invalid", `REDIS_URL: expected redis://[user:password@]host:port[/db] or rediss:// for TLS, got the scheme ${u.protocol}`);
   }
   return {
     // SNI carries host names only (Node refuses an IP address there); the certificate check uses the host either way.
@@ -67,7 +68,8 @@ export function createQueueBackend(env: Env, databaseUrl: string): QueueBackend 
           });
           const policy = res[1];
           if (policy !== undefined && policy !== "noeviction") {
-            throw new Error(
+            throw new RlqError(
+              "config_invalid",
               `Redis at ${new URL(redisUrl).host} has maxmemory-policy=${policy}; rlq needs noeviction ` +
                 "(an evicted job key loses work silently). Run: redis-cli CONFIG SET maxmemory-policy noeviction",
             );

@@ -8,7 +8,9 @@ import { processMetrics } from "../observability/prometheus.ts";
 /**
  * Runs a processor for one queue. Decides once, here, whether an error is
  * retried (transient) or not (bad payload, bad config, bad plugin →
- * UnrecoverableError, reason prefixed so the controller can tell).
+ * UnrecoverableError, reason prefixed so the controller can tell), from
+ * `isRetriable`: an RlqError's code row in ERROR_CODES (lib/errors.ts,
+ * docs/errors.md) unless its throw site decided; any other error is retried.
  * Stall settings: a killed worker's job is picked up again within seconds,
  * not BullMQ's default minute. Heavy compute never runs on this event loop
  * (engine sessions and trainer steps live in worker threads), so the lock is

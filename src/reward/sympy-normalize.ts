@@ -1,6 +1,7 @@
 import { latexToText } from "./latex-to-text.ts";
 import { pyFloat, pyIntStr, pyRoundToInt } from "./python-compat.ts";
 import { areEqualUnderSymbolic, type SymbolicOptions } from "./symbolic-equal.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * The "sympy" half of slime's math grader (`grade_answer_sympy` in
@@ -57,7 +58,7 @@ export function strIsInt(x: string): boolean {
 /** slime `_str_to_int`: int(float(x without commas)), i.e. TRUNCATION (`1.99999999` → 1). */
 function strToInt(x: string): string {
   const f = pyFloat(x.replaceAll(",", ""));
-  if (f === null || !Number.isFinite(f)) throw new Error(`not an int: ${x}`); // unreachable after strIsInt
+  if (f === null || !Number.isFinite(f)) throw new RlqError("invariant_violated", `not an int: ${x}`); // unreachable after strIsInt
   return pyIntStr(f);
 }
 

@@ -4,14 +4,8 @@ import { createDemoTokenizer } from "../model/tokenizer.ts";
 import { generate as toolAgent } from "../../examples/tool-agent/agent.ts";
 import { parseRunConfig } from "../config/run-config.ts";
 import { createByteTokenizer } from "../data/tokenizer.ts";
-import {
-  encoderWithoutPrefix,
-  generateCustomRound,
-  runCustomGenerate,
-  type CustomGenerateBinding,
-  type CustomGenerateFunction,
-  type EngineTurn,
-} from "./custom-generate.ts";
+import { runCustomGenerate, type CustomGenerateBinding, type CustomGenerateFunction, type EngineTurn } from "./custom-generate.ts";
+import { encoderWithoutPrefix, generateCustomRound } from "./custom-generate-round.ts";
 
 const tok = createDemoTokenizer();
 

@@ -1,10 +1,6 @@
 import { z } from "zod";
 import type { Engine, FinishReason, SamplingParams } from "../engines/engine.ts";
-import type { AssembledSample, SampleStatus, SegmentFact } from "../core/sample.ts";
-import type { RunConfig } from "../config/run-config.ts";
-import type { Tokenizer } from "../data/tokenizer.ts";
-import { requestId } from "../queue/payloads.ts";
-import { seedFrom } from "../lib/hash.ts";
+import type { SampleStatus, SegmentFact } from "../core/sample.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /**
@@ -355,98 +351,4 @@ function appendTool(seg: SegmentDraft, t: ToolTurn): void {
   seg.tokens.push(...t.tokens);
   seg.logProbs.push(...t.tokens.map(() => 0));
   seg.lossMask.push(...t.tokens.map(() => 0));
-}
-
-/**
- * The run tokenizer's `encode` without the special tokens it puts in front
- * (the bytes and demo tokenizers prepend BOS, an HF tokenizer adds nothing):
- * whatever `encode("")` yields is stripped. Tool text goes mid-response.
- */
-export function encoderWithoutPrefix(tokenizer: Pick<Tokenizer, "encode" | "decode">): {
-  encode(text: string): number[];
-  decode(ids: readonly number[]): string;
-} {
-  const prefix = tokenizer.encode("");
-  return {
-    encode: (text) => {
-      const ids = tokenizer.encode(text);
-      return prefix.every((id, i) => ids[i] === id) ? ids.slice(prefix.length) : ids;
-    },
-    decode: (ids) => tokenizer.decode(ids),
-  };
-}
-
-/** What the rollout job knows about one unfinished sample of its round. */
-export interface CustomRoundInput {
-  runId: string;
-  groupId: number;
-  round: number;
-  /** The job's weight version (recorded for a tool-only round). */
-  weightVersion: number;
-  config: RunConfig;
-  tokenizer: Pick<Tokenizer, "encode" | "decode" | "eosId">;
-  prompt: { prompt: string; promptTokens: readonly number[]; label: string | null; metadata: unknown };
-  sample: AssembledSample;
-  /** The configured path or URL, for messages. */
-  pluginPath: string;
-}
-
-/**
- * The drop-in for `generateSegment` in generate-group-round.ts when
- * `custom_generate_function_path` is set: the same budget, request ids,
- * seeds, session key and sampling params, returning the round's segments
- * for `writeRound` (possibly several: one per engine call). Null engine (the
- * round was aborted before it started): no segments.
- */
-export async function generateCustomRound(
-  fn: CustomGenerateFunction,
-  engine: Engine | null,
-  input: CustomRoundInput,
-  inflight: Set<string>,
-  isAborted: () => boolean,
-): Promise<Array<SegmentDraft & { sampleIndex: number; round: number; tokenStart: number; error: null }>> {
-  const c = input.config;
-  const s = input.sample;
-  let budget = c.rollout_max_response_len - s.responseTokens.length;
-  if (c.rollout_max_context_len !== null) budget = Math.min(budget, c.rollout_max_context_len - input.prompt.promptTokens.length - s.responseTokens.length);
-  if (engine === null || (isAborted() && budget > 0)) return [];
-  const io = encoderWithoutPrefix(input.tokenizer);
-  const out = await runCustomGenerate(fn, {
-    engine,
-    args: c,
-    sample: {
-      sampleIndex: s.sampleIndex,
-      groupId: input.groupId,
-      round: input.round,
-      prompt: input.prompt.prompt,
-      promptTokens: [...input.prompt.promptTokens],
-      responseTokens: [...s.responseTokens],
-      response: io.decode(s.responseTokens),
-      label: input.prompt.label,
-      metadata: (input.prompt.metadata as Record<string, unknown> | null) ?? {},
-      status: s.status,
-    },
-    sampling: {
-      temperature: c.rollout_temperature,
-      topP: c.rollout_top_p,
-      topK: c.rollout_top_k,
-      stopTokenIds: c.rollout_stop_token_ids.length > 0 ? c.rollout_stop_token_ids : [input.tokenizer.eosId],
-    },
-    budget: Math.max(0, budget),
-    firstSegmentIndex: s.nextSegmentIndex,
-    requestIdFor: (seg) => requestId(input.runId, input.groupId, s.sampleIndex, seg),
-    seedFor: (seg) => seedFrom(c.rollout_seed, input.groupId, s.sampleIndex, seg),
-    sessionKey: `${input.runId}-${input.groupId}-${s.sampleIndex}`,
-    fallbackWeightVersion: input.weightVersion,
-    tokenizer: io,
-    inflight,
-    isAborted,
-    where: `custom_generate_function_path ${input.pluginPath}`,
-  });
-  let tokenStart = s.responseTokens.length;
-  return out.segments.map((seg) => {
-    const row = { ...seg, sampleIndex: s.sampleIndex, round: input.round, tokenStart, error: null };
-    tokenStart += seg.tokens.length;
-    return row;
-  });
 }

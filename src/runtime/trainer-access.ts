@@ -24,7 +24,7 @@ export function trainerApiKey(config: RunConfig): string | null {
 
 export function createRemoteTrainerFor(config: RunConfig): Trainer {
   const t = config.trainer;
-  if (t.kind !== "remote") throw new Error("unreachable: not a remote trainer");
+  if (t.kind !== "remote") throw new RlqError("invariant_violated", "unreachable: not a remote trainer");
   return createRemoteTrainer({ url: t.url, apiKey: trainerApiKey(config), batchHost: t.advertise_address, checkpoints: t.checkpoints });
 }
 

@@ -91,7 +91,7 @@ export async function loadGroupsWithRewards(
   });
   keys.forEach((k, idx) => {
     const view = views[idx];
-    if (view instanceof Error || view === undefined) throw view ?? new Error("unreachable: one result per key");
+    if (view instanceof Error || view === undefined) throw view ?? new RlqError("invariant_violated", "unreachable: one result per key");
     out.set(k.groupId, view);
   });
   return out;
@@ -142,7 +142,7 @@ export interface GroupRow {
 /** A group with its full samples, from a row of `groupColumns(…, "all")`. */
 export function groupFromRow(runId: string, groupId: number, row: GroupRow, nSamples: number, maskBeforeRound: number | null): GroupView {
   const segments = segmentsBySample(row, (tokens, logProbs, lossMask) => {
-    if (logProbs === null || lossMask === null) throw new Error('unreachable: groupFromRow needs a row loaded with perToken "all"');
+    if (logProbs === null || lossMask === null) throw new RlqError("invariant_violated", 'unreachable: groupFromRow needs a row loaded with perToken "all"');
     // JSON has no -Infinity/NaN: Postgres quotes them.
     return { logProbs: logProbs.map((v) => (typeof v === "number" ? v : Number(v))), lossMask };
   });

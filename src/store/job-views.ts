@@ -1,6 +1,7 @@
 import type { Db } from "./db.ts";
 import { roundAbortedSql } from "./rollout-facts.ts";
 import { groupColumns, groupFromRow, groupKeysFrom, inKeyOrder, responsesFromRow, type GroupResponses, type GroupRow, type GroupView } from "./group-view.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * What a rollout or reward job reads when it starts, in ONE round trip: the
@@ -72,7 +73,7 @@ export async function loadRolloutJobView(db: Db, key: RolloutJobKey, nSamples: n
 }
 
 function unwrap<T>(r: T | Error | undefined): T {
-  if (r === undefined) throw new Error("unreachable: one result per key");
+  if (r === undefined) throw new RlqError("invariant_violated", "unreachable: one result per key");
   if (r instanceof Error) throw r;
   return r;
 }

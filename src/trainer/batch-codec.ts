@@ -1,4 +1,5 @@
 import type { TrainBatch, TrainSample } from "./trainer.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * The trainer protocol's binary batch format, "RLQB" version 1
@@ -71,9 +72,9 @@ export function encodeBatch(batch: TrainBatch): Uint8Array {
 
 export function decodeBatch(bytes: Uint8Array): TrainBatch {
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-  if (bytes.byteLength < 12 || view.getUint32(0, true) !== MAGIC) throw new Error("batch: bad magic (expected RLQB)");
+  if (bytes.byteLength < 12 || view.getUint32(0, true) !== MAGIC) throw new RlqError("trainer_bad_batch", "batch: bad magic (expected RLQB)");
   const version = view.getUint32(4, true);
-  if (version !== 1) throw new Error(`batch: unsupported version ${version}`);
+  if (version !== 1) throw new RlqError("trainer_bad_batch", `batch: unsupported version ${version}`);
   const hlen = view.getUint32(8, true);
   const header = JSON.parse(new TextDecoder().decode(bytes.subarray(12, 12 + hlen))) as {
     run_id: string;

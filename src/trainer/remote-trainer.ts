@@ -10,12 +10,13 @@ import { checkTrainerCapabilities, requiredCapabilities } from "./capabilities.t
 import { trainResultSchema, type Trainer, type TrainHooks, type TrainProgress, type TrainRequest, type TrainResult } from "./trainer.ts";
 import { RlqError } from "../lib/errors.ts";
 import { sleep } from "../lib/sleep.ts";
+import { backoffDelayMs, HttpNetworkError, isRetriableStatus, requestText, type HttpMethod, type TextAnswer } from "../lib/http-client.ts";
 import { advertisedAddress, bearerHeader, bearerMatches, downloadCheckpointFile, localCheckpointFiles } from "./checkpoint-transfer.ts";
 
+/** What went wrong with a call that got no answer: the socket's own message (it names the errno and address). */
 function describe(e: unknown): string {
   const cause = (e as { cause?: unknown }).cause;
-  const detail = cause instanceof Error ? `: ${cause.message}` : "";
-  return `${(e as Error).message}${detail}`;
+  return cause instanceof Error ? cause.message : (e as Error).message;
 }
 
 /**
@@ -75,9 +76,12 @@ const outageCodes = new Set([
   "EHOSTDOWN",
   "ENOTFOUND",
   "EAI_AGAIN",
-  "UND_ERR_SOCKET",
-  "UND_ERR_CONNECT_TIMEOUT",
+  // lib/http-client.ts: no connection within connectTimeoutMs (a host that drops packets).
+  "ETIMEDOUT",
 ]);
+
+/** Waiting out an outage: 0.25 s doubling to 5 s between tries. */
+const OUTAGE_BACKOFF = { firstMs: 250, maxMs: 5000 };
 
 export function isTrainerOutage(e: unknown): boolean {
   for (let c: unknown = e, depth = 0; c instanceof Error && depth < 5; c = c.cause, depth++) {
@@ -106,33 +110,30 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
   const requestTimeoutMs = options.requestTimeoutMs ?? 30_000;
 
   /** One request. `stop` (only during an outage) ends it early when the attempt is cancelled or the worker closes. */
-  async function call(method: string, path: string, body?: unknown, stop: AbortSignal[] = []): Promise<unknown> {
-    let res: Response;
-    let text: string;
+  async function call(method: HttpMethod, path: string, body?: unknown, stop: AbortSignal[] = []): Promise<unknown> {
+    let res: TextAnswer;
     try {
-      const timeout = AbortSignal.timeout(requestTimeoutMs);
-      res = await fetch(`${base}${path}`, {
-        method,
-        headers: { ...bearerHeader(options.apiKey), ...(body === undefined ? {} : { "content-type": "application/json" }) },
-        body: body === undefined ? null : JSON.stringify(body),
-        signal: stop.length === 0 ? timeout : AbortSignal.any([timeout, ...stop]),
-      });
-      text = await res.text(); // a trainer that dies mid-answer fails here, as an outage
+      res = await requestText(method, `${base}${path}`, body, {
+        timeoutMs: requestTimeoutMs,
+        headers: bearerHeader(options.apiKey),
+        ...(stop.length === 0 ? {} : { signal: AbortSignal.any(stop) }),
+      }); // a trainer that dies mid-answer fails here, as an outage
     } catch (e) {
       if (isTrainerOutage(e)) throw new RlqError("trainer_unreachable", `trainer ${base}${path}: ${describe(e)}`, { cause: e, isRetriable: true });
-      if ((e as Error).name === "TimeoutError")
+      if (e instanceof HttpNetworkError && e.kind === "timeout")
         throw new RlqError("trainer_timeout", `trainer ${base}${path}: no answer within ${requestTimeoutMs / 1000} s`, { cause: e, isRetriable: true });
       throw new RlqError("trainer_request_failed", `trainer ${base}${path}: ${describe(e)}`, { cause: e, isRetriable: true });
     }
+    const text = res.text;
     let parsed: unknown;
     try {
       parsed = text ? JSON.parse(text) : null;
     } catch {
       throw new RlqError("trainer_bad_response", `trainer ${base}${path}: HTTP ${res.status}, not JSON: ${text.slice(0, 200)}`, { isRetriable: true });
     }
-    if (!res.ok) {
+    if (res.status < 200 || res.status >= 300) {
       const err = errorSchema.safeParse((parsed as { error?: unknown } | null)?.error);
-      const e = err.success ? err.data : { code: "http_error", message: text.slice(0, 300), retryable: res.status >= 500 };
+      const e = err.success ? err.data : { code: "http_error", message: text.slice(0, 300), retryable: isRetriableStatus(res.status) };
       throw new RlqError(`trainer_${e.code}`, `trainer ${base}${path}: HTTP ${res.status} ${e.code}: ${e.message}`, { isRetriable: e.retryable });
     }
     return parsed;
@@ -148,7 +149,7 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
    */
   async function reachable<T>(fn: (stop: AbortSignal[]) => Promise<T>, w: OutageWait): Promise<T> {
     const stops = [w.cancel, ...(w.shutdown ? [w.shutdown] : [])];
-    for (let delayMs = 250; ; delayMs = Math.min(delayMs * 2, 5000)) {
+    for (let tries = 0; ; tries++) {
       try {
         const v = await fn(w.since === null ? [] : stops);
         if (w.since !== null) {
@@ -169,7 +170,7 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
           );
         }
         w.onOutage(waited);
-        if (await sleep(Math.min(delayMs, w.timeoutMs - waited), ...stops)) throw stopped(w, e);
+        if (await sleep(Math.min(backoffDelayMs(tries, OUTAGE_BACKOFF), w.timeoutMs - waited), ...stops)) throw stopped(w, e);
       }
     }
   }

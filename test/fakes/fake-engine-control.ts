@@ -79,16 +79,6 @@ export function request(id: string, options: Partial<GenerateRequest["sampling"]
   };
 }
 
-export async function until<T>(what: string, fn: () => Promise<T | null | undefined | false> | T | null | undefined | false, timeoutMs = 20_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
-
 /**
  * A trainer push that lands while requests are generating: pause in place (io_struct.py
  * PauseGenerationReqInput mode "in_place"), then /update_weights_from_distributed (applied at once

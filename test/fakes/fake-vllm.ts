@@ -5,7 +5,9 @@
  * (choices carry `token_ids`), stop_token_ids, seed, top_k; `stream: true`
  * sends delta chunks (vLLM's DELTA output kind) and `data: [DONE]`. A client
  * that disconnects aborts its request (vLLM has no abort endpoint).
- * GET /v1/models, /health. POST /_fault {mode: "die"|"none"}.
+ * GET /v1/models, /health, /stats (fake only: requests live now and the fewest
+ * tokens any of them has generated, so tests wait for tokens instead of time).
+ * POST /_fault {mode: "die"|"none"}.
  * Tokens come from fake-lm.ts; --logprobs-mode raw_logprobs|processed_logprobs
  * picks what `logprobs` means, as vLLM's flag does.
  *
@@ -40,6 +42,8 @@ const tokenDelayMs = Number(values["token-delay-ms"]);
 const stopProb = Number(values["stop-prob"]);
 const mode = values["logprobs-mode"] === "processed_logprobs" ? "truncated" : "original";
 let dieAfterTokens = -1;
+/** Tokens generated so far by each live request (the /stats endpoint). */
+const live = new Set<{ tokens: number }>();
 
 function choice(ids: number[], lps: number[], finish: string | null, withIds: boolean) {
   return {
@@ -69,7 +73,10 @@ async function completions(b: Record<string, unknown>, res: ServerResponse): Pro
   const stopIds = new Set((b.stop_token_ids as number[] | undefined) ?? []);
   if (!ignoreEos) stopIds.add(EOS);
   let isGone = false;
+  const entry = { tokens: 0 };
+  live.add(entry);
   res.on("close", () => {
+    live.delete(entry);
     if (!res.writableFinished) isGone = true;
   });
   const ids: number[] = [];
@@ -106,6 +113,7 @@ async function completions(b: Record<string, unknown>, res: ServerResponse): Pro
     });
     ids.push(token);
     lps.push(logProb);
+    entry.tokens = ids.length;
     prev = token;
     if (dieAfterTokens >= 0 && ids.length >= dieAfterTokens) process.exit(1);
     if (stopIds.has(token)) {
@@ -139,6 +147,7 @@ const server = createServer((req, res) => {
       if (req.method === "POST" && url === "/v1/completions") return await completions(await readJson(req), res);
       if (url === "/v1/models") return sendJson(res, 200, { object: "list", data: [{ id: values.model, object: "model" }] });
       if (url === "/health") return sendJson(res, 200, {});
+      if (url === "/stats") return sendJson(res, 200, { live: live.size, liveMinTokens: Math.min(...[...live].map((x) => x.tokens)) });
       if (req.method === "POST" && url === "/_fault") {
         const b = await readJson(req);
         dieAfterTokens = b.mode === "die" ? Number(b.afterTokens ?? 0) : -1;

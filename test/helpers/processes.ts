@@ -59,8 +59,16 @@ export function spawnRlq(args: string[], env: Record<string, string>, nodeArgs: 
   return spawnTs("src/cli/main.ts", args, { NODE_COMPILE_CACHE: join(tmpdir(), "node-compile-cache"), ...env }, [...rlqNodeFlags, ...nodeArgs]);
 }
 
-/** Poll a predicate over facts until it holds (the timeout only bounds a broken run). */
-export async function waitFor<T>(what: string, fn: () => Promise<T | null | undefined | false>, timeoutMs = 120_000, everyMs = 100): Promise<T> {
+/**
+ * The one polling helper: poll a predicate over facts until it holds (the timeout only bounds a
+ * broken run). `fn` may answer synchronously (an in-process pool's state) or with a promise.
+ */
+export async function waitFor<T>(
+  what: string,
+  fn: () => Promise<T | null | undefined | false> | T | null | undefined | false,
+  timeoutMs = 120_000,
+  everyMs = 50,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const v = await fn();

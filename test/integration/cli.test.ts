@@ -97,7 +97,12 @@ describe("the rlq CLI", () => {
     await waitFor("the run to pause", async () => (await runRow(runId)).status === "paused");
     const seq = async () => (await w.db.pool.query("SELECT max(seq)::int AS s FROM decisions WHERE run_id = $1", [runId])).rows[0].s as number;
     const pausedAt = await seq();
-    await new Promise((r) => setTimeout(r, 1500));
+    // A second pause, handled while paused, shows the controller went round its loop since: still nothing decided.
+    expect((await rlq(["run", "pause", runId])).code).toBe(0);
+    await waitFor("the second pause handled", async () => {
+      const r = await w.db.pool.query("SELECT handled_seq FROM run_requests WHERE run_id = $1 ORDER BY id DESC LIMIT 1", [runId]);
+      return r.rows[0]?.handled_seq !== null;
+    });
     expect(await seq()).toBe(pausedAt); // nothing decided while paused
     expect((await rlq(["run", "resume", runId])).code).toBe(0);
     await waitFor("the run to move again", async () => (await seq()) > pausedAt + 1);

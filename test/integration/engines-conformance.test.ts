@@ -5,7 +5,8 @@ import { createEnginePool, type EnginePool, type PoolLog } from "../../src/engin
 import { createEnginesFromConfig } from "../../src/engines/from-config.ts";
 import { listRouterWorkers } from "../../src/engines/sglang-router.ts";
 import { engineRuntimeDefaults, openAiEngineConfigSchema, sglangEngineConfigSchema } from "../../src/engines/config-schema.ts";
-import { fakeStats, request, setFault, startFake, until } from "../fakes/fake-engine-control.ts";
+import { fakeStats, request, setFault, startFake } from "../fakes/fake-engine-control.ts";
+import { waitFor } from "../helpers/processes.ts";
 
 /**
  * rlq against a fake SGLang that is as unkind as the real server (issue 15):
@@ -99,7 +100,7 @@ describe("SGLang as it is", () => {
     await loader.awaitReady(10_000);
     await observer.awaitReady(10_000);
     await loader.loadWeights(1, "file:///tmp/rlq-ckpt/step-0");
-    await until("the observer to see version 1", async () => {
+    await waitFor("the observer to see version 1", async () => {
       await observer.checkHealth();
       return observer.snapshot().engines[0]?.weightVersion === 1;
     });
@@ -173,7 +174,7 @@ describe("SGLang as it is", () => {
     const post = (path: string, body: unknown) =>
       fetch(`${f.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
     const pending = e.generate(request("span", { maxNewTokens: 300, stopTokenIds: [], seed: 9 }));
-    await until("tokens flowing", async () => (await fakeStats(f.url)).live === 1 && (await fakeStats(f.url)).tokensGenerated >= 10);
+    await waitFor("tokens flowing", async () => (await fakeStats(f.url)).live === 1 && (await fakeStats(f.url)).tokensGenerated >= 10);
     // Unpaused, a push waits for in-flight requests (tokenizer_communicator_mixin.py: the writer
     // lock), so no answer spans it; paused in place, it applies at once.
     expect((await post("/pause_generation", { mode: "in_place" })).status).toBe(200);
@@ -261,7 +262,7 @@ describe("SGLang as it is", () => {
       headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
       body: JSON.stringify({ url: c.url }),
     });
-    await until("the new worker in the pool", () => p.engineStates()[c.url] === "healthy", 10_000);
+    await waitFor("the new worker in the pool", () => p.engineStates()[c.url] === "healthy", 10_000);
   });
 
   it("12. a retry on the same engine uses a new rid (the first is still in flight there: SGLang aborts a disconnected request ~2 s late)", async () => {
@@ -288,7 +289,7 @@ describe("SGLang as it is", () => {
     const p = pool([f.url]);
     await p.awaitReady(10_000);
     const first = p.generate(request("again", { maxNewTokens: 3000, stopTokenIds: [] }));
-    await until("the first generating", async () => (await fakeStats(f.url)).live === 1);
+    await waitFor("the first generating", async () => (await fakeStats(f.url)).live === 1);
     const second = await p.generate(request("again", { maxNewTokens: 10, stopTokenIds: [] }));
     expect(second.tokenIds.length).toBe(10);
     const old = await first;

@@ -3,11 +3,17 @@ import { engineHarness } from "../helpers/engine-harness.ts";
 import { createOpenAiCompatEngine } from "../../src/engines/openai-compat.ts";
 import type { EnginePool } from "../../src/engines/pool.ts";
 import { createWeightSync } from "../../src/engines/weight-sync.ts";
-import { request, until } from "../fakes/fake-engine-control.ts";
+import { request } from "../fakes/fake-engine-control.ts";
+import { waitFor } from "../helpers/processes.ts";
 
 /** The OpenAI-compatible adapter (vLLM) against the fake vLLM server as a separate process. */
 const h = engineHarness("vllm");
 const fake = (args: string[] = []) => h.fake(args);
+/** The fake's requests in flight and the fewest tokens any of them has streamed (Infinity when none). */
+async function vllmStats(url: string): Promise<{ live: number; liveMinTokens: number }> {
+  const s = (await (await fetch(`${url}/stats`)).json()) as { live: number; liveMinTokens: number | null };
+  return { live: s.live, liveMinTokens: s.liveMinTokens ?? Infinity };
+}
 function pool(urls: string[], logprobsMode: "raw_logprobs" | "processed_logprobs" = "raw_logprobs"): EnginePool {
   return h.pool(urls.map((url) => createOpenAiCompatEngine({ url, model: "fake/model", requestTimeoutMs: 10_000, logprobsMode })));
 }
@@ -62,7 +68,10 @@ describe("OpenAI-compatible adapter (vLLM)", () => {
     await p.awaitReady(10_000);
     await p.checkHealth();
     const pending = p.generate(request("v-ab", { maxNewTokens: 1000 }));
-    await new Promise((r) => setTimeout(r, 200));
+    await waitFor("tokens streaming", async () => {
+      const [a, b] = [await vllmStats(f.url), await vllmStats(g.url)];
+      return a.live + b.live === 1 && Math.min(a.liveMinTokens, b.liveMinTokens) >= 10;
+    });
     await p.abort(["v-ab"]);
     const r = await pending;
     expect(r.finishReason).toBe("abort");
@@ -70,14 +79,17 @@ describe("OpenAI-compatible adapter (vLLM)", () => {
     expect(r.tokenIds.length).toBeLessThan(1000);
 
     const many = Array.from({ length: 6 }, (_, i) => p.generate(request(`v-k${i}`, { maxNewTokens: 300, seed: i })));
-    await new Promise((r2) => setTimeout(r2, 200));
+    await waitFor("all six streaming", async () => {
+      const [a, b] = [await vllmStats(f.url), await vllmStats(g.url)];
+      return a.live + b.live === 6 && Math.min(a.liveMinTokens, b.liveMinTokens) >= 5;
+    });
     f.kill("SIGKILL");
     const done = await Promise.all(many);
     const partials = done.filter((x) => x.engineId === f.url);
     expect(partials.length).toBeGreaterThan(0);
     for (const x of partials) expect(x).toMatchObject({ finishReason: "abort" });
     for (const x of partials) expect(x.tokenIds.length).toBeGreaterThan(0);
-    await until("dead", () => p.engineStates()[f.url] === "dead");
+    await waitFor("dead", () => p.engineStates()[f.url] === "dead");
   });
 
   it("versions are fenced by rlq: trainer_push records the reported version", async () => {

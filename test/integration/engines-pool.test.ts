@@ -4,7 +4,8 @@ import { createSglangServer } from "../../src/engines/sglang.ts";
 import { createEnginePool, type EnginePool } from "../../src/engines/pool.ts";
 import { createWeightSync } from "../../src/engines/weight-sync.ts";
 import type { GenerateResult } from "../../src/engines/engine.ts";
-import { fakeStats, request, restartFake, setFault, until } from "../fakes/fake-engine-control.ts";
+import { fakeStats, request, restartFake, setFault } from "../fakes/fake-engine-control.ts";
+import { waitFor } from "../helpers/processes.ts";
 
 /**
  * The engine pool over several fake SGLang processes: an engine killed
@@ -33,9 +34,9 @@ describe("engine pool", () => {
     const n = 24;
     const results: Array<Promise<GenerateResult>> = [];
     for (let i = 0; i < n; i++) results.push(p.generate(request(`kill-${i}`, { maxNewTokens: 150, stopTokenIds: [], seed: 100 + i })));
-    await until("both engines generating", async () => (await fakeStats(a.url)).live > 0 && (await fakeStats(b.url)).live > 0);
+    await waitFor("both engines generating", async () => (await fakeStats(a.url)).live > 0 && (await fakeStats(b.url)).live > 0);
     const before = (await fakeStats(a.url)).tokensGenerated;
-    await until("engine a decoding", async () => (await fakeStats(a.url)).tokensGenerated >= before + 20);
+    await waitFor("engine a decoding", async () => (await fakeStats(a.url)).tokensGenerated >= before + 20);
     a.kill("SIGKILL");
     const done = await Promise.all(results); // nothing rejects, nothing is lost
 
@@ -55,7 +56,7 @@ describe("engine pool", () => {
     expect(full.tokenIds.slice(0, partial.tokenIds.length)).toEqual(partial.tokenIds);
     expect(full.logProbs.slice(0, partial.logProbs.length)).toEqual(partial.logProbs);
 
-    await until("killed engine out of the rotation", () => p.engineStates()[a.url] === "dead");
+    await waitFor("killed engine out of the rotation", () => p.engineStates()[a.url] === "dead");
     const snapDead = p.snapshot().engines.find((e) => e.engineId === a.url);
     expect(snapDead).toMatchObject({ deaths: 1, state: "dead" });
     expect(snapDead?.aborted).toBeGreaterThan(0);
@@ -63,7 +64,7 @@ describe("engine pool", () => {
     // Restarted from the initial checkpoint (version 0): the pool loads version 1 into it before routing to it.
     const a2 = await restartFake("sglang", a.port, slow);
     h.track(a2);
-    await until("restarted engine re-admitted", () => p.engineStates()[a.url] === "healthy", 20_000);
+    await waitFor("restarted engine re-admitted", () => p.engineStates()[a.url] === "healthy", 20_000);
     expect(await fakeStats(a.url)).toMatchObject({ weightVersion: 1, loads: 1 });
     const after = await Promise.all(Array.from({ length: 8 }, (_, k) => p.generate(request(`after-${k}`, { maxNewTokens: 5, seed: k }))));
     expect(new Set(after.map((r) => r.engineId))).toEqual(new Set([a.url, b.url]));
@@ -114,7 +115,7 @@ describe("engine pool", () => {
       });
     await push(a.url);
     // The sync has seen engine a on version 1 (its poll read it) and still waits for b.
-    await until("the sync saw engine a on version 1", () => p.snapshot().engines.find((e) => e.engineId === a.url)?.weightVersion === 1);
+    await waitFor("the sync saw engine a on version 1", () => p.snapshot().engines.find((e) => e.engineId === a.url)?.weightVersion === 1);
     expect(isDone).toBe(false);
     await push(b.url);
     const report = await syncing;
@@ -128,11 +129,11 @@ describe("engine pool", () => {
     const p = pool([f.url], { noEngineWaitMs: 600 });
     await p.awaitReady(10_000);
     await setFault(f.url, { mode: "die" });
-    await until("dead", () => p.engineStates()[f.url] === "dead");
+    await waitFor("dead", () => p.engineStates()[f.url] === "dead");
     await expect(p.generate(request("none-1"))).rejects.toMatchObject({ code: "engine_unavailable", isRetriable: true });
     const f2 = await restartFake("sglang", f.port);
     h.track(f2);
-    await until("back", () => p.engineStates()[f.url] === "healthy");
+    await waitFor("back", () => p.engineStates()[f.url] === "healthy");
     expect((await p.generate(request("none-2"))).tokenIds.length).toBeGreaterThan(0);
   });
 });

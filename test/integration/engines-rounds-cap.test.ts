@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 import { spawnRlq } from "../helpers/processes.ts";
-import { until } from "../fakes/fake-engine-control.ts";
+import { waitFor } from "../helpers/processes.ts";
 import { MAX_ROUNDS_PER_GROUP } from "../../src/jobs/generate-group-round.ts";
 
 /**
@@ -33,7 +33,7 @@ describe("the rounds cap", () => {
     const up = spawnRlq(["up", "--run", runId], w.env);
     try {
       const q = async (sql: string) => (await w.db.pool.query(sql, [runId])).rows;
-      const failed = await until(
+      const failed = await waitFor(
         "a sample failed by the rounds cap",
         async () => {
           const rows = await q("SELECT group_id, sample_index, round, token_end, error FROM sample_segments WHERE run_id = $1 AND status = 'failed'");
@@ -53,7 +53,7 @@ describe("the rounds cap", () => {
       expect(segs.slice(0, -1).every((s) => s.status === "aborted" && s.finish_reason === "abort")).toBe(true);
       // The group's last round is the cap's: nothing was dispatched after it (rounds are written
       // in order, so wait for the group's marker, then check none follows).
-      await until(
+      await waitFor(
         "the last round's marker",
         async () =>
           (await q(`SELECT 1 FROM group_rounds WHERE run_id = $1 AND group_id = ${first.group_id} AND round = ${MAX_ROUNDS_PER_GROUP - 1}`)).length > 0,

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 import { spawnRlq, waitFor } from "../helpers/processes.ts";
 import { checkRunInvariants } from "../helpers/invariants.ts";
-import { restartFake, startFake, type FakeServer } from "../fakes/fake-engine-control.ts";
+import { fakeStats, restartFake, startFake, type FakeServer } from "../fakes/fake-engine-control.ts";
 
 /**
  * A whole run on two fake SGLang engines behind the pool (streaming, so a
@@ -35,21 +35,22 @@ describe("a run on two engines, one killed and restarted mid-run", () => {
     });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     // Kill engine B once it has produced segments of this run, while it still has requests in flight.
-    // ... and its live requests have streamed some tokens: still live 60 ms (~10 tokens) after first seen.
-    const liveNow = async () => ((await (await fetch(`${b.url}/stats`)).json()) as { live: number }).live;
+    // ... and its live requests have streamed some tokens: at least 4 live, and ~10 tokens each generated since first seen so.
+    let tokensWhenLive: number | null = null;
     await waitFor(
       "engine B generating",
       async () => {
         const r = await w.db.pool.query("SELECT count(*)::int AS n FROM sample_segments WHERE run_id = $1 AND engine = $2", [runId, b.url]);
-        if ((r.rows[0]?.n ?? 0) === 0 || (await liveNow()) < 4) return false;
-        await new Promise((res) => setTimeout(res, 60));
-        return (await liveNow()) >= 4;
+        const s = await fakeStats(b.url);
+        if ((r.rows[0]?.n ?? 0) === 0 || s.live < 4) return false;
+        tokensWhenLive ??= s.tokensGenerated;
+        return s.tokensGenerated >= tokensWhenLive + 10 * s.live;
       },
       120_000,
       20,
     );
     b.kill("SIGKILL");
-    await new Promise((r) => setTimeout(r, 1500));
+    await waitFor("engine B out of the rotation", () => /engine left the rotation/.test(up.output()));
     extra.push(await restartFake("sglang", b.port, args));
     // The controller's pool notices the restarted engine (on version 0) and loads the current weights into it.
     await waitFor("restarted engine reloaded", async () => ((await (await fetch(`${b.url}/stats`)).json()) as { loads: number }).loads > 0, 60_000).catch(

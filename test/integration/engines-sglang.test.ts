@@ -5,7 +5,8 @@ import { createEnginePool, type EnginePool } from "../../src/engines/pool.ts";
 import { createEnginesFromConfig } from "../../src/engines/from-config.ts";
 import { sglangEngineConfigSchema, engineRuntimeDefaults } from "../../src/engines/config-schema.ts";
 import { RlqError } from "../../src/lib/errors.ts";
-import { fakeStats, pushInPlace, request, setFault, startFake, until } from "../fakes/fake-engine-control.ts";
+import { fakeStats, pushInPlace, request, setFault, startFake } from "../fakes/fake-engine-control.ts";
+import { waitFor } from "../helpers/processes.ts";
 
 /**
  * The SGLang adapter and the pool against the fake SGLang server as a
@@ -47,7 +48,7 @@ describe("SGLang adapter", () => {
     let isSettled = false;
     const pending = p.generate(request("ab-1", { maxNewTokens: 2000 })).finally(() => (isSettled = true));
     const other = p.generate(request("ab-2", { maxNewTokens: 40 }));
-    await until("tokens flowing", async () => (await fakeStats(f.url)).live === 2 && (await fakeStats(f.url)).tokensGenerated >= 10);
+    await waitFor("tokens flowing", async () => (await fakeStats(f.url)).live === 2 && (await fakeStats(f.url)).tokensGenerated >= 10);
     await p.abort(["ab-1", "unknown-id"]);
     expect(isSettled).toBe(true);
     const r = await pending;
@@ -101,9 +102,9 @@ describe("SGLang adapter", () => {
     const r = await p.generate(request("hang-1", { maxNewTokens: 100 }));
     expect(r.finishReason).toBe("abort");
     expect(r.tokenIds.length).toBe(5);
-    await until("engine declared dead", () => p.engineStates()[f.url] === "dead");
+    await waitFor("engine declared dead", () => p.engineStates()[f.url] === "dead");
     await setFault(f.url, { mode: "none" });
-    await until("engine re-admitted", () => p.engineStates()[f.url] === "healthy");
+    await waitFor("engine re-admitted", () => p.engineStates()[f.url] === "healthy");
   });
 
   it("a request past its timeout with the health monitor silent: the tokens so far come back as an aborted partial", async () => {
@@ -144,7 +145,7 @@ describe("SGLang adapter", () => {
     expect((await p.generate(request("st-after"))).weightVersion).toBe(3);
     // Fixed: it reports 3 (the load did land) and is re-admitted.
     await setFault(stale.url, { mode: "none" });
-    await until("stale engine re-admitted", () => p.engineStates()[stale.url] === "healthy");
+    await waitFor("stale engine re-admitted", () => p.engineStates()[stale.url] === "healthy");
     expect(p.snapshot().engines.map((e) => e.weightVersion)).toEqual([3, 3]);
   });
 
@@ -190,7 +191,7 @@ describe("SGLang adapter", () => {
     const f = await fake(["--token-delay-ms", "4", "--stop-prob", "0.000001"]);
     const e = createSglangServer({ url: f.url, requestTimeoutMs: 10_000, isStreaming: true });
     const pending = e.generate(request("push-mid", { maxNewTokens: 500, stopTokenIds: [], seed: 9 }));
-    await until("tokens flowing", async () => (await fakeStats(f.url)).live === 1 && (await fakeStats(f.url)).tokensGenerated >= 10);
+    await waitFor("tokens flowing", async () => (await fakeStats(f.url)).live === 1 && (await fakeStats(f.url)).tokensGenerated >= 10);
     await pushInPlace(f.url, 5);
     const r = await pending;
     expect(r).toMatchObject({ finishReason: "abort", weightVersion: 0 });
@@ -254,8 +255,8 @@ describe("SGLang adapter without streaming: one batch /generate per event-loop t
     await p.awaitReady(10_000);
     const long = p.generate(request("ba-0", { maxNewTokens: 2000 }));
     const short = [1, 2].map((i) => p.generate(request(`ba-${i}`, { maxNewTokens: 30 })));
-    await until("tokens flowing", async () => (await fakeStats(f.url)).live === 3);
-    await until("short ones done", async () => (await fakeStats(f.url)).live === 1, 10_000);
+    await waitFor("tokens flowing", async () => (await fakeStats(f.url)).live === 3);
+    await waitFor("short ones done", async () => (await fakeStats(f.url)).live === 1, 10_000);
     await p.abort(["ba-0"]);
     const r = await long;
     expect(r.finishReason).toBe("abort");

@@ -95,7 +95,16 @@ describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protoc
     try {
       // Step 1 reaches the trainer: kill it in the middle of that step.
       await waitFor("step 1 to start on the trainer", async () => new RegExp(`step ${runId}/1 attempt \\S+: queued`).test(first.log()), 120_000, 50);
-      await new Promise((r) => setTimeout(r, 500));
+      // ... and is in its delay (reporting progress), not still queued.
+      await waitFor(
+        "step 1 in its delay on the trainer",
+        async () => {
+          const res = await fetch(`${url}/v1/steps/${encodeURIComponent(runId)}/1`);
+          return res.ok && ((await res.json()) as { progress?: { phase?: string } }).progress?.phase === "debug_delay";
+        },
+        120_000,
+        50,
+      );
       const committed = async (step: number) =>
         (await w.db.pool.query("SELECT count(*)::int AS n FROM train_steps WHERE run_id = $1 AND step = $2", [runId, step])).rows[0].n as number;
       expect(await committed(1)).toBe(0);

@@ -3,7 +3,8 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { engineHarness } from "../helpers/engine-harness.ts";
 import { repoRoot } from "../helpers/processes.ts";
-import { fakeStats, request, until } from "../fakes/fake-engine-control.ts";
+import { fakeStats, request } from "../fakes/fake-engine-control.ts";
+import { waitFor } from "../helpers/processes.ts";
 import { createSglangServer } from "../../src/engines/sglang.ts";
 
 /**
@@ -64,7 +65,7 @@ describe.skipIf(!python)("update_weights_from_tensor against the fake SGLang", (
     // Not paused: the update waits for the running request (model_update_lock.writer_lock).
     const e = createSglangServer({ url: f.url, requestTimeoutMs: 20_000, isStreaming: false, apiKey: key });
     const running = e.generate(request("under-push", { maxNewTokens: 200, stopTokenIds: [] }));
-    await until("the request generating", async () => (await fakeStats(f.url)).live === 1);
+    await waitFor("the request generating", async () => (await fakeStats(f.url)).live === 1);
     expect((await post(f.url, "/flush_cache", {}, key)).status).toBe(400); // a request is running
     const pushed = await post(f.url, "/update_weights_from_tensor", body, key);
     expect(pushed.status).toBe(200);

@@ -4,15 +4,13 @@ import type { ModelConfig } from "../../model/config.ts";
 import { siblingModuleUrl, spawnModuleWorker } from "../../model/module-worker.ts";
 import { generateRequestSchema, generateResultSchema, type Engine, type GenerateRequest, type GenerateResult } from "../engine.ts";
 import type { EngineWorkerData, FromWorker, ToWorker } from "./protocol.ts";
+import { RlqError } from "../../lib/errors.ts";
 
 /** Errors of the embedded engine, with a stable code (STYLE.md: errors carry `code` and `cause`). */
-export class EmbeddedEngineError extends Error {
-  constructor(
-    readonly code: "ENGINE_CLOSED" | "DUPLICATE_REQUEST" | "INVALID_REQUEST" | "LOAD_FAILED" | "WORKER_FAILED",
-    message: string,
-    options?: { cause?: unknown },
-  ) {
-    super(message, options);
+export class EmbeddedEngineError extends RlqError {
+  declare readonly code: "ENGINE_CLOSED" | "DUPLICATE_REQUEST" | "INVALID_REQUEST" | "LOAD_FAILED" | "WORKER_FAILED";
+  constructor(code: EmbeddedEngineError["code"], message: string, options: { cause?: unknown } = {}) {
+    super(code, message, options);
     this.name = "EmbeddedEngineError";
   }
 }

@@ -3,6 +3,7 @@ import { readCheckpoint } from "../../model/checkpoint.ts";
 import { ModelRunner } from "./model-runner.ts";
 import type { EngineWorkerData, FromWorker, ToWorker } from "./protocol.ts";
 import { DecodeScheduler, type SchedulerResult } from "./scheduler.ts";
+import { RlqError } from "../../lib/errors.ts";
 
 /**
  * Worker-thread entry of the embedded engine: owns the ORT sessions, the KV
@@ -10,7 +11,7 @@ import { DecodeScheduler, type SchedulerResult } from "./scheduler.ts";
  * the main event loop. Messages are handled between scheduler ticks: the loop
  * yields with setImmediate after every tick so they can arrive.
  */
-if (!parentPort) throw new Error("engine-worker must run in a worker thread");
+if (!parentPort) throw new RlqError("invariant_violated", "engine-worker must run in a worker thread");
 const port = parentPort;
 /** Finished requests of the current tick, sent as one "done" message. */
 let finished: Array<{ requestId: string; result: SchedulerResult }> = [];
@@ -55,9 +56,13 @@ async function main(): Promise<void> {
         readCheckpoint(msg.path)
           .then((next) => {
             if (JSON.stringify(next.config) !== JSON.stringify(ckpt.config)) {
-              throw new Error(`checkpoint ${msg.path} has model config ${JSON.stringify(next.config)}, the engine serves ${JSON.stringify(ckpt.config)}`);
+              throw new RlqError(
+                "model_invalid",
+                `checkpoint ${msg.path} has model config ${JSON.stringify(next.config)}, the engine serves ${JSON.stringify(ckpt.config)}`,
+              );
             }
-            if (next.version !== msg.version) throw new Error(`checkpoint ${msg.path} holds version ${next.version}, expected ${msg.version}`);
+            if (next.version !== msg.version)
+              throw new RlqError("model_invalid", `checkpoint ${msg.path} holds version ${next.version}, expected ${msg.version}`);
             const swapped = scheduler.swapWeights(msg.version, next.weights);
             wake?.();
             return swapped;

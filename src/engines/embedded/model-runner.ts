@@ -2,6 +2,7 @@ import { headDim, type ModelConfig } from "../../model/config.ts";
 import { assertWeightsMatch, parameterSpecs, type Weights } from "../../model/weights.ts";
 import { createOrtSession, floatTensor, int32Tensor, tensorFloats, type OrtFeeds, type OrtSession } from "../onnx-runtime.ts";
 import { buildDecodeModel, buildPrefillModel } from "./graph-builder.ts";
+import { RlqError } from "../../lib/errors.ts";
 
 /**
  * The two ONNX sessions (prefill, decode) of one model config, and the weight
@@ -67,8 +68,8 @@ export class ModelRunner {
 
   /** @param ids [B, T] int32 row-major, all rows starting at position 0 */
   async prefill(ids: Int32Array, batch: number, seqLen: number): Promise<PrefillOutput> {
-    if (ids.length !== batch * seqLen) throw new Error(`prefill: ${ids.length} ids for [${batch}, ${seqLen}]`);
-    if (seqLen > this.config.context_length) throw new Error(`prefill: ${seqLen} tokens exceed context ${this.config.context_length}`);
+    if (ids.length !== batch * seqLen) throw new RlqError("invariant_violated", `prefill: ${ids.length} ids for [${batch}, ${seqLen}]`);
+    if (seqLen > this.config.context_length) throw new RlqError("invariant_violated", `prefill: ${seqLen} tokens exceed context ${this.config.context_length}`);
     const out = await this.prefillSession.run({ ...this.weightFeeds, input_ids: int32Tensor(ids, [batch, seqLen]) });
     const present: Float32Array[] = [];
     for (let l = 0; l < this.config.n_layers; l++) {
@@ -87,7 +88,7 @@ export class ModelRunner {
     const { n_heads: nh, n_layers: nl } = this.config;
     const hd = headDim(this.config);
     // The graph cannot check these: a wrong shape broadcasts silently (ONNX broadcasting rules).
-    if (positions.length !== b || past.length !== 2 * nl) throw new Error("decode: inconsistent batch inputs");
+    if (positions.length !== b || past.length !== 2 * nl) throw new RlqError("invariant_violated", "decode: inconsistent batch inputs");
     const feeds: OrtFeeds = { ...this.weightFeeds, input_ids: int32Tensor(ids, [b]), positions: int32Tensor(positions, [b]) };
     for (let l = 0; l < nl; l++) {
       for (const [i, kind] of [
@@ -95,7 +96,7 @@ export class ModelRunner {
         [1, "value"],
       ] as const) {
         const data = past[2 * l + i] as Float32Array;
-        if (data.length !== b * nh * cacheLength * hd) throw new Error(`decode: past.${l}.${kind} has ${data.length} values`);
+        if (data.length !== b * nh * cacheLength * hd) throw new RlqError("invariant_violated", `decode: past.${l}.${kind} has ${data.length} values`);
         feeds[`past.${l}.${kind}`] = floatTensor(data, [b, nh, cacheLength, hd]);
       }
     }

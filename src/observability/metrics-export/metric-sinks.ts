@@ -10,6 +10,7 @@ import { metricExportKeys, type MetricExportConfig } from "./config.ts";
 import { readEvalPoints, readTrainPoints, type MetricPoint } from "./points.ts";
 import { openTensorboardSink, type TensorboardSink } from "./tensorboard-sink.ts";
 import { openWandbSink, type WandbSink } from "./wandb-sink.ts";
+import { RlqError } from "../../lib/errors.ts";
 
 /**
  * The metric sinks of one run: read committed points from Postgres and hand
@@ -41,7 +42,7 @@ const under = (home: string, p: string) => (isAbsolute(p) ? p : resolve(home, p)
 
 export async function openRunSinks(deps: MetricSinkDeps, runId: string): Promise<RunSinks & { status: string }> {
   const [row] = await readSelect<{ id: string; name: string; status: string; config: Record<string, unknown> }>(deps.db, runRowSql, [runId]);
-  if (!row) throw new Error(`run ${runId} does not exist`);
+  if (!row) throw new RlqError("run_not_found", `run ${runId} does not exist`);
   // Runs recorded before these keys existed get the defaults (no sinks).
   const cfg: MetricExportConfig = exportConfigSchema.parse(Object.fromEntries(Object.keys(metricExportKeys).map((k) => [k, row.config[k] ?? undefined])));
   const tensorboard = cfg.tensorboard_dir === null ? null : openTensorboardSink(join(under(deps.home, cfg.tensorboard_dir), runId));

@@ -1,5 +1,6 @@
 import type { OptimizerState } from "../../model/checkpoint.ts";
 import type { ParameterSpec, Weights } from "../../model/weights.ts";
+import { RlqError } from "../../lib/errors.ts";
 
 /**
  * AdamW (decoupled weight decay, torch.optim.AdamW semantics) with Megatron's
@@ -42,7 +43,7 @@ export function globalGradNorm(specs: readonly ParameterSpec[], grads: Weights):
  */
 export function adamwStep(specs: readonly ParameterSpec[], weights: Weights, grads: Weights, state: OptimizerState, c: AdamWConfig): number {
   const norm = globalGradNorm(specs, grads);
-  if (!Number.isFinite(norm)) throw new Error(`gradient norm is ${norm}: refusing to update the weights`);
+  if (!Number.isFinite(norm)) throw new RlqError("train_nonfinite", `gradient norm is ${norm}: refusing to update the weights`);
   // Megatron: clip_coeff = clip_grad / (norm + 1e-6), applied only when < 1.
   const clipCoeff = c.clipGrad / (norm + 1e-6);
   const scale = clipCoeff < 1 ? clipCoeff : 1;

@@ -1,5 +1,6 @@
 import type { TrainSample } from "../trainer.ts";
 import type { PackedBatch } from "./jax-model.ts";
+import { RlqError } from "../../lib/errors.ts";
 
 /**
  * Packs variable-length samples into the fixed [B, T] blocks the jit-compiled
@@ -25,8 +26,9 @@ export function packBatch(samples: readonly TrainSample[], seqLen: number): Pack
   const targets = new Int32Array(b * seqLen);
   samples.forEach((s, row) => {
     const n = s.tokens.length;
-    if (n - 1 > seqLen) throw new Error(`sample ${s.groupIndex}/${s.sampleIndex}: ${n} tokens exceed the packed length ${seqLen + 1}`);
-    if (s.promptLength < 1) throw new Error(`sample ${s.groupIndex}/${s.sampleIndex}: promptLength must be >= 1 (the first token has no prediction)`);
+    if (n - 1 > seqLen) throw new RlqError("trainer_bad_batch", `sample ${s.groupIndex}/${s.sampleIndex}: ${n} tokens exceed the packed length ${seqLen + 1}`);
+    if (s.promptLength < 1)
+      throw new RlqError("trainer_bad_batch", `sample ${s.groupIndex}/${s.sampleIndex}: promptLength must be >= 1 (the first token has no prediction)`);
     inputIds.set(s.tokens.subarray(0, n - 1), row * seqLen);
     targets.set(s.tokens.subarray(1, n), row * seqLen);
   });

@@ -1,3 +1,4 @@
+import { RlqError } from "../../lib/errors.ts";
 /**
  * Megatron's learning-rate schedule (OptimizerParamScheduler.get_lr): linear
  * warmup from 0 over `warmupIters`, then constant, linear or cosine decay to
@@ -18,7 +19,7 @@ export function learningRate(s: LrSchedule, iteration: number): number {
   const n = iteration + 1;
   if (s.warmupIters > 0 && n <= s.warmupIters) return (s.lr * n) / s.warmupIters;
   if (s.style === "constant") return s.lr;
-  if (s.decayIters === null) throw new Error(`lr_decay_style ${s.style} needs lr_decay_iters (or num_rollout)`);
+  if (s.decayIters === null) throw new RlqError("config_invalid", `lr_decay_style ${s.style} needs lr_decay_iters (or num_rollout)`);
   if (n > s.decayIters) return s.minLr;
   const span = s.decayIters - s.warmupIters;
   const ratio = span <= 0 ? 1 : (n - s.warmupIters) / span;

@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { parseAlgorithmOptions, type AlgorithmOptions } from "../../algorithms/options.ts";
+import { RlqError } from "../../lib/errors.ts";
 
 /**
  * The run-config keys the embedded trainer reads (slime/Megatron names, same
@@ -54,7 +55,7 @@ export function parseTrainConfig(config: Record<string, unknown>): ParsedTrainCo
 export function optimizerStepPlan(train: EmbeddedTrainConfig, numSamples: number): { globalBatchSize: number; numOptimizerSteps: number } {
   const globalBatchSize = train.global_batch_size ?? numSamples / train.num_steps_per_rollout;
   if (!Number.isInteger(globalBatchSize) || globalBatchSize <= 0 || numSamples % globalBatchSize !== 0) {
-    throw new Error(`global_batch_size: ${numSamples} samples do not split into whole global batches of ${globalBatchSize}`);
+    throw new RlqError("config_invalid", `global_batch_size: ${numSamples} samples do not split into whole global batches of ${globalBatchSize}`);
   }
   return { globalBatchSize, numOptimizerSteps: numSamples / globalBatchSize };
 }

@@ -109,7 +109,7 @@ export function microBatchGradient(
       for (let k = 0; k < g.length; k++) acc[k] = (acc[k] as number) + (g[k] as number);
     }
   }
-  if (sum === null) throw new Error("microBatchGradient: no samples");
+  if (sum === null) throw new RlqError("trainer_empty_batch", "microBatchGradient: no samples");
   return sum;
 }
 

@@ -24,7 +24,7 @@ export type FromTrainerWorker =
   | { type: "result"; id: number; result: TrainResult }
   | { type: "error"; id: number; code: string; message: string; isRetriable: boolean };
 
-if (!parentPort) throw new Error("trainer-worker must run in a worker thread");
+if (!parentPort) throw new RlqError("invariant_violated", "trainer-worker must run in a worker thread");
 const port = parentPort;
 const { modelConfig } = workerData as TrainerWorkerData;
 const models = new Map<string, Promise<JaxModel>>();

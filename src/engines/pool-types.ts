@@ -1,0 +1,103 @@
+import type { Engine } from "./engine.ts";
+import type { EngineMetrics, EngineMetricsSnapshot } from "./metrics.ts";
+import type { LogprobProbe } from "./logprob-check.ts";
+import type { PartialOutput, RemoteEngine } from "./remote.ts";
+
+/** The engine pool's public types (pool.ts) and the member records its parts share. */
+export type MemberState = "starting" | "healthy" | "stale" | "loading" | "dead" | "refused";
+
+export interface PoolLog {
+  info(obj: object, msg: string): void;
+  warn(obj: object, msg: string): void;
+}
+
+export interface EnginePoolOptions {
+  members: readonly RemoteEngine[];
+  /** slime sglang_server_concurrency. Default 512. */
+  maxConcurrentPerEngine?: number;
+  /** Default 5 s. */
+  healthIntervalMs?: number;
+  /** A /health_generate slower than this counts as failed. Default 10 s. */
+  healthTimeoutMs?: number;
+  /** After the pool starts, failing checks do not declare an engine dead for this long. Default 300 s. */
+  warmupGraceMs?: number;
+  /** How long `abort` waits for the server to answer aborted requests before cancelling them locally. Default 10 s. */
+  abortWaitMs?: number;
+  /** Attempts per request across engines when a request fails before any token. Default 3. */
+  maxAttempts?: number;
+  /** How long a request waits for any routable engine before failing (retriable). Default 120 s. */
+  noEngineWaitMs?: number;
+  /** How long an engine may answer health checks with "busy" (loading weights) before it is declared dead. Default 15 min. */
+  busyLimitMs?: number;
+  /** "probe" (default): check each engine's log-prob semantics on admission (logprob-check.ts). */
+  logprobCheck?: "probe" | "off";
+  /** Input for the probe; any valid token ids of the model. Default [1..8]. */
+  probeInputIds?: readonly number[];
+  log?: PoolLog;
+  now?: () => number;
+}
+
+export interface PoolSnapshot {
+  currentVersion: number | null;
+  isAdmissionPaused: boolean;
+  queued: number;
+  engines: EngineMetricsSnapshot[];
+}
+
+export interface EnginePool extends Engine {
+  /** Route only to engines on `version` from now on (trainer_push: after the trainer reports it). */
+  setCurrentVersion(version: number): void;
+  currentVersion(): number | null;
+  /** Resolves when every live engine reports `version`; engines that die meanwhile are left out. */
+  awaitVersion(version: number, timeoutMs: number): Promise<{ engines: string[] }>;
+  /** New requests wait (in-flight ones continue) until resumeAdmission. */
+  pauseAdmission(): void;
+  resumeAdmission(): void;
+  /** Resolves once at least one engine is routable (or rejects after `timeoutMs`). */
+  awaitReady(timeoutMs: number): Promise<void>;
+  /** Run one health round now (tests and the controller use it; the monitor runs them on its own). */
+  checkHealth(): Promise<void>;
+  /** Engines found later (an SGLang router's refreshed worker list); ones already here are ignored. */
+  addMembers(engines: readonly RemoteEngine[]): void;
+  snapshot(): PoolSnapshot;
+  engineStates(): Record<string, MemberState>;
+}
+
+export interface Inflight {
+  rid: string;
+  controller: AbortController;
+  partial: PartialOutput;
+  /** Why it was cancelled locally: the caller aborted, or the engine died. */
+  cancelReason: "abort" | "dead" | null;
+  settled: Promise<void>;
+}
+
+export interface Member {
+  engine: RemoteEngine;
+  state: MemberState;
+  version: number | null;
+  probe: LogprobProbe | null;
+  inflight: Map<string, Inflight>;
+  metrics: EngineMetrics;
+  isChecking: boolean;
+  consecutiveErrors: number;
+  /** Errors already counted in consecutiveErrors. */
+  countedErrors: WeakSet<object>;
+  /** Slots taken by requests routed here that have not started yet. */
+  reserved: number;
+  /** Since when its health checks answer "busy" (503 while loading weights or paused); null: not busy. */
+  busySinceMs: number | null;
+}
+
+export interface PendingEntry {
+  abortRequested: boolean;
+  isSettled: boolean;
+  inflight: Inflight | null;
+  member: Member | null;
+  done: Promise<void>;
+}
+
+export interface Waiter {
+  sessionKey: string | undefined;
+  wake: () => void;
+}

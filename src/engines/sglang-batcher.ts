@@ -1,0 +1,151 @@
+import type { GenerateRequest, GenerateResult } from "./engine.ts";
+import { callJson, EngineHttpError, isLocalCancel } from "./http.ts";
+import type { GenerateHooks } from "./remote.ts";
+import { RlqError } from "../lib/errors.ts";
+
+export interface BatchItem {
+  req: GenerateRequest;
+  hooks: GenerateHooks;
+  where: string;
+  resolve(r: GenerateResult): void;
+  reject(e: unknown): void;
+  isSettled: boolean;
+}
+
+/** Most requests in one batch /generate. */
+const MAX_BATCH = 64;
+
+/**
+ * Non-streaming requests to one server that arrive in the same event-loop
+ * turn (a rollout job sends its group's samples together) go out as ONE
+ * SGLang batch /generate: input_ids, rid and sampling_params as lists; the
+ * answer is the list of outputs in order. A lone request keeps the single
+ * form. Each item stays its own request everywhere else: the pool routes,
+ * counts, retries and aborts it by its rid (SGLang aborts one item of a batch
+ * by rid and answers it with its tokens so far), so nothing above this adapter
+ * changes. A local cancel (the pool giving up on an abort, an engine declared
+ * dead) resolves that item at once as an aborted partial; the HTTP request is
+ * cancelled when every item of it is. A failed batch fails each item with the
+ * same error; the pool retries each, and counts the failure once toward the
+ * engine's consecutive errors.
+ *
+ * Why: against an instant engine the per-request HTTP cost was the largest
+ * cost of a rollout job after its queries (bench/control-plane.ts). With
+ * streaming on, requests stay one per sample: a streamed batch interleaves its
+ * items' events, and the per-request stream is what keeps a dying server's
+ * tokens.
+ */
+export function createBatcher(deps: {
+  url: string;
+  timeoutMs: number;
+  headers: Record<string, string> | undefined;
+  httpError(e: unknown, item: BatchItem): unknown;
+  samplingParams(s: GenerateRequest["sampling"]): Record<string, unknown>;
+  finish(item: BatchItem, payload: unknown): GenerateResult;
+  aborted(item: BatchItem): GenerateResult;
+}) {
+  let queued: BatchItem[] = [];
+  let isScheduled = false;
+
+  function settle(item: BatchItem, fn: () => void): void {
+    if (item.isSettled) return;
+    item.isSettled = true;
+    fn();
+  }
+
+  async function send(items: BatchItem[]): Promise<void> {
+    const live = items.filter((item) => {
+      if (!item.hooks.signal?.aborted) return true;
+      settle(item, () => item.resolve(deps.aborted(item)));
+      return false;
+    });
+    if (live.length === 0) return;
+    const http = new AbortController();
+    const detach: Array<() => void> = [];
+    for (const item of live) {
+      const signal = item.hooks.signal;
+      if (!signal) continue;
+      const onAbort = () => {
+        settle(item, () => item.resolve(deps.aborted(item)));
+        if (live.every((x) => x.isSettled)) http.abort();
+      };
+      signal.addEventListener("abort", onAbort, { once: true });
+      detach.push(() => signal.removeEventListener("abort", onAbort));
+    }
+    const one = live.length === 1 ? live[0] : undefined;
+    const body = one
+      ? { rid: one.req.requestId, input_ids: one.req.inputIds, return_logprob: true, stream: false, sampling_params: deps.samplingParams(one.req.sampling) }
+      : {
+          rid: live.map((x) => x.req.requestId),
+          input_ids: live.map((x) => x.req.inputIds),
+          return_logprob: true,
+          stream: false,
+          sampling_params: live.map((x) => deps.samplingParams(x.req.sampling)),
+        };
+    try {
+      let answer: unknown;
+      try {
+        answer = await callJson("POST", `${deps.url}/generate`, body, { timeoutMs: deps.timeoutMs, signal: http.signal, headers: deps.headers });
+      } catch (e) {
+        // One invalid item fails the whole batch with 400 (tokenizer_manager.py validates every item
+        // before sending any): resend the items one by one, so only the bad one fails.
+        if (!one && e instanceof EngineHttpError && e.status === 400) {
+          for (const d of detach.splice(0)) d();
+          await Promise.all(live.map((item) => send([item])));
+          return;
+        }
+        throw e;
+      }
+      const outputs = one ? [answer] : answer;
+      if (!Array.isArray(outputs) || outputs.length !== live.length) {
+        throw new RlqError(
+          "engine_bad_response",
+          `SGLang ${deps.url}/generate: a batch of ${live.length} was answered with ${JSON.stringify(answer)?.slice(0, 200)}`,
+          { isRetriable: true },
+        );
+      }
+      live.forEach((item, i) =>
+        settle(item, () => {
+          try {
+            item.resolve(deps.finish(item, outputs[i]));
+          } catch (e) {
+            item.reject(e);
+          }
+        }),
+      );
+    } catch (e) {
+      for (const item of live)
+        settle(item, () => (isLocalCancel(e, item.hooks.signal) ? item.resolve(deps.aborted(item)) : item.reject(deps.httpError(e, item))));
+    } finally {
+      for (const d of detach) d();
+    }
+  }
+
+  function flush(): void {
+    isScheduled = false;
+    const all = queued;
+    queued = [];
+    // One batch per batchKey (a group), in arrival order; requests without a key batch together.
+    const byKey = new Map<string, BatchItem[]>();
+    for (const item of all) {
+      const key = item.req.batchKey ?? "";
+      const list = byKey.get(key);
+      if (list) list.push(item);
+      else byKey.set(key, [item]);
+    }
+    for (const items of byKey.values()) for (let i = 0; i < items.length; i += MAX_BATCH) void send(items.slice(i, i + MAX_BATCH));
+  }
+
+  return {
+    submit(req: GenerateRequest, hooks: GenerateHooks, where: string): Promise<GenerateResult> {
+      return new Promise<GenerateResult>((resolve, reject) => {
+        queued.push({ req, hooks, where, resolve, reject, isSettled: false });
+        if (!isScheduled) {
+          isScheduled = true;
+          // After the current turn's microtasks: every sample of a job has reached here by then.
+          setImmediate(flush);
+        }
+      });
+    },
+  };
+}
