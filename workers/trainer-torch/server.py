@@ -46,7 +46,8 @@ def push_worker_args(args) -> list:
     if not args.push_engines:
         return []
     out = ["--push-engines", args.push_engines, "--push-master-address", args.push_master_address,
-           "--push-master-port", str(args.push_master_port), "--push-backend", args.push_backend]
+           "--push-master-port", str(args.push_master_port), "--push-backend", args.push_backend,
+           "--push-via", args.push_via, "--push-tp-size", str(args.push_tp_size)]
     return out + (["--push-api-key-env", args.push_api_key_env] if args.push_api_key_env else [])
 
 
@@ -334,6 +335,9 @@ def main(argv=None) -> None:
     ap.add_argument("--push-master-port", type=int, default=29600)
     ap.add_argument("--push-backend", default="nccl", help="nccl (GPU) or gloo (CPU)")
     ap.add_argument("--push-api-key-env", default=None, help="environment variable holding the engines' --api-key")
+    ap.add_argument("--push-via", choices=["distributed", "tensor"], default="distributed",
+                    help="distributed: update_weights_from_distributed over a process group; tensor: update_weights_from_tensor (engines on this host)")
+    ap.add_argument("--push-tp-size", type=int, default=1, help="--push-via tensor: the engines' tensor-parallel size (one serialized copy per TP rank)")
     ap.add_argument("--token-file", default=None, help="bearer token every request must carry (default: $RLQ_TRAINER_TOKEN; none: no check)")
     ap.add_argument("--checkpoint-dir", default=None, help="with checkpoints: fetch, where checkpoints live on this host (default ~/.cache/rlq-trainer)")
     ap.add_argument("--debug-delay-s", type=float, default=0.0, help="testing aid: every step waits this long (reporting progress) before training")

@@ -83,6 +83,8 @@ def main(argv=None) -> int:
     ap.add_argument("--push-master-port", type=int, default=29600)
     ap.add_argument("--push-backend", default="nccl")
     ap.add_argument("--push-api-key-env", default=None)
+    ap.add_argument("--push-via", choices=["distributed", "tensor"], default="distributed")
+    ap.add_argument("--push-tp-size", type=int, default=1)
     args = ap.parse_args(argv)
 
     if args.deterministic and args.device.startswith("cuda"):

@@ -303,16 +303,40 @@ def push_from_tensor(engine: str, named_tensors: Sequence[Tuple[str, torch.Tenso
     return {"version": version, "tensors": len(named_tensors), "engines": [url]}
 
 
-def pusher_from_args(args: Any, api_key: Optional[str]) -> Optional[DistributedPusher]:
-    """The trainer server's --push-* flags; None when no engine is named."""
+class TensorPusher:
+    """Same host (trainer and engine share the GPUs' host): update_weights_from_tensor on each
+    engine in turn, inside pause/continue (push_from_tensor), as slime's update_weight_from_tensor
+    does for colocated engines. Nothing to connect and no process group."""
+
+    def __init__(self, engines: Sequence[str], *, tp_size: int = 1, api_key: Optional[str] = None, timeout_s: float = 600.0) -> None:
+        self.engines = [u.rstrip("/") for u in engines]
+        self.tp_size = tp_size
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+
+    def push(self, named_tensors: Iterable[Tuple[str, torch.Tensor]], version: int) -> Dict[str, Any]:
+        items = list(named_tensors)
+        for url in self.engines:
+            push_from_tensor(url, items, version, tp_size=self.tp_size, api_key=self.api_key, timeout_s=self.timeout_s)
+        return {"version": version, "tensors": len(items), "engines": list(self.engines), "via": "tensor"}
+
+    def close(self) -> None:
+        pass
+
+
+def pusher_from_args(args: Any, api_key: Optional[str]) -> Optional[Any]:
+    """The trainer server's --push-* flags; None when no engine is named. --push-via tensor: the
+    engines share this host (update_weights_from_tensor); distributed (default): a process group."""
     engines = [u for u in (getattr(args, "push_engines", None) or "").split(",") if u]
     if not engines:
         return None
+    if getattr(args, "push_via", "distributed") == "tensor":
+        return TensorPusher(engines, tp_size=int(getattr(args, "push_tp_size", 1) or 1), api_key=api_key)
     return DistributedPusher(engines, master_address=args.push_master_address, master_port=args.push_master_port,
                              backend=args.push_backend, api_key=api_key)
 
 
-def push_held(pusher: DistributedPusher, trainer: Any, version: int, log: Any = print,
+def push_held(pusher: Any, trainer: Any, version: int, log: Any = print,
               named: Optional[Sequence[Tuple[str, torch.Tensor]]] = None) -> Dict[str, Any]:
     """The trainer server's hook after a step: push the weights it holds as `version`.
 

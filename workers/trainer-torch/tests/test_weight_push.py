@@ -132,6 +132,25 @@ class WeightPushTest(unittest.TestCase):
         for name, t in sent:
             self.assertEqual(got["tensors"][name]["values"], t.double().flatten().tolist(), name)
 
+    def test_the_server_flags_choose_the_same_host_pusher(self):
+        import argparse
+
+        from rlq_torch.weight_push import TensorPusher, pusher_from_args
+
+        engine = self.start_engine()
+        args = argparse.Namespace(push_engines=engine, push_via="tensor", push_tp_size=2, push_master_address="127.0.0.1",
+                                  push_master_port=0, push_backend="gloo")
+        pusher = pusher_from_args(args, self.KEY)
+        self.assertIsInstance(pusher, TensorPusher)
+        sent = [(n, t) for n, t in self.tensors() if t.dtype != __import__("torch").bfloat16]
+        out = pusher.push(sent, 7)
+        self.assertEqual(out["via"], "tensor")
+        got = self.received(engine)
+        self.assertEqual(got["version"], "7")
+        self.assertEqual(got["calls"], ["pause_generation", "flush_cache", "update_weights_from_tensor", "continue_generation"])
+        for name, t in sent:
+            self.assertEqual(got["tensors"][name]["values"], t.double().flatten().tolist(), name)
+
 
 if __name__ == "__main__":
     unittest.main()
