@@ -124,7 +124,7 @@ async function once(queue: "redis" | "postgres") {
       rollout_max_response_len: Number(values["max-len"]),
       dynamic_sampling_filter_path: null,
       custom_rm_path: join(repoRoot, "test/fixtures/reward-parity.mjs"),
-      engine: { kind: "sglang", urls: [w.engine.url], logprob_check: "off", stream: false },
+      engine: { kind: "sglang", urls: [w.engine.url], logprob_check: "off", stream: false, batch_group: true },
     });
     const upPid = { value: -1 };
     const workersPid = { value: -1 };

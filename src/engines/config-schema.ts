@@ -15,12 +15,19 @@ export const sglangEngineConfigSchema = z
     router_url: z.string().url().nullable().default(null),
     request_timeout_s: z.number().positive().default(600),
     /**
-     * false (default, slime's default): one batch /generate per group, whose cost is linear in the
-     * length. true: stream /generate so a server dying mid-request still returns its tokens; SGLang
-     * repeats every token so far in each event (quadratic in the length) unless it runs
+     * false (default, slime's default): one non-streamed /generate per sample, whose cost is linear
+     * in the length. true: stream /generate so a server dying mid-request still returns its tokens;
+     * SGLang repeats every token so far in each event (quadratic in the length) unless it runs
      * --incremental-streaming-output (rlq reads the deltas) or a large --stream-interval.
      */
     stream: z.boolean().default(false),
+    /**
+     * Without streaming: false (default) sends each sample as its own /generate, as slime's
+     * generate_and_rm_group does (one task per sample), so a finished sample frees its slot at once.
+     * true sends a group's samples as one batch /generate: fewer HTTP requests (it pays off only on
+     * very fast engines), but the batch answers when its slowest sample ends, and one bad item fails it.
+     */
+    batch_group: z.boolean().default(false),
     /** The workers' (and router's) --api-key, from the environment or a file: {env: NAME} | {file: PATH}. Only the reference is stored. */
     api_key: secretRefSchema.optional(),
     /** The router's key when it differs from the workers' (the router's own --api-key). */

@@ -38,6 +38,8 @@ const MAX_BATCH = 64;
 export function createBatcher(deps: {
   url: string;
   timeoutMs: number;
+  /** false: every request goes alone (the single form), whatever its batchKey. */
+  isBatching: boolean;
   headers: Record<string, string> | undefined;
   httpError(e: unknown, item: BatchItem): unknown;
   samplingParams(s: GenerateRequest["sampling"]): Record<string, unknown>;
@@ -126,9 +128,10 @@ export function createBatcher(deps: {
     const all = queued;
     queued = [];
     // One batch per batchKey (a group), in arrival order; requests without a key batch together.
+    // Not batching: each request is its own batch of one, which goes in the single form.
     const byKey = new Map<string, BatchItem[]>();
     for (const item of all) {
-      const key = item.req.batchKey ?? "";
+      const key = deps.isBatching ? (item.req.batchKey ?? "") : item.req.requestId;
       const list = byKey.get(key);
       if (list) list.push(item);
       else byKey.set(key, [item]);

@@ -56,12 +56,17 @@ export interface SglangServerOptions {
   /** update_weights_from_disk. Default 600 s. */
   loadTimeoutMs?: number;
   /**
-   * Default false (slime's default, one batch /generate per event-loop turn): an SGLang stream
+   * Default false (slime's default, one non-streamed /generate per sample): an SGLang stream
    * repeats every token so far in each event at --stream-interval 1, so its cost grows with the
    * square of the length. true streams (keeps a dying server's tokens); use it with a server
    * started with --incremental-streaming-output or a large --stream-interval.
    */
   isStreaming?: boolean;
+  /**
+   * Without streaming: true sends the samples of one group (GenerateRequest.batchKey) that arrive in
+   * one event-loop turn as one batch /generate; false (default, as slime) one /generate per sample.
+   */
+  isBatchingGroups?: boolean;
   /** The server's --api-key: sent as `Authorization: Bearer` on every call. */
   apiKey?: string;
 }
@@ -153,6 +158,7 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
 
   const batcher = createBatcher({
     url,
+    isBatching: options.isBatchingGroups ?? false,
     timeoutMs: options.requestTimeoutMs,
     headers,
     samplingParams,

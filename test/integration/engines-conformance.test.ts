@@ -16,10 +16,13 @@ import { waitFor } from "../helpers/processes.ts";
 const h = engineHarness("sglang");
 const fake = (args: string[] = []) => h.fake(args);
 type PoolOptions = Partial<Parameters<typeof createEnginePool>[0]>;
-function pool(urls: string[], options: { isStreaming?: boolean; apiKey?: string; requestTimeoutMs?: number } & PoolOptions = {}): EnginePool {
-  const { isStreaming, apiKey, requestTimeoutMs, ...extra } = options;
+function pool(
+  urls: string[],
+  options: { isStreaming?: boolean; isBatchingGroups?: boolean; apiKey?: string; requestTimeoutMs?: number } & PoolOptions = {},
+): EnginePool {
+  const { isStreaming, isBatchingGroups, apiKey, requestTimeoutMs, ...extra } = options;
   return h.pool(
-    urls.map((url) => createSglangServer({ url, requestTimeoutMs: requestTimeoutMs ?? 10_000, isStreaming, apiKey })),
+    urls.map((url) => createSglangServer({ url, requestTimeoutMs: requestTimeoutMs ?? 10_000, isStreaming, isBatchingGroups, apiKey })),
     { healthTimeoutMs: 2_000, ...extra },
   );
 }
@@ -204,12 +207,27 @@ describe("SGLang as it is", () => {
 
   it("9. a batch with one invalid item is resent item by item: only that item fails", async () => {
     const f = await fake(["--context-length", "64"]);
-    const p = pool([f.url], { isStreaming: false });
+    const p = pool([f.url], { isStreaming: false, isBatchingGroups: true });
     await p.awaitReady(10_000);
+    const refusedBefore = (await fakeStats(f.url)).refused;
     const results = await Promise.allSettled([0, 1, 2, 3].map((i) => p.generate(request(`bi-${i}`, i === 2 ? { inputIds: longPrompt } : {}))));
     expect(results.map((x) => x.status)).toEqual(["fulfilled", "fulfilled", "rejected", "fulfilled"]);
     expect((results[2] as PromiseRejectedResult).reason).toMatchObject({ code: "engine_request_rejected" });
     expect(p.snapshot().engines[0]).toMatchObject({ state: "healthy", errors: 0 });
+    // The batch went out and was refused whole, then the bad item alone: two refusals.
+    expect((await fakeStats(f.url)).refused - refusedBefore).toBe(2);
+  });
+
+  it("9b. by default (as slime) each sample is its own /generate: a bad one fails alone, no batch is sent", async () => {
+    const f = await fake(["--context-length", "64"]);
+    const p = pool([f.url], { isStreaming: false });
+    await p.awaitReady(10_000);
+    const before = await fakeStats(f.url);
+    const results = await Promise.allSettled([0, 1, 2, 3].map((i) => p.generate(request(`bs-${i}`, i === 2 ? { inputIds: longPrompt } : {}))));
+    expect(results.map((x) => x.status)).toEqual(["fulfilled", "fulfilled", "rejected", "fulfilled"]);
+    const after = await fakeStats(f.url);
+    expect(after.batches - before.batches).toBe(0);
+    expect(after.refused - before.refused).toBe(1);
   });
 
   it("10. seeds: masked to 31 bits; whether the server honours them is read from /get_server_info and shown", async () => {

@@ -218,10 +218,10 @@ describe("SGLang adapter", () => {
   });
 });
 
-describe("SGLang adapter without streaming: one batch /generate per event-loop turn", () => {
+describe("SGLang adapter without streaming, engine.batch_group: one batch /generate per group and event-loop turn", () => {
   function batchedPool(url: string): EnginePool {
     const p = createEnginePool({
-      members: [createSglangServer({ url, requestTimeoutMs: 10_000, isStreaming: false })],
+      members: [createSglangServer({ url, requestTimeoutMs: 10_000, isStreaming: false, isBatchingGroups: true })],
       healthIntervalMs: 200,
       warmupGraceMs: 0,
     });
