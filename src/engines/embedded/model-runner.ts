@@ -84,26 +84,7 @@ export class ModelRunner {
    * @param past per layer key/value [B, H, cacheLength, hd] (index 2l, 2l+1)
    */
   async decode(ids: Int32Array, positions: Int32Array, past: Float32Array[], cacheLength: number): Promise<DecodeOutput> {
-    const b = ids.length;
-    const { n_heads: nh, n_layers: nl } = this.config;
-    const hd = headDim(this.config);
-    // The graph cannot check these: a wrong shape broadcasts silently (ONNX broadcasting rules).
-    if (positions.length !== b || past.length !== 2 * nl) throw new RlqError("invariant_violated", "decode: inconsistent batch inputs");
-    const feeds: OrtFeeds = { ...this.weightFeeds, input_ids: int32Tensor(ids, [b]), positions: int32Tensor(positions, [b]) };
-    for (let l = 0; l < nl; l++) {
-      for (const [i, kind] of [
-        [0, "key"],
-        [1, "value"],
-      ] as const) {
-        const data = past[2 * l + i] as Float32Array;
-        if (data.length !== b * nh * cacheLength * hd) throw new RlqError("invariant_violated", `decode: past.${l}.${kind} has ${data.length} values`);
-        feeds[`past.${l}.${kind}`] = floatTensor(data, [b, nh, cacheLength, hd]);
-      }
-    }
-    const out = await this.decodeSession.run(feeds);
-    const fresh: Float32Array[] = [];
-    for (let l = 0; l < nl; l++) fresh.push(tensorFloats(out[`new.${l}.key`], "key"), tensorFloats(out[`new.${l}.value`], "value"));
-    return { logits: tensorFloats(out.logits, "logits"), fresh };
+    return this.runDecode(this.decodeFeeds(ids, positions, past, cacheLength));
   }
 
   /**
@@ -111,11 +92,27 @@ export class ModelRunner {
    *   the same arrays, unchanged in length, for the handle's life (the KV cache's slot views).
    */
   decodeHandle(rows: number, past: Float32Array[], cacheLength: number): DecodeHandle {
-    const { n_heads: nh, n_layers: nl } = this.config;
-    const hd = headDim(this.config);
-    if (past.length !== 2 * nl) throw new Error("decode: inconsistent batch inputs");
     const ids = new Int32Array(rows);
     const positions = new Int32Array(rows);
+    // The feeds wrap ids, positions and past: writing into them changes the next run's inputs.
+    const feeds = this.decodeFeeds(ids, positions, past, cacheLength);
+    const generation = this.weightsGeneration;
+    return {
+      ids,
+      positions,
+      run: async () => {
+        if (generation !== this.weightsGeneration) throw new RlqError("invariant_violated", "decode: handle built for other weights");
+        return this.runDecode(feeds);
+      },
+    };
+  }
+
+  private decodeFeeds(ids: Int32Array, positions: Int32Array, past: Float32Array[], cacheLength: number): OrtFeeds {
+    const rows = ids.length;
+    const { n_heads: nh, n_layers: nl } = this.config;
+    const hd = headDim(this.config);
+    // The graph cannot check these: a wrong shape broadcasts silently (ONNX broadcasting rules).
+    if (positions.length !== rows || past.length !== 2 * nl) throw new RlqError("invariant_violated", "decode: inconsistent batch inputs");
     const feeds: OrtFeeds = { ...this.weightFeeds, input_ids: int32Tensor(ids, [rows]), positions: int32Tensor(positions, [rows]) };
     for (let l = 0; l < nl; l++) {
       for (const [i, kind] of [
@@ -123,22 +120,18 @@ export class ModelRunner {
         [1, "value"],
       ] as const) {
         const data = past[2 * l + i] as Float32Array;
-        if (data.length !== rows * nh * cacheLength * hd) throw new Error(`decode: past.${l}.${kind} has ${data.length} values`);
+        if (data.length !== rows * nh * cacheLength * hd) throw new RlqError("invariant_violated", `decode: past.${l}.${kind} has ${data.length} values`);
         feeds[`past.${l}.${kind}`] = floatTensor(data, [rows, nh, cacheLength, hd]);
       }
     }
-    const generation = this.weightsGeneration;
-    return {
-      ids,
-      positions,
-      run: async () => {
-        if (generation !== this.weightsGeneration) throw new Error("decode: handle built for other weights");
-        const out = await this.decodeSession.run(feeds);
-        const fresh: Float32Array[] = [];
-        for (let l = 0; l < nl; l++) fresh.push(tensorFloats(out[`new.${l}.key`], "key"), tensorFloats(out[`new.${l}.value`], "value"));
-        return { logits: tensorFloats(out.logits, "logits"), fresh };
-      },
-    };
+    return feeds;
+  }
+
+  private async runDecode(feeds: OrtFeeds): Promise<DecodeOutput> {
+    const out = await this.decodeSession.run(feeds);
+    const fresh: Float32Array[] = [];
+    for (let l = 0; l < this.config.n_layers; l++) fresh.push(tensorFloats(out[`new.${l}.key`], "key"), tensorFloats(out[`new.${l}.value`], "value"));
+    return { logits: tensorFloats(out.logits, "logits"), fresh };
   }
 
   async release(): Promise<void> {
