@@ -96,12 +96,20 @@ export function runCommand(
   opts: { cwd?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number } = {},
 ): Promise<CommandResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { cwd: opts.cwd, env: opts.env ?? process.env, stdio: ["ignore", "pipe", "pipe"] });
+    // Its own process group, so a timeout kills what it started too (a test runner's servers).
+    const child = spawn(cmd, args, { cwd: opts.cwd, env: opts.env ?? process.env, stdio: ["ignore", "pipe", "pipe"], detached: true });
     let stdout = "";
     let stderr = "";
     child.stdout.on("data", (d: Buffer) => (stdout += d.toString()));
     child.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
-    const timer = opts.timeoutMs === undefined ? null : setTimeout(() => child.kill("SIGKILL"), opts.timeoutMs);
+    const killGroup = () => {
+      try {
+        if (child.pid !== undefined) process.kill(-child.pid, "SIGKILL");
+      } catch {
+        child.kill("SIGKILL");
+      }
+    };
+    const timer = opts.timeoutMs === undefined ? null : setTimeout(killGroup, opts.timeoutMs);
     child.on("error", (e) => {
       if (timer) clearTimeout(timer);
       reject(new Error(`${cmd}: ${e.message}`));
