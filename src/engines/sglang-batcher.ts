@@ -16,8 +16,9 @@ export interface BatchItem {
 const MAX_BATCH = 64;
 
 /**
- * Non-streaming requests to one server that arrive in the same event-loop
- * turn (a rollout job sends its group's samples together) go out as ONE
+ * With `isBatching` (engine.batch_group), non-streaming requests to one server
+ * that arrive in the same event-loop turn with the same batchKey (a rollout
+ * job sends its group's samples together) go out as ONE
  * SGLang batch /generate: input_ids, rid and sampling_params as lists; the
  * answer is the list of outputs in order. A lone request keeps the single
  * form. Each item stays its own request everywhere else: the pool routes,
@@ -29,8 +30,11 @@ const MAX_BATCH = 64;
  * same error; the pool retries each, and counts the failure once toward the
  * engine's consecutive errors.
  *
- * Why: against an instant engine the per-request HTTP cost was the largest
- * cost of a rollout job after its queries (bench/control-plane.ts). With
+ * Why it is not the default: a batch answers when its slowest item ends, so a
+ * finished sample holds its pool slot until then, and one bad item fails the
+ * batch. It pays off only against an instant engine, where the per-request
+ * HTTP cost was the largest cost of a rollout job after its queries
+ * (bench/control-plane.ts). With
  * streaming on, requests stay one per sample: a streamed batch interleaves its
  * items' events, and the per-request stream is what keeps a dying server's
  * tokens.

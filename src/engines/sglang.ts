@@ -25,12 +25,13 @@ import { requestText } from "../lib/http-client.ts";
  * server); GET /health_generate; GET /get_weight_version; POST
  * /update_weights_from_disk {model_path, weight_version}; GET /get_model_info.
  *
- * Generation streams by default: SGLang's stream events carry the cumulative
- * meta_info.output_token_logprobs, so if the server dies mid-generation the
- * tokens received so far are kept and the request comes back as an aborted
- * partial (the rollout resumes it) instead of being lost. Without streaming,
- * the requests of one event-loop turn go out as one batch /generate
- * (`createBatcher` below).
+ * Without streaming (the default, engine.stream false) each request is one
+ * /generate, as slime sends them; with engine.batch_group the samples of one
+ * group that arrive in one event-loop turn go out as one batch /generate
+ * (`createBatcher` below). Streamed (engine.stream true), SGLang's events carry
+ * the cumulative meta_info.output_token_logprobs, so if the server dies
+ * mid-generation the tokens received so far are kept and the request comes
+ * back as an aborted partial (the rollout resumes it) instead of being lost.
  */
 /** Internal: stops consuming a stream whose weight version changed (an RlqError so http.ts passes it through). */
 class VersionChanged extends RlqError {

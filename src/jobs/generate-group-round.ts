@@ -164,7 +164,7 @@ async function generateSegment(
       requestId: rid,
       // Prefix affinity: a continued segment goes back to the engine holding its prefix cache.
       sessionKey: `${job.runId}-${job.groupId}-${sample.sampleIndex}`,
-      // One batch /generate per group at most (engines/sglang.ts createBatcher).
+      // With engine.batch_group: one batch /generate per group at most (engines/sglang.ts createBatcher).
       batchKey: `${job.runId}-${job.groupId}`,
       inputIds: [...promptTokens, ...sample.responseTokens],
       sampling: {
