@@ -260,8 +260,17 @@ async function runCommand(positionals: string[], values: Record<string, unknown>
 
 /** Run the CLI and exit with its code (bin/rlq.js and `tsx src/cli/main.ts`). */
 export function runCli(argv: string[]): void {
+  let isSettled = false;
+  // The event loop emptied while the command still awaited something that can no longer settle
+  // (every socket and timer gone): say so instead of exiting without a word.
+  process.once("beforeExit", (exitCode) => {
+    if (!isSettled) process.stderr.write(`rlq: stopped before its clean-up finished (a close that never settled); exit code ${exitCode}\n`);
+  });
   main(argv).then(
-    (code) => process.exit(code),
+    (code) => {
+      isSettled = true;
+      process.exit(code);
+    },
     (e: unknown) => {
       if (e instanceof ConfigError || e instanceof RlqError) process.stderr.write(`rlq: ${e.message}\n`);
       else process.stderr.write(`rlq: ${(e as Error).stack ?? String(e)}\n`);

@@ -137,6 +137,10 @@ export async function runUp(
       await new Promise((r) => setTimeout(r, 1000));
     }
   } finally {
+    // The exit code is known before the clean-up: if a close never settles and the event loop
+    // empties (a Postgres still down), Node exits with it instead of a silent 0.
+    if (code !== 0) process.exitCode = code;
+    else if (failures.length > 0) process.exitCode = 1;
     stopAll.abort();
     await Promise.all(active.values());
     await Promise.all(sinks.values());
