@@ -1,3 +1,4 @@
+import { misKeys } from "../algorithms/mis.ts";
 import type { RunConfig } from "./run-config.ts";
 
 /**
@@ -18,22 +19,7 @@ const rules: Rule[] = [
   [["kl_loss_coef", "use_unbiased_kl"], (c) => !c.use_kl_loss, "needs use_kl_loss: true"],
   [["kl_loss_type"], (c) => !c.use_kl_loss && c.kl_coef === 0, "needs use_kl_loss: true or kl_coef != 0"],
   [["tis_clip", "tis_clip_low", "tis_function"], (c) => !c.use_tis && !c.get_mismatch_metrics, "needs use_tis: true (or get_mismatch_metrics: true)"],
-  [
-    [
-      "tis_level",
-      "tis_mode",
-      "tis_lower_bound",
-      "tis_upper_bound",
-      "use_rs",
-      "rs_level",
-      "rs_lower_bound",
-      "rs_upper_bound",
-      "rs_veto_threshold",
-      "tis_batch_normalize",
-    ],
-    (c) => c.tis_function !== "mis" || (!c.use_tis && !c.get_mismatch_metrics),
-    "configures MIS: needs tis_function: mis and use_tis: true",
-  ],
+  [misKeys, (c) => c.tis_function !== "mis" || (!c.use_tis && !c.get_mismatch_metrics), "configures MIS: needs tis_function: mis and use_tis: true"],
   [["opsm_delta"], (c) => !c.use_opsm, "needs use_opsm: true"],
   [["gamma", "lambd"], (c) => !["ppo", "reinforce_plus_plus"].includes(c.advantage_estimator), "used by ppo and reinforce_plus_plus only"],
   [["value_clip"], (c) => c.advantage_estimator !== "ppo", "used by ppo's critic only"],
