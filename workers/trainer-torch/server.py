@@ -362,20 +362,10 @@ def main(argv=None) -> None:
         if why:
             ap.error(why)
 
-    if args.deterministic and args.device.startswith("cuda"):
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    import torch
+    from rlq_torch.torch_setup import configure_torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.device == "cpu" or args.deterministic:
-        try:
-            torch.use_deterministic_algorithms(True, warn_only=True)
-        except TypeError:
-            torch.use_deterministic_algorithms(True)
-    if args.device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    configure_torch(args)
+    import torch
 
     Handler.service = TrainerService(args)
     token = os.environ.get("RLQ_TRAINER_TOKEN") or None

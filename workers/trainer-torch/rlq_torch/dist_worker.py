@@ -87,8 +87,9 @@ def main(argv=None) -> int:
     ap.add_argument("--push-tp-size", type=int, default=1)
     args = ap.parse_args(argv)
 
-    if args.deterministic and args.device.startswith("cuda"):
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    from rlq_torch.torch_setup import configure_torch
+
+    configure_torch(args)
     import torch
     import torch.distributed as tdist
 
@@ -96,19 +97,10 @@ def main(argv=None) -> int:
     from rlq_torch.models import CheckpointError
     from rlq_torch.trainer import Cancelled, StepError, TorchTrainer
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.device == "cpu" or args.deterministic:
-        try:
-            torch.use_deterministic_algorithms(True, warn_only=True)
-        except TypeError:
-            torch.use_deterministic_algorithms(True)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = args.device.startswith("cuda")
     if cuda:
         torch.cuda.set_device(local_rank)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
     tdist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
     rank, world = tdist.get_rank(), tdist.get_world_size()
     d = Dist(rank, world, sharding=args.sharding)
