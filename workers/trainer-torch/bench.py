@@ -134,6 +134,7 @@ def main() -> None:
         make = lambda dev, c=c: M.EmbeddedPolicy(c, gpt.init_weights(c, 1), dev) if c["d_model"] < 256 else M.EmbeddedPolicy(c, _fast_init(c), dev)  # noqa: E731
         print(f"bench {name} ...", file=sys.stderr)
         results.append(bench_model(name, make, args.device, shape, args.steps, mt, {}))
+        save(args, gpu, results, None)
     if M.hf_available():
         import transformers
 
@@ -154,10 +155,16 @@ def main() -> None:
         for name, hc, shape, mt in hf_runs:
             print(f"bench {name} ...", file=sys.stderr)
             results.append(bench_model(name, lambda dev, hc=hc: M.hf_from_config(hc, dev, 1), args.device, shape, args.steps, mt, {}))
+            save(args, gpu, results, transformers.__version__)
         tv = transformers.__version__
     else:
         tv = None
         print("transformers is not importable: HF models skipped", file=sys.stderr)
+    save(args, gpu, results, tv, final=True)
+
+
+def save(args, gpu: bool, results: list, tv, final: bool = False) -> None:
+    """Writes the document after every model (a run stopped at a time limit keeps what it measured); prints it at the end."""
     doc = {
         "what": "rlq PyTorch trainer: one train step (old log-probs, fwd/bwd per micro-batch, AdamW, save), median after a warm-up step",
         "command": "python3 workers/trainer-torch/bench.py " + " ".join(sys.argv[1:]),
@@ -166,10 +173,12 @@ def main() -> None:
         "torch": torch.__version__,
         "transformers": tv,
         "bf16_autocast": gpu,
+        "complete": final,
         "results": results,
     }
     text = json.dumps(doc, indent=2)
-    print(text)
+    if final:
+        print(text)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -77,8 +77,10 @@ class Server:
             self.proc.wait()
 
 
-def run(ranks: int, device: str, threads: int, steps: int, cfg: dict, groups: int, per_group: int, batches: BatchServer) -> dict:
-    srv = Server("--device", device, "--threads", str(threads), "--nproc", str(ranks), "--model-config", json.dumps(MODEL), "--dist-timeout-s", "900")
+def run(ranks: int, device: str, threads: int, steps: int, cfg: dict, groups: int, per_group: int, batches: BatchServer, sharding: str = "zero1") -> dict:
+    srv = Server("--device", device, "--threads", str(threads), "--nproc", str(ranks), "--model-config", json.dumps(MODEL), "--dist-timeout-s", "900",
+                 *(["--sharding", sharding] if ranks > 1 else []))
+    fsdp = srv.call("GET", "/v1/health").get("distributed", {}).get("fsdp") if ranks > 1 else None
     tmp = tempfile.mkdtemp(prefix="rlq-bench-dist-")
     walls, inner = [], []
     tokens = 0
@@ -108,7 +110,7 @@ def run(ranks: int, device: str, threads: int, steps: int, cfg: dict, groups: in
         srv.close()
         shutil.rmtree(tmp, ignore_errors=True)
     med = statistics.median(walls)
-    return {"ranks": ranks, "threads_per_rank": threads, "config": cfg, "samples": groups * per_group, "tokens": tokens,
+    return {"ranks": ranks, "sharding": sharding if ranks > 1 else "none (one rank)", "fsdp": fsdp, "threads_per_rank": threads, "config": cfg, "samples": groups * per_group, "tokens": tokens,
             "step_wall_s_median": round(med, 4), "step_wall_s_all": [round(x, 4) for x in walls],
             "train_step_time_s_median": round(statistics.median(inner), 4), "tokens_per_s": round(tokens / med, 1)}
 
@@ -122,6 +124,7 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=4)
     ap.add_argument("--per-group", type=int, default=8)
     ap.add_argument("--max-tokens-per-gpu", type=int, default=512)
+    ap.add_argument("--sharding", default="zero1", help="comma-separated --sharding modes to measure at each rank count > 1 (zero1,fsdp,fsdp1)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import torch
@@ -132,23 +135,27 @@ def main() -> None:
         for packing in (False, True):
             cfg = {"max_tokens_per_gpu": args.max_tokens_per_gpu, "use_dynamic_batch_size": packing}
             for n in [int(x) for x in args.ranks.split(",")]:
-                r = run(n, args.device, args.threads, args.steps, cfg, args.groups, args.per_group, batches)
-                print(json.dumps(r), flush=True)
-                results.append(r)
+                for mode in (args.sharding.split(",") if n > 1 else ["zero1"]):
+                    r = run(n, args.device, args.threads, args.steps, cfg, args.groups, args.per_group, batches, mode)
+                    print(json.dumps(r), flush=True)
+                    results.append(r)
+                    save(args, torch.__version__, results, complete=False)  # a run cut by a time limit keeps its rows
     finally:
         batches.close()
-    doc = {"bench": "trainer-torch data parallel (server.py --nproc N, through the protocol)", "device": args.device, "torch": torch.__version__,
-           "python": platform.python_version(), "cpus": os.cpu_count(), "model": MODEL,
-           "params": sum(int(np.prod(s)) for s in [[MODEL["vocab_size"], MODEL["d_model"]]]) and None,
-           "note": "wall = POST to done as rlq sees it; the box's vCPUs are shared with other work (noise), and ranks x threads above the vCPUs oversubscribe it",
-           "results": results}
-    doc.pop("params")
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
+    save(args, torch.__version__, results, complete=True)
 
+
+def save(args, torch_version: str, results: list, complete: bool) -> None:
+    if not args.out:
+        return
+    doc = {"bench": "trainer-torch data parallel (server.py --nproc N, through the protocol)", "command": "python3 workers/trainer-torch/bench_dist.py " + " ".join(sys.argv[1:]),
+           "device": args.device, "torch": torch_version, "python": platform.python_version(), "cpus": os.cpu_count(), "model": MODEL,
+           "note": "wall = POST to done as rlq sees it; the box's vCPUs are shared with other work (noise), and ranks x threads above the vCPUs oversubscribe it",
+           "complete": complete, "results": results}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
 
 if __name__ == "__main__":
     main()

@@ -47,7 +47,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--dist-timeout-s", type=float, default=600)
-    ap.add_argument("--sharding", choices=["zero1", "fsdp"], default="zero1", help="the front's --sharding (every rank must agree)")
+    ap.add_argument("--sharding", choices=["zero1", "fsdp", "fsdp1"], default="zero1", help="the front's --sharding (every rank must agree)")
     ap.add_argument("--once", action="store_true", help="run the group once, do not restart it")
     args = ap.parse_args(argv)
     if not 1 <= args.node_rank < args.nnodes:

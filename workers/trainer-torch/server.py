@@ -345,17 +345,18 @@ def main(argv=None) -> None:
     ap.add_argument("--nnodes", type=int, default=1, help="nodes in the process group: the others run workers/trainer-torch/node.py")
     ap.add_argument("--master-addr", default="127.0.0.1", help="with --nnodes > 1: this node's address the other nodes reach")
     ap.add_argument("--master-port", type=int, default=None, help="rendezvous port (required with --nnodes > 1; default: a free port)")
-    ap.add_argument("--sharding", choices=["zero1", "fsdp"], default="zero1",
+    ap.add_argument("--sharding", choices=["zero1", "fsdp", "fsdp1"], default="zero1",
                     help="with --nproc > 1: zero1 replicates the parameters (DDP) and shards the optimizer state; fsdp shards parameters, "
-                         "gradients and optimizer state with FullyShardedDataParallel (torch >= 2.0; rlq_torch/fsdp.py)")
+                         "gradients and optimizer state with FSDP2's fully_shard where torch has it (>= 2.4), else FullyShardedDataParallel "
+                         "(torch >= 2.0); fsdp1 forces FullyShardedDataParallel (rlq_torch/fsdp.py)")
     ap.add_argument("--dist-timeout-s", type=float, default=600, help="collective timeout of the process group (a hung rank fails the step after this)")
     ap.add_argument("--debug-rank-delay-s", type=float, default=0.0, help="testing aid: with --nproc > 1, every micro-batch round waits this long")
     args = ap.parse_args(argv)
     if args.nnodes > 1 and args.master_port is None:
         ap.error("--nnodes > 1 needs --master-port (the other nodes' node.py must be given the same one)")
-    if args.sharding == "fsdp":
+    if args.sharding in ("fsdp", "fsdp1"):
         if args.nproc * args.nnodes < 2:
-            ap.error("--sharding fsdp shards over ranks: it needs --nproc (x --nnodes) >= 2")
+            ap.error(f"--sharding {args.sharding} shards over ranks: it needs --nproc (x --nnodes) >= 2")
         from rlq_torch.fsdp import fsdp_unavailable
 
         why = fsdp_unavailable()

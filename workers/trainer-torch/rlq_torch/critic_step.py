@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
 from typing import Any, Dict
 
 import numpy as np
 import torch
 
 from . import algorithms as A
+from .fsdp import grad_sync
 from .micro_batching import micro_batches
 from .models import CheckpointError, path_from_uri
 from .train_config import bad_request
@@ -90,7 +90,7 @@ class CriticSteps:
         for rnd in range(rounds):  # as the policy: micro-batch k on rank k mod world, gradients synced on the last round
             d.agree_cancel(check)
             k = rnd * d.world + d.rank
-            with (nullcontext() if (fwd is None or rnd == rounds - 1) else fwd.no_sync()):
+            with grad_sync(fwd, rnd == rounds - 1):
                 if k >= len(mbs):
                     if fwd is not None:
                         model.zero_backward(fwd)

@@ -11,8 +11,8 @@ the single-device trainer is unchanged. Under torchrun (``dist_worker.py``):
   partitions it): each parameter has one owner rank (greedy by size, deterministic), only the
   owner keeps its Adam moments and updates it, then broadcasts the new values (with fsdp each
   rank keeps and updates the moments of its own shards);
-- **FSDP2** (``fully_shard``): detected (``fsdp2_available``) and reported in /v1/health; the
-  trainer does not use it yet (see docs/trainer-torch.md, Limits);
+- **FSDP2** (``fully_shard``): ``--sharding fsdp`` uses it where torch has it (fsdp.py), and
+  /v1/health reports ``fsdp2_available``;
 - **agreement**: cancellation is decided by rank 0 and agreed with one all-reduce at points
   every rank reaches the same number of times (per micro-batch round), so no rank is ever
   left waiting in a collective the others skipped.
@@ -54,7 +54,7 @@ class Dist:
     def __init__(self, rank: int = 0, world: int = 1, sharding: str = "zero1"):
         self.rank = rank
         self.world = world
-        self.sharding = sharding  # zero1: replicated parameters, owner-sharded moments; fsdp: every parameter sharded (fsdp.py)
+        self.sharding = sharding  # zero1: replicated parameters, owner-sharded moments; fsdp1 | fsdp2: every parameter sharded (fsdp.py)
         self.cancel_requested: Callable[[], bool] = lambda: False
 
     @property
@@ -93,6 +93,6 @@ class Dist:
 
     def owners(self, params: Sequence[Tuple[str, torch.Tensor]]) -> Dict[str, int]:
         """Which rank keeps each parameter's moments and updates it. fsdp: every rank, its own shard of each."""
-        if self.active and self.sharding == "fsdp":
+        if self.active and self.sharding in ("fsdp1", "fsdp2"):
             return {n: self.rank for n, _ in params}
         return partition(params, self.world) if self.active else {n: 0 for n, _ in params}

@@ -70,7 +70,7 @@ class DistTrainer:
         self.start_timeout_s = start_timeout_s
         self.debug_rank_delay_s = debug_rank_delay_s
         self.master_port = master_port
-        self.sharding = sharding  # zero1 | fsdp (fsdp.py)
+        self.sharding = sharding  # zero1 | fsdp | fsdp1 (fsdp.py)
         self.push_args = list(push_args or [])  # weight_sync trainer_push: rank 0 pushes after each step (dist_worker.py)
         self.proc: Optional[subprocess.Popen] = None
         self.conn = None
@@ -83,7 +83,10 @@ class DistTrainer:
         return self._version if self.proc is not None and self.proc.poll() is None else None
 
     def describe(self) -> Dict[str, Any]:
-        return {"world_size": self.nproc * self.nnodes, "nnodes": self.nnodes, "sharding": self.sharding, "ranks": list(self.ranks),
+        from .fsdp import resolve
+
+        fsdp = resolve(self.sharding) if self.sharding != "zero1" else None  # which FSDP the ranks run
+        return {"world_size": self.nproc * self.nnodes, "nnodes": self.nnodes, "sharding": self.sharding, "fsdp": fsdp, "ranks": list(self.ranks),
                 "group_up": self.proc is not None and self.proc.poll() is None}
 
     # ----------------------------------------------------------- the group

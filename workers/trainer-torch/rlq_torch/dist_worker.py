@@ -77,7 +77,8 @@ def main(argv=None) -> int:
     ap.add_argument("--defaults", default="{}", help="the server's defaults (JSON)")
     ap.add_argument("--timeout-s", type=float, default=600, help="collective timeout")
     ap.add_argument("--debug-rank-delay-s", type=float, default=0.0, help="testing aid: each micro-batch round waits this long")
-    ap.add_argument("--sharding", choices=["zero1", "fsdp"], default="zero1", help="zero1: DDP + sharded optimizer state; fsdp: FullyShardedDataParallel")
+    ap.add_argument("--sharding", choices=["zero1", "fsdp", "fsdp1"], default="zero1",
+                    help="zero1: DDP + sharded optimizer state; fsdp: FSDP2 fully_shard where torch has it, else FSDP1; fsdp1: FullyShardedDataParallel")
     ap.add_argument("--push-engines", default="", help="weight_sync trainer_push: rank 0 pushes each trained version to these SGLang URLs")
     ap.add_argument("--push-master-address", default="127.0.0.1")
     ap.add_argument("--push-master-port", type=int, default=29600)
@@ -103,7 +104,9 @@ def main(argv=None) -> int:
         torch.cuda.set_device(local_rank)
     tdist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
     rank, world = tdist.get_rank(), tdist.get_world_size()
-    d = Dist(rank, world, sharding=args.sharding)
+    from rlq_torch.fsdp import resolve
+
+    d = Dist(rank, world, sharding=resolve(args.sharding))
     device = f"cuda:{local_rank}" if cuda else "cpu"
     trainer = TorchTrainer(device, json.loads(args.defaults), bf16=None if args.bf16 == "auto" else args.bf16 == "on", log=log, dist=d)
 

@@ -1,4 +1,25 @@
-"""Parameter sharding with PyTorch's FullyShardedDataParallel (``server.py --nproc N --sharding fsdp``).
+"""Parameter sharding with PyTorch's FSDP (``server.py --nproc N --sharding fsdp``).
+
+Which FSDP: ``--sharding fsdp`` uses FSDP2 (``fully_shard``, torch >= 2.6, or 2.4-2.5 under
+torch.distributed._composable) where the installed torch has it, else FSDP1
+(``FullyShardedDataParallel``, torch >= 2.0). ``--sharding fsdp1`` forces FSDP1. The two keep their
+shards differently (FSDP1: flat pieces of a flattened unit; FSDP2: each parameter a DTensor cut
+along dim 0), so their optimizer files say which (metadata ``sharding: fsdp`` or ``fsdp2``) and a
+group resumes only from its own kind.
+
+FSDP2 (``fully_shard``) in the trainer:
+
+- one ``fully_shard`` per Hugging Face decoder layer (``_no_split_modules``) and one around the
+  training forward, over a 1-D device mesh of the group (``init_device_mesh(device.type, ...)``:
+  ``cpu`` with gloo, ``cuda`` with NCCL);
+- the parameters become DTensors; the policies read their parameters from the module on every
+  call (models.py, gpt.py), because FSDP2 swaps the module's attributes between the sharded and the
+  gathered parameter around each forward and backward;
+- the optimizer works on each DTensor's local shard (``local()``), as with FSDP1's flat views;
+- gradient accumulation: ``set_requires_gradient_sync(False)`` for every micro-batch but a rank's
+  last (``grad_sync``), FSDP1's ``no_sync()``;
+- the whole weights for a save or a push: ``unshard()`` of every FSDP module (``full_params``),
+  so every rank holds the whole model for that moment (FSDP1 gathers to rank 0 only, on the CPU).
 
 The default many-rank mode (``--sharding zero1``) replicates the parameters and gradients (DDP) and
 shards only the optimizer state. With ``fsdp`` the parameters, gradients and optimizer state are
@@ -38,12 +59,14 @@ refused as bad_request), and a world size change on resume.
 from __future__ import annotations
 
 import functools
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-SHARDING_MODES = ("zero1", "fsdp")
+SHARDING_MODES = ("zero1", "fsdp", "fsdp1")
+FSDP_IMPLS = ("fsdp1", "fsdp2")
+OPTIMIZER_SHARDING = {"fsdp1": "fsdp", "fsdp2": "fsdp2"}  # what an optimizer file's metadata says
 
 
 def torch_version() -> Tuple[int, int]:
@@ -63,12 +86,39 @@ def fsdp_unavailable() -> Optional[str]:
     return None
 
 
+def _fully_shard():
+    """torch's fully_shard (FSDP2) and FSDPModule, or None when this torch has none."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, fully_shard  # torch >= 2.6
+        return fully_shard, FSDPModule
+    except Exception:  # noqa: BLE001
+        try:
+            from torch.distributed._composable.fsdp import FSDPModule, fully_shard  # noqa: F811  (torch 2.4, 2.5)
+            return fully_shard, FSDPModule
+        except Exception:  # noqa: BLE001
+            return None
+
+
+def resolve(mode: str) -> str:
+    """--sharding → what the trainer runs: zero1, fsdp1 (FullyShardedDataParallel) or fsdp2 (fully_shard, where torch has it)."""
+    if mode == "fsdp":
+        return "fsdp2" if _fully_shard() is not None else "fsdp1"
+    return mode
+
+
+def local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """This rank's shard of an FSDP2 (DTensor) parameter or gradient, itself for a plain tensor (in-place updates land in the shard)."""
+    return t.to_local() if t is not None and hasattr(t, "to_local") else t
+
+
+def _layer_classes(module: torch.nn.Module):
+    names = set(getattr(getattr(module, "inner", module), "_no_split_modules", None) or [])
+    return {type(m) for m in module.modules() if type(m).__name__ in names} if names else set()
+
+
 def _wrap_policy(module: torch.nn.Module):
     """One FSDP unit per decoder layer of a Hugging Face model (its _no_split_modules); None: the whole model is one unit."""
-    names = set(getattr(getattr(module, "inner", module), "_no_split_modules", None) or [])
-    if not names:
-        return None
-    classes = {type(m) for m in module.modules() if type(m).__name__ in names}
+    classes = _layer_classes(module)
     if not classes:
         return None
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -76,18 +126,62 @@ def _wrap_policy(module: torch.nn.Module):
     return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes)
 
 
-def wrap(forward_module: torch.nn.Module, device: torch.device):
-    """FullyShardedDataParallel around the training forward (trainer._Forward), full sharding, original parameters kept."""
+def wrap(forward_module: torch.nn.Module, device: torch.device, impl: str = "fsdp1"):
+    """The training forward (trainer._Forward) sharded: FSDP1 with the original parameters kept, or FSDP2 in place.
+
+    FSDP1 is always given the device: without ``device_id`` it computes on CUDA whenever CUDA is
+    available, so a CPU (gloo) group on a machine with a GPU failed with "An FSDP-managed module
+    unexpectedly has parameters on cpu" (seen with torch 2.11 on an H100 host)."""
+    if impl == "fsdp2":
+        fully_shard, _ = _fully_shard()
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+        classes = _layer_classes(forward_module)
+        for m in list(forward_module.modules()):
+            if type(m) in classes:
+                fully_shard(m, mesh=mesh)
+        fully_shard(forward_module, mesh=mesh)
+        return forward_module
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
     return FullyShardedDataParallel(forward_module, sharding_strategy=ShardingStrategy.FULL_SHARD, auto_wrap_policy=_wrap_policy(forward_module),
-                                    device_id=device if device.type == "cuda" else None, use_orig_params=True, sync_module_states=False,
+                                    device_id=device, use_orig_params=True, sync_module_states=False,
                                     limit_all_gathers=True)
+
+
+def grad_sync(fwd, on: bool):
+    """A context: gradients reduced at this backward (on) or accumulated locally (off: DDP's and FSDP1's no_sync)."""
+    if fwd is None or on:
+        return nullcontext()
+    if hasattr(fwd, "set_requires_gradient_sync"):
+        return _fsdp2_no_sync(fwd)
+    return fwd.no_sync()
+
+
+@contextmanager
+def _fsdp2_no_sync(fwd) -> Iterator[None]:
+    fwd.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        fwd.set_requires_gradient_sync(True)
 
 
 @contextmanager
 def full_params(fsdp_module, device: torch.device) -> Iterator[None]:
     """The whole parameters on rank 0 inside the block (the policy's parameter objects show them); a collective."""
+    fs = _fully_shard()
+    if fs is not None and isinstance(fsdp_module, fs[1]):
+        mods = [m for m in fsdp_module.modules() if isinstance(m, fs[1])]
+        for m in mods:
+            m.unshard()
+        try:
+            yield
+        finally:
+            for m in mods:
+                m.reshard()
+        return
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     with FullyShardedDataParallel.summon_full_params(fsdp_module, recurse=True, writeback=False, rank0_only=True,
@@ -104,5 +198,5 @@ def full_named_params(fsdp_module, policy, device: torch.device, rank: int) -> O
 
 
 def ndims(policy) -> Dict[str, int]:
-    """Each parameter's rank before wrapping (FSDP's shards are flat; weight decay applies to >= 2-D parameters)."""
+    """Each parameter's rank before wrapping (FSDP1's shards are flat; weight decay applies to >= 2-D parameters)."""
     return {n: p.dim() for n, p in policy.named_params()}

@@ -229,7 +229,7 @@ class RlqGpt(nn.Module):
     def __init__(self, config: Dict, weights: Dict[str, torch.Tensor]):
         super().__init__()
         self.config = parse_model_config(config)
-        self.canonical: List[Tuple[str, nn.Parameter]] = []
+        self._names: List[str] = []
         for name, shape, _ in parameter_specs(self.config):
             w = weights.get(name)
             if w is None:
@@ -240,11 +240,20 @@ class RlqGpt(nn.Module):
                 raise ValueError(f'weights: "{name}" has shape {list(w.shape)}, expected {shape}')
             p = nn.Parameter(w.detach().to(torch.float32).clone())
             self.register_parameter(name.replace(".", "__"), p)
-            self.canonical.append((name, p))
+            self._names.append(name)
         extra = set(weights) - {n for n, _, _ in parameter_specs(self.config)}
         if extra:
             raise ValueError(f"weights: unexpected tensors {sorted(extra)}")
-        self._p = {n: p for n, p in self.canonical}
+
+    # Read from the module's attributes on every call, never cached: FSDP2 (fsdp.py) swaps each
+    # attribute between this rank's shard and the gathered parameter around every forward and backward.
+    @property
+    def canonical(self) -> List[Tuple[str, nn.Parameter]]:
+        return [(n, getattr(self, n.replace(".", "__"))) for n in self._names]
+
+    @property
+    def _p(self) -> Dict[str, nn.Parameter]:
+        return {n: getattr(self, n.replace(".", "__")) for n in self._names}
 
     def hidden_states(self, ids: torch.Tensor, positions: Optional[torch.Tensor] = None, segments: Optional[torch.Tensor] = None,
                       checkpointing: bool = False) -> torch.Tensor:

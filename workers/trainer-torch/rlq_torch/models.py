@@ -112,7 +112,6 @@ class HFPolicy:
         self.device = device
         self.save_dtype = save_dtype
         self.source_dir = source_dir
-        self._params = list(self.module.named_parameters())
         cfg = self.module.config
         self._softcap = getattr(cfg, "final_logit_softcapping", None)
         self._logit_scale = getattr(cfg, "logit_scale", None)
@@ -124,6 +123,11 @@ class HFPolicy:
     @property
     def max_positions(self) -> int:
         return int(getattr(self.module.config, "max_position_embeddings", 1 << 30) or (1 << 30))
+
+    @property
+    def _params(self) -> List[Tuple[str, nn.Parameter]]:
+        """Read from the module on every call (FSDP2 swaps its parameters between shards and whole ones; fsdp.py)."""
+        return list(self.module.named_parameters())
 
     def named_params(self) -> List[Tuple[str, nn.Parameter]]:
         return self._params
@@ -193,10 +197,13 @@ class HFPolicy:
         return OrderedDict((n, p.detach()) for n, p in self._params)
 
     def load_masters(self, masters: Dict[str, torch.Tensor]) -> None:
+        from .fsdp import local
+
         with torch.no_grad():
             for n, p in self._params:
                 m = masters.get(n)
                 if m is not None:
+                    p = local(p)  # FSDP: this rank's shard, as the masters file holds it
                     p.copy_(m.to(p.device, torch.float32))
 
 
@@ -322,8 +329,8 @@ def read_optimizer(path: str, names: List[str], shard: Optional[Tuple[int, int]]
     files = optimizer_files(path)
     if not files:
         return None
-    if sharding == "fsdp" and (shard is None or len(files) != shard[1]):
-        raise CheckpointError(f"{path}: {len(files)} optimizer file(s); a --sharding fsdp group of {shard[1] if shard else 1} ranks resumes "
+    if sharding in ("fsdp", "fsdp2") and (shard is None or len(files) != shard[1]):
+        raise CheckpointError(f"{path}: {len(files)} optimizer file(s); a --sharding {sharding} group of {shard[1] if shard else 1} ranks resumes "
                               "only from the shards of a group of its own size")
     if shard is not None and len(files) == shard[1] > 1:
         files = [files[shard[0]]]

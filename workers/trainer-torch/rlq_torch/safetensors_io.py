@@ -9,6 +9,7 @@ and writes through a temporary name that is renamed into place.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import struct
@@ -32,12 +33,16 @@ NAMES = {v: k for k, v in DTYPES.items()}
 
 
 def _raw_bytes(t: torch.Tensor) -> bytes:
+    """The tensor's bytes (little-endian, as it lies in a CPU tensor's memory).
+
+    Read with ctypes, not ``.numpy()``: ``Tensor.numpy()`` marks the storage it shares as not
+    resizable (numpy keeps a pointer into it), and FSDP frees and re-allocates a gathered
+    parameter's storage by resizing it, so saving the gathered weights that way made the next
+    reshard fail with "Trying to resize storage that is not resizable" (torch 2.11, FSDP1 and FSDP2)."""
     t = t.detach().to("cpu").contiguous()
-    if t.dtype in (torch.bfloat16, torch.float16):
-        return t.view(torch.int16).numpy().tobytes()
     if t.dtype == torch.bool:
-        return t.to(torch.uint8).numpy().tobytes()
-    return t.numpy().tobytes()
+        t = t.to(torch.uint8)
+    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()) if t.numel() else b""
 
 
 def header_bytes(tensors: Iterable[Tuple[str, torch.Tensor]], metadata: Optional[Dict[str, str]]) -> Tuple[bytes, list]:

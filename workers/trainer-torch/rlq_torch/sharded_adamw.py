@@ -6,6 +6,7 @@ from typing import Dict
 
 import torch
 
+from .fsdp import local
 from .train_config import StepError, TrainConfig
 
 
@@ -21,7 +22,7 @@ class ShardedAdamW:
     def _masters(self, policy, owner: Dict[str, int]) -> Dict[str, torch.Tensor]:
         if policy.kind != "hf" or policy.save_dtype == torch.float32:
             return {}
-        return {n: p.detach() for n, p in policy.named_params() if owner[n] == self.dist.rank}
+        return {n: local(p).detach() for n, p in policy.named_params() if owner[n] == self.dist.rank}
 
     def _adamw(self, params, moments, owner: Dict[str, int], iteration: int, lr: float, t: TrainConfig) -> float:
         """Megatron clip (clip_grad / (norm + 1e-6) when < 1) then AdamW; returns the pre-clip norm.
@@ -35,7 +36,7 @@ class ShardedAdamW:
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for _, p in params:
             if p.grad is not None:
-                sq = sq + p.grad.double().pow(2).sum()
+                sq = sq + local(p.grad).double().pow(2).sum()
         if fsdp:
             torch.distributed.all_reduce(sq)
         norm = float(sq.sqrt())
@@ -50,7 +51,9 @@ class ShardedAdamW:
             for name, p in params:
                 if owner[name] != self.dist.rank:
                     continue
-                g = p.grad if p.grad is not None else torch.zeros_like(p)
+                grad = p.grad
+                p = local(p)  # FSDP2: this rank's shard of the DTensor, updated in place
+                g = local(grad) if grad is not None else torch.zeros_like(p)
                 g = g.float() * scale if scale != 1.0 else g.float()
                 m, v = moments[name]
                 m.mul_(t.adam_beta1).add_(g, alpha=1 - t.adam_beta1)

@@ -60,6 +60,38 @@ class _Forward(torch.nn.Module):
         return pol.logits(h[rows, cols])
 
 
+# Elements of one [tokens, vocab] float32 block in logp_entropy: 256 MiB. A 16k-token micro-batch of a
+# 152k-vocabulary model (Qwen2) is 2.5e9 elements, ~10 GB per float32 copy, and the log-softmax, its
+# exp and their product made four of them (the bench's qwen2 0.5B step ran out of an H100's 80 GB).
+LOGITS_CHUNK_ELEMENTS = 1 << 26
+
+
+def _token_stats(logits: torch.Tensor, tgt: torch.Tensor, temperature: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    z = (logits if logits.dtype == torch.float64 else logits.float()) / temperature
+    logp_all = torch.log_softmax(z, dim=-1)
+    return logp_all.gather(1, tgt[:, None])[:, 0], -(torch.exp(logp_all) * logp_all).sum(-1)
+
+
+def logp_entropy(logits: torch.Tensor, tgt: torch.Tensor, temperature: float, grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of each target token and the entropy of its distribution, from [tokens, vocab] logits.
+
+    Row blocks of at most LOGITS_CHUNK_ELEMENTS; with gradients each block runs under
+    torch.utils.checkpoint, so only the logits are kept for the backward and the float32 blocks
+    are recomputed there, one at a time. Every row is computed alone either way: the same numbers
+    as one block (slime's log_probs chunking, verl's entropy_from_logits_with_chunking)."""
+    rows = max(1, LOGITS_CHUNK_ELEMENTS // max(1, logits.shape[-1]))
+    if logits.shape[0] <= rows:
+        return _token_stats(logits, tgt, temperature)
+    from torch.utils.checkpoint import checkpoint
+
+    parts = []
+    for lo in range(0, logits.shape[0], rows):
+        block, t = logits[lo:lo + rows], tgt[lo:lo + rows]
+        parts.append(checkpoint(_token_stats, block, t, temperature, use_reentrant=False) if grad and torch.is_grad_enabled()
+                     else _token_stats(block, t, temperature))
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
 # ------------------------------------------------------------------ the trainer
 
 
@@ -82,8 +114,8 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
 
     @property
     def fsdp(self) -> bool:
-        """Parameters sharded with FullyShardedDataParallel (--sharding fsdp, many ranks; fsdp.py)."""
-        return self.dist.active and self.dist.sharding == "fsdp"
+        """Parameters sharded with FSDP (--sharding fsdp, many ranks; fsdp.py): FSDP2's fully_shard or FSDP1."""
+        return self.dist.active and self.dist.sharding in fsdp_mod.FSDP_IMPLS
 
     def full_weights(self) -> Optional[List[Tuple[str, torch.Tensor]]]:
         """fsdp: the held weights gathered whole on rank 0 (for trainer_push); every rank must call it. None otherwise."""
@@ -156,10 +188,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                 else:
                     h = policy.hidden_states(ids) if positions is None else policy.hidden_states(ids, positions, segments)
                     logits = policy.logits(h[rows_t, cols_t])
-            z = (logits if logits.dtype == torch.float64 else logits.float()) / temperature
-            logp_all = torch.log_softmax(z, dim=-1)
-            logp = logp_all.gather(1, tgt[:, None])[:, 0]
-            ent = -(torch.exp(logp_all) * logp_all).sum(-1)
+            return logp_entropy(logits, tgt, temperature, grad)
         return logp, ent
 
     def _packed(self, policy, t: "TrainConfig") -> bool:
@@ -203,7 +232,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
             return self._ddp_cache[1]
         if self.fsdp:
             self._ndims = fsdp_mod.ndims(policy)
-            wrapped = fsdp_mod.wrap(_Forward(policy), self.device)
+            wrapped = fsdp_mod.wrap(_Forward(policy), self.device, self.dist.sharding)
             self._ddp_cache = (policy, wrapped)
             return wrapped
         from torch.nn.parallel import DistributedDataParallel
@@ -249,7 +278,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
             p.requires_grad_(True)
         policy.set_gradient_checkpointing(t.gradient_checkpointing)
         owner = d.owners(params)
-        moments = start.moments or {n: (torch.zeros_like(p, dtype=torch.float32), torch.zeros_like(p, dtype=torch.float32))
+        moments = start.moments or {n: (torch.zeros_like(fsdp_mod.local(p), dtype=torch.float32), torch.zeros_like(fsdp_mod.local(p), dtype=torch.float32))
                                     for n, p in params if owner[n] == d.rank}
         iteration = start.iteration
         temperature = t.rollout_temperature
@@ -315,8 +344,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
             for rnd in range(rounds):
                 d.agree_cancel(check)
                 k = rnd * d.world + d.rank
-                sync = nullcontext() if (fwd is None or rnd == rounds - 1) else fwd.no_sync()
-                with sync:
+                with fsdp_mod.grad_sync(fwd, rnd == rounds - 1):
                     if k >= len(mbs):
                         self._zero_backward(policy, fwd)
                     else:
@@ -382,7 +410,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
             policy.save_dtype = SAVE_DTYPES[t.save_dtype]
         masters = self._masters(policy, owner)
         write_optimizer(out_dir, [(n, p) for n, p in params if owner[n] == d.rank], moments, iteration, version, req["run_id"], req["step"], masters,
-                        shard=(d.rank, d.world) if d.active else None, sharding="fsdp" if self.fsdp else None)
+                        shard=(d.rank, d.world) if d.active else None, sharding=fsdp_mod.OPTIMIZER_SHARDING[d.sharding] if self.fsdp else None)
         d.barrier()
         if self.fsdp:
             with fsdp_mod.full_params(fwd, self.device):  # the whole weights on rank 0, written as one rank writes them

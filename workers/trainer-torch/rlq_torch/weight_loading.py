@@ -7,6 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from . import fsdp as fsdp_mod
 from . import gpt
 from .models import CheckpointError, EmbeddedPolicy, checkpoint_kind, checkpoint_version, load_hf_dir, load_policy, path_from_uri, read_optimizer
 from .train_config import TrainConfig, bad_request
@@ -66,7 +67,7 @@ class WeightLoading:
             self._ddp(policy)  # shard first: the moments read below are this rank's shards of the parameters
         owner = self.dist.owners(policy.named_params())
         names = [n for n, _ in policy.named_params() if owner[n] == self.dist.rank]  # sharded: this rank's moments only
-        opt = read_optimizer(dir_, names, shard=(self.dist.rank, self.dist.world), sharding="fsdp" if self.fsdp else "zero1")
+        opt = read_optimizer(dir_, names, shard=(self.dist.rank, self.dist.world), sharding=fsdp_mod.OPTIMIZER_SHARDING[self.dist.sharding] if self.fsdp else "zero1")
         moments: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
         iteration = 0
         if opt is not None:
@@ -74,8 +75,9 @@ class WeightLoading:
             params = dict(policy.named_params())
             for n in names:
                 m, v = raw[n]
-                if list(m.shape) != list(params[n].shape):
-                    raise CheckpointError(f"optimizer state for {n} has shape {list(m.shape)}, the weights {list(params[n].shape)}")
+                shard = fsdp_mod.local(params[n])
+                if list(m.shape) != list(shard.shape):
+                    raise CheckpointError(f"optimizer state for {n} has shape {list(m.shape)}, the weights {list(shard.shape)}")
                 moments[n] = (m.to(self.device, torch.float32), v.to(self.device, torch.float32))
             policy.load_masters(masters)
         return Held(policy, moments, iteration, v_in, path)

@@ -18,44 +18,28 @@ from test_distributed import CONFIG, _free_port, read, single_rank, tensors
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# Two processes, a gloo group: does this torch's FSDP shard, run forward and backward (all-gather,
-# reduce-scatter) on CPU? Exit 3 with the reason when it cannot.
-PROBE = r"""
-import os, sys
-sys.path.insert(0, sys.argv[1])
-from rlq_torch.fsdp import fsdp_unavailable
-why = fsdp_unavailable()
-if why:
-    print(why); sys.exit(3)
-import torch, torch.distributed as dist, torch.multiprocessing as mp
-
-def rank(r):
-    from torch.distributed.fsdp import FullyShardedDataParallel
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=r, world_size=2)
-    m = FullyShardedDataParallel(torch.nn.Linear(4, 2), use_orig_params=True)
-    m(torch.ones(3, 4)).sum().backward()
-    dist.barrier()
-
-try:
-    mp.spawn(rank, nprocs=2)
-except Exception as e:
-    print(f"torch {torch.__version__}: FullyShardedDataParallel does not run on CPU with gloo: {type(e).__name__}: {str(e)[-400:]}"); sys.exit(3)
-"""
-
-
-def fsdp_skip_reason():
+def fsdp_skip_reason(impl="fsdp1"):
+    """None when this torch runs ``impl`` (fsdp1 | fsdp2) on CPU with gloo (tests/fsdp_probe.py), else why not."""
     if not have_torch():
         return "torch is not importable"
-    r = subprocess.run([sys.executable, "-c", PROBE, os.path.dirname(HERE), str(_free_port())], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, os.path.join(HERE, "fsdp_probe.py"), str(_free_port()), impl], capture_output=True, text=True, timeout=300)
     if r.returncode == 0:
         return None
     return (r.stdout.strip() or r.stderr.strip()[-500:]) or f"the FSDP probe exited with {r.returncode}"
 
 
+def resolved_impl():
+    """What --sharding fsdp runs on this torch: fsdp2 where it has fully_shard, else fsdp1."""
+    from rlq_torch.fsdp import resolve
+
+    return resolve("fsdp")
+
+
 class FsdpTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        why = fsdp_skip_reason()
+        cls.why = {impl: fsdp_skip_reason(impl) for impl in ("fsdp1", "fsdp2")}
+        why = cls.why["fsdp1"] and cls.why["fsdp2"]
         if why:
             sys.stderr.write(f"test_fsdp skipped: {why}\n")
             raise unittest.SkipTest(why)
@@ -96,14 +80,29 @@ class FsdpTest(unittest.TestCase):
             self.assertTrue(torch.allclose(wa[n], wb[n], atol=atol, rtol=0), f"{n}: max diff {float((wa[n] - wb[n]).abs().max())}")
 
     def test_two_fsdp_ranks_train_the_one_rank_weights_resume_from_their_shards_and_push(self):
+        """--sharding fsdp: FSDP2 (fully_shard) where this torch has it, else FSDP1."""
+        impl = resolved_impl()
+        if self.why[impl]:
+            self.skipTest(self.why[impl])
+        self.check_sharding("fsdp", impl)
+
+    def test_fsdp1_forced(self):
+        """--sharding fsdp1: FullyShardedDataParallel, also where torch has FSDP2."""
+        if resolved_impl() == "fsdp1":
+            self.skipTest("--sharding fsdp already runs FSDP1 on this torch (the test above)")
+        if self.why["fsdp1"]:
+            self.skipTest(self.why["fsdp1"])
+        self.check_sharding("fsdp1", "fsdp1")
+
+    def check_sharding(self, mode, impl):
         import torch
 
-        run = "fsdp"
-        a = TrainerProcess("--nproc", "2", "--sharding", "fsdp", "--push-engines", self.engine, "--push-backend", "gloo",
+        run = mode
+        a = TrainerProcess("--nproc", "2", "--sharding", mode, "--push-engines", self.engine, "--push-backend", "gloo",
                            "--push-master-port", str(_free_port()))
         try:
             _, health = a.call("GET", "/v1/health")
-            self.assertEqual(health["distributed"]["sharding"], "fsdp")
+            self.assertEqual((health["distributed"]["sharding"], health["distributed"]["fsdp"]), (mode, impl))
             b0, st0 = self.train(a, run, 0, "a")
             s0 = self.out(run, "0", "a")
             b1, st1 = self.train(a, run, 1, "held", uri=f"file://{s0}")  # from the shards the ranks hold
@@ -114,11 +113,12 @@ class FsdpTest(unittest.TestCase):
         single_rank(one1, b1, uri=f"file://{one0}")
         self.assert_close_weights(s0, one0)
         self.assert_close_weights(self.out(run, "1", "held"), one1)
-        # each rank's optimizer file holds its flat shard of every parameter, marked fsdp
+        # each rank's optimizer file holds its shard of every parameter (FSDP1: flat pieces; FSDP2: dim-0 chunks), marked so
         from rlq_torch.safetensors_io import read_safetensors
 
         shards = [read_safetensors(f"{s0}/optimizer-0000{k}-of-00002.safetensors") for k in (1, 2)]
-        self.assertEqual([m.get("sharding") for m, _ in shards], ["fsdp", "fsdp"])
+        marked = {"fsdp1": "fsdp", "fsdp2": "fsdp2"}[impl]
+        self.assertEqual([m.get("sharding") for m, _ in shards], [marked, marked])
         full = tensors(f"{s0}/weights.safetensors")
         for n, t in full.items():
             self.assertEqual(sum(ts[f"exp_avg.{n}"].numel() for _, ts in shards), t.numel(), n)
@@ -131,7 +131,7 @@ class FsdpTest(unittest.TestCase):
         for n, t in tensors(f"{self.out(run, '1', 'held')}/weights.safetensors").items():
             self.assertEqual(got["tensors"][n]["values"], t.to(torch.float64).flatten().tolist(), n)
         # a fresh fsdp group resumes from the shards: byte-identical files
-        b = TrainerProcess("--nproc", "2", "--sharding", "fsdp")
+        b = TrainerProcess("--nproc", "2", "--sharding", mode)
         try:
             self.train(b, run, 1, "disk", uri=f"file://{s0}")
         finally:

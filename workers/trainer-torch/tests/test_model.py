@@ -79,6 +79,27 @@ class EmbeddedModelTest(unittest.TestCase):
         for e, a in zip(expected, lp.tolist()):
             self.assertAlmostEqual(a, e, delta=1e-9)
 
+    def test_writing_a_tensor_leaves_its_storage_resizable(self):
+        """FSDP frees and re-allocates a gathered parameter by resizing its storage; Tensor.numpy() marks a storage
+        not resizable, so the save of the gathered weights broke the reshard after it (torch 2.11, FSDP1 and FSDP2).
+        The writer reads bytes without numpy: the same bytes, and the storage stays resizable."""
+        import warnings
+
+        import torch
+
+        from rlq_torch.safetensors_io import read_safetensors, write_safetensors
+
+        ts = [("f", torch.randn(4, 3)), ("h", torch.randn(5).to(torch.bfloat16)), ("b", torch.tensor([True, False])), ("e", torch.zeros(0, 2))]
+        with tempfile.TemporaryDirectory() as d:
+            write_safetensors(os.path.join(d, "w.safetensors"), ts, {"k": "v"})
+            _, back = read_safetensors(os.path.join(d, "w.safetensors"))
+        for n, t in ts:
+            self.assertTrue(torch.equal(back[n], t), n)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TypedStorage is deprecated in torch 2; untyped_storage() is not in 1.13
+            ts[0][1].storage().resize_(0)
+        self.assertEqual(ts[0][1].storage().size(), 0)
+
     def test_checkpoint_round_trip_is_byte_identical(self):
         import torch
 

@@ -49,6 +49,37 @@ class TrainStepTest(unittest.TestCase):
         self.assertEqual(a["weight_version_out"], 1)
         self.assertEqual(a["metrics"]["pg_loss"], c["metrics"]["pg_loss"])
 
+    def test_logits_in_row_blocks_give_the_same_numbers_and_files(self):
+        """logp_entropy splits [tokens, vocab] logits into row blocks (checkpointed under autograd) to bound the
+        float32 copies of a large vocabulary: the same log-probs, entropies and gradients bit for bit, so the same files."""
+        import torch
+
+        from rlq_torch import trainer as T
+
+        g = torch.Generator().manual_seed(3)
+        logits = torch.randn(37, 11, generator=g, requires_grad=True)
+        tgt = torch.randint(0, 11, (37,), generator=g)
+        w1, w2 = torch.randn(37, generator=g), torch.randn(37, generator=g)
+        results = []
+        for elements in (1 << 26, 11 * 5):  # one block; blocks of 5 rows (the last one 2)
+            T.LOGITS_CHUNK_ELEMENTS = elements
+            logits.grad = None
+            lp, ent = T.logp_entropy(logits, tgt, 0.7, grad=True)
+            ((lp * w1).sum() + (ent * w2).sum()).backward()
+            results.append((lp.detach().clone(), ent.detach().clone(), logits.grad.clone()))
+        T.LOGITS_CHUNK_ELEMENTS = 1 << 26
+        for one, blocks, what in zip(results[0], results[1], ("logp", "entropy", "gradient")):
+            self.assertTrue(torch.equal(one, blocks), what)
+        b = make_batch("r", 0, seed=1)
+        self.run_step(self.trainer(), req("r", 0, f"{self.dir}/one"), b)
+        try:
+            T.LOGITS_CHUNK_ELEMENTS = 258 * 3  # TINY_MODEL's vocabulary, three rows a block
+            self.run_step(self.trainer(), req("r", 0, f"{self.dir}/rows"), b)
+        finally:
+            T.LOGITS_CHUNK_ELEMENTS = 1 << 26
+        for f in ("weights.safetensors", "optimizer.safetensors"):
+            self.assertEqual(read(f"{self.dir}/one/{f}"), read(f"{self.dir}/rows/{f}"), f)
+
     def test_resuming_from_files_reproduces_the_held_weights(self):
         b0, b1 = make_batch("r", 0, seed=1), make_batch("r", 1, seed=2)
         t1 = self.trainer()
