@@ -52,6 +52,7 @@ function summarize(rs: typeof results) {
     median_in_process_ms: median(rs.map((r) => r.inProcessMs)),
     median_bare_node_ms: median(rs.map((r) => r.bareNodeMs)),
     median_cli_version_ms: median(rs.map((r) => r.cliVersionMs)),
+    median_cli_version_sources_ms: median(rs.map((r) => r.cliVersionSourcesMs)),
   };
 }
 
@@ -85,6 +86,7 @@ const results: Array<{
   snapshotSeq: number | null;
   bareNodeMs: number;
   cliVersionMs: number;
+  cliVersionSourcesMs: number;
 }> = [];
 let history = { decisions: 0, samples: 0, writeMs: 0 };
 try {
@@ -125,7 +127,9 @@ try {
     const snap = await w.db.pool.query<{ seq: string }>("SELECT max(seq) AS seq FROM run_snapshots WHERE run_id = $1", [runId]);
     // Node's own start-up and the CLI's module loading, measured now, next to this restart.
     const bareNodeMs = await timeNode(["-e", "0"], 3);
-    const cliVersionMs = await timeNode([...rlqNodeFlags, "--import", "tsx", "src/cli/main.ts", "--version"], 3);
+    // bin/rlq.js as the restart below starts it (dist/bundle/ while it matches the sources), and the sources through tsx.
+    const cliVersionMs = await timeNode([...rlqNodeFlags, "bin/rlq.js", "--version"], 3);
+    const cliVersionSourcesMs = await timeNode([...rlqNodeFlags, "--import", "tsx", "src/cli/main.ts", "--version"], 3);
     const spawnedAt = Date.now();
     ctl = spawnRlq(["up", "--run", runId, "--workers", ""], env);
     const first = await waitFor(
@@ -150,6 +154,7 @@ try {
       snapshotSeq: seqRaw === null ? null : Number(seqRaw),
       bareNodeMs: Math.round(bareNodeMs),
       cliVersionMs: Math.round(cliVersionMs),
+      cliVersionSourcesMs: Math.round(cliVersionSourcesMs),
     });
     process.stderr.write(`recovery ${i}: ${JSON.stringify(results[results.length - 1])}\n`);
   }
@@ -177,4 +182,6 @@ await writeResult(values.out ?? "recovery", {
   median_in_process_ms: median(results.map((r) => r.inProcessMs)),
   median_bare_node_ms: median(results.map((r) => r.bareNodeMs)),
   median_cli_version_ms: median(results.map((r) => r.cliVersionMs)),
+  median_cli_version_sources_ms: median(results.map((r) => r.cliVersionSourcesMs)),
+  entry: "bin/rlq.js (dist/bundle/ when it matches the sources: npm run bundle)",
 });

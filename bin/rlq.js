@@ -1,19 +1,42 @@
 #!/usr/bin/env -S node --max-semi-space-size=64
-// The rlq command. Runs the TypeScript sources through tsx (a dependency) so
-// the command always matches the sources; falls back to the compiled CLI
-// (npm run build) when the sources are not shipped. The shebang's V8 flags are
-// src/runtime/node-flags.ts's (why there; a test keeps the two equal).
-import { existsSync } from "node:fs";
+// The rlq command. Runs dist/bundle/ (npm run bundle; npm install builds it)
+// while it was built from the sources as they are now, else the TypeScript
+// sources through tsx (a dependency), so the command always matches the
+// sources; else the compiled CLI (npm run build) when the sources are not
+// shipped. RLQ_FROM_SOURCES=1 always runs the sources. The shebang's V8 flags
+// are src/runtime/node-flags.ts's (why there; a test keeps the two equal).
+import { existsSync, readFileSync } from "node:fs";
 import { enableCompileCache } from "node:module";
+import { pathToFileURL } from "node:url";
+import { bundleEntry, bundleStamp, sourcesFingerprint } from "./sources-fingerprint.js";
 
 // V8's code cache on disk (os.tmpdir()/node-compile-cache) for every module loaded after this
-// line: rlq's few hundred modules compile once, not on every start. It cut `rlq --version` by
-// ~20% on a loaded 2-core box (bench/recovery.ts measures the restart it is for).
+// line: rlq's modules compile once, not on every start (bench/recovery.ts measures the restart it is for).
 enableCompileCache?.();
 
+/** The bundle's stamp when the bundle exists and matches the sources, else null. */
+function freshBundle() {
+  if (process.env.RLQ_FROM_SOURCES === "1" || !existsSync(bundleStamp) || !existsSync(bundleEntry)) return null;
+  try {
+    const stamp = JSON.parse(readFileSync(bundleStamp, "utf8"));
+    return stamp.fingerprint === sourcesFingerprint() ? stamp : null;
+  } catch {
+    return null;
+  }
+}
+
 const src = new URL("../src/cli/main.ts", import.meta.url);
+const hasSources = existsSync(src);
+const bundle = hasSources ? freshBundle() : null;
 let cli;
-if (existsSync(src)) {
+if (bundle) {
+  // No TypeScript loader up front: tsx's hooks would pass the bundle's megabytes through its
+  // transform on every start (measured: slower than the sources). The first plugin written in
+  // TypeScript registers it (src/plugins/load.ts).
+  globalThis[Symbol.for("rlq.tsLoaderPending")] = true;
+  globalThis[Symbol.for("rlq.entry")] = { bundleBuiltAt: bundle.builtAt }; // rlq --version says so
+  cli = await import(pathToFileURL(bundleEntry).href);
+} else if (hasSources) {
   const { register } = await import("tsx/esm/api");
   register();
   cli = await import(src.href);

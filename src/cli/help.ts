@@ -25,6 +25,15 @@ export function packageVersion(): string {
   return pkg.version;
 }
 
+/**
+ * What this process runs: `bundle, built <time>` when bin/rlq.js started dist/bundle/ (it matched
+ * the sources), else `sources` (tsx, or dist/ compiled by tsc). bin/rlq.js says which.
+ */
+export function runningFrom(): string {
+  const entry = (globalThis as unknown as Record<symbol, unknown>)[Symbol.for("rlq.entry")] as { bundleBuiltAt?: string } | undefined;
+  return entry?.bundleBuiltAt ? `bundle, built ${entry.bundleBuiltAt}` : "sources";
+}
+
 /** The commands named in `usage` (`  rlq run start ...` → run). */
 export function commandsIn(usage: string): string[] {
   const names = [...usage.matchAll(/^\s+rlq ([a-z][a-z-]*)/gm)].map((m) => m[1] as string);
@@ -60,7 +69,7 @@ export interface EarlyAnswer {
 export function helpOrVersion(argv: readonly string[], usage: string): EarlyAnswer | null {
   const [cmd, ...rest] = argv;
   if (cmd === undefined) return { code: 1, stdout: usage + "\n" };
-  if (cmd === "--version" || cmd === "-v" || cmd === "version") return { code: 0, stdout: `rlq ${packageVersion()}\n` };
+  if (cmd === "--version" || cmd === "-v" || cmd === "version") return { code: 0, stdout: `rlq ${packageVersion()} (${runningFrom()})\n` };
   const commands = commandsIn(usage);
   if (cmd === "--help" || cmd === "-h" || cmd === "help") {
     const topic = cmd === "help" ? rest.find((a) => !a.startsWith("-")) : undefined;

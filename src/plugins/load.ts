@@ -33,6 +33,20 @@ export async function fingerprintFile(file: string, what: string): Promise<strin
 
 const cache = new Map<string, unknown>();
 
+/**
+ * bin/rlq.js running dist/bundle/ registers no TypeScript loader up front (tsx's hooks would
+ * re-read the bundle on every start); the first plugin written in TypeScript registers tsx.
+ * From the sources (tsx already registered) the flag is never set and this does nothing.
+ */
+async function ensureTypeScriptLoader(file: string): Promise<void> {
+  const flags = globalThis as unknown as Record<symbol, unknown>;
+  const pending = Symbol.for("rlq.tsLoaderPending");
+  if (flags[pending] !== true || !/\.[cm]?tsx?$/.test(file)) return;
+  flags[pending] = false;
+  const { register } = await import("tsx/esm/api");
+  register();
+}
+
 /** Load a function export from a plugin module. */
 export async function loadPluginFunction<F extends (...args: never[]) => unknown>(ref: PluginRef, defaultExports: readonly string[], what: string): Promise<F> {
   const key = `${ref.file}#${ref.exportName ?? defaultExports.join("|")}`;
@@ -40,6 +54,7 @@ export async function loadPluginFunction<F extends (...args: never[]) => unknown
   if (hit) return hit as F;
   let mod: Record<string, unknown>;
   try {
+    await ensureTypeScriptLoader(ref.file);
     mod = (await import(pathToFileURL(ref.file).href)) as Record<string, unknown>;
   } catch (e) {
     throw new RlqError("plugin_load_failed", `${what}: cannot import ${ref.file}: ${(e as Error).message}`, { cause: e });

@@ -15,7 +15,12 @@ export interface Proc {
 }
 
 export function spawnTs(script: string, args: string[], env: Record<string, string> = {}, nodeArgs: string[] = []): Proc {
-  const child = spawn(process.execPath, [...nodeArgs, "--import", "tsx", script, ...args], {
+  return spawnNode(script, args, env, [...nodeArgs, "--import", "tsx"]);
+}
+
+/** `node <nodeArgs> <script> <args>` in the repository, its output kept. */
+export function spawnNode(script: string, args: string[], env: Record<string, string> = {}, nodeArgs: string[] = []): Proc {
+  const child = spawn(process.execPath, [...nodeArgs, script, ...args], {
     cwd: repoRoot,
     env: { ...process.env, ...env },
     stdio: ["ignore", "pipe", "pipe"],
@@ -53,10 +58,14 @@ export async function spawnFake(script: string, args: string[] = []): Promise<Pr
   return { ...p, url: `http://127.0.0.1:${port}` };
 }
 
-/** An rlq process as `bin/rlq.js` starts one: with rlq's V8 flags (src/runtime/node-flags.ts). */
+/**
+ * An rlq process started as users start one: `node <rlq's V8 flags> bin/rlq.js`, which runs
+ * dist/bundle/ while it matches the sources (npm install builds it; `npm run bundle` rebuilds it)
+ * and the sources through tsx otherwise (bin/sources-fingerprint.js).
+ */
 export function spawnRlq(args: string[], env: Record<string, string>, nodeArgs: string[] = []): Proc {
   // bin/rlq.js enables Node's compile cache (module.enableCompileCache: this directory).
-  return spawnTs("src/cli/main.ts", args, { NODE_COMPILE_CACHE: join(tmpdir(), "node-compile-cache"), ...env }, [...rlqNodeFlags, ...nodeArgs]);
+  return spawnNode("bin/rlq.js", args, { NODE_COMPILE_CACHE: join(tmpdir(), "node-compile-cache"), ...env }, [...rlqNodeFlags, ...nodeArgs]);
 }
 
 /**

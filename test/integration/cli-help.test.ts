@@ -28,7 +28,10 @@ describe("rlq help and version from the real bin/rlq.js", () => {
     expect(sub.code).toBe(0);
     expect(sub.stdout).toMatch(/^ {2}rlq up /);
     const v = await rlq(["--version"]);
-    expect(v).toMatchObject({ code: 0, stdout: `rlq ${version}\n` });
+    expect(v).toMatchObject({
+      code: 0,
+      stdout: expect.stringMatching(new RegExp(`^rlq ${version.replace(/\./g, "\\.")} \\((bundle, built \\S+|sources)\\)\n$`)),
+    });
     const typo = await rlq(["sttus"]);
     expect(typo.code).toBe(2);
     const typo2 = await rlq(["repaly", "r1"]);
