@@ -82,7 +82,8 @@ describe.skipIf(skip !== null)("rlq on seven hosts (network namespaces) through 
   const rlq = (host: string, args: string[]) =>
     cluster.spawn(
       host,
-      [process.execPath, ...rlqNodeFlags, "--import", "tsx", "src/cli/main.ts", ...args],
+      // As users start rlq on a host: bin/rlq.js (dist/bundle/ while it matches the sources).
+      [process.execPath, ...rlqNodeFlags, "bin/rlq.js", ...args],
       { ...env, RLQ_HOME: join(dir, host, "home") },
       repoRoot,
     );
