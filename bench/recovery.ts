@@ -87,6 +87,7 @@ const results: Array<{
   bareNodeMs: number;
   cliVersionMs: number;
   cliVersionSourcesMs: number;
+  phasesMs: Record<string, number> | null;
 }> = [];
 let history = { decisions: 0, samples: 0, writeMs: 0 };
 try {
@@ -141,14 +142,18 @@ try {
       120_000,
       10,
     );
-    const took = /"ms":(\d+),"msg":"controller took the run"/.exec(ctl.output());
-    const tookAt = /"time":(\d+),[^\n]*"msg":"controller took the run"/.exec(ctl.output());
-    const startMs = tookAt && took ? Number(tookAt[1]) - Number(took[1]) : NaN;
+    const tookLine = ctl
+      .output()
+      .split("\n")
+      .find((l) => l.includes('"msg":"controller took the run"'));
+    const took = tookLine ? (JSON.parse(tookLine) as { time: number; ms: number; phasesMs?: Record<string, number> }) : null;
+    const startMs = took ? took.time - took.ms : NaN;
     const seqRaw = snap.rows[0]?.seq ?? null;
     results.push({
       droppedSnapshots: drop,
       fromSpawnMs: first.getTime() - spawnedAt,
       inProcessMs: first.getTime() - startMs,
+      phasesMs: took?.phasesMs ?? null,
       samplesAtKill: at.s,
       decisionsAtKill: at.d,
       snapshotSeq: seqRaw === null ? null : Number(seqRaw),

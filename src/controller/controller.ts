@@ -85,6 +85,7 @@ class RunController implements ControllerHost {
     const t0 = Date.now();
     // The latest snapshot and the decisions after it: the same state as folding the whole log.
     const { state, fromSnapshotSeq } = await loadRunState(deps.db, lease.runId);
+    const stateMs = Date.now() - t0;
     const ctx = await deps.contexts.get(lease.runId);
     const c = state.config;
     const { dataset } = await loadRunDataset(c, ctx.tokenizer);
@@ -125,10 +126,15 @@ class RunController implements ControllerHost {
       );
     }
     await deps.queues.ensureSentinel(lease.runId);
+    const t1 = Date.now();
     await ctl.resyncEngines();
+    const t2 = Date.now();
     await ctl.reconcile(false);
+    const t3 = Date.now();
+    // Where a restart's time went: the state (snapshot + fold), the engines' weights, the queues.
+    const phasesMs = { state: stateMs, setup: t1 - t0 - stateMs, engines: t2 - t1, reconcile: t3 - t2 };
     deps.log.info(
-      { runId: lease.runId, epoch: lease.epoch, seq: state.seq, step: state.step, phase: state.phase, ms: Date.now() - t0 },
+      { runId: lease.runId, epoch: lease.epoch, seq: state.seq, step: state.step, phase: state.phase, ms: t3 - t0, phasesMs },
       "controller took the run",
     );
     return ctl;
