@@ -25,7 +25,15 @@ describe("rlq help, --help, --version and typos", () => {
     expect(helpOrVersion(["help", "run"], usage)).toEqual({ code: 0, stdout: commandHelp(usage, "run") + "\n" });
     expect(helpOrVersion(["run", "--help"], usage)).toEqual({ code: 0, stdout: commandHelp(usage, "run") + "\n" });
     expect(helpOrVersion(["run", "start", "-h"], usage)).toEqual({ code: 0, stdout: commandHelp(usage, "run") + "\n" });
-    expect(helpOrVersion(["--version"], usage)).toEqual({ code: 0, stdout: `rlq ${packageVersion()}\n` });
+    // In this process nothing says it runs dist/bundle/ (bin/rlq.js would): the sources.
+    expect(helpOrVersion(["--version"], usage)).toEqual({ code: 0, stdout: `rlq ${packageVersion()} (sources)\n` });
+    const entry = Symbol.for("rlq.entry");
+    (globalThis as unknown as Record<symbol, unknown>)[entry] = { bundleBuiltAt: "2026-11-23T08:00:00.000Z" };
+    try {
+      expect(helpOrVersion(["--version"], usage).stdout).toBe(`rlq ${packageVersion()} (bundle, built 2026-11-23T08:00:00.000Z)\n`);
+    } finally {
+      delete (globalThis as unknown as Record<symbol, unknown>)[entry];
+    }
     expect(packageVersion()).toMatch(/^\d+\.\d+\.\d+/);
     // No command at all: the usage, but exit 1 (nothing was asked for).
     expect(helpOrVersion([], usage)).toEqual({ code: 1, stdout: usage + "\n" });
