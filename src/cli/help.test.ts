@@ -30,7 +30,7 @@ describe("rlq help, --help, --version and typos", () => {
     const entry = Symbol.for("rlq.entry");
     (globalThis as unknown as Record<symbol, unknown>)[entry] = { bundleBuiltAt: "2026-11-23T08:00:00.000Z" };
     try {
-      expect(helpOrVersion(["--version"], usage).stdout).toBe(`rlq ${packageVersion()} (bundle, built 2026-11-23T08:00:00.000Z)\n`);
+      expect(helpOrVersion(["--version"], usage)?.stdout).toBe(`rlq ${packageVersion()} (bundle, built 2026-11-23T08:00:00.000Z)\n`);
     } finally {
       delete (globalThis as unknown as Record<symbol, unknown>)[entry];
     }
