@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { rlqNodeFlags } from "../../src/runtime/node-flags.ts";
 
@@ -18,6 +19,14 @@ export function spawnTs(script: string, args: string[], env: Record<string, stri
   return spawnNode(script, args, env, [...nodeArgs, "--import", "tsx"]);
 }
 
+function pipeEnded(s: Readable | null): Promise<void> {
+  if (!s || s.readableEnded || s.destroyed) return Promise.resolve();
+  return new Promise((resolve) => {
+    s.once("end", resolve);
+    s.once("close", resolve);
+  });
+}
+
 /** `node <nodeArgs> <script> <args>` in the repository, its output kept. */
 export function spawnNode(script: string, args: string[], env: Record<string, string> = {}, nodeArgs: string[] = []): Proc {
   const child = spawn(process.execPath, [...nodeArgs, script, ...args], {
@@ -33,7 +42,15 @@ export function spawnNode(script: string, args: string[], env: Record<string, st
   };
   child.stdout?.on("data", keep);
   child.stderr?.on("data", keep);
-  const exited = new Promise<number | string>((resolve) => child.on("exit", (code, sig) => resolve(code ?? sig ?? -1)));
+  // 'exit' can come before the last of the child's output has been read from its pipes (seen under
+  // load: `rlq export` printed 96 lines, the test read 76). Resolve once both pipes have ended too;
+  // the bound only matters when a grandchild keeps a pipe open after the process itself exited.
+  const exited = new Promise<number | string>((resolve) =>
+    child.on("exit", (code, sig) => {
+      const bound = new Promise<void>((r) => setTimeout(r, 5_000).unref());
+      void Promise.race([Promise.all([pipeEnded(child.stdout), pipeEnded(child.stderr)]), bound]).then(() => resolve(code ?? sig ?? -1));
+    }),
+  );
   return {
     child,
     output: () => out,
