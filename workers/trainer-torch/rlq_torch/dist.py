@@ -25,15 +25,10 @@ import torch
 
 
 def fsdp2_available() -> bool:
-    try:
-        from torch.distributed.fsdp import fully_shard  # noqa: F401  (torch >= 2.6)
-        return True
-    except Exception:
-        try:
-            from torch.distributed._composable.fsdp import fully_shard  # noqa: F401,F811  (torch 2.4, 2.5)
-            return True
-        except Exception:
-            return False
+    """This torch has FSDP2's fully_shard (fsdp.py finds it; torch >= 2.4)."""
+    from .fsdp import _fully_shard
+
+    return _fully_shard() is not None
 
 
 def partition(params: Sequence[Tuple[str, torch.Tensor]], world: int) -> Dict[str, int]:
