@@ -45,7 +45,15 @@ export async function runUp(
     if (active.has(runId) || finished.has(runId) || (retryAt.get(runId) ?? 0) > Date.now()) return;
     const startedAt = Date.now();
     const p = runController(
-      { db: s.db, queues: s.queues, contexts: s.contexts, log: s.log, holder: s.holder, crashPoint: (name) => s.crashPoint(name) },
+      {
+        db: s.db,
+        queues: s.queues,
+        contexts: s.contexts,
+        log: s.log,
+        holder: s.holder,
+        crashPoint: (name) => s.crashPoint(name),
+        pollMs: s.env.RLQ_CONTROLLER_POLL_MS,
+      },
       runId,
       stopAll.signal,
     )

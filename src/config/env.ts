@@ -38,6 +38,12 @@ const envSchema = z.object({
   RLQ_DASHBOARD_TOKEN: z.string().min(16, "at least 16 characters").optional(),
   /** Serve Prometheus /metrics on this port (127.0.0.1) from `rlq up`, `rlq worker` and `rlq dashboard`. */
   RLQ_METRICS_PORT: z.coerce.number().int().min(0).max(65535).optional(),
+  /**
+   * How long a controller waits between ticks when nothing happened (ms). It is woken earlier by
+   * Postgres notifications when a round, rewards, a train step, eval results or an operator
+   * request of its run land (store/notify.ts); the poll only bounds a missed notification.
+   */
+  RLQ_CONTROLLER_POLL_MS: z.coerce.number().int().min(10).max(3_600_000).default(100),
   /** Test-only fault injection: `point[:probability]` names where a process SIGKILLs itself. */
   RLQ_CRASH_AT: z.string().optional(),
 });

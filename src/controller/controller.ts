@@ -19,6 +19,7 @@ import { tickAsync } from "./async-pipeline.ts";
 import { reconcile } from "./reconcile.ts";
 import { handleRequests } from "./requests.ts";
 import { sleep } from "../lib/sleep.ts";
+import { createWaker, type Waker } from "../store/notify.ts";
 import { errorMessage } from "../lib/errors.ts";
 
 export type { ControllerDeps } from "./host.ts";
@@ -146,8 +147,22 @@ class RunController implements ControllerHost {
 
   async loop(signal: AbortSignal, leaseLost: { value: boolean }): Promise<ControllerExit> {
     const pollMs = this.deps.pollMs ?? 100;
+    // Between ticks the controller waits for the poll interval or for a wake-up: a round, rewards, a
+    // train step or eval results of this run committed (store/notify.ts). Cleared before each tick,
+    // so a fact that lands during a tick makes the next one start at once.
+    const waker = createWaker();
+    const unsubscribe = this.deps.db.notifications.subscribe("rlq_facts", this.state.runId, waker.wake);
+    try {
+      return await this.ticks(signal, leaseLost, pollMs, waker);
+    } finally {
+      unsubscribe();
+    }
+  }
+
+  private async ticks(signal: AbortSignal, leaseLost: { value: boolean }, pollMs: number, waker: Waker): Promise<ControllerExit> {
     while (!signal.aborted) {
       if (leaseLost.value) return "lease_lost";
+      waker.clear();
       await this.handleRequests();
       const s = this.state.status;
       if (s === "completed") return "completed";
@@ -162,7 +177,7 @@ class RunController implements ControllerHost {
         }
         progressed = await this.tick();
       }
-      if (!progressed) await sleep(pollMs, signal);
+      if (!progressed) await waker.wait(pollMs, signal);
     }
     return "stopped";
   }

@@ -1,4 +1,5 @@
 import type { RoundFacts } from "../store/rollout-facts.ts";
+import { createWaker } from "../store/notify.ts";
 import type { JobStore } from "../store/job-batch.ts";
 import type { Engine, GenerateResult } from "../engines/engine.ts";
 import { requestId, type RolloutJob } from "../queue/payloads.ts";
@@ -32,6 +33,8 @@ export interface RolloutDeps {
   /** Called after the round is written and complete: enqueue its reward job. */
   onRoundComplete(job: RolloutJob): Promise<void>;
   abortPollMs?: number;
+  /** Wake-ups when the controller commits aborts for a run (store/notify.ts `rlq_abort`): the watcher looks at once. */
+  abortHints?: (runId: string, wake: () => void) => () => void;
 }
 
 export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job: RolloutJob, jobId: string): Promise<void> {
@@ -53,18 +56,15 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
   const pending = view.samples.filter((s) => !isTerminal(s.status));
   const inflight = new Set<string>();
   let watching = engine !== null && pending.length > 0;
-  // The watcher's sleep is cut short when the round ends: a job must not wait
-  // out a poll interval after its last token (that alone capped throughput).
-  let wake: () => void = () => undefined;
+  // The watcher's sleep is cut short when the round ends (a job must not wait
+  // out a poll interval after its last token: that alone capped throughput),
+  // and when the controller commits an abort for this run (a seal, a sync).
+  const waker = createWaker();
+  const stopHints = watching && deps.abortHints ? deps.abortHints(runId, waker.wake) : () => undefined;
   const watcher = (async () => {
     while (watching) {
-      await new Promise<void>((r) => {
-        const t = setTimeout(r, deps.abortPollMs ?? 250);
-        wake = () => {
-          clearTimeout(t);
-          r();
-        };
-      });
+      await waker.wait(deps.abortPollMs ?? 250);
+      waker.clear();
       if (!watching) break;
       if (await store.isRoundAborted(job).catch(() => false)) {
         wasAborted = true;
@@ -99,7 +99,8 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
     );
   } finally {
     watching = false;
-    wake();
+    stopHints();
+    waker.wake();
     await watcher;
   }
   const finalStatus = new Map(view.samples.map((s) => [s.sampleIndex, s.status]));

@@ -47,6 +47,7 @@ export async function startWorkers(
               {
                 store,
                 engineFor: (c, v) => engines.engineFor(c, v),
+                abortHints: (runId, wake) => db.notifications.subscribe("rlq_abort", runId, wake),
                 onRoundComplete: async (j) => {
                   services.crashPoint("rollout.before_reward_enqueue");
                   await enqueueReward({ runId: j.runId, groupId: j.groupId, round: j.round, step: j.step });

@@ -1,6 +1,7 @@
 import pg from "pg";
 import { drizzle, type NodePgDatabase } from "drizzle-orm/node-postgres";
 import * as schema from "./schema/index.ts";
+import { createNotifications, type Notifications } from "./notify.ts";
 
 export type Database = NodePgDatabase<typeof schema>;
 
@@ -8,6 +9,8 @@ export interface Db {
   pool: pg.Pool;
   db: Database;
   url: string;
+  /** LISTEN/NOTIFY wake-ups (store/notify.ts): one connection, opened on the first subscription. */
+  notifications: Notifications;
   close(): Promise<void>;
 }
 
@@ -31,14 +34,17 @@ export function createDb(url: string, options: { max?: number; applicationName?:
     client.on("error", () => undefined);
   });
   const db = drizzle(pool, { schema });
+  const notifications = createNotifications(url, { applicationName: `${options.applicationName ?? "rlq"}-listen` });
   let closed = false;
   return {
     pool,
     db,
     url,
+    notifications,
     async close() {
       if (closed) return;
       closed = true;
+      await notifications.close();
       await pool.end();
     },
   };

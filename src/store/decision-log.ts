@@ -5,6 +5,7 @@ import { decisions, runLeases } from "./schema/index.ts";
 import { decisionKeys, parseDecision, type Decision, type LoggedDecision } from "../core/decisions.ts";
 import { RlqError } from "../lib/errors.ts";
 import { projectLastSeq } from "./projections.ts";
+import { notifyInTx } from "./notify.ts";
 
 /**
  * The run's decision log: the controller's lease (advisory lock + epoch
@@ -125,6 +126,8 @@ export async function appendDecisions(
                         ${sql.param(logged.map((d) => JSON.stringify(d.payload)))}::text[]) WITH ORDINALITY AS d(seq, kind, step, group_id, payload, ord)
            ORDER BY d.ord`);
         await projectLastSeq(tx, runId, logged[logged.length - 1]?.seq ?? 0);
+        // Rollout jobs watching the rounds these decisions abort look now, not at their next poll.
+        if (logged.some(abortsRounds)) await notifyInTx(tx, "rlq_abort", runId);
       }
       if (extra) await extra(tx);
     });
@@ -148,4 +151,9 @@ export async function insertFirstDecisions(tx: Database, runId: string, list: re
 export async function currentEpoch(db: Db, runId: string): Promise<number | null> {
   const rows = await db.db.select({ epoch: runLeases.epoch }).from(runLeases).where(eq(runLeases.runId, runId));
   return rows[0]?.epoch ?? null;
+}
+
+/** Decisions that abort in-flight rounds (store/rollout-facts.ts `roundAbortedSql` reads the same two). */
+function abortsRounds(d: Decision): boolean {
+  return d.kind === "group.aborted" || (d.kind === "step.sealed" && d.payload.aborted.length > 0);
 }

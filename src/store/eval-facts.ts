@@ -2,6 +2,7 @@ import { and, desc, eq } from "drizzle-orm";
 import type { Db } from "./db.ts";
 import { evalResults, evalSamples } from "./schema/index.ts";
 import { pgText } from "./history.ts";
+import { notifyInTx } from "./notify.ts";
 
 export type EvalResultRow = typeof evalResults.$inferInsert;
 export type EvalSampleRow = typeof evalSamples.$inferInsert;
@@ -26,6 +27,8 @@ export async function writeEval(db: Db, results: readonly EvalResultRow[], sampl
         .insert(evalSamples)
         .values(clean.slice(i, i + 500))
         .onConflictDoNothing();
+    const runId = results[0]?.runId;
+    if (runId !== undefined) await notifyInTx(tx, "rlq_facts", runId);
     return true;
   });
 }

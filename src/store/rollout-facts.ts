@@ -1,4 +1,5 @@
 import type { Db } from "./db.ts";
+import { notifyRuns } from "./notify.ts";
 import type { SegmentFact } from "../core/sample.ts";
 import { inKeyOrder } from "./key-order.ts";
 
@@ -168,6 +169,12 @@ export async function writeRounds(db: Db, rounds: readonly RoundFacts[]): Promis
       g.error,
     ],
   );
+  // A wake-up for the controllers of these runs (store/notify.ts: a hint; the round is committed).
+  await notifyRuns(
+    db.pool,
+    "rlq_facts",
+    unique.map((r) => r.runId),
+  );
   const won = new Set(res.rows.map((r) => keyOf({ runId: r.run_id, groupId: Number(r.group_id), round: r.round })));
   return rounds.map((r, i) => firstIndex.get(keyOf(r)) === i && won.has(keyOf(r)));
 }
@@ -239,6 +246,11 @@ export async function writeRewardsOfRounds(db: Db, writes: readonly RewardWrite[
       rows.map((r) => r.reward),
       rows.map((r) => JSON.stringify(r.components)),
     ],
+  );
+  await notifyRuns(
+    db.pool,
+    "rlq_facts",
+    writes.map((w) => w.key.runId),
   );
 }
 

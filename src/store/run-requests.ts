@@ -1,11 +1,13 @@
 import { and, asc, eq, isNull } from "drizzle-orm";
 import type { Db } from "./db.ts";
 import { runRequests } from "./schema/index.ts";
+import { notifyRuns } from "./notify.ts";
 
 export type RunRequestKind = "pause" | "resume" | "cancel" | "amend";
 
 export async function insertRunRequest(db: Db, runId: string, kind: RunRequestKind, payload: Record<string, unknown> = {}): Promise<number> {
   const rows = await db.db.insert(runRequests).values({ runId, kind, payload }).returning({ id: runRequests.id });
+  await notifyRuns(db.pool, "rlq_facts", [runId]); // the run's controller handles it now, not at its next poll
   return rows[0]?.id as number;
 }
 

@@ -2,6 +2,7 @@ import { and, eq } from "drizzle-orm";
 import type { Db } from "./db.ts";
 import { trainMetrics, trainSteps } from "./schema/index.ts";
 import { projectTrainedStep } from "./projections.ts";
+import { notifyInTx } from "./notify.ts";
 
 export interface TrainCommit {
   runId: string;
@@ -54,6 +55,7 @@ export async function commitTrainStep(db: Db, c: TrainCommit): Promise<{ isWinne
       await tx.insert(trainMetrics).values(entries.map(([key, value]) => ({ runId: c.runId, step: c.step, key, value })));
     }
     await projectTrainedStep(tx, c.runId, c.step, c.groupIds);
+    await notifyInTx(tx, "rlq_facts", c.runId);
     return { isWinner: true, row };
   });
 }

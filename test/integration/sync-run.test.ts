@@ -68,4 +68,14 @@ describe("a synchronous run, end to end", () => {
     expect(await replay.exited, replay.output()).toBe(0);
     expect(replay.output()).toMatch(/0 difference\(s\)/);
   });
+
+  it("the controller is woken by its run's facts: with an hour between polls the run still completes", async () => {
+    // Each wait between ticks would last the whole hour unless a round, rewards or the train step
+    // of the run woke it (store/notify.ts); the test's timeout is far below one poll.
+    const runId = await w.start({ num_rollout: 2, partial_rollout: true, engine: { kind: "sglang", urls: [await w.freshEngine()] } });
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], { ...w.env, RLQ_CONTROLLER_POLL_MS: "3600000" });
+    expect(await up.exited, up.output()).toBe(0);
+    const steps = await w.db.pool.query("SELECT step FROM train_steps WHERE run_id = $1 ORDER BY step", [runId]);
+    expect(steps.rows.map((r) => r.step)).toEqual([0, 1]);
+  });
 });
