@@ -1,5 +1,6 @@
 #!/usr/bin/env node
 import { parseArgs } from "node:util";
+import { exitAfterFlush } from "./exit.ts";
 import { readEnv } from "../config/env.ts";
 import { createServices, type Services } from "../runtime/services.ts";
 import { runUp } from "./up.ts";
@@ -269,12 +270,12 @@ export function runCli(argv: string[]): void {
   main(argv).then(
     (code) => {
       isSettled = true;
-      process.exit(code);
+      void exitAfterFlush(code);
     },
     (e: unknown) => {
       if (e instanceof ConfigError || e instanceof RlqError) process.stderr.write(`rlq: ${e.message}\n`);
       else process.stderr.write(`rlq: ${(e as Error).stack ?? String(e)}\n`);
-      process.exit(e instanceof ConfigError ? 2 : 1);
+      void exitAfterFlush(e instanceof ConfigError ? 2 : 1);
     },
   );
 }

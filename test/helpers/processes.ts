@@ -42,9 +42,10 @@ export function spawnNode(script: string, args: string[], env: Record<string, st
   };
   child.stdout?.on("data", keep);
   child.stderr?.on("data", keep);
-  // 'exit' can come before the last of the child's output has been read from its pipes (seen under
-  // load: `rlq export` printed 96 lines, the test read 76). Resolve once both pipes have ended too;
-  // the bound only matters when a grandchild keeps a pipe open after the process itself exited.
+  // 'exit' can come before the last of the child's output has been read from its pipes: resolve
+  // once both pipes have ended too. The bound only matters when a grandchild keeps a pipe open after
+  // the process itself exited. (The 76-of-96 `rlq export` lines seen under load were rlq's own
+  // process.exit dropping queued output, fixed in src/cli/exit.ts, not this.)
   const exited = new Promise<number | string>((resolve) =>
     child.on("exit", (code, sig) => {
       const bound = new Promise<void>((r) => setTimeout(r, 5_000).unref());
