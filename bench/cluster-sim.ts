@@ -267,6 +267,9 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
         engines_decoding_on_new_version: firstDecodes.filter((x) => !Number.isNaN(x)).length,
         engine_load_ms_max: loads.length ? Math.max(...loads.map((l) => l.doneAt - l.askedAt)) : NaN,
       });
+      // What rlq adds to the sync beyond the engines' own load (the model's weight-load time).
+      const row = perStep[perStep.length - 1] as Record<string, number>;
+      row.commit_to_all_engines_decoding_beyond_load_ms = (row.commit_to_all_engines_decoding_ms as number) - (row.engine_load_ms_max as number);
     }
     const cpuS = cpu.between(t0, t1);
     const rlqCpuS = (cpuS.rlq_up ?? 0) + (cpuS.rlq_worker ?? 0);
@@ -307,6 +310,13 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       bubble_seal_to_train_start_frac: medianOf("seal_to_train_start_ms") / stepMs,
       bubble_commit_to_all_engines_decoding_ms: medianOf("commit_to_all_engines_decoding_ms"),
       bubble_commit_to_all_engines_decoding_frac: medianOf("commit_to_all_engines_decoding_ms") / stepMs,
+      // The bubble rlq adds: seal -> train start, plus train commit -> every engine decoding minus the
+      // engines' own load. As a share of this run's step, and of the step at real time (time scale 1:
+      // the same wall latencies against a step timeScale times longer).
+      bubble_beyond_model_ms: medianOf("seal_to_train_start_ms") + medianOf("commit_to_all_engines_decoding_beyond_load_ms"),
+      bubble_beyond_model_frac: (medianOf("seal_to_train_start_ms") + medianOf("commit_to_all_engines_decoding_beyond_load_ms")) / stepMs,
+      bubble_beyond_model_frac_at_real_time:
+        (medianOf("seal_to_train_start_ms") + medianOf("commit_to_all_engines_decoding_beyond_load_ms")) / (stepMs * p.timeScale),
       ready_to_first_dispatch_ms: medianOf("ready_to_first_dispatch_ms"),
       first_dispatch_to_first_round_ms: medianOf("first_dispatch_to_first_round_ms"),
       last_reward_to_seal_ms: medianOf("last_reward_to_seal_ms"),
@@ -327,7 +337,7 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       per_step: perStep,
     };
     process.stderr.write(
-      `${engines} engines ${mode} #${rep}: ${samplesPerS.toFixed(1)} samples/s vs ideal ${idealSamplesPerS.toFixed(1)} (x${r.ratio_samples_vs_ideal.toFixed(2)}); engine busy ${r.engine_busy_fraction.toFixed(2)}, decode util ${r.engine_decode_utilization.toFixed(2)}, trainer busy ${r.trainer_busy_fraction.toFixed(2)}; bubbles ${r.bubble_seal_to_train_start_ms.toFixed(0)} / ${r.bubble_commit_to_all_engines_decoding_ms.toFixed(0)} ms of ${stepMs.toFixed(0)}; rlq ${r.rlq_cpu_cores.toFixed(2)} cores, ${r.rlq_cpu_ms_per_sample.toFixed(2)} ms/sample\n`,
+      `${engines} engines ${mode} #${rep}: ${samplesPerS.toFixed(1)} samples/s vs ideal ${idealSamplesPerS.toFixed(1)} (x${r.ratio_samples_vs_ideal.toFixed(2)}); engine busy ${r.engine_busy_fraction.toFixed(2)}, decode util ${r.engine_decode_utilization.toFixed(2)}, trainer busy ${r.trainer_busy_fraction.toFixed(2)}; bubbles ${r.bubble_seal_to_train_start_ms.toFixed(0)} / ${r.bubble_commit_to_all_engines_decoding_ms.toFixed(0)} ms of ${stepMs.toFixed(0)} (beyond the model ${r.bubble_beyond_model_ms.toFixed(0)} ms); rlq ${r.rlq_cpu_cores.toFixed(2)} cores, ${r.rlq_cpu_ms_per_sample.toFixed(2)} ms/sample\n`,
     );
     return r;
   } finally {
@@ -404,6 +414,9 @@ for (const e of values.engines.split(",").map(Number)) {
       bubble_seal_to_train_start_frac: med("bubble_seal_to_train_start_frac"),
       bubble_commit_to_all_engines_decoding_ms: med("bubble_commit_to_all_engines_decoding_ms"),
       bubble_commit_to_all_engines_decoding_frac: med("bubble_commit_to_all_engines_decoding_frac"),
+      bubble_beyond_model_ms: med("bubble_beyond_model_ms"),
+      bubble_beyond_model_frac: med("bubble_beyond_model_frac"),
+      bubble_beyond_model_frac_at_real_time: med("bubble_beyond_model_frac_at_real_time"),
       weight_sync_engine_ms_max: med("weight_sync_engine_ms_max"),
       weight_sync_commit_to_synced_ms: med("weight_sync_commit_to_synced_ms"),
       rlq_cpu_cores: med("rlq_cpu_cores"),
