@@ -34,15 +34,19 @@ export { reconcileAction } from "./reconcile.ts";
  * sentinel vanished it reconciles the queues with what the state expects
  * (reconcile.ts).
  */
+const STANDBY_WAIT_MS = 1000;
+
 export type ControllerExit = "completed" | "cancelled" | "stopped" | "lease_lost";
 
 export async function runController(deps: ControllerDeps, runId: string, signal: AbortSignal): Promise<ControllerExit> {
   let lease: Lease | null = null;
   while (!signal.aborted) {
-    lease = await tryAcquireLease(deps.db, runId, deps.holder);
+    // Standby while another controller holds the run: each attempt waits in Postgres's lock queue
+    // for up to a second (woken when the holder's lock goes), then looks at the signal again.
+    const t0 = Date.now();
+    lease = await tryAcquireLease(deps.db, runId, deps.holder, STANDBY_WAIT_MS);
     if (lease) break;
-    // Standby: another controller holds the run.
-    await sleep(1000, signal);
+    await sleep(Math.max(0, STANDBY_WAIT_MS - (Date.now() - t0)), signal);
   }
   if (!lease) return "stopped";
   const leaseLost = { value: false };

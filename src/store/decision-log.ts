@@ -29,14 +29,18 @@ const LOCK_NAMESPACE = 727_100;
 
 /**
  * Try to take the run's lease. Returns null when another controller holds it
- * (the caller waits as standby). The advisory lock lives on a dedicated
+ * (the caller waits as standby). With `waitMs`, the attempt waits that long in
+ * Postgres's lock queue (`pg_advisory_lock` under `lock_timeout`), so a standby
+ * or a restarted controller gets the lease the moment the holder's backend
+ * releases it (a SIGKILLed controller's backend exits at its socket's EOF),
+ * not at its next poll. The advisory lock lives on a dedicated
  * connection: if that connection dies the lock is released, another
  * controller bumps the epoch, and this one's decisions are rejected.
  * The connection is its own, outside the pool: one process may hold the
  * leases of many runs without starving its pool (8 runs in one `rlq up`
  * once took all 8 pooled connections and deadlocked).
  */
-export async function tryAcquireLease(db: Db, runId: string, holder: string): Promise<Lease | null> {
+export async function tryAcquireLease(db: Db, runId: string, holder: string, waitMs = 0): Promise<Lease | null> {
   const client = new pg.Client({ connectionString: db.url, application_name: `rlq-lease-${runId}` });
   // An error on an idle client is reported through "error" (and the lease marked lost below), never thrown.
   client.on("error", () => undefined);
@@ -44,8 +48,7 @@ export async function tryAcquireLease(db: Db, runId: string, holder: string): Pr
   let released = false;
   const end = () => client.end().catch(() => undefined);
   try {
-    const got = await client.query<{ ok: boolean }>("SELECT pg_try_advisory_lock($1, hashtext($2)) AS ok", [LOCK_NAMESPACE, runId]);
-    if (!got.rows[0]?.ok) {
+    if (!(await takeLock(client, runId, waitMs))) {
       await end();
       return null;
     }
@@ -80,6 +83,23 @@ export async function tryAcquireLease(db: Db, runId: string, holder: string): Pr
     if (!released) await end();
     throw e;
   }
+}
+
+/** The run's advisory lock on `client`: at once, or waiting up to `waitMs` in the lock queue. */
+async function takeLock(client: pg.Client, runId: string, waitMs: number): Promise<boolean> {
+  if (waitMs <= 0) {
+    const got = await client.query<{ ok: boolean }>("SELECT pg_try_advisory_lock($1, hashtext($2)) AS ok", [LOCK_NAMESPACE, runId]);
+    return got.rows[0]?.ok === true;
+  }
+  await client.query(`SET lock_timeout = ${Math.ceil(waitMs)}`);
+  try {
+    await client.query("SELECT pg_advisory_lock($1, hashtext($2))", [LOCK_NAMESPACE, runId]);
+  } catch (e) {
+    if ((e as { code?: string }).code === "55P03") return false; // lock_not_available: lock_timeout passed
+    throw e;
+  }
+  await client.query("SET lock_timeout = 0");
+  return true;
 }
 
 export async function loadDecisions(db: Db, runId: string): Promise<LoggedDecision[]> {
