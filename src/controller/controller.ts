@@ -40,6 +40,7 @@ export type ControllerExit = "completed" | "cancelled" | "stopped" | "lease_lost
 
 export async function runController(deps: ControllerDeps, runId: string, signal: AbortSignal): Promise<ControllerExit> {
   let lease: Lease | null = null;
+  const waitFrom = Date.now();
   while (!signal.aborted) {
     // Standby while another controller holds the run: each attempt waits in Postgres's lock queue
     // for up to a second (woken when the holder's lock goes), then looks at the signal again.
@@ -54,7 +55,7 @@ export async function runController(deps: ControllerDeps, runId: string, signal:
     leaseLost.value = true;
   });
   try {
-    const c = await RunController.start(deps, lease);
+    const c = await RunController.start(deps, lease, Date.now() - waitFrom);
     try {
       return await c.loop(signal, leaseLost);
     } finally {
@@ -86,7 +87,7 @@ class RunController implements ControllerHost {
     readonly engines: EngineAdmin,
   ) {}
 
-  static async start(deps: ControllerDeps, lease: Lease): Promise<RunController> {
+  static async start(deps: ControllerDeps, lease: Lease, leaseWaitMs = 0): Promise<RunController> {
     const t0 = Date.now();
     // The latest snapshot and the decisions after it: the same state as folding the whole log.
     const { state, fromSnapshotSeq } = await loadRunState(deps.db, lease.runId);
@@ -136,8 +137,8 @@ class RunController implements ControllerHost {
     const t2 = Date.now();
     await ctl.reconcile(false);
     const t3 = Date.now();
-    // Where a restart's time went: the state (snapshot + fold), the engines' weights, the queues.
-    const phasesMs = { state: stateMs, setup: t1 - t0 - stateMs, engines: t2 - t1, reconcile: t3 - t2 };
+    // Where a restart's time went: the lease (before t0), the state (snapshot + fold), the engines' weights, the queues.
+    const phasesMs = { lease: leaseWaitMs, state: stateMs, setup: t1 - t0 - stateMs, engines: t2 - t1, reconcile: t3 - t2 };
     deps.log.info(
       { runId: lease.runId, epoch: lease.epoch, seq: state.seq, step: state.step, phase: state.phase, ms: t3 - t0, phasesMs },
       "controller took the run",
