@@ -99,5 +99,9 @@ export interface PendingEntry {
 
 export interface Waiter {
   sessionKey: string | undefined;
+  /** The engines this request already failed on (it does not route there while others remain). */
+  exclude: ReadonlySet<string>;
+  /** The request's pending entry: an abort wakes its own waiter only. */
+  entry: object;
   wake: () => void;
 }

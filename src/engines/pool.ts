@@ -98,6 +98,23 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     for (const w of all) w.wake();
   }
 
+  // A slot of `m` came free: wake the first waiter that may route to `m`, not all (that cost waiters x
+  // engines per release: a whole core at 512 engines). A waiter that finds it taken re-queues; all re-check each second.
+  function wakeForSlot(m: Member): void {
+    const id = m.engine.id;
+    const i = waiters.findIndex((w) => {
+      if (w.exclude.has(id)) return false;
+      const preferred = w.sessionKey === undefined ? undefined : affinity.get(w.sessionKey);
+      return preferred === undefined || preferred === id || !isRoutable(byId.get(preferred) ?? m);
+    });
+    if (i >= 0) (waiters.splice(i, 1)[0] as Waiter).wake();
+  }
+
+  function wakeEntry(entry: object): void {
+    const i = waiters.findIndex((w) => w.entry === entry);
+    if (i >= 0) (waiters.splice(i, 1)[0] as Waiter).wake();
+  }
+
   function learnVersion(v: number): void {
     if (isPinned) return;
     if (current === null || v > current) {
@@ -162,7 +179,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
   }
 
   /** Wait until routing may succeed (or time out). */
-  function waitForChange(sessionKey: string | undefined, deadlineMs: number): Promise<void> {
+  function waitForChange(sessionKey: string | undefined, exclude: ReadonlySet<string>, entry: object, deadlineMs: number): Promise<void> {
     return new Promise((resolve) => {
       const t = setTimeout(
         () => {
@@ -175,6 +192,8 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
       t.unref?.();
       const w: Waiter = {
         sessionKey,
+        exclude,
+        entry,
         wake: () => {
           clearTimeout(t);
           resolve();
@@ -214,7 +233,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
           { isRetriable: true },
         );
       }
-      await waitForChange(req.sessionKey, deadline);
+      await waitForChange(req.sessionKey, exclude, entry, deadline);
     }
   }
 
@@ -264,7 +283,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
       m.inflight.delete(req.requestId);
       entry.inflight = null;
       settle();
-      wakeWaiters();
+      wakeForSlot(m);
     }
   }
 
@@ -336,7 +355,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     const entry = pending.get(rid);
     if (!entry) return;
     entry.abortRequested = true;
-    wakeWaiters();
+    wakeEntry(entry);
     const deadline = now() + abortWaitMs;
     // Re-send until the request has come back: an abort that reaches the server
     // before the request does is a no-op there.

@@ -81,6 +81,41 @@ describe("engine pool", () => {
     expect(p.snapshot().engines[0]).toMatchObject({ requests: 12, completed: 12, inFlight: 0 });
   });
 
+  it("a freed slot goes to a queued request that may use that engine; an aborted queued request comes back without a slot", async () => {
+    const slow = ["--token-delay-ms", "5", "--stop-prob", "0.000001"];
+    const a = await fake(slow);
+    const b = await fake(slow);
+    const p = pool([a.url, b.url], { maxConcurrentPerEngine: 1 });
+    await p.awaitReady(10_000);
+    await p.checkHealth();
+    // One session on each engine (a session stays where its first turn went).
+    const home = new Map<string, string>();
+    for (let i = 0; i < 10 && new Set(home.values()).size < 2; i++)
+      home.set(`s${i}`, (await p.generate(request(`home-${i}`, { sessionKey: `s${i}`, maxNewTokens: 2 }))).engineId);
+    const onA = [...home].find(([, e]) => e === a.url)?.[0] as string;
+    const onB = [...home].find(([, e]) => e === b.url)?.[0] as string;
+    expect([onA, onB].every((x) => x !== undefined)).toBe(true);
+    const long = (id: string, session: string) => p.generate(request(id, { sessionKey: session, maxNewTokens: 4000, stopTokenIds: [] }));
+    const longA = long("long-a", onA);
+    const longB = long("long-b", onB);
+    await waitFor("both engines busy", async () => (await fakeStats(a.url)).live === 1 && (await fakeStats(b.url)).live === 1);
+    // Queued, in this order: one for b, one for a, one for either.
+    const forB = p.generate(request("q-b", { sessionKey: onB, maxNewTokens: 4 }));
+    const forA = p.generate(request("q-a", { sessionKey: onA, maxNewTokens: 4 }));
+    const either = p.generate(request("q-any", { maxNewTokens: 4 }));
+    await waitFor("three requests queued", () => p.snapshot().queued === 3);
+    await p.abort(["q-any"]);
+    expect(await either).toMatchObject({ finishReason: "abort", tokenIds: [] });
+    // a's slot comes free: the request for a takes it although the request for b queued first.
+    await p.abort(["long-a"]);
+    expect((await longA).finishReason).toBe("abort");
+    expect(await forA).toMatchObject({ engineId: a.url, finishReason: "length" });
+    expect(p.snapshot().queued).toBe(1); // the request for b still waits for b
+    await p.abort(["long-b"]);
+    expect((await longB).finishReason).toBe("abort");
+    expect(await forB).toMatchObject({ engineId: b.url, finishReason: "length" });
+  });
+
   it("keeps a session on one engine (prefix affinity) while it is healthy", async () => {
     const a = await fake();
     const b = await fake();
