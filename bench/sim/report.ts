@@ -11,6 +11,7 @@ import { parseArgs } from "node:util";
 import { repoRoot } from "../../test/helpers/processes.ts";
 import type { SimParams } from "./model.ts";
 import { simulatePolicy, type PolicyMode } from "./policy-sim.ts";
+import { median } from "../lib.ts";
 
 const { values, positionals } = parseArgs({ options: { into: { type: "string", default: "cluster-sim" } }, allowPositionals: true });
 const path = (name: string) => join(repoRoot, "bench/results", `${name}.json`);
@@ -72,16 +73,12 @@ for (const [e, r] of Object.entries(merged.results)) {
 lines.push("");
 // What rlq adds beyond the engines' own weight load, and each rlq process's share of a core (medians over the runs).
 type Run = { engines: number; mode: string; window_s: number; cpu_s_in_window: Record<string, number> };
-const med = (xs: number[]) => {
-  const v = [...xs].sort((a, b) => a - b);
-  return v.length === 0 ? NaN : v.length % 2 ? (v[(v.length - 1) / 2] as number) : ((v[v.length / 2 - 1] as number) + (v[v.length / 2] as number)) / 2;
-};
 lines.push("| engines | mode | bubble beyond the model ms | of step | of step at real time | controller (`rlq up`) cores | rollout worker cores |");
 lines.push("|---|---|---|---|---|---|---|");
 for (const [e, r] of Object.entries(merged.results)) {
   for (const [m, mr] of Object.entries(r.modes)) {
     const runs = (merged.runs as Run[]).filter((x) => String(x.engines) === e && x.mode === m);
-    const cores = (name: string) => med(runs.map((x) => (x.cpu_s_in_window[name] ?? NaN) / x.window_s));
+    const cores = (name: string) => median(runs.map((x) => (x.cpu_s_in_window[name] ?? NaN) / x.window_s));
     lines.push(
       `| ${e} | ${m} | ${f(mr.bubble_beyond_model_ms, 0)} | ${f((mr.bubble_beyond_model_frac ?? NaN) * 100, 1)}% | ${f((mr.bubble_beyond_model_frac_at_real_time ?? NaN) * 100, 2)}% | ${f(cores("rlq_up"))} | ${f(cores("rlq_worker"))} |`,
     );

@@ -102,16 +102,15 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
   // engines per release: a whole core at 512 engines). A waiter that finds it taken re-queues; all re-check each second.
   function wakeForSlot(m: Member): void {
     const id = m.engine.id;
-    const i = waiters.findIndex((w) => {
+    wakeFirst((w) => {
       if (w.exclude.has(id)) return false;
-      const preferred = w.sessionKey === undefined ? undefined : affinity.get(w.sessionKey);
-      return preferred === undefined || preferred === id || !isRoutable(byId.get(preferred) ?? m);
+      const preferred = w.sessionKey === undefined ? undefined : byId.get(affinity.get(w.sessionKey) ?? "");
+      return preferred === undefined || preferred === m || !isRoutable(preferred);
     });
-    if (i >= 0) (waiters.splice(i, 1)[0] as Waiter).wake();
   }
 
-  function wakeEntry(entry: object): void {
-    const i = waiters.findIndex((w) => w.entry === entry);
+  function wakeFirst(isFor: (w: Waiter) => boolean): void {
+    const i = waiters.findIndex(isFor);
     if (i >= 0) (waiters.splice(i, 1)[0] as Waiter).wake();
   }
 
@@ -355,7 +354,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     const entry = pending.get(rid);
     if (!entry) return;
     entry.abortRequested = true;
-    wakeEntry(entry);
+    wakeFirst((w) => w.entry === entry);
     const deadline = now() + abortWaitMs;
     // Re-send until the request has come back: an abort that reaches the server
     // before the request does is a no-op there.
