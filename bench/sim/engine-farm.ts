@@ -10,7 +10,7 @@
  *   POST /update_weights_from_disk {model_path, weight_version}: new requests are held, running ones
  *     finish (the model update lock), then the load takes weightLoadMs;
  *   GET /health_generate, /health, /get_weight_version, /get_model_info, /get_server_info; POST /flush_cache.
- * GET /_stats (farm only): per-engine busy time, tokens, loads, first decode per version; GET /_totals: the sums now.
+ * GET /_stats (farm only): per-engine busy time, tokens, loads, first request and first decode per version; GET /_totals: the sums now.
  *
  * A sample's length is fixed by its key (rid minus the segment index), so a resumed segment ends
  * where the sample would have. Generated token ids are 128..255 (the byte tokenizer's non-ASCII
@@ -122,6 +122,7 @@ const server = createServer((req, res) => {
             loadMs: e.loadMs,
             version: e.version,
             firstDecodeWallMs: Object.fromEntries([...e.firstDecodeAt].map(([v, t]) => [v, clock.wallAt(t)])),
+            firstRequestWallMs: Object.fromEntries([...e.firstRequestAt].map(([v, t]) => [v, clock.wallAt(t)])),
             loadsWallMs: e.loadsAt.map((l) => ({ version: l.version, askedAt: clock.wallAt(l.askedAt), doneAt: clock.wallAt(l.doneAt) })),
           })),
           simNowMs: clock.now(),

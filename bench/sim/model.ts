@@ -221,6 +221,12 @@ export class SimEngine {
   loadMs = 0;
   /** Sim time at which a request first decoded on each version. */
   firstDecodeAt = new Map<number, number>();
+  /**
+   * Sim time at which the engine first had a request to run on each version: one arrived after the
+   * load, or one held through the load was released. From there to `firstDecodeAt` is the engine's
+   * own (the model's prefill); before it, the control plane's.
+   */
+  firstRequestAt = new Map<number, number>();
   loadsAt: Array<{ version: number; askedAt: number; doneAt: number }> = [];
 
   constructor(
@@ -238,7 +244,10 @@ export class SimEngine {
     this.advance();
     const l: Live = { ...r, produced: 0, decodeFrom: Infinity };
     if (this.loading) this.held.push(l);
-    else this.waiting.push(l);
+    else {
+      this.waiting.push(l);
+      this.noteRequest();
+    }
     this.settle();
   }
 
@@ -314,6 +323,10 @@ export class SimEngine {
     this.last = now;
   }
 
+  private noteRequest(): void {
+    if (!this.firstRequestAt.has(this.version)) this.firstRequestAt.set(this.version, this.clock.now());
+  }
+
   /** The first time a request decoded on the current version (its prefill's end). */
   private noteDecoding(now: number): void {
     if (this.firstDecodeAt.has(this.version)) return;
@@ -343,6 +356,7 @@ export class SimEngine {
         this.isLoadTimed = false;
         this.waiting.push(...this.held);
         this.held = [];
+        if (this.waiting.length > 0) this.noteRequest();
         l.done();
         this.settle();
       });

@@ -73,14 +73,16 @@ for (const [e, r] of Object.entries(merged.results)) {
 lines.push("");
 // What rlq adds beyond the engines' own weight load, and each rlq process's share of a core (medians over the runs).
 type Run = { engines: number; mode: string; window_s: number; cpu_s_in_window: Record<string, number> };
-lines.push("| engines | mode | bubble beyond the model ms | of step | of step at real time | controller (`rlq up`) cores | rollout worker cores |");
-lines.push("|---|---|---|---|---|---|---|");
+lines.push(
+  "| engines | mode | commit → all engines have a request ms | → all decoding (prefill) ms | bubble beyond the model ms | of step | of step at real time | with the prefill, at real time | controller (`rlq up`) cores | rollout worker cores |",
+);
+lines.push("|---|---|---|---|---|---|---|---|---|---|");
 for (const [e, r] of Object.entries(merged.results)) {
   for (const [m, mr] of Object.entries(r.modes)) {
     const runs = (merged.runs as Run[]).filter((x) => String(x.engines) === e && x.mode === m);
     const cores = (name: string) => median(runs.map((x) => (x.cpu_s_in_window[name] ?? NaN) / x.window_s));
     lines.push(
-      `| ${e} | ${m} | ${f(mr.bubble_beyond_model_ms, 0)} | ${f((mr.bubble_beyond_model_frac ?? NaN) * 100, 1)}% | ${f((mr.bubble_beyond_model_frac_at_real_time ?? NaN) * 100, 2)}% | ${f(cores("rlq_up"))} | ${f(cores("rlq_worker"))} |`,
+      `| ${e} | ${m} | ${f(mr.bubble_commit_to_all_engines_requested_ms, 0)} | ${f(mr.bubble_requested_to_decoding_ms, 0)} | ${f(mr.bubble_beyond_model_ms, 0)} | ${f((mr.bubble_beyond_model_frac ?? NaN) * 100, 1)}% | ${f((mr.bubble_beyond_model_frac_at_real_time ?? NaN) * 100, 2)}% | ${f((mr.bubble_beyond_load_to_decoding_frac_at_real_time ?? NaN) * 100, 2)}% | ${f(cores("rlq_up"))} | ${f(cores("rlq_worker"))} |`,
     );
   }
 }

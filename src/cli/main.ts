@@ -3,18 +3,14 @@ import { parseArgs } from "node:util";
 import { exitAfterFlush } from "./exit.ts";
 import { readEnv } from "../config/env.ts";
 import { createServices, type Services } from "../runtime/services.ts";
-import { runUp } from "./up.ts";
 import { queueKinds, type QueueKind } from "../queue/payloads.ts";
-import { defaultConcurrency, startWorkers } from "../runtime/workers.ts";
-import { loadEmbedded } from "../runtime/embedded.ts";
 import { ConfigError } from "../config/run-config.ts";
 import { RlqError } from "../lib/errors.ts";
 import { helpOrVersion, unknownSubcommand } from "./help.ts";
-import { startProcessExtras } from "./dashboard.ts";
-import { createProgressDisplay } from "../observability/progress.ts";
 
-// The other commands' modules load when their command runs: every `rlq up` and `rlq worker`
-// start would otherwise pay for them (bench/recovery.ts measures restart from spawn).
+// Every command's modules load when it runs (`rlq --version` and `rlq help` load none of them), and
+// `rlq up --workers ''` (a controller host) loads no job processor: a restart from spawn is mostly
+// module loading (bench/recovery.ts).
 
 const usage = `rlq — durable RL post-training on a queue
 
@@ -124,6 +120,11 @@ export async function main(argv: string[]): Promise<number> {
       if (concurrency !== undefined && (!Number.isInteger(concurrency) || concurrency <= 0))
         throw new ConfigError(`--concurrency ${values.concurrency}: expected a positive integer`);
       const { signal } = waitForSignal();
+      const [{ startProcessExtras }, { defaultConcurrency, startWorkers }, { loadEmbedded }] = await Promise.all([
+        import("./dashboard.ts"),
+        import("../runtime/workers.ts"),
+        import("../runtime/embedded.ts"),
+      ]);
       return withServices(`rlq-worker-${kinds.join("-")}`, async (s) => {
         const extras = await startProcessExtras(s, { dashboardPort: null });
         signal.addEventListener("abort", () => void extras.close(), { once: true });
@@ -150,6 +151,11 @@ export async function main(argv: string[]): Promise<number> {
         throw new ConfigError(
           `--workers ${values.workers}: unknown queue(s) ${badKinds.join(", ")}; expected a comma-separated subset of ${queueKinds.join(",")}`,
         );
+      const [{ runUp }, { startProcessExtras }, { createProgressDisplay }] = await Promise.all([
+        import("./up.ts"),
+        import("./dashboard.ts"),
+        import("../observability/progress.ts"),
+      ]);
       return withServices("rlq-up", async (s) => {
         const extras = await startProcessExtras(s, { dashboardPort: values.dashboard ? (values["dashboard-port"] ?? "8420") : null });
         const progress = createProgressDisplay({ stream: process.stdout, isTty: process.stdout.isTTY === true, columns: process.stdout.columns });

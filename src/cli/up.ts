@@ -1,6 +1,4 @@
 import type { Services } from "../runtime/services.ts";
-import { defaultConcurrency, startWorkers } from "../runtime/workers.ts";
-import { loadEmbedded } from "../runtime/embedded.ts";
 import { runController, type ControllerExit } from "../controller/controller.ts";
 import { listRuns } from "../store/run-facts.ts";
 import { pendingRunRequests } from "../store/run-requests.ts";
@@ -11,6 +9,13 @@ import { runMetricSinks } from "../observability/metrics-export/metric-sinks.ts"
 import { processMetrics } from "../observability/prometheus.ts";
 import type { ProgressDisplay } from "../observability/progress.ts";
 import { readSelect } from "../store/dashboard-read.ts";
+
+/** This process's workers; a controller-only `rlq up --workers ''` does not load the job processors. */
+async function startUpWorkers(s: Services, kinds: readonly QueueKind[]): Promise<{ close(): Promise<void> }> {
+  if (kinds.length === 0) return { close: async () => undefined };
+  const [{ defaultConcurrency, startWorkers }, { loadEmbedded }] = await Promise.all([import("../runtime/workers.ts"), import("../runtime/embedded.ts")]);
+  return startWorkers(s, kinds, { concurrency: defaultConcurrency, embedded: await loadEmbedded() });
+}
 
 /** The reason `rlq run pause` records (controller.ts). */
 const OPERATOR_PAUSE = "paused by operator";
@@ -27,10 +32,7 @@ export async function runUp(
   options: { runId: string | null; exitWhenDone: boolean; signal: AbortSignal; workers?: readonly QueueKind[]; progress?: ProgressDisplay },
 ): Promise<number> {
   processMetrics().attach({ queues: s.queues, db: s.db });
-  const workers = await startWorkers(s, options.workers ?? queueKinds, {
-    concurrency: defaultConcurrency,
-    embedded: await loadEmbedded(),
-  });
+  const workers = await startUpWorkers(s, options.workers ?? queueKinds);
   const active = new Map<string, Promise<ControllerExit | "failed">>();
   const sinks = new Map<string, Promise<void>>();
   const finished = new Set<string>();

@@ -22,7 +22,8 @@ export async function reconcile(h: ControllerHost, isResume: boolean): Promise<v
   const { db } = h.deps;
   const n = s.config.n_samples_per_prompt;
   const async = isAsync(s);
-  if (s.phase === "collect" || s.phase === "drain") {
+  // Sync mode drains the sealed step's aborted rounds while it trains (sync-step.ts): their jobs too.
+  if (s.phase === "collect" || s.draining.size > 0) {
     const keys = async ? liveRounds(h) : s.phase === "collect" ? inflightRounds(h) : [...s.draining].map(([groupId, round]) => ({ groupId, round }));
     const statuses = await loadRoundStatuses(db, s.runId, keys);
     for (const k of keys) {

@@ -57,6 +57,8 @@ export interface EnginePool extends Engine {
   awaitReady(timeoutMs: number): Promise<void>;
   /** Run one health round now (tests and the controller use it; the monitor runs them on its own). */
   checkHealth(): Promise<void>;
+  /** After a weight sync elsewhere: each stale engine's version read once; a match is routed to at once (pool-health.ts). */
+  refreshVersions(): Promise<void>;
   /** Engines found later (an SGLang router's refreshed worker list); ones already here are ignored. */
   addMembers(engines: readonly RemoteEngine[]): void;
   snapshot(): PoolSnapshot;

@@ -1,6 +1,6 @@
 import { generateRequestSchema, type GenerateRequest, type GenerateResult } from "./engine.ts";
 import { EngineMetrics } from "./metrics.ts";
-import { createMemberChecker } from "./pool-health.ts";
+import { createMemberChecker, createVersionRefresher } from "./pool-health.ts";
 import { AffinityMap, pickEngine } from "./pool-routing.ts";
 import type { EnginePool, EnginePoolOptions, Inflight, Member, PendingEntry, PoolLog, Waiter } from "./pool-types.ts";
 import { createVersionOps } from "./pool-versions.ts";
@@ -155,6 +155,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     markDead,
     wakeWaiters,
   });
+  const refreshVersions = createVersionRefresher({ current: () => current, isClosed: () => isClosed, wakeWaiters, ensureStarted }, checkMember);
   const versionOps = createVersionOps({
     members,
     now,
@@ -416,6 +417,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
       ensureStarted();
       return runHealthRound();
     },
+    refreshVersions: () => refreshVersions(members),
     addMembers(engines) {
       for (const engine of engines) {
         if (byId.has(engine.id) || isClosed) continue;

@@ -1,4 +1,5 @@
-import { CancellationError, ComputeEngine, isFunction, type MathJsonExpression } from "@cortex-js/compute-engine";
+import { createRequire } from "node:module";
+import type { ComputeEngine, MathJsonExpression } from "@cortex-js/compute-engine";
 import { pyIsAlphaChar } from "./python-compat.ts";
 import { parseSympyText, type MathJson } from "./sympy-expr.ts";
 
@@ -47,12 +48,27 @@ export function shouldAllowEval(expr: string): boolean {
   return !BAD_REGEXES.some((r) => r.test(expr));
 }
 
+type ComputeEngineModule = typeof import("@cortex-js/compute-engine");
+
+let lib: ComputeEngineModule | undefined;
 let engine: ComputeEngine | undefined;
+
+/**
+ * Compute Engine is loaded on the first symbolic comparison, not with rlq: its 4.5 MB cost every
+ * `rlq up` and `rlq worker` start ~0.25 s (bench/recovery.ts measures restart from spawn), and
+ * only a math reward that reaches the last step of slime's grader needs it. `require` keeps the
+ * grader synchronous; the package ships a CommonJS build of the same release for it. The bundle
+ * leaves the package out (scripts/bundle.mjs), so this loads it from node_modules.
+ */
+function computeEngine(): ComputeEngineModule {
+  lib ??= createRequire(import.meta.url)("@cortex-js/compute-engine") as ComputeEngineModule;
+  return lib;
+}
 
 /** One engine per process, created on first use (creating one costs ~60 ms). */
 function getEngine(): ComputeEngine {
   if (engine === undefined) {
-    engine = new ComputeEngine();
+    engine = new (computeEngine().ComputeEngine)();
     // Machine floats, as sympy's default 15-digit Float arithmetic.
     engine.precision = "machine";
   }
@@ -67,7 +83,7 @@ function isZero(ce: ComputeEngine, json: MathJson): boolean {
     .evaluate()
     .simplify();
   if (together.isSame(0)) return true;
-  return isFunction(together, "Divide") && together.op1.isSame(0);
+  return computeEngine().isFunction(together, "Divide") && together.op1.isSame(0);
 }
 
 /** `are_equal_under_sympy` with the reason for the verdict (for tests and debugging). */
@@ -84,7 +100,7 @@ export function compareSymbolically(groundTruth: string, given: string, options:
   try {
     return ce.withTimeLimit(timeLimitMs, () => isZero(ce, ["Subtract", a, b])) ? "equal" : "not_equal";
   } catch (e) {
-    return e instanceof CancellationError ? "timeout" : "error";
+    return e instanceof computeEngine().CancellationError ? "timeout" : "error";
   } finally {
     ce.popScope();
   }

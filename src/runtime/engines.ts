@@ -53,8 +53,10 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
         versions.set(ctx.runId, version);
         if (pool.currentVersion() !== version) {
           pool.setCurrentVersion(version);
-          // The controller has just synced the engines: learn their versions now, not at the next health round.
-          await pool.checkHealth();
+          // The controller has just synced the engines: learn their versions now, not at the next
+          // health round. Not awaited: each engine takes this process's requests as soon as it
+          // reports the version (the pool wakes them), not once all have.
+          void pool.refreshVersions().catch(() => undefined);
         }
       }
       if (e.kind === "embedded" && versions.get(ctx.runId) !== version) {

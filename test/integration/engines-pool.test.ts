@@ -130,6 +130,34 @@ describe("engine pool", () => {
     }
   });
 
+  it("a version synced by another process: refreshVersions routes to each engine once it reports the version, and not to one still behind", async () => {
+    const a = await fake();
+    const b = await fake();
+    // A rollout worker's pool: no health round would run again within the test.
+    const p = pool([a.url, b.url], { healthIntervalMs: 3_600_000 });
+    await p.awaitReady(10_000);
+    await p.checkHealth();
+    // The controller (another process) loaded version 1 into a; b has not loaded it yet.
+    const load = (url: string) =>
+      fetch(`${url}/update_weights_from_disk`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model_path: "/step-0", weight_version: "1" }),
+      });
+    expect((await load(a.url)).ok).toBe(true);
+    p.setCurrentVersion(1); // a job at version 1 arrived
+    expect(p.engineStates()).toEqual({ [a.url]: "stale", [b.url]: "stale" });
+    await p.refreshVersions();
+    expect(p.engineStates()).toEqual({ [a.url]: "healthy", [b.url]: "stale" });
+    const first = await Promise.all(Array.from({ length: 4 }, (_, i) => p.generate(request(`v1-${i}`, { maxNewTokens: 3 }))));
+    for (const r of first) expect(r).toMatchObject({ engineId: a.url, weightVersion: 1 });
+    expect((await load(b.url)).ok).toBe(true);
+    await p.refreshVersions();
+    expect(p.engineStates()).toEqual({ [a.url]: "healthy", [b.url]: "healthy" });
+    const both = await Promise.all(Array.from({ length: 8 }, (_, i) => p.generate(request(`v1-both-${i}`, { maxNewTokens: 3 }))));
+    expect(new Set(both.map((r) => r.engineId))).toEqual(new Set([a.url, b.url]));
+  });
+
   it("trainer_push: the sync resolves once every live engine reports the pushed version, and only then routes to it", async () => {
     const a = await fake();
     const b = await fake();

@@ -40,6 +40,22 @@ describe("partial rollouts", () => {
     );
     expect(buffered.length).toBeGreaterThan(0);
 
+    // The train job goes out with the seal, before the aborted rounds land (the drain overlaps the
+    // batch build); the weights sync only once every aborted round of the step has landed.
+    const order = await q(
+      "SELECT seq, kind, coalesce(step, (payload->>'step')::int) AS step, payload->>'reason' AS reason FROM decisions WHERE run_id = $1 AND kind IN ('step.sealed', 'train.dispatched', 'group.outcome', 'weights.synced') ORDER BY seq",
+    );
+    const drainedSteps = new Set(order.filter((d) => d.kind === "group.outcome" && d.reason === "aborted").map((d) => d.step as number));
+    expect(drainedSteps.size).toBeGreaterThan(0);
+    for (const step of drainedSteps) {
+      const ofStep = order.filter((d) => d.step === step);
+      const seqOf = (kind: string) => ofStep.find((d) => d.kind === kind)?.seq as number;
+      const drainSeqs = ofStep.filter((d) => d.kind === "group.outcome" && d.reason === "aborted").map((d) => d.seq as number);
+      expect(seqOf("train.dispatched")).toBe(seqOf("step.sealed") + 1);
+      expect(seqOf("train.dispatched")).toBeLessThan(Math.min(...drainSeqs));
+      if (seqOf("weights.synced") !== undefined) expect(seqOf("weights.synced")).toBeGreaterThan(Math.max(...drainSeqs));
+    }
+
     // A buffered group is served first next step (from the buffer), in a new round.
     const drawn = await q("SELECT step, payload FROM decisions WHERE run_id = $1 AND kind = 'prompts.drawn' ORDER BY seq");
     const fromBuffer = drawn.flatMap((d) => (d.payload.fromBuffer as number[]).map((g) => ({ g, step: d.step })));
