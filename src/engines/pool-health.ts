@@ -138,7 +138,11 @@ export function createMemberChecker(ctx: PoolHealthContext): (m: Member) => Prom
  * that is not stale, gets the full check (`checkMember`).
  */
 export function createVersionRefresher(
-  ctx: Pick<PoolHealthContext, "current" | "isClosed" | "wakeWaiters"> & { ensureStarted(): void },
+  ctx: Pick<PoolHealthContext, "current" | "isClosed"> & {
+    ensureStarted(): void;
+    /** Wake as many queued requests as the engine has free slots, of those that may go to it. */
+    wakeFor(m: Member): void;
+  },
   checkMember: (m: Member) => Promise<void>,
 ): (members: readonly Member[]) => Promise<void> {
   async function refresh(m: Member): Promise<void> {
@@ -156,7 +160,7 @@ export function createVersionRefresher(
     m.version = v;
     if (v !== ctx.current() || m.state !== "stale") return checkMember(m);
     m.state = "healthy";
-    ctx.wakeWaiters();
+    ctx.wakeFor(m);
   }
   return async (members) => {
     ctx.ensureStarted();

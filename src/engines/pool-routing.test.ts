@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { AffinityMap, pickEngine } from "./pool-routing.ts";
+import { AffinityMap, pickEngine, RoutingView } from "./pool-routing.ts";
+import type { Member } from "./pool-types.ts";
 
 const c = (id: string, outstanding: number, limit = 4) => ({ id, outstanding, limit });
 
@@ -38,5 +39,23 @@ describe("AffinityMap", () => {
     expect(m.get("s1")).toBe("a");
     m.forgetEngine("a");
     expect(m.size).toBe(0);
+  });
+});
+
+describe("pickEngine over a RoutingView", () => {
+  it("skips engines that are not routable or already failed this request, and says none when no engine is left", () => {
+    const member = (id: string, inflight: number, ok = true) =>
+      ({ engine: { id }, inflight: new Map(Array.from({ length: inflight }, (_, i) => [`r${i}`, {}])), reserved: 0, ok }) as unknown as Member & {
+        ok: boolean;
+      };
+    const members = [member("a", 0, false), member("b", 2), member("c", 1)];
+    const view = new RoutingView();
+    const routable = (m: Member) => (m as Member & { ok: boolean }).ok;
+    expect(pickEngine(view.update(members, 4, routable, new Set()), undefined, 0)).toEqual({ kind: "engine", id: "c" });
+    // The same view, updated in place: c failed this request, and a's session prefers a dead engine.
+    expect(pickEngine(view.update(members, 4, routable, new Set(["c"])), "a", 0)).toEqual({ kind: "engine", id: "b" });
+    expect(pickEngine(view.update(members, 2, routable, new Set(["c"])), undefined, 0)).toEqual({ kind: "wait" });
+    expect(pickEngine(view.update(members, 4, routable, new Set(["b", "c"])), undefined, 0)).toEqual({ kind: "none" });
+    expect(pickEngine(view.update(members.slice(0, 1), 4, routable, new Set()), undefined, 0)).toEqual({ kind: "none" });
   });
 });

@@ -1,7 +1,7 @@
 import { generateRequestSchema, type GenerateRequest, type GenerateResult } from "./engine.ts";
 import { EngineMetrics } from "./metrics.ts";
 import { createMemberChecker, createVersionRefresher } from "./pool-health.ts";
-import { AffinityMap, pickEngine } from "./pool-routing.ts";
+import { AffinityMap, pickEngine, RoutingView } from "./pool-routing.ts";
 import type { EnginePool, EnginePoolOptions, Inflight, Member, PendingEntry, PoolLog, Waiter } from "./pool-types.ts";
 import { createVersionOps } from "./pool-versions.ts";
 import { checkLogprobCompatibility } from "./logprob-check.ts";
@@ -52,23 +52,15 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
   const noEngineWaitMs = options.noEngineWaitMs ?? 120_000;
   const probeInput = options.probeInputIds ?? [1, 2, 3, 4, 5, 6, 7, 8];
   const busyLimitMs = options.busyLimitMs ?? 900_000;
-  const newMember = (engine: RemoteEngine): Member => ({
-    engine,
-    state: "starting",
-    version: null,
-    probe: null,
-    inflight: new Map(),
-    metrics: new EngineMetrics(),
-    isChecking: false,
-    consecutiveErrors: 0,
-    countedErrors: new WeakSet(),
-    reserved: 0,
-    busySinceMs: null,
-  });
+  const newMember = (engine: RemoteEngine): Member => {
+    const fresh = { state: "starting", version: null, probe: null, isChecking: false, consecutiveErrors: 0, reserved: 0, busySinceMs: null } as const;
+    return { engine, ...fresh, inflight: new Map(), metrics: new EngineMetrics(), countedErrors: new WeakSet() };
+  };
   const members: Member[] = options.members.map(newMember);
   const byId = new Map(members.map((m) => [m.engine.id, m]));
   if (byId.size !== members.length) throw new RlqError("config_invalid", "engine pool: two engines have the same URL", { isRetriable: false });
   const affinity = new AffinityMap();
+  const routing = new RoutingView();
   const waiters: Waiter[] = [];
   /** Requests this pool has not settled yet, by id: abort finds them here. */
   const pending = new Map<string, PendingEntry>();
@@ -98,15 +90,16 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     for (const w of all) w.wake();
   }
 
-  // A slot of `m` came free: wake the first waiter that may route to `m`, not all (that cost waiters x
+  // `slots` of `m` came free: wake that many waiters that may route to `m`, not all (that cost waiters x
   // engines per release: a whole core at 512 engines). A waiter that finds it taken re-queues; all re-check each second.
-  function wakeForSlot(m: Member): void {
+  function wakeForSlot(m: Member, slots = 1): void {
     const id = m.engine.id;
-    wakeFirst((w) => {
-      if (w.exclude.has(id)) return false;
-      const preferred = w.sessionKey === undefined ? undefined : byId.get(affinity.get(w.sessionKey) ?? "");
-      return preferred === undefined || preferred === m || !isRoutable(preferred);
-    });
+    for (let k = 0; k < slots; k++)
+      wakeFirst((w) => {
+        if (w.exclude.has(id)) return false;
+        const preferred = w.sessionKey === undefined ? undefined : byId.get(affinity.get(w.sessionKey) ?? "");
+        return preferred === undefined || preferred === m || !isRoutable(preferred);
+      });
   }
 
   function wakeFirst(isFor: (w: Waiter) => boolean): void {
@@ -155,7 +148,10 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     markDead,
     wakeWaiters,
   });
-  const refreshVersions = createVersionRefresher({ current: () => current, isClosed: () => isClosed, wakeWaiters, ensureStarted }, checkMember);
+  const refreshVersions = createVersionRefresher(
+    { current: () => current, isClosed: () => isClosed, ensureStarted, wakeFor: (m) => wakeForSlot(m, limit - m.inflight.size - m.reserved) },
+    checkMember,
+  );
   const versionOps = createVersionOps({
     members,
     now,
@@ -208,11 +204,8 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     for (;;) {
       if (entry.abortRequested || isClosed) return null;
       if (!isPaused) {
-        const candidates = members
-          .filter((m) => isRoutable(m) && !exclude.has(m.engine.id))
-          .map((m) => ({ id: m.engine.id, outstanding: m.inflight.size + m.reserved, limit }));
         const preferred = req.sessionKey === undefined ? undefined : affinity.get(req.sessionKey);
-        const d = pickEngine(candidates, preferred, rotation++);
+        const d = pickEngine(routing.update(members, limit, isRoutable, exclude), preferred, rotation++);
         if (d.kind === "engine") {
           const m = byId.get(d.id) as Member;
           // Hold the slot now: runOn registers the request only after this function returns.
