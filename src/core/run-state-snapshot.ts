@@ -10,10 +10,12 @@ import { emptyState, type GroupPhase, type RunState } from "./run-state.ts";
  * exact or it is not used: `restoreRunState(snapshotRunState(s))` deep-equals
  * `s` (run-state-snapshot.test.ts checks it against a folded recorded history).
  *
- * Groups, one per drawn prompt over the whole run, are most of a snapshot: they
- * go as five parallel integer columns, not 125k objects.
+ * Groups go as five parallel integer columns, not objects (format 1 held every group ever drawn:
+ * 125k of them at 1M samples; format 2 only the live ones).
  */
-export const SNAPSHOT_FORMAT = 1;
+// 2: the groups are only those the state still holds (run-state.ts forgetDecidedGroups); a format-1
+// snapshot holds every group ever drawn and is not used (the log is folded instead).
+export const SNAPSHOT_FORMAT = 2;
 
 const groupPhases: readonly GroupPhase[] = ["inflight", "kept", "filtered", "buffered", "discarded", "draining"];
 /**

@@ -69,6 +69,8 @@ describe("the fold in async mode", () => {
     expect(s.syncing).toEqual({ step: 0, weightVersion: 1 });
     expect([...s.inflight]).toEqual([]);
     expect([...s.draining]).toEqual([[2, 0]]);
+    // Groups kept in earlier steps are done: the state holds only what a decision can still name.
+    expect([...s.groups.keys()]).toEqual([2]);
 
     const after = fold(
       "r",
@@ -88,6 +90,22 @@ describe("the fold in async mode", () => {
     expect([...after.inflight]).toEqual([2]);
     expect([...after.draining]).toEqual([]);
     expect(after.groups.get(2)).toMatchObject({ round: 2, regenerations: 1, phase: "inflight" });
+  });
+
+  it("forgets groups decided in an earlier step at the next step.started, and keeps buffered ones", () => {
+    const outcome = (groupId: number, o: string): Decision => ({ kind: "group.outcome", payload: { groupId, step: 0, outcome: o, reason: null } }) as Decision;
+    const s = fold(
+      "r",
+      log([created({}), drawn, dispatched(0, 0), dispatched(1, 0), dispatched(2, 0), outcome(0, "kept"), outcome(1, "filtered"), outcome(2, "buffered")]),
+    );
+    expect([...s.groups.keys()]).toEqual([0, 1, 2]); // the step's own outcomes stay until the next step
+    const next = fold("r", [
+      ...log([created({}), drawn, dispatched(0, 0), dispatched(1, 0), dispatched(2, 0), outcome(0, "kept"), outcome(1, "filtered"), outcome(2, "buffered")]),
+      { kind: "step.started", payload: { step: 1, weightVersion: 0 }, seq: 8 },
+    ]);
+    expect([...next.groups.keys()]).toEqual([2]);
+    expect(next.groups.get(2)).toMatchObject({ phase: "buffered", round: 0 });
+    expect(next.buffer).toEqual([2]);
   });
 
   it("keeps sync mode's per-step reset", () => {

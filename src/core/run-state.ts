@@ -46,6 +46,11 @@ export interface RunState {
   trainedCheckpointUri: string | null;
   /** Partial-rollout buffer: group ids, FIFO. */
   buffer: number[];
+  /**
+   * The groups a later decision can still refer to: in flight, draining, buffered, or decided in the
+   * current step. A group kept, filtered or discarded in an earlier step is done (its facts are in
+   * the log and the tables) and leaves the map at the next `step.started` (`forgetDecidedGroups`).
+   */
   groups: Map<number, GroupState>;
   /** Kept groups of the current step, in decision order. */
   kept: number[];
@@ -109,6 +114,16 @@ export function emptyState(runId: string): RunState {
   };
 }
 
+/**
+ * Groups decided for good (kept, filtered or discarded) drop out of the state: no decision refers to
+ * them again (a new draw is a new group id; only buffered and in-flight groups come back). A 1M-sample
+ * run drew 125k groups: as objects in the state they were most of a restart from a snapshot
+ * (bench/recovery.ts) and memory that grows with the run.
+ */
+function forgetDecidedGroups(state: RunState): void {
+  for (const [id, g] of state.groups) if (g.phase === "kept" || g.phase === "filtered" || g.phase === "discarded") state.groups.delete(id);
+}
+
 function group(state: RunState, groupId: number): GroupState {
   const g = state.groups.get(groupId);
   if (!g) throw new RlqError("decision_log_corrupt", `run ${state.runId}: decision refers to unknown group ${groupId}`);
@@ -140,6 +155,7 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
     case "step.started":
       state.step = d.payload.step;
       state.kept = [];
+      forgetDecidedGroups(state);
       if (isAsync(state)) break; // in-flight groups carry over: they join whichever step is unsealed when they complete
       state.phase = "collect";
       state.sealed = [];
