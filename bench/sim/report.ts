@@ -46,6 +46,8 @@ for (const [e, r] of Object.entries(merged.results)) {
 writeFileSync(path(values.into), JSON.stringify(merged, null, 2) + "\n");
 
 const f = (x: number | null | undefined, d = 2) => (x === null || x === undefined || Number.isNaN(x) ? "n/a" : x.toFixed(d));
+/** A share as a percentage ("n/a" for a result file that predates the field). */
+const pct = (x: number | null | undefined, d: number) => (x === null || x === undefined || Number.isNaN(x) ? "n/a" : `${(x * 100).toFixed(d)}%`);
 const lines: string[] = [];
 lines.push(
   "| engines (time scale, reps) | mode | samples/s | pipeline ideal | policy ideal | policy ideal, batch-coupled | rlq / pipeline | rlq / policy | rlq / coupled | engine busy | decode util | trainer busy |",
@@ -82,7 +84,7 @@ for (const [e, r] of Object.entries(merged.results)) {
     const runs = (merged.runs as Run[]).filter((x) => String(x.engines) === e && x.mode === m);
     const cores = (name: string) => median(runs.map((x) => (x.cpu_s_in_window[name] ?? NaN) / x.window_s));
     lines.push(
-      `| ${e} | ${m} | ${f(mr.bubble_commit_to_all_engines_requested_ms, 0)} | ${f(mr.bubble_requested_to_decoding_ms, 0)} | ${f(mr.bubble_beyond_model_ms, 0)} | ${f((mr.bubble_beyond_model_frac ?? NaN) * 100, 1)}% | ${f((mr.bubble_beyond_model_frac_at_real_time ?? NaN) * 100, 2)}% | ${f((mr.bubble_beyond_load_to_decoding_frac_at_real_time ?? NaN) * 100, 2)}% | ${f(cores("rlq_up"))} | ${f(cores("rlq_worker"))} |`,
+      `| ${e} | ${m} | ${f(mr.bubble_commit_to_all_engines_requested_ms, 0)} | ${f(mr.bubble_requested_to_decoding_ms, 0)} | ${f(mr.bubble_beyond_model_ms, 0)} | ${pct(mr.bubble_beyond_model_frac, 1)} | ${pct(mr.bubble_beyond_model_frac_at_real_time, 2)} | ${pct(mr.bubble_beyond_load_to_decoding_frac_at_real_time, 2)} | ${f(cores("rlq_up"))} | ${f(cores("rlq_worker"))} |`,
     );
   }
 }
