@@ -120,16 +120,12 @@ export async function main(argv: string[]): Promise<number> {
       if (concurrency !== undefined && (!Number.isInteger(concurrency) || concurrency <= 0))
         throw new ConfigError(`--concurrency ${values.concurrency}: expected a positive integer`);
       const { signal } = waitForSignal();
-      const [{ startProcessExtras }, { defaultConcurrency, startWorkers }, { loadEmbedded }] = await Promise.all([
-        import("./dashboard.ts"),
-        import("../runtime/workers.ts"),
-        import("../runtime/embedded.ts"),
-      ]);
+      const [{ startProcessExtras }, { defaultConcurrency, startWorkers }] = await Promise.all([import("./dashboard.ts"), import("../runtime/workers.ts")]);
       return withServices(`rlq-worker-${kinds.join("-")}`, async (s) => {
         const extras = await startProcessExtras(s, { dashboardPort: null });
         signal.addEventListener("abort", () => void extras.close(), { once: true });
         const conc = Object.fromEntries(kinds.map((k) => [k, concurrency ?? defaultConcurrency[k as QueueKind]]));
-        const workers = await startWorkers(s, kinds as QueueKind[], { concurrency: conc, embedded: await loadEmbedded() });
+        const workers = await startWorkers(s, kinds as QueueKind[], { concurrency: conc });
         s.log.info({ kinds, concurrency: conc }, "workers started");
         await new Promise<void>((r) => signal.addEventListener("abort", () => r(), { once: true }));
         s.log.info("shutting down: finishing active jobs");

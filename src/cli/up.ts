@@ -13,8 +13,8 @@ import { readSelect } from "../store/dashboard-read.ts";
 /** This process's workers; a controller-only `rlq up --workers ''` does not load the job processors. */
 async function startUpWorkers(s: Services, kinds: readonly QueueKind[]): Promise<{ close(): Promise<void> }> {
   if (kinds.length === 0) return { close: async () => undefined };
-  const [{ defaultConcurrency, startWorkers }, { loadEmbedded }] = await Promise.all([import("../runtime/workers.ts"), import("../runtime/embedded.ts")]);
-  return startWorkers(s, kinds, { concurrency: defaultConcurrency, embedded: await loadEmbedded() });
+  const { startWorkers } = await import("../runtime/workers.ts");
+  return startWorkers(s, kinds);
 }
 
 /** The reason `rlq run pause` records (controller.ts). */

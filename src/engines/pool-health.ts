@@ -149,14 +149,9 @@ export function createVersionRefresher(
     if (m.state === "healthy" && m.version === ctx.current()) return;
     if (m.state !== "stale" || m.isChecking || ctx.isClosed()) return checkMember(m);
     m.isChecking = true;
-    let v: number;
-    try {
-      v = await m.engine.weightVersion();
-    } catch {
-      m.isChecking = false;
-      return checkMember(m);
-    }
+    const v = await m.engine.weightVersion().catch(() => null);
     m.isChecking = false;
+    if (v === null) return checkMember(m);
     m.version = v;
     if (v !== ctx.current() || m.state !== "stale") return checkMember(m);
     m.state = "healthy";

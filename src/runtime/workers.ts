@@ -10,6 +10,7 @@ import { createJobStore } from "../store/job-batch.ts";
 import { coalesce } from "../lib/coalesce.ts";
 import type { RewardJob } from "../queue/payloads.ts";
 import { createEngineProvider, createTrainerProvider, type EmbeddedFactories } from "./engines.ts";
+import { loadEmbedded } from "./embedded.ts";
 
 /**
  * Jobs per queue one process runs at once. Rollout and reward jobs mostly
@@ -23,11 +24,13 @@ export const defaultConcurrency: Record<QueueKind, number> = { rollout: 64, rewa
 export async function startWorkers(
   services: Services,
   kinds: readonly QueueKind[],
-  options: { concurrency: Partial<Record<QueueKind, number>>; embedded: EmbeddedFactories | null },
+  options: { concurrency?: Partial<Record<QueueKind, number>>; embedded?: EmbeddedFactories | null } = {},
 ): Promise<{ close(): Promise<void> }> {
   const { db, queues, contexts, log } = services;
-  const engines = createEngineProvider(db, options.embedded);
-  const trainers = createTrainerProvider(options.embedded);
+  // The embedded engine and trainer factories (their modules load only when a run uses them).
+  const embedded = options.embedded === undefined ? await loadEmbedded() : options.embedded;
+  const engines = createEngineProvider(db, embedded);
+  const trainers = createTrainerProvider(embedded);
   const handles: WorkerHandle[] = [];
   // Concurrent jobs share statements and queue round trips (store/job-batch.ts).
   const store = createJobStore(db);
@@ -35,7 +38,7 @@ export async function startWorkers(
   const onError = (kind: QueueKind) => (e: unknown, jobId: string | undefined) =>
     log.warn({ kind, jobId, err: e instanceof Error ? e.message : String(e) }, "job failed");
   for (const kind of kinds) {
-    const concurrency = options.concurrency[kind] ?? defaultConcurrency[kind];
+    const concurrency = options.concurrency?.[kind] ?? defaultConcurrency[kind];
     if (kind === "rollout") {
       handles.push(
         startWorker(
