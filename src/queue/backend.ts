@@ -115,7 +115,18 @@ export function createQueueBackend(env: Env, databaseUrl: string): QueueBackend 
           "SELECT format('%I.%I', schemaname, tablename) AS t FROM pg_tables WHERE schemaname = $1 AND tablename NOT ILIKE '%migration%'",
           [`${prefix}_queue`],
         );
-        if (res.rows.length > 0) await client.query(`TRUNCATE ${res.rows.map((r) => r.t).join(", ")} CASCADE`);
+        if (res.rows.length === 0) return;
+        // TRUNCATE takes every table's lock at once while the queue's workers hold row locks on them:
+        // Postgres may pick the TRUNCATE as a deadlock's victim (40P01), which rolls it back whole.
+        // Try again: the workers' transactions are short.
+        for (let attempt = 1; ; attempt++) {
+          try {
+            await client.query(`TRUNCATE ${res.rows.map((r) => r.t).join(", ")} CASCADE`);
+            return;
+          } catch (e) {
+            if ((e as { code?: string }).code !== "40P01" || attempt >= 5) throw e;
+          }
+        }
       } finally {
         await client.end();
       }
