@@ -3,7 +3,10 @@
  * apart from HTTP. Least-outstanding-requests with a per-engine cap
  * (slime: sglang_server_concurrency, default 512) and prefix affinity: a
  * session (a multi-turn sample) stays on the engine that holds its prefix
- * cache while that engine is routable, even if it waits for a slot there.
+ * cache while that engine is routable, even if it waits for a slot there,
+ * until the pool moves to a new weight version: loading weights flushes the
+ * engines' caches (SGLang scheduler_update_weights_mixin.py
+ * update_weights_from_disk, flush_cache), so every session is placed afresh.
  */
 import type { Member } from "./pool-types.ts";
 
@@ -82,6 +85,11 @@ export class AffinityMap {
       const oldest = this.map.keys().next().value;
       if (oldest !== undefined) this.map.delete(oldest);
     }
+  }
+
+  /** Every engine loaded new weights (their prefix caches are gone): every session is re-placed. */
+  clear(): void {
+    this.map.clear();
   }
 
   /** An engine left the rotation: its sessions are re-placed on their next request. */

@@ -111,9 +111,15 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     if (isPinned) return;
     if (current === null || v > current) {
       if (current !== null) log.info({ from: current, to: v }, "engine pool: current weight version advanced");
-      current = v;
+      moveCurrent(v);
       for (const m of members) if (m.state === "healthy" && m.version !== v) m.state = "stale";
     }
+  }
+
+  /** Loading a version flushes an engine's prefix cache (SGLang scheduler_update_weights_mixin.py): sessions are placed afresh. */
+  function moveCurrent(v: number): void {
+    if (current !== null && v !== current) affinity.clear();
+    current = v;
   }
 
   function markDead(m: Member, reason: string): void {
@@ -161,7 +167,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     wakeWaiters,
     setReload: (r) => (reload = r),
     pin: (version) => {
-      current = version;
+      moveCurrent(version);
       isPinned = true;
     },
   });

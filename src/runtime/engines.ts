@@ -1,6 +1,7 @@
 import { pathToFileURL } from "node:url";
 import type { Db } from "../store/db.ts";
 import { loadTrainStep } from "../store/train-facts.ts";
+import { loadRunWeightVersion } from "../store/run-facts.ts";
 import type { Engine } from "../engines/engine.ts";
 import { createEnginesFromConfig } from "../engines/from-config.ts";
 import type { EnginePool } from "../engines/pool.ts";
@@ -31,6 +32,24 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
   const pools = new Map<string, EnginePool>();
   const versions = new Map<string, number>();
   const locks = new Map<string, Promise<void>>();
+  const unsubscribes: Array<() => void> = [];
+  /** Route `runId`'s pool to `version` and ask its engines for theirs (each takes requests once it reports it). */
+  const moveTo = (runId: string, pool: EnginePool, version: number) => {
+    versions.set(runId, version);
+    pool.setCurrentVersion(version);
+    void pool.refreshVersions().catch(() => undefined);
+  };
+  /**
+   * The controller recorded weights.synced (store/notify.ts `rlq_synced`): the pool learns the run's
+   * version now, while the next step's jobs are still being fetched from the queue (at 64 engines
+   * that fetch took 60-90 ms of the sync bubble, bench/cluster-sim.ts). Forward only: a hint read
+   * late never moves the pool back; the jobs' own versions stay the authority (engineFor).
+   */
+  const learnSynced = async (runId: string, pool: EnginePool) => {
+    const version = await loadRunWeightVersion(db, runId);
+    const current = pool.currentVersion();
+    if (version !== null && (current === null || version > current)) moveTo(runId, pool, version);
+  };
   return {
     async engineFor(ctx: RunContext, version: number): Promise<Engine> {
       const e = ctx.config.engine;
@@ -39,6 +58,7 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
         if (e.kind === "sglang" || e.kind === "openai") {
           p = createEnginesFromConfig(e, ctx.config, { fencedVersion: async () => versions.get(ctx.runId) ?? 0 }).then((pool) => {
             pools.set(ctx.runId, pool);
+            unsubscribes.push(db.notifications.subscribe("rlq_synced", ctx.runId, () => void learnSynced(ctx.runId, pool).catch(() => undefined)));
             return pool;
           });
         } else if (embedded) p = embedded.createEngine(ctx);
@@ -51,13 +71,10 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
         // The job's version is the run's version of record (the controller synced
         // the engines before dispatching): route only to engines serving it.
         versions.set(ctx.runId, version);
-        if (pool.currentVersion() !== version) {
-          pool.setCurrentVersion(version);
-          // The controller has just synced the engines: learn their versions now, not at the next
-          // health round. Not awaited: each engine takes this process's requests as soon as it
-          // reports the version (the pool wakes them), not once all have.
-          void pool.refreshVersions().catch(() => undefined);
-        }
+        // The controller has just synced the engines: learn their versions now, not at the next
+        // health round. Not awaited: each engine takes this process's requests as soon as it
+        // reports the version (the pool wakes them), not once all have.
+        if (pool.currentVersion() !== version) moveTo(ctx.runId, pool, version);
       }
       if (e.kind === "embedded" && versions.get(ctx.runId) !== version) {
         // One load at a time; concurrent jobs for the same version wait for it.
@@ -81,6 +98,7 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
       return [...pools].map(([runId, pool]) => ({ runId, snapshot: pool.snapshot() }));
     },
     async close() {
+      for (const unsubscribe of unsubscribes.splice(0)) unsubscribe();
       for (const p of engines.values()) await (await p).close().catch(() => undefined);
     },
   };

@@ -148,6 +148,8 @@ export async function appendDecisions(
         await projectLastSeq(tx, runId, logged[logged.length - 1]?.seq ?? 0);
         // Rollout jobs watching the rounds these decisions abort look now, not at their next poll.
         if (logged.some(abortsRounds)) await notifyInTx(tx, "rlq_abort", runId);
+        // Rollout workers learn the engines' new version before the next step's jobs reach them.
+        if (logged.some((d) => d.kind === "weights.synced")) await notifyInTx(tx, "rlq_synced", runId);
       }
       if (extra) await extra(tx);
     });

@@ -15,12 +15,16 @@ import { sql } from "drizzle-orm";
  *   controller waits on it between ticks);
  * - `rlq_abort`: the controller committed decisions that abort rounds (a
  *   step's seal, a weight sync's `group.aborted`); rollout jobs watching those
- *   rounds look at once instead of at their next abort poll.
+ *   rounds look at once instead of at their next abort poll;
+ * - `rlq_synced`: the controller recorded `weights.synced` (every engine
+ *   loaded a new version): a rollout worker's engine pool reads the run's
+ *   version and asks its engines for theirs while the step's jobs are still
+ *   on their way (runtime/engines.ts).
  *
  * NOTIFY is transactional: sent inside a transaction it is delivered at
  * commit, so a woken waiter always finds the fact.
  */
-export type Channel = "rlq_facts" | "rlq_abort";
+export type Channel = "rlq_facts" | "rlq_abort" | "rlq_synced";
 
 export interface Notifications {
   /** `onWake` runs on every notification for `runId` on `channel`, and whenever notifications may have been missed (reconnect). */

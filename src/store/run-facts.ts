@@ -70,6 +70,12 @@ export async function loadRunRow(db: Db, runId: string) {
   return rows[0] ?? null;
 }
 
+/** The run's synced weight version (runs.weight_version, projected with weights.synced); null for no such run. */
+export async function loadRunWeightVersion(db: Db, runId: string): Promise<number | null> {
+  const rows = await db.db.select({ v: runs.weightVersion }).from(runs).where(eq(runs.id, runId));
+  return rows[0]?.v ?? null;
+}
+
 export async function listRuns(db: Db, status?: string) {
   const q = db.db.select().from(runs);
   const rows = status ? await q.where(eq(runs.status, status)) : await q;

@@ -130,6 +130,54 @@ describe("engine pool", () => {
     }
   });
 
+  it("a weight load flushes the engines' prefix caches: a session is placed afresh by load, not kept waiting for its old engine", async () => {
+    const slow = ["--token-delay-ms", "5", "--stop-prob", "0.000001"];
+    const a = await fake(slow);
+    const b = await fake(slow);
+    const p = pool([a.url, b.url], { maxConcurrentPerEngine: 1 });
+    await p.awaitReady(10_000);
+    await p.loadWeights(1, "file:///tmp/rlq-ckpt/step-0");
+    // A session whose home is engine a.
+    let session = "";
+    for (let i = 0; i < 10 && session === ""; i++) {
+      if ((await p.generate(request(`home-${i}`, { sessionKey: `s${i}`, maxNewTokens: 2 }))).engineId === a.url) session = `s${i}`;
+    }
+    expect(session).not.toBe("");
+    const long = (id: string, sessionKey?: string) => p.generate(request(id, { sessionKey, maxNewTokens: 4000, stopTokenIds: [] }));
+    // On version 1 the session waits for its busy engine although b is free (prefix affinity).
+    const busy = long("busy-v1", session);
+    await waitFor("engine a busy", async () => (await fakeStats(a.url)).live === 1);
+    const waiting = p.generate(request("turn-v1", { sessionKey: session, maxNewTokens: 4 }));
+    await waitFor("the turn queued for engine a", () => p.snapshot().queued === 1);
+    await p.abort(["turn-v1", "busy-v1"]);
+    expect((await waiting).finishReason).toBe("abort");
+    expect((await busy).finishReason).toBe("abort");
+    await waitFor("engine a idle", async () => (await fakeStats(a.url)).live === 0);
+
+    await p.loadWeights(2, "file:///tmp/rlq-ckpt/step-1");
+    // Engine a busy again (a request without a session lands where routing puts it: retry until a).
+    let hold: { id: string; result: Promise<GenerateResult> } | null = null;
+    for (let i = 0; i < 10 && hold === null; i++) {
+      const r = long(`busy-v2-${i}`);
+      await waitFor("the long request running", async () => (await fakeStats(a.url)).live + (await fakeStats(b.url)).live === 1);
+      if ((await fakeStats(a.url)).live === 1) hold = { id: `busy-v2-${i}`, result: r };
+      else {
+        await p.abort([`busy-v2-${i}`]);
+        await r;
+        await waitFor("engine b idle", async () => (await fakeStats(b.url)).live === 0);
+      }
+    }
+    if (hold === null) throw new Error("no long request landed on engine a in 10 tries");
+    // The same session on version 2: its prefix is gone from a, so it goes to the free engine.
+    expect(await p.generate(request("turn-v2", { sessionKey: session, maxNewTokens: 4 }))).toMatchObject({
+      engineId: b.url,
+      weightVersion: 2,
+      finishReason: "length",
+    });
+    await p.abort([hold.id]);
+    expect((await hold.result).finishReason).toBe("abort");
+  });
+
   it("a version synced by another process: refreshVersions routes to each engine once it reports the version, and not to one still behind", async () => {
     const a = await fake();
     const b = await fake();

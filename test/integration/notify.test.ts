@@ -124,6 +124,9 @@ describe("notifications", () => {
     const aborts = recorder(hub, "rlq_abort", runId);
     await listened(hub, "rlq_abort");
     const abortsBefore = aborts.count;
+    const syncs = recorder(hub, "rlq_synced", runId);
+    await listened(hub, "rlq_synced");
+    const syncsBefore = syncs.count;
     await insertRun(db, { runId, name: runId, config: {}, datasetFingerprint: "x", datasetSize: 1, datasetErrors: [], pluginFingerprints: {} });
     let seq = 2;
     const decide = async (list: Parameters<typeof appendDecisions>[4]) => {
@@ -162,6 +165,11 @@ describe("notifications", () => {
     await aborts.reached(abortsBefore + 1);
     await decide([{ kind: "step.sealed", payload: { step: 0, kept: [], aborted: [{ groupId: 0, round: 1 }] } }]);
     await aborts.reached(abortsBefore + 2);
+    expect(syncs.count).toBe(syncsBefore); // nothing so far loaded weights
+
+    // A weight sync's record wakes the rollout workers' engine pools.
+    await decide([{ kind: "weights.synced", payload: { step: 0, weightVersion: 1, checkpointUri: "file:///step-0" } }]);
+    await syncs.reached(syncsBefore + 1);
   });
 });
 
