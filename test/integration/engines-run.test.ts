@@ -3,6 +3,7 @@ import { createWorld, type World } from "../helpers/run-fixture.ts";
 import { spawnRlq, waitFor } from "../helpers/processes.ts";
 import { checkRunInvariants } from "../helpers/invariants.ts";
 import { fakeStats, restartFake, startFake, type FakeServer } from "../fakes/fake-engine-control.ts";
+import { insertRunRequest } from "../../src/store/run-requests.ts";
 
 /**
  * A whole run on two fake SGLang engines behind the pool (streaming, so a
@@ -34,21 +35,29 @@ describe("a run on two engines, one killed and restarted mid-run", () => {
       engine: { kind: "sglang", urls: [w.engine.url, b.url], stream: true },
     });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
-    // Kill engine B once it has produced segments of this run, while it still has requests in flight.
+    // Kill engine B once it has produced segments of this run and the engines left version 0, while it still has requests in flight.
     // ... and its live requests have streamed some tokens: at least 4 live, and ~10 tokens each generated since first seen so.
     let tokensWhenLive: number | null = null;
     await waitFor(
       "engine B generating",
       async () => {
-        const r = await w.db.pool.query("SELECT count(*)::int AS n FROM sample_segments WHERE run_id = $1 AND engine = $2", [runId, b.url]);
+        // After the first weight sync: the restarted engine must then be given the current weights.
+        const r = await w.db.pool.query(
+          "SELECT (SELECT count(*)::int FROM sample_segments WHERE run_id = $1 AND engine = $2) AS n, (SELECT count(*)::int FROM decisions WHERE run_id = $1 AND kind = 'weights.synced') AS synced",
+          [runId, b.url],
+        );
         const s = await fakeStats(b.url);
-        if ((r.rows[0]?.n ?? 0) === 0 || s.live < 4) return false;
+        if ((r.rows[0]?.n ?? 0) === 0 || (r.rows[0]?.synced ?? 0) === 0 || s.live < 4) return false;
         tokensWhenLive ??= s.tokensGenerated;
         return s.tokensGenerated >= tokensWhenLive + 10 * s.live;
       },
       120_000,
       20,
     );
+    // The run pauses (an operator's pause: in-flight jobs go on, nothing new is dispatched) so that it
+    // cannot end before the restarted engine is back: the CI box once finished the run's last step
+    // in the 2-3 s a restart and a health round took.
+    await insertRunRequest(w.db, runId, "pause");
     b.kill("SIGKILL");
     await waitFor("engine B out of the rotation", () => /engine left the rotation/.test(up.output()));
     extra.push(await restartFake("sglang", b.port, args));
@@ -59,6 +68,12 @@ describe("a run on two engines, one killed and restarted mid-run", () => {
         throw new Error(`${e.message} ${JSON.stringify(d)} ${up.output().slice(-3000)}`, { cause: e });
       },
     );
+    const paused = await w.db.pool.query(
+      "SELECT count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind = 'run.status' AND payload->>'status' = 'paused'",
+      [runId],
+    );
+    expect(paused.rows[0]?.n).toBe(1); // the run was still going when it paused
+    await insertRunRequest(w.db, runId, "resume");
 
     expect(await up.exited, up.output()).toBe(0);
     // The death is in the log (it used to show only in engine_metrics).
