@@ -11,7 +11,8 @@ import { sha256Hex } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
 import type { Trainer, TrainProgress } from "../trainer/trainer.ts";
 import { checkpointRootFor } from "../trainer/checkpoint-retention.ts";
-import { loadTrainBatch, stepDir, WEIGHTS_FILE } from "./run-train-step.ts";
+import { stepDir, WEIGHTS_FILE } from "./run-train-step.ts";
+import { loadTrainBatch } from "./train-batch.ts";
 
 /**
  * `rlq retrain RUN --step S`: slime's --load-debug-rollout-data. The step's

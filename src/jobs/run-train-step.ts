@@ -4,15 +4,15 @@ import { basename, dirname, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import type { Db } from "../store/db.ts";
 import { findDecisions } from "../store/run-facts.ts";
-import { loadGroupsWithRewards } from "../store/group-view.ts";
+import type { BatchStager } from "./batch-stager.ts";
+import { loadTrainBatch } from "./train-batch.ts";
 import { commitTrainStep, loadTrainStep } from "../store/train-facts.ts";
 import type { TrainJob } from "../queue/payloads.ts";
 import type { RunContext } from "../runtime/run-context.ts";
-import type { Trainer, TrainBatch, TrainProgress, TrainSample } from "../trainer/trainer.ts";
+import type { Trainer, TrainProgress, TrainSample } from "../trainer/trainer.ts";
 import { sha256Hex } from "../lib/hash.ts";
-import { maskStale, stepVersionIn } from "../core/sample.ts";
+import { stepVersionIn } from "../core/sample.ts";
 import { stalenessHistogram } from "../core/staleness.ts";
-import { stepLoads } from "../core/group-load.ts";
 import { checkpointRootFor, pruneCommittedCheckpoints } from "../trainer/checkpoint-retention.ts";
 import { RlqError } from "../lib/errors.ts";
 
@@ -32,6 +32,9 @@ export interface TrainDeps {
   crashPoint(name: string): void;
   /** Fires when the worker shuts down: stop waiting for an unreachable trainer. */
   shutdown: AbortSignal;
+  /** Kept groups read while their step collected (jobs/batch-stager.ts); without it the job reads the whole batch. */
+  stager?: BatchStager;
+  log?: { debug(obj: object, msg: string): void };
 }
 
 export function stepDir(root: string, runId: string, step: number): string {
@@ -39,46 +42,6 @@ export function stepDir(root: string, runId: string, step: number): string {
 }
 
 export const WEIGHTS_FILE = "weights.safetensors";
-
-export async function loadTrainBatch(db: Db, ctx: RunContext, step: number): Promise<{ batch: TrainBatch; groupIds: number[]; numTokens: number }> {
-  const { runId, config } = ctx;
-  const seal = (await findDecisions(db, runId, "step.sealed", { step }))[0];
-  if (!seal) throw new RlqError("no_decision_behind_job", `train step ${step}: the step was never sealed`);
-  const verdicts = await findDecisions(db, runId, "group.filtered", { step });
-  const samples: TrainSample[] = [];
-  let numTokens = 0;
-  // Each kept group trains on the round of its last keep verdict of the step; staleness_policy mask:
-  // tokens older than the bound get loss mask 0 (core/group-load.ts: the rule the history rows use).
-  const { loads: keys, missing } = stepLoads(config, step, seal.kept, verdicts);
-  if (missing !== null) throw new RlqError("batch_inconsistent", `train step ${step}: kept group ${missing} has no keep verdict`);
-  // Groups load 256 at a time, one statement per chunk (it was four statements per group: 4k for a 1k-group step).
-  const chunk = 256;
-  let views: Awaited<ReturnType<typeof loadGroupsWithRewards>> = new Map();
-  for (const [gi, { groupId, round, minVersion }] of keys.entries()) {
-    if (gi % chunk === 0) views = await loadGroupsWithRewards(db, runId, keys.slice(gi, gi + chunk), config.n_samples_per_prompt);
-    const g = views.get(groupId);
-    if (!g) throw new RlqError("invariant_violated", `unreachable: group ${groupId} was loaded with its chunk`);
-    for (const assembled of g.samples) {
-      const s = maskStale(assembled, minVersion);
-      const r = g.rewards.get(s.sampleIndex);
-      if (!r) throw new RlqError("batch_inconsistent", `train step ${step}: group ${groupId} sample ${s.sampleIndex} has no reward for round ${round}`);
-      samples.push({
-        tokens: Int32Array.from([...g.prompt.promptTokens, ...s.responseTokens]),
-        promptLength: g.prompt.promptTokens.length,
-        responseLength: s.responseTokens.length,
-        lossMask: Uint8Array.from(s.lossMask),
-        denomMask: Uint8Array.from(s.denomMask),
-        rolloutLogProbs: Float32Array.from(s.logProbs),
-        tokenVersions: Int32Array.from(s.tokenVersions),
-        reward: r.reward,
-        groupIndex: gi,
-        sampleIndex: s.sampleIndex,
-      });
-      numTokens += s.lossMask.reduce((a, b) => a + b, 0);
-    }
-  }
-  return { batch: { runId, step, samples }, groupIds: seal.kept, numTokens };
-}
 
 export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJob, attemptNo: number): Promise<void> {
   const { db } = deps;
@@ -88,7 +51,8 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
   if (await loadTrainStep(db, runId, step)) return;
   const prev = step === 0 ? null : await loadTrainStep(db, runId, step - 1);
   const checkpointUriIn = prev ? prev.checkpointUri : ctx.config.ref_load ? pathToFileURL(ctx.config.ref_load).href : null;
-  const { batch, groupIds, numTokens } = await loadTrainBatch(db, ctx, step);
+  const { batch, groupIds, numTokens, stagedGroups } = await loadTrainBatch(db, ctx, step, deps.stager?.take(ctx, step));
+  deps.log?.debug({ runId, step, groups: groupIds.length, stagedGroups }, "train batch built");
   const attempt = `${attemptNo}-${randomUUID().slice(0, 8)}`;
   const root = checkpointRootFor(deps.checkpointRoot, ctx.config.checkpoint_dir);
   const dir = stepDir(root, runId, step);

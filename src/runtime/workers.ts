@@ -4,6 +4,7 @@ import type { QueueKind } from "../queue/payloads.ts";
 import { generateGroupRound } from "../jobs/generate-group-round.ts";
 import { scoreGroupRound } from "../jobs/worker-score-group.ts";
 import { runTrainStep } from "../jobs/run-train-step.ts";
+import { createBatchStager } from "../jobs/batch-stager.ts";
 import { runEval } from "../jobs/run-eval.ts";
 import { upsertEngineMetrics } from "../store/engine-metrics.ts";
 import { createJobStore } from "../store/job-batch.ts";
@@ -31,6 +32,7 @@ export async function startWorkers(
   const embedded = options.embedded === undefined ? await loadEmbedded() : options.embedded;
   const engines = createEngineProvider(db, embedded);
   const trainers = createTrainerProvider(embedded);
+  const stager = kinds.includes("train") ? createBatchStager(db) : null;
   const handles: WorkerHandle[] = [];
   // Concurrent jobs share statements and queue round trips (store/job-batch.ts).
   const store = createJobStore(db);
@@ -91,6 +93,8 @@ export async function startWorkers(
                 reportProgress: (p) => job.updateProgress(p),
                 crashPoint: (name) => services.crashPoint(name),
                 shutdown: job.shutdown,
+                ...(stager ? { stager } : {}),
+                log,
               },
               ctx,
               data,
@@ -126,6 +130,7 @@ export async function startWorkers(
       await Promise.all(handles.map((h) => h.close()));
       await engines.close();
       await trainers.close();
+      await stager?.close();
     },
   };
 }

@@ -150,6 +150,8 @@ export async function appendDecisions(
         if (logged.some(abortsRounds)) await notifyInTx(tx, "rlq_abort", runId);
         // Rollout workers learn the engines' new version before the next step's jobs reach them.
         if (logged.some((d) => d.kind === "weights.synced")) await notifyInTx(tx, "rlq_synced", runId);
+        // The train worker reads kept groups while their step still collects.
+        if (logged.some((d) => d.kind === "group.outcome" && d.payload.outcome === "kept")) await notifyInTx(tx, "rlq_kept", runId);
       }
       if (extra) await extra(tx);
     });

@@ -10,7 +10,7 @@ import { sql } from "drizzle-orm";
  * pooler in transaction mode that drops LISTEN) costs latency, never
  * correctness.
  *
- * Two channels, payload the run id:
+ * Four channels, payload the run id:
  * - `rlq_facts`: a round, rewards, a train step or eval results landed (the
  *   controller waits on it between ticks);
  * - `rlq_abort`: the controller committed decisions that abort rounds (a
@@ -19,12 +19,14 @@ import { sql } from "drizzle-orm";
  * - `rlq_synced`: the controller recorded `weights.synced` (every engine
  *   loaded a new version): a rollout worker's engine pool reads the run's
  *   version and asks its engines for theirs while the step's jobs are still
- *   on their way (runtime/engines.ts).
+ *   on their way (runtime/engines.ts);
+ * - `rlq_kept`: the controller kept groups for a step's batch: the train
+ *   worker reads them before the seal (jobs/batch-stager.ts).
  *
  * NOTIFY is transactional: sent inside a transaction it is delivered at
  * commit, so a woken waiter always finds the fact.
  */
-export type Channel = "rlq_facts" | "rlq_abort" | "rlq_synced";
+export type Channel = "rlq_facts" | "rlq_abort" | "rlq_synced" | "rlq_kept";
 
 export interface Notifications {
   /** `onWake` runs on every notification for `runId` on `channel`, and whenever notifications may have been missed (reconnect). */

@@ -1,9 +1,9 @@
-import { and, asc, eq, inArray, sql } from "drizzle-orm";
+import { and, asc, eq, gt, gte, inArray, sql } from "drizzle-orm";
 import type { Db } from "./db.ts";
 import { decisions, drawnPrompts, runLeases, runs } from "./schema/index.ts";
 import { insertFirstDecisions } from "./decision-log.ts";
 import { insertRunProjection } from "./projections.ts";
-import { parseDecision, type Decision, type DecisionKind, type DecisionPayload } from "../core/decisions.ts";
+import { parseDecision, type Decision, type DecisionKind, type DecisionPayload, type LoggedDecision } from "../core/decisions.ts";
 
 /** Create a run: its projection row, its lease row (epoch 0) and decisions 0 and 1, in one transaction. */
 export async function insertRun(
@@ -63,6 +63,21 @@ export async function findDecisions<K extends DecisionKind>(
     const d = parseDecision(r.kind, r.payload, r.seq);
     return { ...(d.payload as DecisionPayload<K>), seq: r.seq };
   });
+}
+
+/**
+ * A run's group verdicts and outcomes (`group.filtered`, `group.outcome`) in log order: those after
+ * decision `since.afterSeq`, or those of steps from `since.fromStep` on (one index range each).
+ */
+export async function findGroupOutcomes(db: Db, runId: string, since: { afterSeq: number } | { fromStep: number }): Promise<LoggedDecision[]> {
+  const kinds = ["group.filtered", "group.outcome"];
+  const bound = "afterSeq" in since ? gt(decisions.seq, since.afterSeq) : gte(decisions.step, since.fromStep);
+  const rows = await db.db
+    .select({ seq: decisions.seq, kind: decisions.kind, payload: decisions.payload })
+    .from(decisions)
+    .where(and(eq(decisions.runId, runId), inArray(decisions.kind, kinds), bound))
+    .orderBy(asc(decisions.seq));
+  return rows.map((r) => parseDecision(r.kind, r.payload, r.seq));
 }
 
 export async function loadRunRow(db: Db, runId: string) {

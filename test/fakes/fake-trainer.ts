@@ -22,7 +22,7 @@ import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import { decodeBatch } from "../../src/trainer/batch-codec.ts";
+import { decodeBatch, encodeBatch } from "../../src/trainer/batch-codec.ts";
 import { readJson, sendJson } from "./http-json.ts";
 
 const { values } = parseArgs({
@@ -146,7 +146,13 @@ async function train(st: StepState, req: Record<string, unknown>): Promise<void>
       ...(fetchMode ? { checkpoint_files: { "weights.safetensors": sha256(w), "optimizer.safetensors": sha256(o) } } : {}),
       num_samples: batch.samples.length,
       num_tokens: tokens,
-      metrics: { pg_loss: (weights[0] as number) / 10, mean_reward: rewardSum / Math.max(1, batch.samples.length) },
+      // The batch's content as served (the first 48 bits of the sha256 of its encoding without the run
+      // id): tests compare it with a batch built afresh, and across runs.
+      metrics: {
+        pg_loss: (weights[0] as number) / 10,
+        mean_reward: rewardSum / Math.max(1, batch.samples.length),
+        batch_digest48: Number.parseInt(sha256(Buffer.from(encodeBatch({ ...batch, runId: "" }))).slice(0, 12), 16),
+      },
     };
     st.state = "done";
     bump(total, "done");

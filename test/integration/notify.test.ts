@@ -127,6 +127,9 @@ describe("notifications", () => {
     const syncs = recorder(hub, "rlq_synced", runId);
     await listened(hub, "rlq_synced");
     const syncsBefore = syncs.count;
+    const kept = recorder(hub, "rlq_kept", runId);
+    await listened(hub, "rlq_kept");
+    const keptBefore = kept.count;
     await insertRun(db, { runId, name: runId, config: {}, datasetFingerprint: "x", datasetSize: 1, datasetErrors: [], pluginFingerprints: {} });
     let seq = 2;
     const decide = async (list: Parameters<typeof appendDecisions>[4]) => {
@@ -166,6 +169,18 @@ describe("notifications", () => {
     await decide([{ kind: "step.sealed", payload: { step: 0, kept: [], aborted: [{ groupId: 0, round: 1 }] } }]);
     await aborts.reached(abortsBefore + 2);
     expect(syncs.count).toBe(syncsBefore); // nothing so far loaded weights
+
+    // A group kept for a step's batch wakes the train worker's stager; a buffered one does not.
+    // (Notifications come in commit order on the one connection: the abort after it shows the buffered outcome sent none.)
+    await decide([{ kind: "group.outcome", payload: { groupId: 0, step: 0, outcome: "buffered", reason: "aborted" } }]);
+    await decide([{ kind: "group.aborted", payload: { groupId: 0, round: 1, step: 1, reason: "weight_sync" } }]);
+    await aborts.reached(abortsBefore + 3);
+    expect(kept.count).toBe(keptBefore);
+    await decide([
+      { kind: "group.filtered", payload: { groupId: 0, round: 1, step: 1, keep: true, reason: null } },
+      { kind: "group.outcome", payload: { groupId: 0, step: 1, outcome: "kept", reason: null } },
+    ]);
+    await kept.reached(keptBefore + 1);
 
     // A weight sync's record wakes the rollout workers' engine pools.
     await decide([{ kind: "weights.synced", payload: { step: 0, weightVersion: 1, checkpointUri: "file:///step-0" } }]);

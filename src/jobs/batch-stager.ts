@@ -1,0 +1,140 @@
+import type { Db } from "../store/db.ts";
+import { findGroupOutcomes } from "../store/run-facts.ts";
+import { loadGroupsWithRewards } from "../store/group-view.ts";
+import { groupLoad, type GroupLoad } from "../core/group-load.ts";
+import type { RunContext } from "../runtime/run-context.ts";
+import { groupSamples, isSameLoad, type StagedGroup } from "./train-batch.ts";
+
+/** Steps a run keeps staged: the collecting ones (async: up to max_staleness + 1) and the one training. */
+const MAX_STAGED_STEPS = 4;
+/** Groups per load statement (the train job's own chunk). */
+const CHUNK = 256;
+
+interface RunStaging {
+  ctx: RunContext;
+  /** Highest decision seq read; null until the first pass (which reads by step). */
+  lastSeq: number | null;
+  fromStep: number;
+  /** Each group's last keep verdict: the round its batch entry reads (core/group-load.ts `stepLoads`). */
+  lastKeep: Map<number, { step: number; round: number }>;
+  byStep: Map<number, Map<number, StagedGroup>>;
+  pass: Promise<void> | null;
+  isDirty: boolean;
+  unsubscribe: () => void;
+}
+
+/**
+ * The train batch, built while its step collects. Each kept group is final
+ * when the controller records it (its rounds are written and scored, and a
+ * kept group is never dispatched again), so the train worker reads it and
+ * builds its samples then, woken by `rlq_kept` (store/notify.ts), instead of
+ * doing it for the whole batch after the seal: at 64 simulated engines that
+ * was 84-168 ms of the seal → train-start bubble for 1/16 of a real step's
+ * tokens (bench/cluster-sim.ts), and it grows with the tokens.
+ *
+ * Only a speed-up: the train job uses a staged group when its load (round and
+ * masks) is exactly the one `stepLoads` derives for it, and reads every other
+ * group itself, so a lost notification or a pass still running at the seal
+ * costs time, never a different batch. A run is followed from its first train
+ * job in this process on; its first step here is read whole.
+ */
+export function createBatchStager(db: Db) {
+  const runs = new Map<string, RunStaging>();
+
+  async function passOnce(r: RunStaging): Promise<void> {
+    const { runId } = r.ctx;
+    const found = await findGroupOutcomes(db, runId, r.lastSeq === null ? { fromStep: r.fromStep } : { afterSeq: r.lastSeq });
+    const loads: Array<{ step: number; load: GroupLoad }> = [];
+    for (const d of found) {
+      r.lastSeq = Math.max(r.lastSeq ?? 0, d.seq);
+      if (d.kind === "group.filtered" && d.payload.keep) r.lastKeep.set(d.payload.groupId, { step: d.payload.step, round: d.payload.round });
+      if (d.kind !== "group.outcome" || d.payload.outcome !== "kept" || d.payload.step < r.fromStep) continue;
+      const keep = r.lastKeep.get(d.payload.groupId);
+      if (keep === undefined || keep.step !== d.payload.step) continue;
+      const load = groupLoad(r.ctx.config, { groupId: d.payload.groupId, round: keep.round, step: d.payload.step, outcome: "kept" });
+      if (!isSameLoad(r.byStep.get(d.payload.step)?.get(load.groupId)?.load, load)) loads.push({ step: d.payload.step, load });
+    }
+    for (let i = 0; i < loads.length; i += CHUNK) {
+      const chunk = loads.slice(i, i + CHUNK);
+      const views = await loadGroupsWithRewards(
+        db,
+        runId,
+        chunk.map((c) => c.load),
+        r.ctx.config.n_samples_per_prompt,
+      );
+      for (const { step, load } of chunk) {
+        const view = views.get(load.groupId);
+        if (!view || step < r.fromStep) continue;
+        let built;
+        try {
+          built = groupSamples(view, load, step);
+        } catch {
+          continue; // inconsistent (a reward missing): the train job reads it and fails with the reason
+        }
+        let staged = r.byStep.get(step);
+        if (!staged) r.byStep.set(step, (staged = new Map()));
+        staged.set(load.groupId, { load, ...built });
+      }
+    }
+    // A process that stopped training this run (another train worker took it over) holds a few steps at most.
+    for (const step of [...r.byStep.keys()].sort((a, b) => b - a).slice(MAX_STAGED_STEPS)) r.byStep.delete(step);
+  }
+
+  function wake(r: RunStaging): void {
+    if (r.pass) {
+      r.isDirty = true;
+      return;
+    }
+    r.pass = (async () => {
+      do {
+        r.isDirty = false;
+        // A failed pass (the database away) only means the train job reads more itself.
+        await passOnce(r).catch(() => undefined);
+      } while (r.isDirty);
+    })().finally(() => {
+      r.pass = null;
+    });
+  }
+
+  return {
+    /**
+     * Take what is staged for `ctx`'s step `step` (its train job is starting) and go on staging the
+     * steps after it. The map may hold groups of the step that the batch does not train (staged
+     * before a redo); `loadTrainBatch` uses only those whose load matches.
+     */
+    take(ctx: RunContext, step: number): ReadonlyMap<number, StagedGroup> {
+      let r = runs.get(ctx.runId);
+      if (!r) {
+        const fresh: RunStaging = {
+          ctx,
+          lastSeq: null,
+          fromStep: step + 1,
+          lastKeep: new Map(),
+          byStep: new Map(),
+          pass: null,
+          isDirty: false,
+          unsubscribe: () => undefined,
+        };
+        fresh.unsubscribe = db.notifications.subscribe("rlq_kept", ctx.runId, () => wake(fresh));
+        runs.set(ctx.runId, (r = fresh));
+      }
+      r.ctx = ctx;
+      const staged = r.byStep.get(step) ?? new Map<number, StagedGroup>();
+      r.fromStep = Math.max(r.fromStep, step + 1);
+      for (const s of r.byStep.keys()) if (s <= step) r.byStep.delete(s);
+      wake(r);
+      return staged;
+    },
+    /** Resolves when no pass runs for `runId` (tests: every kept group committed so far is staged). */
+    async settled(runId: string): Promise<void> {
+      while (runs.get(runId)?.pass) await runs.get(runId)?.pass;
+    },
+    async close(): Promise<void> {
+      for (const r of runs.values()) r.unsubscribe();
+      await Promise.all([...runs.values()].flatMap((r) => (r.pass ? [r.pass] : [])));
+      runs.clear();
+    },
+  };
+}
+
+export type BatchStager = ReturnType<typeof createBatchStager>;
