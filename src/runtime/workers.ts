@@ -130,7 +130,7 @@ export async function startWorkers(
       await Promise.all(handles.map((h) => h.close()));
       await engines.close();
       await trainers.close();
-      await stager?.close();
+      stager?.close();
     },
   };
 }

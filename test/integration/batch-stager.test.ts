@@ -93,7 +93,7 @@ describe("train batch staged while the step collects", () => {
           expect(digest48(encodeBatch({ ...built2.batch, runId: "" }))).toBe(r.digest);
         }
       } finally {
-        await stager.close();
+        stager.close();
       }
     });
   }
