@@ -15,7 +15,7 @@ interface RunStaging {
   /** Highest decision seq read; null until the first pass (which reads by step). */
   lastSeq: number | null;
   fromStep: number;
-  /** Each group's last keep verdict: the round its batch entry reads (core/group-load.ts `stepLoads`). */
+  /** Each group's last keep verdict since its last outcome: the round its batch entry reads (core/group-load.ts `stepLoads`). */
   lastKeep: Map<number, { step: number; round: number }>;
   byStep: Map<number, Map<number, StagedGroup>>;
   pass: Promise<void> | null;
@@ -48,9 +48,11 @@ export function createBatchStager(db: Db) {
     for (const d of found) {
       r.lastSeq = Math.max(r.lastSeq ?? 0, d.seq);
       if (d.kind === "group.filtered" && d.payload.keep) r.lastKeep.set(d.payload.groupId, { step: d.payload.step, round: d.payload.round });
-      if (d.kind !== "group.outcome" || d.payload.outcome !== "kept" || d.payload.step < r.fromStep) continue;
+      if (d.kind !== "group.outcome") continue;
+      // An outcome closes the group's verdicts so far (a buffered group gets a new verdict before its next one).
       const keep = r.lastKeep.get(d.payload.groupId);
-      if (keep === undefined || keep.step !== d.payload.step) continue;
+      r.lastKeep.delete(d.payload.groupId);
+      if (d.payload.outcome !== "kept" || d.payload.step < r.fromStep || keep === undefined || keep.step !== d.payload.step) continue;
       const load = groupLoad(r.ctx.config, { groupId: d.payload.groupId, round: keep.round, step: d.payload.step, outcome: "kept" });
       if (!isSameLoad(r.byStep.get(d.payload.step)?.get(load.groupId)?.load, load)) loads.push({ step: d.payload.step, load });
     }
