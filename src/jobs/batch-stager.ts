@@ -1,7 +1,7 @@
 import type { Db } from "../store/db.ts";
 import { findGroupOutcomes } from "../store/run-facts.ts";
 import { loadGroupsWithRewards } from "../store/group-view.ts";
-import { groupLoad, type GroupLoad } from "../core/group-load.ts";
+import { outcomeLoads } from "../core/group-load.ts";
 import type { RunContext } from "../runtime/run-context.ts";
 import { groupSamples, isSameLoad, type StagedGroup } from "./train-batch.ts";
 
@@ -15,8 +15,6 @@ interface RunStaging {
   /** Highest decision seq read; null until the first pass (which reads by step). */
   lastSeq: number | null;
   fromStep: number;
-  /** Each group's last keep verdict since its last outcome: the round its batch entry reads (core/group-load.ts `stepLoads`). */
-  lastKeep: Map<number, { step: number; round: number }>;
   byStep: Map<number, Map<number, StagedGroup>>;
   pass: Promise<void> | null;
   isDirty: boolean;
@@ -44,18 +42,12 @@ export function createBatchStager(db: Db) {
   async function passOnce(r: RunStaging): Promise<void> {
     const { runId } = r.ctx;
     const found = await findGroupOutcomes(db, runId, r.lastSeq === null ? { fromStep: r.fromStep } : { afterSeq: r.lastSeq });
-    const loads: Array<{ step: number; load: GroupLoad }> = [];
-    for (const d of found) {
-      r.lastSeq = Math.max(r.lastSeq ?? 0, d.seq);
-      if (d.kind === "group.filtered" && d.payload.keep) r.lastKeep.set(d.payload.groupId, { step: d.payload.step, round: d.payload.round });
-      if (d.kind !== "group.outcome") continue;
-      // An outcome closes the group's verdicts so far (a buffered group gets a new verdict before its next one).
-      const keep = r.lastKeep.get(d.payload.groupId);
-      r.lastKeep.delete(d.payload.groupId);
-      if (d.payload.outcome !== "kept" || d.payload.step < r.fromStep || keep === undefined || keep.step !== d.payload.step) continue;
-      const load = groupLoad(r.ctx.config, { groupId: d.payload.groupId, round: keep.round, step: d.payload.step, outcome: "kept" });
-      if (!isSameLoad(r.byStep.get(d.payload.step)?.get(load.groupId)?.load, load)) loads.push({ step: d.payload.step, load });
-    }
+    r.lastSeq = found.at(-1)?.seq ?? r.lastSeq; // in seq order
+    // The controller commits a group's verdict with its outcome, so each pass sees both: the shared
+    // fold (what replay and history use) gives each kept group its round and masks.
+    const loads = outcomeLoads(r.ctx.config, found).filter(
+      (o) => o.outcome === "kept" && o.step >= r.fromStep && !isSameLoad(r.byStep.get(o.step)?.get(o.groupId)?.load, o.load),
+    );
     for (let i = 0; i < loads.length; i += CHUNK) {
       const chunk = loads.slice(i, i + CHUNK);
       const views = await loadGroupsWithRewards(
@@ -111,7 +103,6 @@ export function createBatchStager(db: Db) {
           ctx,
           lastSeq: null,
           fromStep: step + 1,
-          lastKeep: new Map(),
           byStep: new Map(),
           pass: null,
           isDirty: false,
