@@ -12,7 +12,7 @@
  * the bubble (seal -> train start; train commit -> every engine decoding on the new version), the
  * weight-sync time, and rlq's CPU per sample and per 1k tokens.
  *
- *   npx tsx bench/cluster-sim.ts [--engines 8,64,512] [--modes sync_partial_off,sync_partial_on,async_k1,async_k2]
+ *   npx tsx bench/cluster-sim.ts [--engines 8,64,512] [--modes sync_partial_off,sync_partial_on,async_k1,async_k2,async_k4]
  *     [--reps 3] [--steps 6] [--time-scale 8:4,64:4,512:2] [--reps-at 64:1,512:1] [--steps-at 64:5,512:4]
  *     [--modes-at 512:async_k1]
  *     [--max-running 16] [--token-scale 16] [--server-concurrency N] [--prof DIR] [--out cluster-sim]
@@ -30,7 +30,7 @@ import { createTestDatabase, redisUrl } from "../test/helpers/services.ts";
 import { repoRoot, spawnFake, spawnRlq, type Proc } from "../test/helpers/processes.ts";
 import { median, prepareServices, startCpuSampler, writeResult } from "./lib.ts";
 import { defaultParams, idealPipeline, paramSources, type SimParams } from "./sim/model.ts";
-import { simulatePolicy, type PolicyMode } from "./sim/policy-sim.ts";
+import { benchModePolicies, simulatePolicy, type BenchMode, type PolicyMode } from "./sim/policy-sim.ts";
 
 const { values } = parseArgs({
   options: {
@@ -57,7 +57,7 @@ const perEngines = (spec: string, e: number, fallback: number) => {
   }
   return fallback;
 };
-type Mode = "sync_partial_off" | "sync_partial_on" | "async_k1" | "async_k2";
+type Mode = BenchMode;
 const modeConfig: Record<Mode, Record<string, unknown>> = {
   // Synchronous, over-sampling 1.5x: the groups drained at the seal are discarded (and recorded so).
   sync_partial_off: { partial_rollout: false },
@@ -65,14 +65,14 @@ const modeConfig: Record<Mode, Record<string, unknown>> = {
   sync_partial_on: { partial_rollout: true },
   async_k1: { train_async: true, max_staleness: 1, staleness_policy: "mask" },
   async_k2: { train_async: true, max_staleness: 2, staleness_policy: "mask" },
+  // AReaL's documented async setting (docs/en/algorithms/async.md: max_head_offpolicyness 4, typically 2-8);
+  // prime-rl's max_off_policy_steps defaults to 8.
+  async_k4: { train_async: true, max_staleness: 4, staleness_policy: "mask" },
 };
 const isAsyncMode = (m: Mode) => m.startsWith("async");
-const policyOf: Record<Mode, PolicyMode> = {
-  sync_partial_off: { isAsync: false, k: 0, isPartial: false, overSampling: 1.5 },
-  sync_partial_on: { isAsync: false, k: 0, isPartial: true, overSampling: 1.5 },
-  async_k1: { isAsync: true, k: 1, isPartial: false, overSampling: 1 },
-  async_k2: { isAsync: true, k: 2, isPartial: false, overSampling: 1 },
-};
+/** An async mode's max_staleness (0 for the sync modes). */
+const stalenessOf = (m: Mode) => (isAsyncMode(m) ? (modeConfig[m].max_staleness as number) : 0);
+const policyOf: Record<Mode, PolicyMode> = benchModePolicies;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 async function getJson<T>(url: string): Promise<T> {
@@ -85,6 +85,7 @@ interface Totals {
   wallNowMs: number;
   busyMs: number;
   tokens: number;
+  slotMs: number;
   timerLateness?: { count: number; sumMs: number; maxMs: number };
 }
 /** A series of the farm's totals, read at any wall time by linear interpolation. */
@@ -94,7 +95,8 @@ function totalsAt(series: Totals[], t: number): Totals {
     if (s.wallNowMs <= t) a = s;
     else {
       const f = (t - a.wallNowMs) / Math.max(1, s.wallNowMs - a.wallNowMs);
-      return { wallNowMs: t, busyMs: a.busyMs + f * (s.busyMs - a.busyMs), tokens: a.tokens + f * (s.tokens - a.tokens) };
+      const at = (k: "busyMs" | "tokens" | "slotMs") => a[k] + f * (s[k] - a[k]);
+      return { wallNowMs: t, busyMs: at("busyMs"), tokens: at("tokens"), slotMs: at("slotMs") };
     }
   }
   return a;
@@ -141,7 +143,7 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
     };
     const { runId } = await startRun(db, { config });
     // Enough rollout jobs in flight for every group the controller may admit (async: (k+1) steps' worth).
-    const inflightGroups = Math.ceil((isAsyncMode(mode) ? (mode === "async_k2" ? 3 : 2) : 1.5) * rbs) + 8;
+    const inflightGroups = Math.ceil((isAsyncMode(mode) ? stalenessOf(mode) + 1 : 1.5) * rbs) + 8;
     const pids = { up: -1, worker: -1 };
     const cpu = startCpuSampler((pid, cmd) => {
       if (pid === pids.up) return "rlq_up";
@@ -176,11 +178,18 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       engines: Array<{
         firstDecodeWallMs: Record<string, number>;
         firstRequestWallMs: Record<string, number>;
+        firstFullWallMs: Record<string, number>;
         loadsWallMs: Array<{ version: number; askedAt: number; doneAt: number }>;
       }>;
+      occupancy: Array<[number, number]>;
       requests: number;
       aborts: number;
     }>(`${farm.url}/_stats`);
+    /** The engines' mean slot occupancy over [from, to) wall ms (the farm's 100 ms samples). */
+    const occupancyIn = (from: number, to: number) => {
+      const xs = farmStats.occupancy.filter(([t]) => t >= from && t < to).map(([, x]) => x);
+      return xs.length > 0 ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN;
+    };
     const trainerStats = await getJson<{
       steps: Array<{ step: number; receivedAt: number; startAt: number; endAt: number; samples: number; realTokens: number }>;
     }>(`${trainer.url}/_stats`);
@@ -235,8 +244,8 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
     // The steady-state window: step 0's commit to the last step the engines still had work for. Async
     // mode draws the run's last prompts k+1 steps ahead of training them, so its last k+1 steps are the
     // pipeline's drain (engines idle for want of prompts, not because of rlq): they are left out.
-    const last = isAsyncMode(mode) ? steps - 2 - (mode === "async_k2" ? 2 : 1) : steps - 1;
-    if (last < 1) throw new Error(`--steps ${steps}: ${mode} needs at least ${mode === "async_k2" ? 5 : 4} steps for a steady-state window`);
+    const last = isAsyncMode(mode) ? steps - 2 - stalenessOf(mode) : steps - 1;
+    if (last < 1) throw new Error(`--steps ${steps}: ${mode} needs at least ${stalenessOf(mode) + 3} steps for a steady-state window`);
     const t0 = commits.get(0) as number;
     const t1 = commits.get(last) as number;
     const windowS = (t1 - t0) / 1000;
@@ -255,6 +264,8 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       const firstDecodes = farmStats.engines.map((e) => e.firstDecodeWallMs[String(s + 1)] ?? NaN);
       // ... and first had a request to run on it (from there to its first decode is the model's prefill).
       const firstRequests = farmStats.engines.map((e) => e.firstRequestWallMs[String(s + 1)] ?? NaN);
+      // ... and first had every slot holding a request on it (the refill after the load).
+      const firstFull = farmStats.engines.map((e) => e.firstFullWallMs[String(s + 1)] ?? NaN).filter((x) => !Number.isNaN(x));
       const loads = farmStats.engines.flatMap((e) => e.loadsWallMs.filter((l) => l.version === s + 1));
       const c = cp.get(s);
       const ready = s === 0 ? firstDraw : (synced.get(s - 1) ?? NaN);
@@ -272,6 +283,12 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
         commit_to_all_engines_decoding_ms: firstDecodes.some((x) => Number.isNaN(x)) ? NaN : Math.max(...firstDecodes) - commit,
         engines_decoding_on_new_version: firstDecodes.filter((x) => !Number.isNaN(x)).length,
         commit_to_all_engines_requested_ms: firstRequests.some((x) => Number.isNaN(x)) ? NaN : Math.max(...firstRequests) - commit,
+        commit_to_half_engines_full_ms: firstFull.length >= engines / 2 ? median(firstFull) - commit : NaN,
+        // How full the engines were in the 2 s before the train commit, and in the 1 s and the 1-3 s after weights.synced.
+        occupancy_before_commit: occupancyIn(commit - 2000 / p.timeScale, commit),
+        occupancy_first_s_after_synced: occupancyIn(synced.get(s) ?? NaN, (synced.get(s) ?? NaN) + 1000 / p.timeScale),
+        occupancy_1_3_s_after_synced: occupancyIn((synced.get(s) ?? NaN) + 1000 / p.timeScale, (synced.get(s) ?? NaN) + 3000 / p.timeScale),
+        engines_full_on_new_version: firstFull.length,
         engine_load_ms_max: loads.length ? Math.max(...loads.map((l) => l.doneAt - l.askedAt)) : NaN,
       });
       // What rlq adds to the sync beyond the engines' own load (the model's weight-load time).
@@ -310,6 +327,8 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       ratio_samples_vs_sequential_ideal: samplesPerS / (ideal.sequential.samplesPerS * p.timeScale),
       engine_busy_fraction: (b.busyMs - a.busyMs) / p.timeScale / (engines * (t1 - t0)),
       engine_decode_utilization: (b.tokens - a.tokens) / (engines * ideal.engineTokensPerSAtFullBatch * p.timeScale * windowS),
+      // The engines' slots holding a request (prefilling or decoding), weight loads included.
+      engine_slot_occupancy: (b.slotMs - a.slotMs) / p.timeScale / (engines * p.maxRunning * (t1 - t0)),
       trainer_busy_fraction: trainerBusyMs / (t1 - t0),
       ideal_engine_busy: ideal.pipelined.engineBusy,
       ideal_trainer_busy: ideal.pipelined.trainerBusy,
@@ -322,6 +341,8 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       // from there to every engine decoding (the engines' own: the model's prefill of what they got).
       bubble_commit_to_all_engines_requested_ms: medianOf("commit_to_all_engines_requested_ms"),
       bubble_requested_to_decoding_ms: medianOf("commit_to_all_engines_decoding_ms") - medianOf("commit_to_all_engines_requested_ms"),
+      // Train commit -> the median engine has all its slots holding requests on the new version.
+      bubble_commit_to_half_engines_full_ms: medianOf("commit_to_half_engines_full_ms"),
       // The bubble rlq adds: seal -> train start, plus train commit -> every engine holding a request on
       // the new version, minus the engines' own load. As a share of this run's step, and of the step at
       // real time (time scale 1: the same wall latencies against a step timeScale times longer).
@@ -353,7 +374,7 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       per_step: perStep,
     };
     process.stderr.write(
-      `${engines} engines ${mode} #${rep}: ${samplesPerS.toFixed(1)} samples/s vs ideal ${idealSamplesPerS.toFixed(1)} (x${r.ratio_samples_vs_ideal.toFixed(2)}); engine busy ${r.engine_busy_fraction.toFixed(2)}, decode util ${r.engine_decode_utilization.toFixed(2)}, trainer busy ${r.trainer_busy_fraction.toFixed(2)}; bubbles ${r.bubble_seal_to_train_start_ms.toFixed(0)} / ${r.bubble_commit_to_all_engines_decoding_ms.toFixed(0)} ms of ${stepMs.toFixed(0)} (beyond the model ${r.bubble_beyond_model_ms.toFixed(0)} ms); rlq ${r.rlq_cpu_cores.toFixed(2)} cores, ${r.rlq_cpu_ms_per_sample.toFixed(2)} ms/sample\n`,
+      `${engines} engines ${mode} #${rep}: ${samplesPerS.toFixed(1)} samples/s vs ideal ${idealSamplesPerS.toFixed(1)} (x${r.ratio_samples_vs_ideal.toFixed(2)}); engine busy ${r.engine_busy_fraction.toFixed(2)}, decode util ${r.engine_decode_utilization.toFixed(2)}, slots held ${r.engine_slot_occupancy.toFixed(2)}, trainer busy ${r.trainer_busy_fraction.toFixed(2)}; bubbles ${r.bubble_seal_to_train_start_ms.toFixed(0)} / ${r.bubble_commit_to_all_engines_decoding_ms.toFixed(0)} ms of ${stepMs.toFixed(0)} (beyond the model ${r.bubble_beyond_model_ms.toFixed(0)} ms); rlq ${r.rlq_cpu_cores.toFixed(2)} cores, ${r.rlq_cpu_ms_per_sample.toFixed(2)} ms/sample\n`,
     );
     return r;
   } finally {
@@ -410,6 +431,7 @@ for (const e of values.engines.split(",").map(Number)) {
     );
     byMode[m] = {
       reps: rs.length,
+      steps,
       policy_ideal_samples_per_s: policySps,
       policy_ideal_step_ms: policy.stepMs / p.timeScale,
       policy_ideal_engine_decode_utilization: policy.engineDecodeUtilization,
@@ -424,6 +446,9 @@ for (const e of values.engines.split(",").map(Number)) {
       ratio_samples_vs_sequential_ideal: med("ratio_samples_vs_sequential_ideal"),
       engine_busy_fraction: med("engine_busy_fraction"),
       engine_decode_utilization: med("engine_decode_utilization"),
+      engine_slot_occupancy: med("engine_slot_occupancy"),
+      bubble_commit_to_half_engines_full_ms: med("bubble_commit_to_half_engines_full_ms"),
+      policy_ideal_engine_slot_occupancy: policy.engineSlotOccupancy,
       trainer_busy_fraction: med("trainer_busy_fraction"),
       step_ms: med("step_ms"),
       bubble_seal_to_train_start_ms: med("bubble_seal_to_train_start_ms"),
@@ -461,12 +486,13 @@ for (const e of values.engines.split(",").map(Number)) {
       sequential_samples_per_s_wall: ideal.sequential.samplesPerS * p.timeScale,
     },
     modes: byMode,
-    async_k1_over_sync_partial_off: sps("async_k1") && sps("sync_partial_off") ? (sps("async_k1") as number) / (sps("sync_partial_off") as number) : null,
-    async_k2_over_sync_partial_off: sps("async_k2") && sps("sync_partial_off") ? (sps("async_k2") as number) / (sps("sync_partial_off") as number) : null,
-    policy_ideal_async_k1_over_sync_partial_off:
-      pol("async_k1") && pol("sync_partial_off") ? (pol("async_k1") as number) / (pol("sync_partial_off") as number) : null,
-    policy_ideal_async_k2_over_sync_partial_off:
-      pol("async_k2") && pol("sync_partial_off") ? (pol("async_k2") as number) / (pol("sync_partial_off") as number) : null,
+    // AReaL's comparison: async over sync without partial rollouts, measured and in the policy ideal.
+    ...Object.fromEntries(
+      (Object.keys(modeConfig) as Mode[]).filter(isAsyncMode).flatMap((m) => [
+        [`${m}_over_sync_partial_off`, sps(m) && sps("sync_partial_off") ? (sps(m) as number) / (sps("sync_partial_off") as number) : null],
+        [`policy_ideal_${m}_over_sync_partial_off`, pol(m) && pol("sync_partial_off") ? (pol(m) as number) / (pol("sync_partial_off") as number) : null],
+      ]),
+    ),
   };
   // Written after each engine count, so a long run keeps what it measured.
   await writeResult(values.out, {

@@ -32,6 +32,10 @@ const clock = wallClock(p.timeScale);
 const engines = Array.from({ length: n }, () => new SimEngine(p, clock));
 const EOS = 257;
 const stats = { generateCalls: 0, requests: 0, aborts: 0, loads: 0 };
+// The slots holding a request across all engines, sampled every 100 wall ms: the bench reads how
+// full the engines were around each weight sync.
+const occupancy: Array<[number, number]> = [];
+setInterval(() => occupancy.push([Date.now(), engines.reduce((a, e) => a + e.holding, 0) / (n * p.maxRunning)]), 100).unref();
 
 interface Item {
   rid: string;
@@ -106,12 +110,14 @@ const server = createServer((req, res) => {
       if (url === "/_totals") {
         let busyMs = 0;
         let tokens = 0;
+        let slotMs = 0;
         for (const e of engines) {
           e.sync();
           busyMs += e.busyMs;
           tokens += e.tokens;
+          slotMs += e.slotMs;
         }
-        return sendJson(res, 200, { wallNowMs: Date.now(), busyMs, tokens, timerLateness: clock.lateness });
+        return sendJson(res, 200, { wallNowMs: Date.now(), busyMs, tokens, slotMs, timerLateness: clock.lateness });
       }
       if (url === "/_stats") {
         return sendJson(res, 200, {
@@ -123,8 +129,10 @@ const server = createServer((req, res) => {
             version: e.version,
             firstDecodeWallMs: Object.fromEntries([...e.firstDecodeAt].map(([v, t]) => [v, clock.wallAt(t)])),
             firstRequestWallMs: Object.fromEntries([...e.firstRequestAt].map(([v, t]) => [v, clock.wallAt(t)])),
+            firstFullWallMs: Object.fromEntries([...e.firstFullAt].map(([v, t]) => [v, clock.wallAt(t)])),
             loadsWallMs: e.loadsAt.map((l) => ({ version: l.version, askedAt: clock.wallAt(l.askedAt), doneAt: clock.wallAt(l.doneAt) })),
           })),
+          occupancy,
           simNowMs: clock.now(),
           wallNowMs: Date.now(),
         });

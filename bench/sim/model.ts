@@ -219,6 +219,8 @@ export class SimEngine {
   busyMs = 0;
   tokens = 0;
   loadMs = 0;
+  /** Sum over time of the requests holding a slot (prefilling or decoding), sim ms: occupancy = slotMs / (maxRunning · time). */
+  slotMs = 0;
   /** Sim time at which a request first decoded on each version. */
   firstDecodeAt = new Map<number, number>();
   /**
@@ -227,6 +229,8 @@ export class SimEngine {
    * own (the model's prefill); before it, the control plane's.
    */
   firstRequestAt = new Map<number, number>();
+  /** Sim time at which all `maxRunning` slots first held a request on each version (the refill after a load). */
+  firstFullAt = new Map<number, number>();
   loadsAt: Array<{ version: number; askedAt: number; doneAt: number }> = [];
 
   constructor(
@@ -234,6 +238,11 @@ export class SimEngine {
     private readonly clock: SimClock,
   ) {
     this.last = clock.now();
+  }
+
+  /** Requests holding a slot now (prefilling or decoding). */
+  get holding(): number {
+    return this.running.size;
   }
 
   get live(): number {
@@ -313,6 +322,7 @@ export class SimEngine {
     if (dt > 0) {
       if (this.running.size > 0 || (this.loading && this.isLoadTimed)) this.busyMs += dt;
       if (this.loading && this.isLoadTimed) this.loadMs += dt;
+      this.slotMs += this.running.size * dt;
       const decoding = [...this.running.values()].filter((r) => r.decodeFrom <= this.last);
       if (decoding.length > 0) {
         const gain = dt / iterationMs(this.p, decoding.length);
@@ -369,6 +379,7 @@ export class SimEngine {
       this.running.set(r.rid, r);
     }
     this.noteDecoding(now);
+    if (this.running.size >= this.p.maxRunning && !this.firstFullAt.has(this.version)) this.firstFullAt.set(this.version, now);
     this.timer?.cancel();
     this.timer = null;
     if (this.running.size === 0) return;

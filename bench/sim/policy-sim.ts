@@ -91,6 +91,16 @@ export interface PolicyMode {
   isBatchCoupled?: boolean;
 }
 
+/** The bench's modes (bench/cluster-sim.ts) as the policies they run. */
+export const benchModePolicies = {
+  sync_partial_off: { isAsync: false, k: 0, isPartial: false, overSampling: 1.5 },
+  sync_partial_on: { isAsync: false, k: 0, isPartial: true, overSampling: 1.5 },
+  async_k1: { isAsync: true, k: 1, isPartial: false, overSampling: 1 },
+  async_k2: { isAsync: true, k: 2, isPartial: false, overSampling: 1 },
+  async_k4: { isAsync: true, k: 4, isPartial: false, overSampling: 1 },
+} as const satisfies Record<string, PolicyMode>;
+export type BenchMode = keyof typeof benchModePolicies;
+
 interface Sample {
   key: string;
   total: number;
@@ -117,6 +127,7 @@ export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMo
   let version = 0;
   let isSyncing = false;
   const tokensAt: Array<[number, number]> = [];
+  const slotsAt: Array<[number, number]> = [];
 
   const newGroup = (): Group => {
     const id = nextGroup++;
@@ -314,11 +325,14 @@ export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMo
   }
   const tick = () => {
     let t = 0;
+    let slots = 0;
     for (const e of engines) {
       e.sync();
       t += e.tokens;
+      slots += e.slotMs;
     }
     tokensAt.push([clock.now(), t]);
+    slotsAt.push([clock.now(), slots]);
     if (clock.now() > 1e9) throw new Error(`policy simulation stalled after ${commits.length} of ${steps} steps`);
     if (commits.length < steps) clock.at(clock.now() + 1000, tick);
   };
@@ -327,10 +341,12 @@ export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMo
   const last = mode.isAsync ? steps - 2 - mode.k : steps - 1;
   const t0 = commits[0] as number;
   const t1 = commits[last] as number;
-  const tokAt = (t: number) => tokensAt.reduce((best, x) => (Math.abs(x[0] - t) < Math.abs(best[0] - t) ? x : best))[1];
+  const nearest = (series: Array<[number, number]>, t: number) => series.reduce((best, x) => (Math.abs(x[0] - t) < Math.abs(best[0] - t) ? x : best))[1];
+  const tokAt = (t: number) => nearest(tokensAt, t);
   return {
     stepMs: (t1 - t0) / last,
     samplesPerS: (1000 * rbs * n * last) / (t1 - t0),
+    engineSlotOccupancy: (nearest(slotsAt, t1) - nearest(slotsAt, t0)) / (engineCount * p.maxRunning * (t1 - t0)),
     engineDecodeUtilization: (tokAt(t1) - tokAt(t0)) / (((engineCount * (1000 * p.maxRunning)) / (p.itl0Ms + p.itlPerReqMs * p.maxRunning) / 1000) * (t1 - t0)),
     commits,
     trainerBusyMsTotal: trainerBusyMs,

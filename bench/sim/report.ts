@@ -10,7 +10,7 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { repoRoot } from "../../test/helpers/processes.ts";
 import type { SimParams } from "./model.ts";
-import { simulatePolicy, type PolicyMode } from "./policy-sim.ts";
+import { benchModePolicies, simulatePolicy, type PolicyMode } from "./policy-sim.ts";
 import { median } from "../lib.ts";
 
 const { values, positionals } = parseArgs({ options: { into: { type: "string", default: "cluster-sim" } }, allowPositionals: true });
@@ -24,20 +24,37 @@ const merged: { results: Record<string, EnginesResult>; runs: unknown[] } & Reco
 for (const name of positionals) {
   const r = JSON.parse(readFileSync(path(name), "utf8")) as typeof merged;
   for (const [k, v] of Object.entries(r)) if (k !== "results" && k !== "runs") merged[k] = v;
-  Object.assign(merged.results, r.results);
+  // Modes measured separately at the same engine count and model join one entry; a result with other
+  // parameters (another time scale) gets its own, keyed "<engines> (x<time scale>)".
+  for (const [e, er] of Object.entries(r.results)) {
+    // Each mode keeps the number of steps it was measured over.
+    for (const mr of Object.values(er.modes)) mr.steps ??= er.steps;
+    const key = [e, `${e} (x${er.params.timeScale})`].find((k) => {
+      const same = merged.results[k];
+      return !same || JSON.stringify(same.params) === JSON.stringify(er.params);
+    });
+    if (key === undefined) throw new Error(`${name}: ${e} engines at time scale ${er.params.timeScale} has other parameters than a result merged before it`);
+    const same = merged.results[key];
+    if (same) same.modes = { ...same.modes, ...er.modes };
+    else merged.results[key] = er;
+  }
+
   merged.runs.push(...r.runs);
 }
-const policyOf: Record<string, PolicyMode> = {
-  sync_partial_off: { isAsync: false, k: 0, isPartial: false, overSampling: 1.5 },
-  sync_partial_on: { isAsync: false, k: 0, isPartial: true, overSampling: 1.5 },
-  async_k1: { isAsync: true, k: 1, isPartial: false, overSampling: 1 },
-  async_k2: { isAsync: true, k: 2, isPartial: false, overSampling: 1 },
-};
+const policyOf: Record<string, PolicyMode> = benchModePolicies;
 for (const [e, r] of Object.entries(merged.results)) {
   for (const [m, mr] of Object.entries(r.modes)) {
     if (mr.policy_ideal_batch_coupled_samples_per_s === undefined) {
-      const rbs = Math.max(1, Math.round((Number(e) * r.params.maxRunning) / 8));
-      const c = simulatePolicy(r.params, Number(e), { ...(policyOf[m] as PolicyMode), poolCap: r.params.maxRunning, isBatchCoupled: true }, rbs, 8, r.steps);
+      const engines = parseInt(e, 10);
+      const rbs = Math.max(1, Math.round((engines * r.params.maxRunning) / 8));
+      const c = simulatePolicy(
+        r.params,
+        engines,
+        { ...(policyOf[m] as PolicyMode), poolCap: r.params.maxRunning, isBatchCoupled: true },
+        rbs,
+        8,
+        mr.steps ?? r.steps,
+      );
       mr.policy_ideal_batch_coupled_samples_per_s = c.samplesPerS * r.params.timeScale;
       mr.ratio_samples_vs_policy_ideal_batch_coupled = (mr.samples_per_s as number) / (c.samplesPerS * r.params.timeScale);
     }
@@ -56,7 +73,7 @@ lines.push("|---|---|---|---|---|---|---|---|---|---|---|---|");
 for (const [e, r] of Object.entries(merged.results)) {
   for (const [m, mr] of Object.entries(r.modes)) {
     lines.push(
-      `| ${e} (x${r.params.timeScale}, ${mr.reps}) | ${m} | ${f(mr.samples_per_s, 1)} | ${f(r.ideal.samples_per_s_wall, 1)} | ${f(mr.policy_ideal_samples_per_s, 1)} | ${f(mr.policy_ideal_batch_coupled_samples_per_s, 1)} | ${f(mr.ratio_samples_vs_ideal)} | ${f(mr.ratio_samples_vs_policy_ideal)} | ${f(mr.ratio_samples_vs_policy_ideal_batch_coupled)} | ${f(mr.engine_busy_fraction)} | ${f(mr.engine_decode_utilization)} | ${f(mr.trainer_busy_fraction)} |`,
+      `| ${parseInt(e, 10)} (x${r.params.timeScale}, ${mr.reps}) | ${m} | ${f(mr.samples_per_s, 1)} | ${f(r.ideal.samples_per_s_wall, 1)} | ${f(mr.policy_ideal_samples_per_s, 1)} | ${f(mr.policy_ideal_batch_coupled_samples_per_s, 1)} | ${f(mr.ratio_samples_vs_ideal)} | ${f(mr.ratio_samples_vs_policy_ideal)} | ${f(mr.ratio_samples_vs_policy_ideal_batch_coupled)} | ${f(mr.engine_busy_fraction)} | ${f(mr.engine_decode_utilization)} | ${f(mr.trainer_busy_fraction)} |`,
     );
   }
 }
@@ -74,14 +91,17 @@ for (const [e, r] of Object.entries(merged.results)) {
 }
 lines.push("");
 // What rlq adds beyond the engines' own weight load, and each rlq process's share of a core (medians over the runs).
-type Run = { engines: number; mode: string; window_s: number; cpu_s_in_window: Record<string, number> };
+type Run = { engines: number; mode: string; window_s: number; weight_load_ms_model: number; cpu_s_in_window: Record<string, number> };
 lines.push(
   "| engines | mode | commit → all engines have a request ms | → all decoding (prefill) ms | bubble beyond the model ms | of step | of step at real time | with the prefill, at real time | controller (`rlq up`) cores | rollout worker cores |",
 );
 lines.push("|---|---|---|---|---|---|---|---|---|---|");
 for (const [e, r] of Object.entries(merged.results)) {
   for (const [m, mr] of Object.entries(r.modes)) {
-    const runs = (merged.runs as Run[]).filter((x) => String(x.engines) === e && x.mode === m);
+    // A run's scale shows in its model load time (weightLoadMs / timeScale).
+    const runs = (merged.runs as Run[]).filter(
+      (x) => x.engines === parseInt(e, 10) && x.mode === m && x.weight_load_ms_model === r.params.weightLoadMs / r.params.timeScale,
+    );
     const cores = (name: string) => median(runs.map((x) => (x.cpu_s_in_window[name] ?? NaN) / x.window_s));
     lines.push(
       `| ${e} | ${m} | ${f(mr.bubble_commit_to_all_engines_requested_ms, 0)} | ${f(mr.bubble_requested_to_decoding_ms, 0)} | ${f(mr.bubble_beyond_model_ms, 0)} | ${pct(mr.bubble_beyond_model_frac, 1)} | ${pct(mr.bubble_beyond_model_frac_at_real_time, 2)} | ${pct(mr.bubble_beyond_load_to_decoding_frac_at_real_time, 2)} | ${f(cores("rlq_up"))} | ${f(cores("rlq_worker"))} |`,
@@ -90,8 +110,13 @@ for (const [e, r] of Object.entries(merged.results)) {
 }
 lines.push("");
 for (const [e, r] of Object.entries(merged.results)) {
-  lines.push(
-    `${e} engines: async_k1 / sync_partial_off = ${f(r.async_k1_over_sync_partial_off as number)}, async_k2 / sync_partial_off = ${f(r.async_k2_over_sync_partial_off as number)} (policy ideal: ${f(r.policy_ideal_async_k1_over_sync_partial_off as number)}, ${f(r.policy_ideal_async_k2_over_sync_partial_off as number)})`,
-  );
+  const sync = r.modes.sync_partial_off;
+  const ratios = Object.keys(r.modes)
+    .filter((m) => m.startsWith("async_"))
+    .map((m) => {
+      const a = r.modes[m] as ModeResult;
+      return `${m} / sync_partial_off = ${f(sync ? (a.samples_per_s as number) / (sync.samples_per_s as number) : null)} (policy ideal: ${f(sync ? (a.policy_ideal_samples_per_s as number) / (sync.policy_ideal_samples_per_s as number) : null)})`;
+    });
+  if (ratios.length > 0) lines.push(`${e} engines: ${ratios.join(", ")}`);
 }
 process.stdout.write(lines.join("\n") + "\n");

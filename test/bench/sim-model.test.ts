@@ -9,6 +9,7 @@ import {
   type SimClock,
   type SimParams,
 } from "../../bench/sim/model.ts";
+import { benchModePolicies, simulatePolicy } from "../../bench/sim/policy-sim.ts";
 
 /** A virtual clock: timers run in time order when `run()` is called; nothing waits on the wall clock. */
 function virtualClock(): SimClock & { run(until?: number): void } {
@@ -147,5 +148,23 @@ describe("the length distribution and the ideal", () => {
     expect(ideal.trainMsPerStep).toBeCloseTo(train, 3);
     expect(ideal.pipelined.stepMs).toBeCloseTo(Math.max(gen, train), 3);
     expect(ideal.sequential.samplesPerS).toBeCloseTo((1000 * 16) / (gen + train), 6);
+  });
+});
+
+describe("simulatePolicy (the bench's zero-overhead policy ideal)", () => {
+  // 8 engines of the bench's default model; 16 steps, so async k=4 has 10 steady steps.
+  const p = defaultParams(8);
+  const rbs = (8 * p.maxRunning) / 8;
+  const sps = (mode: keyof typeof benchModePolicies) => simulatePolicy(p, 8, benchModePolicies[mode], rbs, 8, 16).samplesPerS;
+
+  it("never beats the fluid pipeline ideal, and a looser staleness bound never trains slower", () => {
+    const pipeline = idealPipeline(p, 8, 8 * p.maxRunning).pipelined.samplesPerS;
+    const [syncOff, k1, k2, k4] = [sps("sync_partial_off"), sps("async_k1"), sps("async_k2"), sps("async_k4")] as [number, number, number, number];
+    // The pipeline ideal has no tail, no fill and no idle slot: a scheduled policy stays under it.
+    for (const x of [syncOff, k1, k2, k4]) expect(x).toBeLessThan(pipeline);
+    // AReaL's admission rule lets (k + 1) steps of groups run: more of them keep more slots busy.
+    expect(syncOff).toBeLessThan(k1);
+    expect(k1).toBeLessThan(k2);
+    expect(k2).toBeLessThan(k4);
   });
 });
