@@ -19,7 +19,14 @@ export async function tickAsync(h: ControllerHost): Promise<boolean> {
   if (s.pendingEval) progressed = (await awaitEval(h)) || progressed;
   progressed = (await collectAsync(h)) || progressed;
   progressed = (await trainAsync(h)) || progressed;
+  const wasSyncing = s.syncing !== null;
   progressed = (await syncAsync(h)) || progressed;
+  // A sync just ended: the rounds it aborted go back out before any new group is drawn, so their
+  // requests queue ahead of the new groups'. Drawn first, the new groups took the engines' slots
+  // and the resumed long tails waited behind them; the groups in flight then held half the
+  // unfinished samples, and at 64 engines with max_staleness 4 the engines ran short of requests
+  // late in every step (bench/cluster-sim.ts; docs/performance.md "Session 15").
+  if (wasSyncing && s.syncing === null) progressed = (await collectAsync(h)) || progressed;
   if (s.status === "running" && s.syncing === null) progressed = (await admitAsync(h)) || progressed;
   return progressed;
 }

@@ -83,6 +83,37 @@ describe("asynchronous mode", () => {
       } else v = d.payload.weightVersion;
     }
 
+    // After each sync, the rounds it aborted went out again before any new group was drawn: the
+    // resumed requests queue ahead of the new groups' (src/controller/async-pipeline.ts tickAsync).
+    const log = await q(
+      "SELECT seq, kind, payload FROM decisions WHERE run_id = $1 AND kind IN ('weights.syncing', 'weights.synced', 'group.aborted', 'group.dispatched', 'prompts.drawn') ORDER BY seq",
+      runId,
+    );
+    let checked = 0;
+    for (const [i, d] of log.entries()) {
+      if (d.kind !== "weights.synced") continue;
+      const abortedGroups = new Set<number>();
+      for (let j = i - 1; j >= 0 && log[j].kind !== "weights.syncing"; j--)
+        if (log[j].kind === "group.aborted") abortedGroups.add(Number(log[j].payload.groupId));
+      const after = log.slice(i + 1);
+      const end = after.findIndex((x) => x.kind === "weights.syncing");
+      const window = end < 0 ? after : after.slice(0, end);
+      const firstDraw = window.findIndex((x) => x.kind === "prompts.drawn");
+      if (abortedGroups.size === 0 || firstDraw < 0) continue;
+      const resumedBeforeDraw = new Set(
+        window
+          .slice(0, firstDraw)
+          .filter((x) => x.kind === "group.dispatched")
+          .map((x) => Number(x.payload.groupId)),
+      );
+      expect(
+        [...abortedGroups].filter((g) => !resumedBeforeDraw.has(g)),
+        `sync at seq ${d.seq}: aborted groups not resumed before the next draw`,
+      ).toEqual([]);
+      checked++;
+    }
+    expect(checked).toBeGreaterThan(0);
+
     // Per-step staleness metrics landed with each step.
     const hist = await q("SELECT step, key, value FROM train_metrics WHERE run_id = $1 AND key LIKE 'staleness_%' ORDER BY step, key", runId);
     expect(new Set(hist.map((h) => h.step))).toEqual(new Set([0, 1, 2, 3]));
