@@ -30,7 +30,7 @@ import { createTestDatabase, redisUrl } from "../test/helpers/services.ts";
 import { repoRoot, spawnFake, spawnRlq, type Proc } from "../test/helpers/processes.ts";
 import { median, prepareServices, startCpuSampler, writeResult } from "./lib.ts";
 import { defaultParams, idealPipeline, paramSources, type SimParams } from "./sim/model.ts";
-import { benchModePolicies, simulatePolicy, type BenchMode, type PolicyMode } from "./sim/policy-sim.ts";
+import { benchModePolicies, simulatePolicy, type BenchMode } from "./sim/policy-sim.ts";
 
 const { values } = parseArgs({
   options: {
@@ -58,21 +58,22 @@ const perEngines = (spec: string, e: number, fallback: number) => {
   return fallback;
 };
 type Mode = BenchMode;
+/** Async mode as AReaL runs it: admission bounded by the policy's k, stale tokens masked. */
+const asyncConfig = (m: Mode) => ({ train_async: true, max_staleness: benchModePolicies[m].k, staleness_policy: "mask" });
 const modeConfig: Record<Mode, Record<string, unknown>> = {
   // Synchronous, over-sampling 1.5x: the groups drained at the seal are discarded (and recorded so).
   sync_partial_off: { partial_rollout: false },
   // Synchronous, over-sampling 1.5x: the drained groups go back to the buffer with their tokens.
   sync_partial_on: { partial_rollout: true },
-  async_k1: { train_async: true, max_staleness: 1, staleness_policy: "mask" },
-  async_k2: { train_async: true, max_staleness: 2, staleness_policy: "mask" },
+  async_k1: asyncConfig("async_k1"),
+  async_k2: asyncConfig("async_k2"),
   // AReaL's documented async setting (docs/en/algorithms/async.md: max_head_offpolicyness 4, typically 2-8);
   // prime-rl's max_off_policy_steps defaults to 8.
-  async_k4: { train_async: true, max_staleness: 4, staleness_policy: "mask" },
+  async_k4: asyncConfig("async_k4"),
 };
 const isAsyncMode = (m: Mode) => m.startsWith("async");
 /** An async mode's max_staleness (0 for the sync modes). */
-const stalenessOf = (m: Mode) => (isAsyncMode(m) ? (modeConfig[m].max_staleness as number) : 0);
-const policyOf: Record<Mode, PolicyMode> = benchModePolicies;
+const stalenessOf = (m: Mode) => benchModePolicies[m].k;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 async function getJson<T>(url: string): Promise<T> {
@@ -416,7 +417,7 @@ for (const e of values.engines.split(",").map(Number)) {
     const rs = runs.filter((r) => r.mode === m);
     const med = (k: keyof (typeof rs)[number]) => median(rs.map((r) => r[k] as number));
     // The zero-overhead event simulation of the same policy (bench/sim/policy-sim.ts), in wall units.
-    const policy = simulatePolicy(p, e, policyOf[m], Math.max(1, Math.round((e * p.maxRunning) / 8)), 8, steps);
+    const policy = simulatePolicy(p, e, benchModePolicies[m], Math.max(1, Math.round((e * p.maxRunning) / 8)), 8, steps);
     const policySps = policy.samplesPerS * p.timeScale;
     // The same, with rlq's pool cap and its batch /generate holding a finished request's slot until
     // its batch-mates finish (src/engines/pool.ts runOn, src/engines/sglang.ts createBatcher).
@@ -424,7 +425,7 @@ for (const e of values.engines.split(",").map(Number)) {
     const coupled = simulatePolicy(
       p,
       e,
-      { ...policyOf[m], poolCap: serverConcurrency, isBatchCoupled: true },
+      { ...benchModePolicies[m], poolCap: serverConcurrency, isBatchCoupled: true },
       Math.max(1, Math.round((e * p.maxRunning) / 8)),
       8,
       steps,

@@ -41,7 +41,6 @@ for (const name of positionals) {
 
   merged.runs.push(...r.runs);
 }
-const policyOf: Record<string, PolicyMode> = benchModePolicies;
 for (const [e, r] of Object.entries(merged.results)) {
   for (const [m, mr] of Object.entries(r.modes)) {
     if (mr.policy_ideal_batch_coupled_samples_per_s === undefined) {
@@ -50,7 +49,7 @@ for (const [e, r] of Object.entries(merged.results)) {
       const c = simulatePolicy(
         r.params,
         engines,
-        { ...(policyOf[m] as PolicyMode), poolCap: r.params.maxRunning, isBatchCoupled: true },
+        { ...(benchModePolicies[m as keyof typeof benchModePolicies] as PolicyMode), poolCap: r.params.maxRunning, isBatchCoupled: true },
         rbs,
         8,
         mr.steps ?? r.steps,
