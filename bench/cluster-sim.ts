@@ -114,6 +114,8 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
   try {
     const farm = await spawnFake("bench/sim/engine-farm.ts", ["--engines", String(engines), "--params", JSON.stringify(p)]);
     procs.push(farm);
+    // One port per simulated engine, as each real engine is its own server (engine-farm.ts).
+    const { ports: enginePorts } = await getJson<{ ports: number[] }>(`${farm.url}/_ports`);
     const trainer = await spawnFake("bench/sim/trainer.ts", ["--params", JSON.stringify(p)]);
     procs.push(trainer);
     const prefix = `csim${engines}${mode}${Date.now().toString(36)}`.replace(/[^a-z0-9]/g, "");
@@ -136,7 +138,7 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       dynamic_sampling_filter_path: null,
       // The farm speaks rlq's byte ids, as the test fakes do (run configs must now say so).
       tokenizer: "bytes",
-      engine: { kind: "sglang", urls: Array.from({ length: engines }, (_, i) => `${farm.url}/e/${i}`), logprob_check: "off", stream: false },
+      engine: { kind: "sglang", urls: enginePorts.map((port) => `http://127.0.0.1:${port}`), logprob_check: "off", stream: false },
       sglang_server_concurrency: values["server-concurrency"] ? Number(values["server-concurrency"]) : p.maxRunning,
       trainer: { kind: "remote", url: trainer.url },
       train_stall_timeout_s: 120,
@@ -183,6 +185,7 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
         loadsWallMs: Array<{ version: number; askedAt: number; doneAt: number }>;
       }>;
       occupancy: Array<[number, number]>;
+      abortsWallMs: number[];
       requests: number;
       aborts: number;
     }>(`${farm.url}/_stats`);
@@ -219,6 +222,19 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
           "SELECT (payload->>'step')::int AS step, min(created_at) AS at FROM decisions WHERE run_id = $1 AND kind = 'weights.syncing' GROUP BY 1",
         )
       ).map((r) => [r.step, ms(r.at)]),
+    );
+    // The rounds each sync aborted, and when the last of them landed (its transaction's start).
+    const abortedLanded = new Map(
+      (
+        await q<{ step: number; n: number; last: Date | null }>(
+          `SELECT (y.payload->>'step')::int AS step, count(*)::int AS n, max(r.created_at) AS last
+             FROM decisions y
+             JOIN decisions a ON a.run_id = y.run_id AND a.kind = 'group.aborted' AND a.seq > y.seq
+                AND a.seq < (SELECT min(z.seq) FROM decisions z WHERE z.run_id = y.run_id AND z.kind = 'weights.synced' AND z.seq > y.seq)
+             LEFT JOIN group_rounds r ON r.run_id = y.run_id AND r.group_id = (a.payload->>'groupId')::bigint AND r.round = (a.payload->>'round')::int
+            WHERE y.run_id = $1 AND y.kind = 'weights.syncing' GROUP BY 1`,
+        )
+      ).map((r) => [r.step, { n: r.n, last: ms(r.last) }]),
     );
     const trained = await q<{ step: number; samples: number; tokens: number }>(
       "SELECT trained_step AS step, count(*)::int AS samples, sum(response_length)::float8 AS tokens FROM rollout_history WHERE run_id = $1 AND trained_step IS NOT NULL GROUP BY 1 ORDER BY 1",
@@ -292,6 +308,17 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
         engines_full_on_new_version: firstFull.length,
         engine_load_ms_max: loads.length ? Math.max(...loads.map((l) => l.doneAt - l.askedAt)) : NaN,
       });
+      // Inside the sync: the aborts reaching the engines, the aborted rounds landing, the load asked.
+      const from = syncing.get(s) ?? NaN;
+      const to = synced.get(s) ?? NaN;
+      const aborts = farmStats.abortsWallMs.filter((t) => t >= from && t < to);
+      const sync = perStep[perStep.length - 1] as Record<string, number>;
+      sync.sync_aborted_groups = abortedLanded.get(s)?.n ?? 0;
+      sync.sync_aborts = aborts.length;
+      sync.syncing_to_first_abort_ms = aborts.length ? Math.min(...aborts) - from : NaN;
+      sync.syncing_to_last_abort_ms = aborts.length ? Math.max(...aborts) - from : NaN;
+      sync.syncing_to_last_aborted_round_ms = (abortedLanded.get(s)?.last ?? NaN) - from;
+      sync.syncing_to_load_asked_ms = loads.length ? Math.min(...loads.map((l) => l.askedAt)) - from : NaN;
       // What rlq adds to the sync beyond the engines' own load (the model's weight-load time).
       const row = perStep[perStep.length - 1] as Record<string, number>;
       row.commit_to_all_engines_decoding_beyond_load_ms = (row.commit_to_all_engines_decoding_ms as number) - (row.engine_load_ms_max as number);

@@ -1,16 +1,19 @@
 /**
  * BENCH FAKE: one process that plays N SGLang engines (bench/sim/model.ts's SimEngine: timers, no
- * CPU per token), engine i at http://127.0.0.1:PORT/e/i. Each speaks the part of SGLang's native
+ * CPU per token), engine i at http://127.0.0.1:PORT/e/i and on its own port (GET /_ports lists them). Each speaks the part of SGLang's native
  * API rlq uses (src/engines/sglang.ts; behaviours from sglang's python/sglang/srt/entrypoints/http_server.py
  * and managers/tokenizer_manager.py, as test/fakes/fake-sglang.ts documents them):
  *   POST /generate {rid, input_ids, sampling_params, return_logprob, stream: false}, single or batch
  *     (lists; the answer is the list of outputs in order, sent when every item ended);
- *   POST /abort_request {rid}: that request ends now with its tokens so far, finish_reason abort;
- *     abort_all is refused (rlq must never send it);
- *   POST /update_weights_from_disk {model_path, weight_version}: new requests are held, running ones
- *     finish (the model update lock), then the load takes weightLoadMs;
+ *   POST /abort_request {rid}: that request ends now with its tokens so far, finish_reason abort; a
+ *     request held behind a weight load is not reached (tokenizer_manager.py abort_request returns
+ *     early for a rid not yet in rid_to_state) and runs after the load; abort_all is refused (rlq
+ *     must never send it);
+ *   POST /update_weights_from_disk {model_path, weight_version}: new requests are held, the ones
+ *     already in the server finish (the model update lock), then the load takes weightLoadMs;
  *   GET /health_generate, /health, /get_weight_version, /get_model_info, /get_server_info; POST /flush_cache.
- * GET /_stats (farm only): per-engine busy time, tokens, loads, first request and first decode per version; GET /_totals: the sums now.
+ * GET /_stats (farm only): per-engine busy time, tokens, loads, first request and first decode per version, the
+ *   slots held every 100 ms, when each abort arrived; GET /_totals: the sums now.
  *
  * A sample's length is fixed by its key (rid minus the segment index), so a resumed segment ends
  * where the sample would have. Generated token ids are 128..255 (the byte tokenizer's non-ASCII
@@ -18,7 +21,7 @@
  *
  *   tsx bench/sim/engine-farm.ts --port 0 --engines N --params JSON   (prints "listening PORT")
  */
-import { createServer, type ServerResponse } from "node:http";
+import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { parseArgs } from "node:util";
 import { readJson, sendJson } from "../../test/fakes/http-json.ts";
@@ -35,6 +38,8 @@ const stats = { generateCalls: 0, requests: 0, aborts: 0, loads: 0 };
 // The slots holding a request across all engines, sampled every 100 wall ms: the bench reads how
 // full the engines were around each weight sync.
 const occupancy: Array<[number, number]> = [];
+// When each /abort_request arrived (wall ms): the bench reads how long a weight sync's aborts took to reach the engines.
+const abortsWallMs: number[] = [];
 setInterval(() => occupancy.push([Date.now(), engines.reduce((a, e) => a + e.holding, 0) / (n * p.maxRunning)]), 100).unref();
 
 interface Item {
@@ -97,7 +102,7 @@ async function generate(e: SimEngine, b: Record<string, unknown>, res: ServerRes
   res.on("close", () => {
     if (res.writableFinished) return;
     isGone = true;
-    for (const it of items) e.abort(it.rid); // SGLang aborts the requests of a client that disconnected
+    for (const it of items) e.disconnect(it.rid); // SGLang aborts the requests of a client that disconnected
   });
   const outs = await Promise.all(items.map((it) => runOne(e, it)));
   if (!isGone) sendJson(res, 200, isBatch ? outs : outs[0]);
@@ -133,46 +138,79 @@ const server = createServer((req, res) => {
             loadsWallMs: e.loadsAt.map((l) => ({ version: l.version, askedAt: clock.wallAt(l.askedAt), doneAt: clock.wallAt(l.doneAt) })),
           })),
           occupancy,
+          abortsWallMs,
           simNowMs: clock.now(),
           wallNowMs: Date.now(),
         });
       }
+      if (url === "/_ports") return sendJson(res, 200, { ports: enginePorts });
       const m = /^\/e\/(\d+)(\/.*)$/.exec(url);
       const e = m ? engines[Number(m[1])] : undefined;
       if (!m || !e) return sendJson(res, 404, { error: { message: `no engine at ${url}` } });
-      const path = m[2];
-      if (req.method === "POST" && path === "/generate") return await generate(e, await readJson(req), res);
-      if (req.method === "POST" && path === "/abort_request") {
-        const b = await readJson(req);
-        if (b.abort_all === true) return sendJson(res, 400, { error: { message: "rlq must never abort_all" } });
-        stats.aborts++;
-        e.abort(String(b.rid));
-        return sendJson(res, 200, {});
-      }
-      if (req.method === "POST" && path === "/update_weights_from_disk") {
-        const b = await readJson(req);
-        stats.loads++;
-        await e.load(Number(b.weight_version));
-        return sendJson(res, 200, { success: true, message: `loaded ${String(b.model_path)}`, num_paused_requests: 0 });
-      }
-      if (path === "/flush_cache") return sendJson(res, 200, {});
-      if (path === "/health_generate" || path === "/health") return sendJson(res, 200, {});
-      if (path === "/get_weight_version") return sendJson(res, 200, { weight_version: String(e.version) });
-      if (path === "/get_model_info")
-        return sendJson(res, 200, { model_path: "sim/8b", tokenizer_path: "sim/8b", is_generation: true, weight_version: String(e.version) });
-      if (path === "/get_server_info")
-        return sendJson(res, 200, { model_path: "sim/8b", weight_version: String(e.version), max_running_requests: p.maxRunning, version: "engine-farm" });
-      sendJson(res, 404, { error: { message: `no route ${req.method} ${path}` } });
+      await serveEngine(e, m[2] as string, req, res);
     } catch (err) {
       if (!res.headersSent) sendJson(res, 500, { error: { message: (err as Error).message } });
       else res.destroy();
     }
   })();
 });
+
+/** One engine's SGLang endpoints (path without the /e/i prefix). */
+async function serveEngine(e: SimEngine, path: string, req: IncomingMessage, res: ServerResponse): Promise<void> {
+  if (req.method === "POST" && path === "/generate") return await generate(e, await readJson(req), res);
+  if (req.method === "POST" && path === "/abort_request") {
+    const b = await readJson(req);
+    if (b.abort_all === true) return sendJson(res, 400, { error: { message: "rlq must never abort_all" } });
+    stats.aborts++;
+    abortsWallMs.push(Date.now());
+    e.abort(String(b.rid));
+    return sendJson(res, 200, {});
+  }
+  if (req.method === "POST" && path === "/update_weights_from_disk") {
+    const b = await readJson(req);
+    stats.loads++;
+    await e.load(Number(b.weight_version));
+    return sendJson(res, 200, { success: true, message: `loaded ${String(b.model_path)}`, num_paused_requests: 0 });
+  }
+  if (path === "/flush_cache") return sendJson(res, 200, {});
+  if (path === "/health_generate" || path === "/health") return sendJson(res, 200, {});
+  if (path === "/get_weight_version") return sendJson(res, 200, { weight_version: String(e.version) });
+  if (path === "/get_model_info")
+    return sendJson(res, 200, { model_path: "sim/8b", tokenizer_path: "sim/8b", is_generation: true, weight_version: String(e.version) });
+  if (path === "/get_server_info")
+    return sendJson(res, 200, { model_path: "sim/8b", weight_version: String(e.version), max_running_requests: p.maxRunning, version: "engine-farm" });
+  sendJson(res, 404, { error: { message: `no route ${req.method} ${path}` } });
+}
+
+// Each engine also listens on its own port, as real engines are separate servers: a client's
+// connection pool is per server (Node's http.Agent keeps and caps sockets per host:port), so one
+// port for 64 engines would pool their connections as one. Idle connections close after 5 s, as
+// SGLang's do (http_server.py launch_server: uvicorn.run(..., timeout_keep_alive=5)).
+const enginePorts: number[] = [];
+const engineServers = engines.map((e) => {
+  const s = createServer((req, res) => {
+    serveEngine(e, (req.url ?? "/").split("?")[0] as string, req, res).catch((err: unknown) => {
+      if (!res.headersSent) sendJson(res, 500, { error: { message: (err as Error).message } });
+      else res.destroy();
+    });
+  });
+  s.keepAliveTimeout = 5_000;
+  return s;
+});
 server.keepAliveTimeout = 60_000;
 server.maxConnections = 100_000;
-server.listen(Number(values.port), "127.0.0.1", () => process.stdout.write(`listening ${(server.address() as AddressInfo).port}\n`));
+void (async () => {
+  for (const s of engineServers) {
+    await new Promise<void>((r) => s.listen(0, "127.0.0.1", r));
+    enginePorts.push((s.address() as AddressInfo).port);
+  }
+  server.listen(Number(values.port), "127.0.0.1", () => process.stdout.write(`listening ${(server.address() as AddressInfo).port}\n`));
+})();
 process.on("SIGTERM", () => {
+  for (const s of engineServers) {
+    s.closeAllConnections();
+    s.close();
+  }
   server.closeAllConnections();
   server.close(() => process.exit(0));
 });

@@ -199,6 +199,8 @@ export interface SimRequest {
 interface Live extends SimRequest {
   produced: number;
   decodeFrom: number;
+  /** Held behind a load when its client went away: it ends when the load releases it. */
+  isGone?: boolean;
 }
 
 /**
@@ -260,28 +262,42 @@ export class SimEngine {
     this.settle();
   }
 
-  /** Abort by rid: the request ends now with the tokens it has. */
+  /**
+   * Abort by rid (SGLang abort_request): a running or waiting request ends now with the tokens it has.
+   * One held behind a weight load is not in the server's rid_to_state yet, so the abort does nothing
+   * (tokenizer_manager.py abort_request returns early for an unknown rid): it runs after the load.
+   */
   abort(rid: string): boolean {
     this.advance();
-    const find = (xs: Live[]) => xs.findIndex((x) => x.rid === rid);
     const r = this.running.get(rid);
     if (r) {
       this.running.delete(rid);
       r.onDone(Math.floor(r.produced), true, this.version);
     } else {
-      for (const xs of [this.waiting, this.held]) {
-        const i = find(xs);
-        if (i >= 0) {
-          const [w] = xs.splice(i, 1);
-          w?.onDone(0, true, this.version);
-        }
+      const i = this.waiting.findIndex((x) => x.rid === rid);
+      if (i >= 0) {
+        const [w] = this.waiting.splice(i, 1);
+        w?.onDone(0, true, this.version);
       }
     }
     this.settle();
     return r !== undefined;
   }
 
-  /** update_weights_from_disk: new requests are held, running ones finish, then the load takes weightLoadMs. */
+  /**
+   * The client of `rid` went away: SGLang aborts the request (tokenizer_manager.py, after a delay the
+   * farm does not model); one held behind a load ends when the load releases it, before generating.
+   */
+  disconnect(rid: string): void {
+    const h = this.held.find((x) => x.rid === rid);
+    if (h) h.isGone = true;
+    else this.abort(rid);
+  }
+
+  /**
+   * update_weights_from_disk: new requests are held; the ones the server already has (running or
+   * waiting: each holds the model update lock's reader side) finish, then the load takes weightLoadMs.
+   */
   load(version: number, onLoaded?: () => void): Promise<void> {
     return new Promise((resolve) => {
       this.advance();
@@ -296,8 +312,6 @@ export class SimEngine {
             resolve();
           },
         };
-        this.held.push(...this.waiting);
-        this.waiting = [];
         this.isLoadTimed = false;
         this.settle();
       };
@@ -355,7 +369,7 @@ export class SimEngine {
         r.onDone(r.target, false, this.version);
       }
     }
-    if (this.loading && this.running.size === 0 && !this.isLoadTimed) {
+    if (this.loading && this.running.size === 0 && this.waiting.length === 0 && !this.isLoadTimed) {
       this.isLoadTimed = true;
       const l = this.loading;
       this.timer?.cancel();
@@ -364,7 +378,10 @@ export class SimEngine {
         this.version = l.version;
         this.loading = null;
         this.isLoadTimed = false;
-        this.waiting.push(...this.held);
+        for (const h of this.held) {
+          if (h.isGone) h.onDone(0, true, this.version);
+          else this.waiting.push(h);
+        }
         this.held = [];
         if (this.waiting.length > 0) this.noteRequest();
         l.done();
@@ -373,7 +390,7 @@ export class SimEngine {
       return;
     }
     if (this.loading && this.isLoadTimed) return; // the load's timer is the next event
-    while (!this.loading && this.running.size < this.p.maxRunning && this.waiting.length > 0) {
+    while (this.running.size < this.p.maxRunning && this.waiting.length > 0) {
       const r = this.waiting.shift() as Live;
       r.decodeFrom = now + this.p.prefill0Ms + this.p.prefillPerTokenMs * r.inputTokens;
       this.running.set(r.rid, r);

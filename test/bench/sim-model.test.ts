@@ -109,6 +109,45 @@ describe("SimEngine (the engine farm's model of one SGLang engine)", () => {
     expect(e.firstDecodeAt.get(1)).toBeCloseTo(t1 + p.weightLoadMs, 6);
     expect(e.loadMs).toBeCloseTo(p.weightLoadMs, 6);
   });
+
+  it("an abort does not reach a request held behind a load (SGLang: not in rid_to_state yet): it runs on the new version", async () => {
+    const clock = virtualClock();
+    const p = params({ prefill0Ms: 0 });
+    const e = new SimEngine(p, clock);
+    const seen: Array<[string, number, boolean, number]> = [];
+    e.submit({ rid: "old", target: 10, inputTokens: 1, onDone: (n, a, v) => seen.push(["old", n, a, v]) });
+    const loaded = e.load(1);
+    e.submit({ rid: "held", target: 10, inputTokens: 1, onDone: (n, a, v) => seen.push(["held", n, a, v]) });
+    e.submit({ rid: "gone", target: 10, inputTokens: 1, onDone: (n, a, v) => seen.push(["gone", n, a, v]) });
+    expect(e.abort("held")).toBe(false);
+    e.disconnect("gone");
+    expect(seen).toEqual([]);
+    clock.run();
+    await loaded;
+    // The held request's abort did nothing: it ran whole, on version 1; the disconnected one ended at the load's end, untouched.
+    expect(seen).toEqual([
+      ["old", 10, false, 0],
+      ["gone", 0, true, 1],
+      ["held", 10, false, 1],
+    ]);
+  });
+
+  it("a load waits for the requests the server already queued (each holds the update lock's reader side), not only the running ones", async () => {
+    const clock = virtualClock();
+    const p = params({ prefill0Ms: 0, maxRunning: 1 });
+    const e = new SimEngine(p, clock);
+    const seen: Array<[string, number]> = [];
+    e.submit({ rid: "a", target: 10, inputTokens: 1, onDone: (_n, _a, v) => seen.push(["a", v]) });
+    e.submit({ rid: "queued", target: 10, inputTokens: 1, onDone: (_n, _a, v) => seen.push(["queued", v]) });
+    const loaded = e.load(1);
+    clock.run();
+    await loaded;
+    expect(seen).toEqual([
+      ["a", 0],
+      ["queued", 0],
+    ]);
+    expect(e.loadsAt[0]?.doneAt).toBeCloseTo(20 * iterationMs(p, 1) + p.weightLoadMs, 6);
+  });
 });
 
 describe("the length distribution and the ideal", () => {

@@ -62,6 +62,7 @@ export interface FakeSglangStats {
   abortAlls: number;
   flushRefused: number;
   cacheFlushes: number;
+  connections: number;
 }
 
 export async function fakeStats(url: string): Promise<FakeSglangStats> {

@@ -318,7 +318,9 @@ const server = createServer((req, res) => {
     }
   })();
 });
-server.keepAliveTimeout = 60_000;
+// Idle connections close after 5 s, as SGLang's do (http_server.py launch_server: uvicorn.run(..., timeout_keep_alive=5)).
+server.keepAliveTimeout = 5_000;
+server.on("connection", () => stats.connections++);
 server.listen(Number(values.port), "127.0.0.1", () => {
   process.stdout.write(`listening ${(server.address() as AddressInfo).port}\n`);
   if (st.fault.mode === "die" && st.fault.afterTokens <= 0) process.exit(1);

@@ -84,6 +84,8 @@ export const stats = {
   flushRefused: 0,
   cacheFlushes: 0,
   seedsSeen: [] as number[],
+  /** TCP connections accepted (a client's connection pooling shows here). */
+  connections: 0,
 };
 /** Groups made by /init_weights_update_group (model_runner.py keeps them by group_name). */
 export const groupNames = new Set<string>();
