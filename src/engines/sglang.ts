@@ -208,7 +208,10 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
     async abort(requestIds) {
       // The server answers each aborted request with its tokens so far; the
       // caller (the pool) waits for those answers.
-      await Promise.all(requestIds.map((rid) => callJson("POST", `${url}/abort_request`, { rid, abort_all: false }, { timeoutMs: adminMs, headers })));
+      // The control lane: a sync's burst of aborts shares a few connections to this server (lib/http-client.ts).
+      await Promise.all(
+        requestIds.map((rid) => callJson("POST", `${url}/abort_request`, { rid, abort_all: false }, { timeoutMs: adminMs, headers, lane: "control" })),
+      );
     },
     async health(timeoutMs = adminMs) {
       try {

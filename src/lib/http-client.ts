@@ -35,6 +35,14 @@ export interface HttpCallOptions {
    * drops packets is told apart from a server that connected and is slow. Default 10 s (undici's).
    */
   connectTimeoutMs?: number;
+  /**
+   * "control": a short call that comes in bursts (an engine's abort_request: a weight sync aborts
+   * every request in flight at once). Control calls to one server share at most
+   * CONTROL_SOCKETS_PER_SERVER kept-alive connections and queue for them, instead of each opening
+   * its own: a sync of ~1200 requests at 64 engines opened ~1200 connections at once, and the
+   * aborts took ~500 ms to reach the engines (bench/cluster-sim.ts; docs/performance.md).
+   */
+  lane?: "control";
 }
 
 export type HttpMethod = "GET" | "POST" | "DELETE";
@@ -77,14 +85,20 @@ export class HttpNetworkError extends RlqError {
 
 const IDLE_SOCKET_MS = 4_000;
 const CONNECT_TIMEOUT_MS = 10_000;
-let agents: { http: http.Agent; https: https.Agent } | null = null;
+/** Connections per server that control calls share (an abort's round trip is ~1 ms: a few carry a burst). */
+export const CONTROL_SOCKETS_PER_SERVER = 4;
+let agents: { http: http.Agent; https: https.Agent; controlHttp: http.Agent; controlHttps: https.Agent } | null = null;
 
-function agentFor(u: URL): http.Agent {
+function agentFor(u: URL, lane: HttpCallOptions["lane"]): http.Agent {
   agents ??= {
     http: new http.Agent({ keepAlive: true, timeout: IDLE_SOCKET_MS }),
     https: new https.Agent({ keepAlive: true, timeout: IDLE_SOCKET_MS }),
+    controlHttp: new http.Agent({ keepAlive: true, timeout: IDLE_SOCKET_MS, maxSockets: CONTROL_SOCKETS_PER_SERVER }),
+    controlHttps: new https.Agent({ keepAlive: true, timeout: IDLE_SOCKET_MS, maxSockets: CONTROL_SOCKETS_PER_SERVER }),
   };
-  return u.protocol === "https:" ? agents.https : agents.http;
+  const isHttps = u.protocol === "https:";
+  if (lane === "control") return isHttps ? agents.controlHttps : agents.controlHttp;
+  return isHttps ? agents.https : agents.http;
 }
 
 /** Takes a response body chunk by chunk (decoded); `end` gives the call's result. Throwing from either ends the call with that error. */
@@ -148,7 +162,7 @@ export function httpRequest<T>(
       let hasAnswer = false;
       const req = (u.protocol === "https:" ? https : http).request(u, {
         method,
-        agent: agentFor(u),
+        agent: agentFor(u, options.lane),
         headers: payload === undefined ? headers : { ...headers, "content-type": "application/json", "content-length": Buffer.byteLength(payload) },
       });
       current = req;

@@ -5,6 +5,7 @@ import { createEnginePool, type EnginePool } from "../../src/engines/pool.ts";
 import { createEnginesFromConfig } from "../../src/engines/from-config.ts";
 import { sglangEngineConfigSchema, engineRuntimeDefaults } from "../../src/engines/config-schema.ts";
 import { RlqError } from "../../src/lib/errors.ts";
+import { CONTROL_SOCKETS_PER_SERVER } from "../../src/lib/http-client.ts";
 import { fakeStats, pushInPlace, request, setFault, startFake } from "../fakes/fake-engine-control.ts";
 import { waitFor } from "../helpers/processes.ts";
 
@@ -59,6 +60,23 @@ describe("SGLang adapter", () => {
     // Only the named request was aborted (never abort_all: the fake refuses it with a 400).
     expect((await other).finishReason).not.toBe("abort");
     expect((await fakeStats(f.url)).abortRequests).toBeGreaterThanOrEqual(1);
+  });
+
+  it("a burst of aborts shares a few connections to the server instead of opening one each", async () => {
+    const f = await fake(["--token-delay-ms", "5", "--stop-prob", "0.000001"]);
+    const p = pool([f.url]);
+    await p.awaitReady(10_000);
+    const ids = Array.from({ length: 40 }, (_, i) => `burst-${i}`);
+    const pending = ids.map((id) => p.generate(request(id, { maxNewTokens: 2000 })));
+    await waitFor("every request generating", async () => (await fakeStats(f.url)).live === ids.length);
+    const before = (await fakeStats(f.url)).connections;
+    await p.abort(ids);
+    for (const r of await Promise.all(pending)) expect(r.finishReason).toBe("abort");
+    const s = await fakeStats(f.url);
+    expect(s.abortRequests).toBeGreaterThanOrEqual(ids.length);
+    // Each request in flight holds its own connection; the 40 aborts went over at most
+    // CONTROL_SOCKETS_PER_SERVER more (one connection each, before: 40 more).
+    expect(s.connections - before).toBeLessThanOrEqual(CONTROL_SOCKETS_PER_SERVER + 1); // + 1: this /stats call
   });
 
   it("an abort that arrives before the server has the request still takes effect", async () => {
