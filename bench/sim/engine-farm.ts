@@ -1,6 +1,6 @@
 /**
  * BENCH FAKE: one process that plays N SGLang engines (bench/sim/model.ts's SimEngine: timers, no
- * CPU per token), engine i at http://127.0.0.1:PORT/e/i and on its own port (GET /_ports lists them). Each speaks the part of SGLang's native
+ * CPU per token), each on its own port (GET /_ports on the control port lists them). Each speaks the part of SGLang's native
  * API rlq uses (src/engines/sglang.ts; behaviours from sglang's python/sglang/srt/entrypoints/http_server.py
  * and managers/tokenizer_manager.py, as test/fakes/fake-sglang.ts documents them):
  *   POST /generate {rid, input_ids, sampling_params, return_logprob, stream: false}, single or batch
@@ -144,10 +144,7 @@ const server = createServer((req, res) => {
         });
       }
       if (url === "/_ports") return sendJson(res, 200, { ports: enginePorts });
-      const m = /^\/e\/(\d+)(\/.*)$/.exec(url);
-      const e = m ? engines[Number(m[1])] : undefined;
-      if (!m || !e) return sendJson(res, 404, { error: { message: `no engine at ${url}` } });
-      await serveEngine(e, m[2] as string, req, res);
+      sendJson(res, 404, { error: { message: `no route ${url}: the engines listen on their own ports (GET /_ports)` } });
     } catch (err) {
       if (!res.headersSent) sendJson(res, 500, { error: { message: (err as Error).message } });
       else res.destroy();
@@ -155,7 +152,7 @@ const server = createServer((req, res) => {
   })();
 });
 
-/** One engine's SGLang endpoints (path without the /e/i prefix). */
+/** One engine's SGLang endpoints. */
 async function serveEngine(e: SimEngine, path: string, req: IncomingMessage, res: ServerResponse): Promise<void> {
   if (req.method === "POST" && path === "/generate") return await generate(e, await readJson(req), res);
   if (req.method === "POST" && path === "/abort_request") {

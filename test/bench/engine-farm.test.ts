@@ -6,15 +6,20 @@ import { defaultParams, responseLength, type SimParams } from "../../bench/sim/m
 // /abort_request and /update_weights_from_disk as src/engines/sglang.ts calls them.
 const p: SimParams = { ...defaultParams(2), timeScale: 50, tokenScale: 16, weightLoadMs: 500 };
 let farm: Proc & { url: string };
+/** Engine i's base URL: each simulated engine is its own server. */
+let engineUrls: string[] = [];
 
 beforeAll(async () => {
   farm = await spawnFake("bench/sim/engine-farm.ts", ["--engines", "2", "--params", JSON.stringify(p)]);
+  const { ports } = (await (await fetch(`${farm.url}/_ports`)).json()) as { ports: number[] };
+  engineUrls = ports.map((port) => `http://127.0.0.1:${port}`);
 });
 afterAll(() => farm?.kill("SIGTERM"));
 
 type Meta = { output_token_logprobs: Array<[number, number, null]>; finish_reason: { type: string }; weight_version: string };
 async function post(path: string, body: unknown): Promise<unknown> {
-  const r = await fetch(`${farm.url}${path}`, { method: "POST", body: JSON.stringify(body), headers: { "content-type": "application/json" } });
+  const [, i, rest] = /^\/e\/(\d+)(\/.*)$/.exec(path) as RegExpExecArray;
+  const r = await fetch(`${engineUrls[Number(i)]}${rest}`, { method: "POST", body: JSON.stringify(body), headers: { "content-type": "application/json" } });
   expect(r.status).toBe(200);
   return r.json();
 }
@@ -84,9 +89,9 @@ describe("engine farm", () => {
   });
 
   it("refuses abort_all and streaming", async () => {
-    const r1 = await fetch(`${farm.url}/e/0/abort_request`, { method: "POST", body: JSON.stringify({ abort_all: true }) });
+    const r1 = await fetch(`${engineUrls[0]}/abort_request`, { method: "POST", body: JSON.stringify({ abort_all: true }) });
     expect(r1.status).toBe(400);
-    const r2 = await fetch(`${farm.url}/e/0/generate`, {
+    const r2 = await fetch(`${engineUrls[0]}/generate`, {
       method: "POST",
       body: JSON.stringify({ rid: "x-0-0-0", input_ids: [1], return_logprob: true, stream: true }),
     });
