@@ -39,8 +39,9 @@ export interface HttpCallOptions {
    * "control": a short call that comes in bursts (an engine's abort_request: a weight sync aborts
    * every request in flight at once). Control calls to one server share at most
    * CONTROL_SOCKETS_PER_SERVER kept-alive connections and queue for them, instead of each opening
-   * its own: a sync of ~1200 requests at 64 engines opened ~1200 connections at once, and the
-   * aborts took ~500 ms to reach the engines (bench/cluster-sim.ts; docs/performance.md).
+   * its own (a sync at 64 engines aborts ~1200 requests at once). 1200 concurrent POSTs from one
+   * Node process took ~1.2 s unbounded and ~0.2 s over a few connections per server
+   * (docs/performance.md "Session 16", which also has what the lane did not fix).
    */
   lane?: "control";
 }
