@@ -308,21 +308,20 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
         engines_full_on_new_version: firstFull.length,
         engine_load_ms_max: loads.length ? Math.max(...loads.map((l) => l.doneAt - l.askedAt)) : NaN,
       });
-      // Inside the sync: the aborts reaching the engines, the aborted rounds landing, the load asked.
-      const from = syncing.get(s) ?? NaN;
-      const to = synced.get(s) ?? NaN;
-      const aborts = farmStats.abortsWallMs.filter((t) => t >= from && t < to);
-      const sync = perStep[perStep.length - 1] as Record<string, number>;
-      sync.sync_aborted_groups = abortedLanded.get(s)?.n ?? 0;
-      sync.sync_aborts = aborts.length;
-      sync.syncing_to_first_abort_ms = aborts.length ? Math.min(...aborts) - from : NaN;
-      sync.syncing_to_last_abort_ms = aborts.length ? Math.max(...aborts) - from : NaN;
-      sync.syncing_to_last_aborted_round_ms = (abortedLanded.get(s)?.last ?? NaN) - from;
-      sync.syncing_to_load_asked_ms = loads.length ? Math.min(...loads.map((l) => l.askedAt)) - from : NaN;
       // What rlq adds to the sync beyond the engines' own load (the model's weight-load time).
       const row = perStep[perStep.length - 1] as Record<string, number>;
       row.commit_to_all_engines_decoding_beyond_load_ms = (row.commit_to_all_engines_decoding_ms as number) - (row.engine_load_ms_max as number);
       row.commit_to_all_engines_requested_beyond_load_ms = (row.commit_to_all_engines_requested_ms as number) - (row.engine_load_ms_max as number);
+      // Inside the sync: the aborts reaching the engines, the aborted rounds landing, the load asked.
+      const from = syncing.get(s) ?? NaN;
+      const to = synced.get(s) ?? NaN;
+      const aborts = farmStats.abortsWallMs.filter((t) => t >= from && t < to);
+      row.sync_aborted_groups = abortedLanded.get(s)?.n ?? 0;
+      row.sync_aborts = aborts.length;
+      row.syncing_to_first_abort_ms = aborts.length ? Math.min(...aborts) - from : NaN;
+      row.syncing_to_last_abort_ms = aborts.length ? Math.max(...aborts) - from : NaN;
+      row.syncing_to_last_aborted_round_ms = (abortedLanded.get(s)?.last ?? NaN) - from;
+      row.syncing_to_load_asked_ms = loads.length ? Math.min(...loads.map((l) => l.askedAt)) - from : NaN;
     }
     const cpuS = cpu.between(t0, t1);
     const rlqCpuS = (cpuS.rlq_up ?? 0) + (cpuS.rlq_worker ?? 0);
