@@ -11,6 +11,7 @@ const all: Record<string, string[][]> = {
   "control-plane": [[], ["--rbs", "512", "--max-len", "1024", "--stop-prob", "0.002"]],
   recovery: [["--compare-snapshots", "--reps", "6"]],
   "group-load": [[]],
+  "round-write": [[]],
   "embedded-model": [[]],
   "engine-pool": [[]],
   "tis-mismatch": [[]],

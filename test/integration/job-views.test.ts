@@ -250,6 +250,65 @@ describe("job views and the one-statement round write", () => {
     ).toEqual([false, true, false]);
   });
 
+  it("per-token arrays land exactly as written: each segment's slice of the batch's binary arrays, empty ones and edge values included", async () => {
+    const run = "jv3";
+    await insertRun(db, { runId: run, name: run, config: {}, datasetFingerprint: "x", datasetSize: 1, datasetErrors: [], pluginFingerprints: {} });
+    const seg = (sampleIndex: number, tokens: number[], logProbs: number[], lossMask: number[]): RoundFacts["segments"][number] => ({
+      ...segment(sampleIndex, 0, 0, tokens, logProbs, tokens.length === 0 ? "truncated" : "completed"),
+      lossMask,
+    });
+    const rounds: RoundFacts[] = [
+      { runId: run, groupId: 0, round: 0, step: 0, jobId: "a", expectedWeightVersion: 0, isComplete: true, wasAborted: false, segments: [] },
+      {
+        runId: run,
+        groupId: 1,
+        round: 0,
+        step: 0,
+        jobId: "b",
+        expectedWeightVersion: 0,
+        isComplete: true,
+        wasAborted: false,
+        segments: [
+          seg(0, [], [], []),
+          seg(1, [2147483647], [-Infinity], [0]),
+          seg(2, [0, 1, 151_643], [-0.1, -1e-30, -23.025850929940457], [1, 0, -32768]),
+          seg(3, [], [], []),
+          seg(4, [7, 7], [0, -1e-45], [32767, 1]),
+        ],
+      },
+    ];
+    expect(await writeRounds(db, rounds)).toEqual([true, true]);
+    // What an `{...}` literal of the same numbers stores (the text path rlq wrote before): equal, element for element.
+    const segs = rounds[1]!.segments;
+    const same = await db.pool.query<{ sample_index: number; tokens: boolean; log_probs: boolean; loss_mask: boolean; lower: number | null }>(
+      `SELECT s.sample_index, s.tokens IS NOT DISTINCT FROM e.tokens::int4[] AS tokens, s.log_probs IS NOT DISTINCT FROM e.log_probs::float4[] AS log_probs,
+              s.loss_mask IS NOT DISTINCT FROM e.loss_mask::int2[] AS loss_mask, array_lower(s.tokens, 1) AS lower
+         FROM sample_segments s JOIN unnest($2::int[], $3::text[], $4::text[], $5::text[]) AS e(i, tokens, log_probs, loss_mask) ON e.i = s.sample_index
+        WHERE s.run_id = $1 ORDER BY s.sample_index`,
+      [
+        run,
+        segs.map((x) => x.sampleIndex),
+        segs.map((x) => `{${x.tokens.join(",")}}`),
+        segs.map((x) => `{${x.logProbs.join(",")}}`),
+        segs.map((x) => `{${x.lossMask.join(",")}}`),
+      ],
+    );
+    expect(same.rows).toEqual([
+      { sample_index: 0, tokens: true, log_probs: true, loss_mask: true, lower: null },
+      { sample_index: 1, tokens: true, log_probs: true, loss_mask: true, lower: 1 },
+      { sample_index: 2, tokens: true, log_probs: true, loss_mask: true, lower: 1 },
+      { sample_index: 3, tokens: true, log_probs: true, loss_mask: true, lower: null },
+      { sample_index: 4, tokens: true, log_probs: true, loss_mask: true, lower: 1 },
+    ]);
+    const back = await db.pool.query("SELECT tokens, loss_mask FROM sample_segments WHERE run_id = $1 ORDER BY sample_index", [run]);
+    expect(back.rows).toEqual(segs.map((x) => ({ tokens: x.tokens, loss_mask: x.lossMask })));
+    // A value the column cannot hold is refused before anything is sent: nothing of the batch lands.
+    const bad = { ...rounds[1]!, groupId: 2, jobId: "c", segments: [seg(0, [1.5], [-1], [1])] };
+    await expect(writeRounds(db, [bad])).rejects.toThrow(/a segment's tokens: 1.5 is not a 32-bit integer/);
+    const none = await db.pool.query("SELECT count(*)::int AS n FROM group_rounds WHERE run_id = $1 AND group_id = 2", [run]);
+    expect(none.rows[0].n).toBe(0);
+  });
+
   it("the job store coalesces concurrent jobs' statements and answers each job as the one-job statements do", async () => {
     const store = createJobStore(db, { maxBatch: 3 });
     const keys = [0, 1, 2, 3, 4].map((round) => ({ runId, groupId: 0, round, step: 0 }));
