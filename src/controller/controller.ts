@@ -35,6 +35,7 @@ export { reconcileAction } from "./reconcile.ts";
  * (reconcile.ts).
  */
 const STANDBY_WAIT_MS = 1000;
+const SENTINEL_CHECK_MS = 1000;
 
 export type ControllerExit = "completed" | "cancelled" | "stopped" | "lease_lost";
 
@@ -71,6 +72,17 @@ export async function runController(deps: ControllerDeps, runId: string, signal:
 
 class RunController implements ControllerHost {
   private lastReconcile = 0;
+  private lastSentinelCheck = 0;
+
+  /**
+   * The sentinel is looked at once a second, not every tick: a tick follows every fact a
+   * job lands (hundreds a second at 64 engines), and the look is a BullMQ job fetch.
+   */
+  private isSentinelDue(): boolean {
+    if (Date.now() - this.lastSentinelCheck < SENTINEL_CHECK_MS) return false;
+    this.lastSentinelCheck = Date.now();
+    return true;
+  }
   /** rollout_function_path: the user's planner runs the collect phase (rollout-function.ts). */
   private rolloutFunction: RolloutFunctionDriver | null = null;
   /** seq of the run's latest snapshot (store/run-snapshots.ts; -1: none). */
@@ -174,7 +186,7 @@ class RunController implements ControllerHost {
       if (s === "cancelled") return "cancelled";
       let progressed = false;
       if (s === "running") {
-        if (!(await this.deps.queues.ensureSentinel(this.state.runId))) {
+        if (this.isSentinelDue() && !(await this.deps.queues.ensureSentinel(this.state.runId))) {
           this.deps.log.warn({ runId: this.state.runId }, "queue state was lost (sentinel missing): reconciling");
           await this.reconcile(false);
         } else if (Date.now() - this.lastReconcile > (this.deps.reconcileMs ?? 5000)) {

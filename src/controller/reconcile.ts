@@ -26,6 +26,7 @@ export async function reconcile(h: ControllerHost, isResume: boolean): Promise<v
   if (s.phase === "collect" || s.draining.size > 0) {
     const keys = async ? liveRounds(h) : s.phase === "collect" ? inflightRounds(h) : [...s.draining].map(([groupId, round]) => ({ groupId, round }));
     const statuses = await loadRoundStatuses(db, s.runId, keys);
+    const expected: Array<{ job: Job; hasFact: () => Promise<boolean> }> = [];
     for (const k of keys) {
       const st = statuses.get(k.groupId);
       // The round's dispatch as recorded (its step), at the engines' version.
@@ -36,10 +37,18 @@ export async function reconcile(h: ControllerHost, isResume: boolean): Promise<v
       const rollout = jobFor(s.runId, s.config, dispatch);
       if (rollout?.kind !== "rollout") throw new RlqError("invariant_violated", "unreachable: a dispatch calls for a rollout job");
       const roundStatus = async () => (await loadRoundStatuses(db, s.runId, [k])).get(k.groupId);
-      if (!st) await ensureJob(h, rollout, isResume, async () => (await roundStatus()) !== undefined);
+      if (!st) expected.push({ job: rollout, hasFact: async () => (await roundStatus()) !== undefined });
       else if (s.phase === "collect" && st.isComplete && st.rewardCount < n) {
-        await ensureJob(h, rewardJobFor(rollout.data), isResume, async () => ((await roundStatus())?.rewardCount ?? 0) >= n);
+        expected.push({ job: rewardJobFor(rollout.data), hasFact: async () => ((await roundStatus())?.rewardCount ?? 0) >= n });
       }
+    }
+    // The queue lookups go out together (hundreds of in-flight rounds at 64 engines: one after
+    // another, they held the controller's loop for every Redis round trip); the actions, rare,
+    // one at a time.
+    for (let i = 0; i < expected.length; i += INFO_LOOKUPS_AT_ONCE) {
+      const chunk = expected.slice(i, i + INFO_LOOKUPS_AT_ONCE);
+      const infos = await Promise.all(chunk.map((e) => h.deps.queues.info(e.job.kind, jobIdOf(e.job))));
+      for (const [j, e] of chunk.entries()) await ensureJob(h, e.job, isResume, e.hasFact, infos[j]);
     }
   }
   const pendingEval = s.pendingEval;
@@ -56,16 +65,21 @@ export async function reconcile(h: ControllerHost, isResume: boolean): Promise<v
   }
 }
 
+/** Queue lookups reconcile sends at once (each is two Redis commands). */
+const INFO_LOOKUPS_AT_ONCE = 256;
+
+const jobIdOf = (job: Job): string => (jobIds[job.kind] as (d: JobData<QueueKind>) => string)(job.data);
+
 /**
  * Make one expected job exist (`reconcileAction` decides from the job's
- * state). `hasFact` is read again before a job is added or re-run: a job
- * that finished between the caller's fact check and this look at the queue
- * is done, not lost.
+ * state, `known` when the caller looked it up already). `hasFact` is read
+ * again before a job is added or re-run: a job that finished between the
+ * caller's fact check and this look at the queue is done, not lost.
  */
-async function ensureJob(h: ControllerHost, job: Job, isResume: boolean, hasFact: () => Promise<boolean>): Promise<void> {
+async function ensureJob(h: ControllerHost, job: Job, isResume: boolean, hasFact: () => Promise<boolean>, known?: JobInfo): Promise<void> {
   const q = h.deps.queues;
-  const id = (jobIds[job.kind] as (d: JobData<QueueKind>) => string)(job.data);
-  const info = await q.info(job.kind, id);
+  const id = jobIdOf(job);
+  const info = known ?? (await q.info(job.kind, id));
   const action = reconcileAction(job.kind, info, isResume);
   if (action === "add" || action === "replace") {
     if (await hasFact()) return;
