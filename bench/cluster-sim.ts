@@ -300,6 +300,9 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
         commit_to_all_engines_decoding_ms: firstDecodes.some((x) => Number.isNaN(x)) ? NaN : Math.max(...firstDecodes) - commit,
         engines_decoding_on_new_version: firstDecodes.filter((x) => !Number.isNaN(x)).length,
         commit_to_all_engines_requested_ms: firstRequests.some((x) => Number.isNaN(x)) ? NaN : Math.max(...firstRequests) - commit,
+        synced_to_first_engine_requested_ms: firstRequests.some((x) => !Number.isNaN(x))
+          ? Math.min(...firstRequests.filter((x) => !Number.isNaN(x))) - (synced.get(s) ?? NaN)
+          : NaN,
         commit_to_half_engines_full_ms: firstFull.length >= engines / 2 ? median(firstFull) - commit : NaN,
         // How full the engines were in the 2 s before the train commit, and in the 1 s and the 1-3 s after weights.synced.
         occupancy_before_commit: occupancyIn(commit - 2000 / p.timeScale, commit),
@@ -321,7 +324,15 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       row.syncing_to_first_abort_ms = aborts.length ? Math.min(...aborts) - from : NaN;
       row.syncing_to_last_abort_ms = aborts.length ? Math.max(...aborts) - from : NaN;
       row.syncing_to_last_aborted_round_ms = (abortedLanded.get(s)?.last ?? NaN) - from;
+      row.syncing_to_median_abort_ms = aborts.length ? median(aborts) - from : NaN;
       row.syncing_to_load_asked_ms = loads.length ? Math.min(...loads.map((l) => l.askedAt)) - from : NaN;
+      // How busy each process was from weights.syncing to the load asked (cores; /proc ticks polled every 50 ms):
+      // whether the aborts and the aborted rounds wait on CPU or on each other.
+      const abortPhaseMs = row.syncing_to_load_asked_ms;
+      if (abortPhaseMs >= 200) {
+        const busy = cpu.between(from, from + abortPhaseMs);
+        for (const [k, v] of Object.entries(busy)) row[`sync_abort_phase_cores_${k}`] = Math.round((v / (abortPhaseMs / 1000)) * 100) / 100;
+      }
     }
     const cpuS = cpu.between(t0, t1);
     const rlqCpuS = (cpuS.rlq_up ?? 0) + (cpuS.rlq_worker ?? 0);
