@@ -37,6 +37,23 @@ export interface WorkerHandle {
 
 export const stallSettings = { lockDuration: 5_000, stalledInterval: 2_000, maxStalledCount: 20 } as const;
 
+/**
+ * Jobs one BullMQ Worker runs at once, at most, on Redis: a larger concurrency runs as several
+ * Workers on the same queue (fetch lanes), each with its share. BullMQ's Worker fetches waiting
+ * jobs one Redis round trip after another until it holds `concurrency` of them, and only then
+ * starts the first (bullmq 6.7 src/classes/worker.ts `mainLoop`: the inner loop awaits each
+ * fetch). A burst of ~600 jobs on one Worker of concurrency 648 (a weight sync's resumed rounds at
+ * 64 engines, bench/cluster-sim.ts) started its first job ~300 ms after the burst was queued. The
+ * Postgres backend keeps one Worker: each Worker there opens its own pool of connections.
+ */
+export const FETCH_LANE_CONCURRENCY = 64;
+
+/** How `concurrency` splits into fetch lanes: each lane's concurrency, summing to `concurrency`. */
+export function fetchLanes(concurrency: number, backendKind: QueueBackend["kind"]): number[] {
+  const n = backendKind === "redis" ? Math.max(1, Math.ceil(concurrency / FETCH_LANE_CONCURRENCY)) : 1;
+  return Array.from({ length: n }, (_, i) => Math.floor(concurrency / n) + (i < concurrency % n ? 1 : 0));
+}
+
 export function startWorker<K extends QueueKind>(
   backend: QueueBackend,
   kind: K,
@@ -45,47 +62,52 @@ export function startWorker<K extends QueueKind>(
 ): WorkerHandle {
   const schema = jobSchemas[kind];
   const closing = new AbortController();
-  const worker: Worker = new backend.Worker(
-    queueName(kind),
-    async (job: Job, token?: string) => {
-      const parsed = schema.safeParse(job.data);
-      if (!parsed.success) {
-        throw new UnrecoverableError(
-          `${UNRECOVERABLE_PREFIX}job ${job.id}: bad payload: ${parsed.error.issues[0]?.message} at ${parsed.error.issues[0]?.path.join(".")}`,
-        );
+  const run = async (job: Job, token?: string) => {
+    const parsed = schema.safeParse(job.data);
+    if (!parsed.success) {
+      throw new UnrecoverableError(
+        `${UNRECOVERABLE_PREFIX}job ${job.id}: bad payload: ${parsed.error.issues[0]?.message} at ${parsed.error.issues[0]?.path.join(".")}`,
+      );
+    }
+    try {
+      await processor(parsed.data as JobData<K>, {
+        jobId: job.id as string,
+        attemptsMade: job.attemptsMade,
+        updateProgress: (p) => job.updateProgress(p),
+        shutdown: closing.signal,
+      });
+    } catch (e) {
+      if (closing.signal.aborted && e instanceof RlqError && e.code === "worker_shutdown") {
+        // Back to the queue as delayed: BullMQ counts no attempt for a DelayedError.
+        await job.moveToDelayed(Date.now() + 1000, token);
+        throw new DelayedError(errorMessage(e));
       }
-      try {
-        await processor(parsed.data as JobData<K>, {
-          jobId: job.id as string,
-          attemptsMade: job.attemptsMade,
-          updateProgress: (p) => job.updateProgress(p),
-          shutdown: closing.signal,
-        });
-      } catch (e) {
-        if (closing.signal.aborted && e instanceof RlqError && e.code === "worker_shutdown") {
-          // Back to the queue as delayed: BullMQ counts no attempt for a DelayedError.
-          await job.moveToDelayed(Date.now() + 1000, token);
-          throw new DelayedError(errorMessage(e));
-        }
-        options.onError?.(e, job.id);
-        if (!isRetriable(e)) throw new UnrecoverableError(`${UNRECOVERABLE_PREFIX}${errorMessage(e)}`);
-        throw e;
-      }
-    },
-    { connection: backend.connection, concurrency: options.concurrency, ...stallSettings, ...backend.baseOptions },
-  );
-  worker.on("error", () => undefined);
-  // Prometheus counters (observability/prometheus.ts): jobs/s is their rate.
-  worker.on("completed", () => processMetrics().jobCompleted(kind));
-  worker.on("failed", (job: Job | undefined, err: Error) => {
-    if (err instanceof DelayedError) return;
-    processMetrics().jobFailed(kind, err instanceof UnrecoverableError || (job !== undefined && job.attemptsMade >= (job.opts.attempts ?? 1)));
+      options.onError?.(e, job.id);
+      if (!isRetriable(e)) throw new UnrecoverableError(`${UNRECOVERABLE_PREFIX}${errorMessage(e)}`);
+      throw e;
+    }
+  };
+  const workers: Worker[] = fetchLanes(options.concurrency, backend.kind).map((concurrency) => {
+    const worker: Worker = new backend.Worker(queueName(kind), run, {
+      connection: backend.connection,
+      concurrency,
+      ...stallSettings,
+      ...backend.baseOptions,
+    });
+    worker.on("error", () => undefined);
+    // Prometheus counters (observability/prometheus.ts): jobs/s is their rate.
+    worker.on("completed", () => processMetrics().jobCompleted(kind));
+    worker.on("failed", (job: Job | undefined, err: Error) => {
+      if (err instanceof DelayedError) return;
+      processMetrics().jobFailed(kind, err instanceof UnrecoverableError || (job !== undefined && job.attemptsMade >= (job.opts.attempts ?? 1)));
+    });
+    return worker;
   });
   return {
     kind,
     async close() {
       closing.abort();
-      await worker.close();
+      await Promise.all(workers.map((w) => w.close()));
     },
   };
 }
