@@ -47,6 +47,8 @@ const { values } = parseArgs({
     // rlq's per-engine cap (slime's sglang_server_concurrency); default: the engines' max running requests.
     "server-concurrency": { type: "string" },
     prof: { type: "string" },
+    // Keep each run's database (its name is printed) to read the decisions' timeline afterwards.
+    "keep-db": { type: "boolean", default: false },
     out: { type: "string", default: "cluster-sim" },
   },
 });
@@ -419,7 +421,8 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
     for (const pr of procs.reverse()) pr.kill("SIGTERM");
     await Promise.all(procs.map((pr) => Promise.race([pr.exited, sleep(3000).then(() => pr.kill("SIGKILL"))])));
     await db.close();
-    await database.drop();
+    if (values["keep-db"]) process.stderr.write(`kept the database ${database.name}\n`);
+    else await database.drop();
     rmSync(home, { recursive: true, force: true });
   }
 }
