@@ -47,3 +47,25 @@ export function binaryArray(type: ElementType, parts: ReadonlyArray<ArrayLike<nu
   }
   return buf;
 }
+
+/**
+ * A per-row array column packed as one binary array: each row's slice is `col[at : at + len - 1]`
+ * in SQL (1-based; an empty row's slice is `{}`, as its literal was).
+ */
+export function packedColumn(type: ElementType, what: string) {
+  const parts: Array<readonly number[]> = [];
+  const at: number[] = [];
+  const len: number[] = [];
+  let next = 1;
+  return {
+    at,
+    len,
+    push(xs: readonly number[]): void {
+      at.push(next);
+      len.push(xs.length);
+      next += xs.length;
+      parts.push(xs);
+    },
+    binary: (): Buffer => binaryArray(type, parts, what),
+  };
+}

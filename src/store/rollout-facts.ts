@@ -2,7 +2,7 @@ import type { Db } from "./db.ts";
 import { notifyRuns } from "./notify.ts";
 import type { SegmentFact } from "../core/sample.ts";
 import { inKeyOrder } from "./key-order.ts";
-import { binaryArray } from "./pg-binary-array.ts";
+import { packedColumn } from "./pg-binary-array.ts";
 
 /** What one rollout job (a group's round) produced. */
 export interface RoundFacts {
@@ -85,19 +85,14 @@ export async function writeRounds(db: Db, rounds: readonly RoundFacts[]): Promis
     isMismatch: [] as boolean[],
     tokenStart: [] as number[],
     tokenEnd: [] as number[],
-    tokens: [] as number[][],
-    logProbs: [] as number[][],
-    lossMask: [] as number[][],
-    // Where each segment's arrays start (1-based) in the concatenated binary arrays.
-    tokensAt: [] as number[],
-    logProbsAt: [] as number[],
-    lossMaskAt: [] as number[],
+    tokens: packedColumn("int4", "a segment's tokens"),
+    logProbs: packedColumn("float4", "a segment's log-probs"),
+    lossMask: packedColumn("int2", "a segment's loss mask"),
     engine: [] as string[],
     finishReason: [] as string[],
     status: [] as string[],
     error: [] as Array<string | null>,
   };
-  const at = { tokens: 1, logProbs: 1, lossMask: 1 };
   for (const r of unique) {
     m.runId.push(r.runId);
     m.groupId.push(r.groupId);
@@ -120,12 +115,6 @@ export async function writeRounds(db: Db, rounds: readonly RoundFacts[]): Promis
       g.isMismatch.push(seg.weightVersion !== r.expectedWeightVersion);
       g.tokenStart.push(seg.tokenStart);
       g.tokenEnd.push(seg.tokenStart + seg.tokens.length);
-      g.tokensAt.push(at.tokens);
-      g.logProbsAt.push(at.logProbs);
-      g.lossMaskAt.push(at.lossMask);
-      at.tokens += seg.tokens.length;
-      at.logProbs += seg.logProbs.length;
-      at.lossMask += seg.lossMask.length;
       g.tokens.push(seg.tokens);
       g.logProbs.push(seg.logProbs);
       g.lossMask.push(seg.lossMask);
@@ -146,18 +135,18 @@ export async function writeRounds(db: Db, rounds: readonly RoundFacts[]): Promis
          engine, finish_reason, status, error)
        SELECT v.run_id, v.group_id, v.sample_index, v.segment_index, v.seg_round, v.step, v.job_id, v.weight_version, v.expected,
               v.is_mismatch, v.token_start, v.token_end,
-              a.tokens[v.tokens_at : v.tokens_at + v.token_end - v.token_start - 1],
+              a.tokens[v.tokens_at : v.tokens_at + v.tokens_len - 1],
               a.log_probs[v.log_probs_at : v.log_probs_at + v.log_probs_len - 1],
               a.loss_mask[v.loss_mask_at : v.loss_mask_at + v.loss_mask_len - 1],
               v.engine, v.finish_reason, v.status, v.error
          FROM unnest($8::text[], $9::bigint[], $10::int[], $11::int[], $12::text[], $13::int[], $14::int[], $15::int[], $16::int[], $17::int[],
-                     $18::boolean[], $19::int[], $20::int[], $21::int[], $22::int[], $23::int[], $24::int[], $25::int[],
-                     $26::text[], $27::text[], $28::text[], $29::text[])
+                     $18::boolean[], $19::int[], $20::int[], $21::int[], $22::int[], $23::int[], $24::int[], $25::int[], $26::int[],
+                     $27::text[], $28::text[], $29::text[], $30::text[])
            AS v(run_id, group_id, round, step, job_id, expected, sample_index, segment_index, seg_round, weight_version,
-                is_mismatch, token_start, token_end, tokens_at, log_probs_at, log_probs_len, loss_mask_at, loss_mask_len,
+                is_mismatch, token_start, token_end, tokens_at, tokens_len, log_probs_at, log_probs_len, loss_mask_at, loss_mask_len,
                 engine, finish_reason, status, error)
          JOIN marker w ON w.run_id = v.run_id AND w.group_id = v.group_id AND w.round = v.round
-         CROSS JOIN (SELECT $30::int4[] AS tokens, $31::float4[] AS log_probs, $32::int2[] AS loss_mask) a
+         CROSS JOIN (SELECT $31::int4[] AS tokens, $32::float4[] AS log_probs, $33::int2[] AS loss_mask) a
        RETURNING 1)
      SELECT run_id, group_id, round FROM marker`,
     [
@@ -181,18 +170,19 @@ export async function writeRounds(db: Db, rounds: readonly RoundFacts[]): Promis
       g.isMismatch,
       g.tokenStart,
       g.tokenEnd,
-      g.tokensAt,
-      g.logProbsAt,
-      g.logProbs.map((x) => x.length),
-      g.lossMaskAt,
-      g.lossMask.map((x) => x.length),
+      g.tokens.at,
+      g.tokens.len,
+      g.logProbs.at,
+      g.logProbs.len,
+      g.lossMask.at,
+      g.lossMask.len,
       g.engine,
       g.finishReason,
       g.status,
       g.error,
-      binaryArray("int4", g.tokens, "a segment's tokens"),
-      binaryArray("float4", g.logProbs, "a segment's log-probs"),
-      binaryArray("int2", g.lossMask, "a segment's loss mask"),
+      g.tokens.binary(),
+      g.logProbs.binary(),
+      g.lossMask.binary(),
     ],
   );
   // A wake-up for the controllers of these runs (store/notify.ts: a hint; the round is committed).
