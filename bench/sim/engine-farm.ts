@@ -11,7 +11,11 @@
  *     must never send it);
  *   POST /update_weights_from_disk {model_path, weight_version}: new requests are held, the ones
  *     already in the server finish (the model update lock), then the load takes weightLoadMs;
- *   GET /health_generate, /health, /get_weight_version, /get_model_info, /get_server_info; POST /flush_cache.
+ *   GET /health_generate and /health (one handler, http_server.py health_generate): a one-token
+ *     generation, then a check every second whether anything came out since it began; 200 once
+ *     something did, so never in under a second, and 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s)
+ *     of nothing, as while a load holds the model update lock (the seconds are the engines', scaled);
+ *   GET /get_weight_version, /get_model_info, /get_server_info; POST /flush_cache.
  * GET /_stats (farm only): per-engine busy time, tokens, loads, first request and first decode per version, the
  *   slots held every 100 ms, when each abort arrived; GET /_totals: the sums now.
  *
@@ -34,7 +38,10 @@ const n = Number(values.engines);
 const clock = wallClock(p.timeScale);
 const engines = Array.from({ length: n }, () => new SimEngine(p, clock));
 const EOS = 257;
-const stats = { generateCalls: 0, requests: 0, aborts: 0, loads: 0 };
+/** http_server.py health_generate: `await asyncio.sleep(1)` between its checks, and HEALTH_CHECK_TIMEOUT (env SGLANG_HEALTH_CHECK_TIMEOUT, default 20 s). */
+const HEALTH_POLL_MS = 1000;
+const HEALTH_TIMEOUT_MS = 20_000;
+const stats = { generateCalls: 0, requests: 0, aborts: 0, loads: 0, healthChecks: 0, healthBusy: 0 };
 // The slots holding a request across all engines, sampled every 100 wall ms: the bench reads how
 // full the engines were around each weight sync.
 const occupancy: Array<[number, number]> = [];
@@ -132,6 +139,7 @@ const server = createServer((req, res) => {
             tokens: e.tokens,
             loadMs: e.loadMs,
             version: e.version,
+            isLoading: e.isLoading,
             firstDecodeWallMs: Object.fromEntries([...e.firstDecodeAt].map(([v, t]) => [v, clock.wallAt(t)])),
             firstRequestWallMs: Object.fromEntries([...e.firstRequestAt].map(([v, t]) => [v, clock.wallAt(t)])),
             firstFullWallMs: Object.fromEntries([...e.firstFullAt].map(([v, t]) => [v, clock.wallAt(t)])),
@@ -152,6 +160,21 @@ const server = createServer((req, res) => {
   })();
 });
 
+/** http_server.py health_generate, on the engine's clock (HEALTH_POLL_MS above). */
+async function healthGenerate(e: SimEngine, res: ServerResponse): Promise<void> {
+  stats.healthChecks++;
+  const began = clock.now();
+  for (;;) {
+    const wait = Math.min(HEALTH_POLL_MS, Math.max(0, began + HEALTH_TIMEOUT_MS - clock.now()));
+    await new Promise<void>((r) => clock.at(clock.now() + wait, r));
+    if (e.hasOutputSince(began)) return void res.writeHead(200).end();
+    if (clock.now() - began >= HEALTH_TIMEOUT_MS) {
+      stats.healthBusy++;
+      return void res.writeHead(503).end();
+    }
+  }
+}
+
 /** One engine's SGLang endpoints. */
 async function serveEngine(e: SimEngine, path: string, req: IncomingMessage, res: ServerResponse): Promise<void> {
   if (req.method === "POST" && path === "/generate") return await generate(e, await readJson(req), res);
@@ -170,7 +193,7 @@ async function serveEngine(e: SimEngine, path: string, req: IncomingMessage, res
     return sendJson(res, 200, { success: true, message: `loaded ${String(b.model_path)}`, num_paused_requests: 0 });
   }
   if (path === "/flush_cache") return sendJson(res, 200, {});
-  if (path === "/health_generate" || path === "/health") return sendJson(res, 200, {});
+  if (path === "/health_generate" || path === "/health") return await healthGenerate(e, res);
   if (path === "/get_weight_version") return sendJson(res, 200, { weight_version: String(e.version) });
   if (path === "/get_model_info")
     return sendJson(res, 200, { model_path: "sim/8b", tokenizer_path: "sim/8b", is_generation: true, weight_version: String(e.version) });

@@ -214,6 +214,10 @@ export class SimEngine {
   private waiting: Live[] = [];
   private held: Live[] = [];
   private loading: { version: number; done: () => void } | null = null;
+  /** Sim time the model update lock was asked for (the current load, or the first of a chain); null when none is. */
+  private lockedSince: number | null = null;
+  /** Sim time a request last ended (its output reached the tokenizer manager). */
+  private lastOutputAt = -Infinity;
   private isLoadTimed = false;
   private last = 0;
   private timer: { cancel(): void } | null = null;
@@ -247,6 +251,11 @@ export class SimEngine {
     return this.running.size;
   }
 
+  /** A load holds (or waits for) the model update lock. */
+  get isLoading(): boolean {
+    return this.loading !== null;
+  }
+
   get live(): number {
     return this.running.size + this.waiting.length + this.held.length;
   }
@@ -272,12 +281,12 @@ export class SimEngine {
     const r = this.running.get(rid);
     if (r) {
       this.running.delete(rid);
-      r.onDone(Math.floor(r.produced), true, this.version);
+      this.end(r, Math.floor(r.produced), true);
     } else {
       const i = this.waiting.findIndex((x) => x.rid === rid);
       if (i >= 0) {
         const [w] = this.waiting.splice(i, 1);
-        w?.onDone(0, true, this.version);
+        if (w) this.end(w, 0, true);
       }
     }
     this.settle();
@@ -304,6 +313,7 @@ export class SimEngine {
       const askedAt = this.clock.now();
       const prev = this.loading;
       const start = () => {
+        this.lockedSince ??= this.clock.now();
         this.loading = {
           version,
           done: () => {
@@ -323,6 +333,21 @@ export class SimEngine {
         };
       } else start();
     });
+  }
+
+  /**
+   * Whether anything came out of this engine since sim time `t`, as http_server.py health_generate
+   * asks it (tokenizer_manager.last_receive_tstamp > tic): a request ended, or the engine was outside
+   * a load's model update lock for a while, so the health check's own one-token generation ran (it
+   * waits behind the lock like any request, and the newer scheduler answers it from a running batch).
+   */
+  hasOutputSince(t: number): boolean {
+    return this.lockedSince === null || this.lockedSince > t || this.lastOutputAt >= t;
+  }
+
+  private end(r: Live, produced: number, isAborted: boolean): void {
+    this.lastOutputAt = this.clock.now();
+    r.onDone(produced, isAborted, this.version);
   }
 
   /** Bring the accounting up to now (no state change). */
@@ -366,7 +391,7 @@ export class SimEngine {
     for (const r of [...this.running.values()]) {
       if (r.produced >= r.target - 1e-6) {
         this.running.delete(r.rid);
-        r.onDone(r.target, false, this.version);
+        this.end(r, r.target, false);
       }
     }
     if (this.loading && this.running.size === 0 && this.waiting.length === 0 && !this.isLoadTimed) {
@@ -378,8 +403,9 @@ export class SimEngine {
         this.version = l.version;
         this.loading = null;
         this.isLoadTimed = false;
+        this.lockedSince = null;
         for (const h of this.held) {
-          if (h.isGone) h.onDone(0, true, this.version);
+          if (h.isGone) this.end(h, 0, true);
           else this.waiting.push(h);
         }
         this.held = [];

@@ -99,3 +99,44 @@ describe("engine farm", () => {
     expect(await r2.text()).toContain("stream: false");
   });
 });
+
+// http_server.py health_generate: a one-token generation, then a check every second for any
+// output; 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) of none, as while a load holds the model
+// update lock. A farm whose load (200 s of engine time, 4 s of wall time at this scale) outlasts
+// that timeout many times over.
+describe("engine farm health_generate", () => {
+  const q: SimParams = { ...p, weightLoadMs: 200_000 };
+  let slow: Proc & { url: string };
+  let urls: string[] = [];
+  beforeAll(async () => {
+    slow = await spawnFake("bench/sim/engine-farm.ts", ["--engines", "2", "--params", JSON.stringify(q)]);
+    const { ports } = (await (await fetch(`${slow.url}/_ports`)).json()) as { ports: number[] };
+    urls = ports.map((port) => `http://127.0.0.1:${port}`);
+  });
+  afterAll(() => slow?.kill("SIGTERM"));
+  const farmStats = async () => (await (await fetch(`${slow.url}/_stats`)).json()) as { healthChecks: number; healthBusy: number };
+
+  it("answers 200 only after its first one-second check, 503 when a load holds the lock past the timeout, 200 again after the load", async () => {
+    const t0 = performance.now();
+    expect((await fetch(`${urls[0]}/health_generate`)).status).toBe(200);
+    // A lower bound only (a timer never fires early): one second of engine time, 1000 / timeScale wall ms.
+    expect(performance.now() - t0).toBeGreaterThanOrEqual(1000 / q.timeScale - 1);
+
+    const load = fetch(`${urls[1]}/update_weights_from_disk`, {
+      method: "POST",
+      body: JSON.stringify({ model_path: "/ckpt/1", weight_version: "1" }),
+      headers: { "content-type": "application/json" },
+    });
+    // The health check must begin after the load holds the lock: wait for the farm to say so.
+    while (!((await (await fetch(`${slow.url}/_stats`)).json()) as { engines: Array<{ isLoading: boolean }> }).engines[1]?.isLoading) {
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    expect((await fetch(`${urls[1]}/health_generate`)).status).toBe(503);
+    expect((await fetch(`${urls[0]}/health`)).status).toBe(200); // the other engine is not loading
+    expect((await load).status).toBe(200);
+    expect((await fetch(`${urls[1]}/health_generate`)).status).toBe(200);
+    const s = await farmStats();
+    expect(s.healthChecks).toBe(4);
+    expect(s.healthBusy).toBe(1);
+  });
+});
