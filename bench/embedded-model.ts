@@ -20,6 +20,9 @@
  *   batched decode: tensor wrapping, ORT, KV-cache writes, sampling) / their
  *   wall time. `decode_vs_ceiling` = decode / ceiling (ratio of medians;
  *   `_median_of_pairs`: the median of the per-sample ratios, which share noise).
+ * - generation ceiling: the same rounds as plain ORT, one [B, P] prefill then G - 1 decode runs,
+ *   nothing between the runs: what an end-to-end engine could reach at most. The decode ceiling
+ *   leaves the prefill out (at the demo shape, B = 64, a prefill costs ~3 decode runs).
  * - worker engine: createEmbeddedEngine (worker thread, message passing,
  *   schema checks), B concurrent generate() calls; tokens / wall (prefills
  *   included), its samples interleaved with the ceiling's.
@@ -33,7 +36,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { createEmbeddedEngine } from "../src/engines/embedded/embedded-engine.ts";
-import { buildDecodeModel } from "../src/engines/embedded/graph-builder.ts";
+import { buildDecodeModel, buildPrefillModel } from "../src/engines/embedded/graph-builder.ts";
 import { ModelRunner } from "../src/engines/embedded/model-runner.ts";
 import { DecodeScheduler } from "../src/engines/embedded/scheduler.ts";
 import { createOrtSession, floatTensor, int32Tensor, type OrtFeeds } from "../src/engines/onnx-runtime.ts";
@@ -88,6 +91,48 @@ async function ceiling(config: ModelConfig, weights: Weights, batch: number, row
     return (batch * calls) / ((performance.now() - t0) / 1000);
   } finally {
     await session.release();
+  }
+}
+
+/**
+ * Plain ONNX generation: the same work as one round of the engine's requests with no host code
+ * between the runs: one [B, P] prefill, then G - 1 decode runs (rows = B, padded to 2 at B = 1
+ * as the engine pads), feeds built once. Returns tokens/s (B * G per round). The decode-only
+ * ceiling leaves the prefill's own ORT work out; an end-to-end engine cannot.
+ */
+async function generationCeiling(shape: Shape, batch: number, seconds: number): Promise<number> {
+  const { config, weights } = shape;
+  const prefill = await createOrtSession(buildPrefillModel(config), { intraOpNumThreads: 1 });
+  const decode = await createOrtSession(buildDecodeModel(config), { intraOpNumThreads: 1 });
+  try {
+    const w: OrtFeeds = {};
+    for (const spec of parameterSpecs(config)) w[spec.name] = floatTensor(weights[spec.name] as Float32Array, spec.shape);
+    const ids = new Int32Array(batch * shape.promptLen); // the scheduler's prompts, one [B, P] prefill
+    for (let i = 0; i < batch; i++) ids.set(prompt(config.vocab_size, shape.promptLen, i), i * shape.promptLen);
+    const prefillFeeds: OrtFeeds = { ...w, input_ids: int32Tensor(ids, [batch, shape.promptLen]) };
+    const rows = Math.max(2, batch);
+    const decodeFeeds: OrtFeeds = { ...w };
+    decodeFeeds.input_ids = int32Tensor(new Int32Array(rows).fill(3), [rows]);
+    decodeFeeds.positions = int32Tensor(new Int32Array(rows).fill(Math.floor(config.context_length / 2)), [rows]);
+    const dims = [rows, config.n_heads, config.context_length, headDim(config)];
+    for (let l = 0; l < config.n_layers; l++) {
+      for (const kind of ["key", "value"]) decodeFeeds[`past.${l}.${kind}`] = floatTensor(new Float32Array(dims.reduce((a, b) => a * b, 1)).fill(0.01), dims);
+    }
+    const oneRound = async () => {
+      await prefill.run(prefillFeeds);
+      for (let i = 1; i < shape.newTokens; i++) await decode.run(decodeFeeds);
+    };
+    for (let i = 0; i < 3; i++) await oneRound();
+    let rounds = 0;
+    const t0 = performance.now();
+    while (performance.now() - t0 < seconds * 1000) {
+      await oneRound();
+      rounds++;
+    }
+    return (batch * shape.newTokens * rounds) / ((performance.now() - t0) / 1000);
+  } finally {
+    await prefill.release();
+    await decode.release();
   }
 }
 
@@ -163,16 +208,24 @@ async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
   try {
     for (const batch of BATCHES) {
       await scheduler(shape, runner, batch, 0.1); // warm-up
-      const runs: Array<{ ceiling: number; ceilingPadded: number; generated: number; decode: number; worker: number }> = [];
+      const runs: Array<{ ceiling: number; ceilingPadded: number; ceilingGeneration: number; generated: number; decode: number; worker: number }> = [];
       const engine = await workerEngine(shape, batch, SAMPLE_S);
       try {
         for (let rep = 0; rep < reps; rep++) {
           // Interleaved, so all three see the same share of a noisy machine.
           const c = await ceiling(shape.config, shape.weights, batch, batch, SAMPLE_S);
           const cp = batch === 1 ? await ceiling(shape.config, shape.weights, 1, 2, SAMPLE_S) : c;
+          const cg = await generationCeiling(shape, batch, SAMPLE_S);
           const s = await scheduler(shape, runner, batch, SAMPLE_S);
           const w = await engine.sample();
-          runs.push({ ceiling: round(c), ceilingPadded: round(cp), generated: round(s.generated), decode: round(s.decode), worker: round(w) });
+          runs.push({
+            ceiling: round(c),
+            ceilingPadded: round(cp),
+            ceilingGeneration: round(cg),
+            generated: round(s.generated),
+            decode: round(s.decode),
+            worker: round(w),
+          });
         }
       } finally {
         await engine.close();
@@ -181,6 +234,7 @@ async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
       const med = {
         ceiling: median(runs.map((r) => r.ceiling)),
         ceilingPadded: median(runs.map((r) => r.ceilingPadded)),
+        ceilingGeneration: median(runs.map((r) => r.ceilingGeneration)),
         generated: median(runs.map((r) => r.generated)),
         decode: median(runs.map((r) => r.decode)),
         worker: median(worker),
@@ -188,6 +242,8 @@ async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
       out[`batch${batch}`] = {
         ceiling_tokens_per_s: round(med.ceiling),
         ...(batch === 1 ? { ceiling_padded_to_2_rows_tokens_per_s: round(med.ceilingPadded) } : {}),
+        generation_ceiling_tokens_per_s: round(med.ceilingGeneration),
+        generation_ceiling_vs_ceiling: round(med.ceilingGeneration / med.ceiling, 3),
         scheduler_decode_tokens_per_s: round(med.decode),
         scheduler_generated_tokens_per_s: round(med.generated),
         worker_engine_tokens_per_s: round(med.worker),
@@ -196,12 +252,16 @@ async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
         generated_vs_ceiling: round(med.generated / med.ceiling, 3),
         worker_vs_ceiling: round(med.worker / med.ceiling, 3),
         worker_vs_ceiling_median_of_pairs: round(median(runs.map((r) => r.worker / r.ceiling)), 3),
+        generated_vs_generation_ceiling: round(med.generated / med.ceilingGeneration, 3),
+        worker_vs_generation_ceiling: round(med.worker / med.ceilingGeneration, 3),
+        worker_vs_generation_ceiling_median_of_pairs: round(median(runs.map((r) => r.worker / r.ceilingGeneration)), 3),
         runs,
         worker_runs: worker.map((w) => round(w)),
       };
       process.stderr.write(
         `${shape.name} B=${batch}: ceiling ${med.ceiling.toFixed(0)} tok/s, scheduler decode ${med.decode.toFixed(0)} (x${(med.decode / med.ceiling).toFixed(2)}), ` +
-          `generated ${med.generated.toFixed(0)}, worker engine ${med.worker.toFixed(0)} (x${(med.worker / med.ceiling).toFixed(2)})\n`,
+          `generated ${med.generated.toFixed(0)}, worker engine ${med.worker.toFixed(0)} (x${(med.worker / med.ceiling).toFixed(2)}); ` +
+          `generation ceiling ${med.ceilingGeneration.toFixed(0)} (x${(med.ceilingGeneration / med.ceiling).toFixed(2)} of the decode ceiling), worker x${(med.worker / med.ceilingGeneration).toFixed(2)} of it\n`,
       );
     }
   } finally {

@@ -14,19 +14,13 @@ export class Prng {
   private spareNormal: number | null = null;
 
   constructor(seed: number) {
-    let x = seed >>> 0;
-    const next = (): number => {
-      // splitmix32: spreads a small integer seed over all 128 state bits.
-      x = (x + 0x9e3779b9) >>> 0;
-      let z = x;
-      z = Math.imul(z ^ (z >>> 16), 0x85ebca6b) >>> 0;
-      z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35) >>> 0;
-      return (z ^ (z >>> 16)) >>> 0;
-    };
-    this.s0 = next();
-    this.s1 = next();
-    this.s2 = next();
-    this.s3 = next();
+    // splitmix32 spreads a small integer seed over all 128 state bits. Inline, not a closure: the
+    // embedded engine builds one Prng per sampled token (scheduler.ts), so this runs per token.
+    const x = seed >>> 0;
+    this.s0 = splitmix32(x, 1);
+    this.s1 = splitmix32(x, 2);
+    this.s2 = splitmix32(x, 3);
+    this.s3 = splitmix32(x, 4);
     if ((this.s0 | this.s1 | this.s2 | this.s3) === 0) this.s0 = 1;
   }
 
@@ -73,6 +67,14 @@ export class Prng {
     this.spareNormal = r * Math.sin(2 * Math.PI * v);
     return r * Math.cos(2 * Math.PI * v);
   }
+}
+
+/** The i-th (1-based) output of splitmix32 started at `x`. */
+function splitmix32(x: number, i: number): number {
+  let z = (x + Math.imul(i, 0x9e3779b9)) >>> 0;
+  z = Math.imul(z ^ (z >>> 16), 0x85ebca6b) >>> 0;
+  z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35) >>> 0;
+  return (z ^ (z >>> 16)) >>> 0;
 }
 
 function rotl(x: number, k: number): number {

@@ -175,14 +175,15 @@ export class DecodeScheduler {
     // A padding row (B=1) decodes token 0 at position 0 of an unused slot, as before.
     ids.fill(0);
     positions.fill(0);
-    this.active.forEach((seq, i) => {
-      positions[i] = seq.tokens.length - 1; // the last sampled token, not yet in the cache
-      ids[i] = seq.tokens[seq.tokens.length - 1] as number;
-    });
+    for (let i = 0; i < b; i++) {
+      const tokens = (this.active[i] as Sequence).tokens;
+      positions[i] = tokens.length - 1; // the last sampled token, not yet in the cache
+      ids[i] = tokens[tokens.length - 1] as number;
+    }
     const out = await handle.run();
-    this.cache.writeDecode(out.fresh, positions.subarray(0, b));
+    this.cache.writeDecode(out.fresh, b === rows ? positions : positions.subarray(0, b));
     const vocab = this.runner.config.vocab_size;
-    this.active.forEach((seq, i) => this.sample(seq, out.logits.subarray(i * vocab, (i + 1) * vocab)));
+    for (let i = 0; i < b; i++) this.sample(this.active[i] as Sequence, out.logits.subarray(i * vocab, (i + 1) * vocab));
     for (let i = b - 1; i >= 0; i--) {
       const reason = this.finishReason(this.active[i] as Sequence);
       if (reason) this.leave(i, reason);
