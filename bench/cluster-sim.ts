@@ -190,6 +190,8 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       abortsWallMs: number[];
       requests: number;
       aborts: number;
+      healthChecks: number;
+      healthBusy: number;
     }>(`${farm.url}/_stats`);
     /** The engines' mean slot occupancy over [from, to) wall ms (the farm's 100 ms samples). */
     const occupancyIn = (from: number, to: number) => {
@@ -411,6 +413,9 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       decisions: Object.fromEntries(outcomes.map((o) => [o.kind, o.n])),
       farm_requests: farmStats.requests,
       farm_aborts: farmStats.aborts,
+      // /health_generate calls, and those that answered 503 (a load held the lock past SGLang's 20 s).
+      farm_health_checks: farmStats.healthChecks,
+      farm_health_busy: farmStats.healthBusy,
       per_step: perStep,
     };
     process.stderr.write(

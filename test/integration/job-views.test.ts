@@ -3,7 +3,15 @@ import { createDb, type Db } from "../../src/store/db.ts";
 import { createTestDatabase } from "../helpers/services.ts";
 import { insertDrawnPrompts, insertRun } from "../../src/store/run-facts.ts";
 import { appendDecisions } from "../../src/store/decision-log.ts";
-import { areRoundsAborted, writeRewards, writeRewardsOfRounds, writeRound, writeRounds, type RoundFacts } from "../../src/store/rollout-facts.ts";
+import {
+  areRoundsAborted,
+  roundAbortedSql,
+  writeRewards,
+  writeRewardsOfRounds,
+  writeRound,
+  writeRounds,
+  type RoundFacts,
+} from "../../src/store/rollout-facts.ts";
 import { loadGroupView, loadGroupWithRewards } from "../../src/store/group-view.ts";
 import { loadRewardJobView, loadRewardJobViews, loadRolloutJobView, loadRolloutJobViews } from "../../src/store/job-views.ts";
 import { createJobStore } from "../../src/store/job-batch.ts";
@@ -248,6 +256,35 @@ describe("job views and the one-statement round write", () => {
         { runId: other, groupId: 0, round: 1, step: 0 },
       ]),
     ).toEqual([false, true, false]);
+  });
+
+  it("the abort check looks a round up through the run's group.aborted index, not through every abort of the run", async () => {
+    // A long run's history: thousands of aborts of other groups. Through the (run, kind, step) index
+    // the check walked all of them for every round (its cost grew with the run: 12 -> 56 ms a
+    // statement over a 26-step bench run); the partial index finds the round's own.
+    const many: Decision[] = Array.from({ length: 3000 }, (_, i) => ({
+      kind: "group.aborted",
+      payload: { groupId: 10_000 + i, round: 0, step: 1 + (i % 30), reason: "test" },
+    }));
+    await decide(many);
+    const plan = await db.pool.query<{ "QUERY PLAN": unknown }>(
+      `EXPLAIN (FORMAT JSON) SELECT k.i, ${roundAbortedSql({ runId: "k.run_id", groupId: "k.group_id", round: "k.round", step: "k.step" })} AS is_aborted
+         FROM unnest($1::text[], $2::bigint[], $3::int[], $4::int[]) WITH ORDINALITY AS k(run_id, group_id, round, step, i)`,
+      [
+        [runId, runId],
+        [0, 10_001],
+        [1, 0],
+        [0, 2],
+      ],
+    );
+    expect(JSON.stringify(plan.rows[0]?.["QUERY PLAN"])).toContain("decisions_group_aborted_idx");
+    expect(
+      await areRoundsAborted(db, [
+        { runId, groupId: 0, round: 1, step: 0 },
+        { runId, groupId: 10_001, round: 0, step: 2 },
+        { runId, groupId: 10_001, round: 1, step: 2 },
+      ]),
+    ).toEqual([true, true, false]);
   });
 
   it("per-token arrays land exactly as written: each segment's slice of the batch's binary arrays, empty ones and edge values included", async () => {

@@ -1,3 +1,4 @@
+import { sql } from "drizzle-orm";
 import { bigint, index, integer, jsonb, pgTable, primaryKey, text, timestamp } from "drizzle-orm/pg-core";
 
 /**
@@ -23,5 +24,12 @@ export const decisions = pgTable(
     primaryKey({ columns: [t.runId, t.seq] }),
     index("decisions_run_group_idx").on(t.runId, t.groupId),
     index("decisions_run_kind_step_idx").on(t.runId, t.kind, t.step),
+    // A rollout job's abort check (store/rollout-facts.ts roundAbortedSql), polled by every round in
+    // flight: without it the planner walked every group.aborted of the run through the kind index,
+    // a cost that grew with the run's history (docs/performance.md "Session 18"). Partial, so it
+    // stays small and wins even on a table whose statistics are stale.
+    index("decisions_group_aborted_idx")
+      .on(t.runId, t.groupId)
+      .where(sql`${t.kind} = 'group.aborted'`),
   ],
 );

@@ -1,0 +1,1 @@
+CREATE INDEX "decisions_group_aborted_idx" ON "decisions" USING btree ("run_id","group_id") WHERE "decisions"."kind" = 'group.aborted';
