@@ -9,10 +9,15 @@ let farm: Proc & { url: string };
 /** Engine i's base URL: each simulated engine is its own server. */
 let engineUrls: string[] = [];
 
+/** A farm of two engines with these parameters, and each engine's base URL. */
+async function startFarm(params: SimParams): Promise<{ farm: Proc & { url: string }; urls: string[] }> {
+  const f = await spawnFake("bench/sim/engine-farm.ts", ["--engines", "2", "--params", JSON.stringify(params)]);
+  const { ports } = (await (await fetch(`${f.url}/_ports`)).json()) as { ports: number[] };
+  return { farm: f, urls: ports.map((port) => `http://127.0.0.1:${port}`) };
+}
+
 beforeAll(async () => {
-  farm = await spawnFake("bench/sim/engine-farm.ts", ["--engines", "2", "--params", JSON.stringify(p)]);
-  const { ports } = (await (await fetch(`${farm.url}/_ports`)).json()) as { ports: number[] };
-  engineUrls = ports.map((port) => `http://127.0.0.1:${port}`);
+  ({ farm, urls: engineUrls } = await startFarm(p));
 });
 afterAll(() => farm?.kill("SIGTERM"));
 
@@ -109,9 +114,7 @@ describe("engine farm health_generate", () => {
   let slow: Proc & { url: string };
   let urls: string[] = [];
   beforeAll(async () => {
-    slow = await spawnFake("bench/sim/engine-farm.ts", ["--engines", "2", "--params", JSON.stringify(q)]);
-    const { ports } = (await (await fetch(`${slow.url}/_ports`)).json()) as { ports: number[] };
-    urls = ports.map((port) => `http://127.0.0.1:${port}`);
+    ({ farm: slow, urls } = await startFarm(q));
   });
   afterAll(() => slow?.kill("SIGTERM"));
   const farmStats = async () => (await (await fetch(`${slow.url}/_stats`)).json()) as { healthChecks: number; healthBusy: number };
