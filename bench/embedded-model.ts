@@ -69,18 +69,29 @@ interface Shape {
 const round = (x: number, digits = 0): number => Math.round(x * 10 ** digits) / 10 ** digits;
 const prompt = (vocab: number, len: number, i: number): number[] => Array.from({ length: len }, (_, t) => (i * 7 + t * 3 + 1) % vocab);
 
+function weightFeeds(config: ModelConfig, weights: Weights): OrtFeeds {
+  const feeds: OrtFeeds = {};
+  for (const spec of parameterSpecs(config)) feeds[spec.name] = floatTensor(weights[spec.name] as Float32Array, spec.shape);
+  return feeds;
+}
+
+/** A decode run's feeds at `rows` rows: token 3 at mid-context over a full cache of 0.01s (the ceilings' fixed input). */
+function decodeFeeds(config: ModelConfig, weights: OrtFeeds, rows: number): OrtFeeds {
+  const feeds: OrtFeeds = { ...weights };
+  feeds.input_ids = int32Tensor(new Int32Array(rows).fill(3), [rows]);
+  feeds.positions = int32Tensor(new Int32Array(rows).fill(Math.floor(config.context_length / 2)), [rows]);
+  const dims = [rows, config.n_heads, config.context_length, headDim(config)];
+  for (let l = 0; l < config.n_layers; l++) {
+    for (const kind of ["key", "value"]) feeds[`past.${l}.${kind}`] = floatTensor(new Float32Array(dims.reduce((a, b) => a * b, 1)).fill(0.01), dims);
+  }
+  return feeds;
+}
+
 /** Plain ONNX decode: one session, feeds built once, `calls` runs. Returns tokens/s for `batch` real rows. */
 async function ceiling(config: ModelConfig, weights: Weights, batch: number, rows: number, seconds: number): Promise<number> {
   const session = await createOrtSession(buildDecodeModel(config), { intraOpNumThreads: 1 });
   try {
-    const feeds: OrtFeeds = {};
-    for (const spec of parameterSpecs(config)) feeds[spec.name] = floatTensor(weights[spec.name] as Float32Array, spec.shape);
-    feeds.input_ids = int32Tensor(new Int32Array(rows).fill(3), [rows]);
-    feeds.positions = int32Tensor(new Int32Array(rows).fill(Math.floor(config.context_length / 2)), [rows]);
-    const dims = [rows, config.n_heads, config.context_length, headDim(config)];
-    for (let l = 0; l < config.n_layers; l++) {
-      for (const kind of ["key", "value"]) feeds[`past.${l}.${kind}`] = floatTensor(new Float32Array(dims.reduce((a, b) => a * b, 1)).fill(0.01), dims);
-    }
+    const feeds = decodeFeeds(config, weightFeeds(config, weights), rows);
     for (let i = 0; i < 20; i++) await session.run(feeds);
     let calls = 0;
     const t0 = performance.now();
@@ -105,22 +116,15 @@ async function generationCeiling(shape: Shape, batch: number, seconds: number): 
   const prefill = await createOrtSession(buildPrefillModel(config), { intraOpNumThreads: 1 });
   const decode = await createOrtSession(buildDecodeModel(config), { intraOpNumThreads: 1 });
   try {
-    const w: OrtFeeds = {};
-    for (const spec of parameterSpecs(config)) w[spec.name] = floatTensor(weights[spec.name] as Float32Array, spec.shape);
+    const w = weightFeeds(config, weights);
     const ids = new Int32Array(batch * shape.promptLen); // the scheduler's prompts, one [B, P] prefill
     for (let i = 0; i < batch; i++) ids.set(prompt(config.vocab_size, shape.promptLen, i), i * shape.promptLen);
     const prefillFeeds: OrtFeeds = { ...w, input_ids: int32Tensor(ids, [batch, shape.promptLen]) };
     const rows = Math.max(2, batch);
-    const decodeFeeds: OrtFeeds = { ...w };
-    decodeFeeds.input_ids = int32Tensor(new Int32Array(rows).fill(3), [rows]);
-    decodeFeeds.positions = int32Tensor(new Int32Array(rows).fill(Math.floor(config.context_length / 2)), [rows]);
-    const dims = [rows, config.n_heads, config.context_length, headDim(config)];
-    for (let l = 0; l < config.n_layers; l++) {
-      for (const kind of ["key", "value"]) decodeFeeds[`past.${l}.${kind}`] = floatTensor(new Float32Array(dims.reduce((a, b) => a * b, 1)).fill(0.01), dims);
-    }
+    const decodeRun = decodeFeeds(config, w, rows);
     const oneRound = async () => {
       await prefill.run(prefillFeeds);
-      for (let i = 1; i < shape.newTokens; i++) await decode.run(decodeFeeds);
+      for (let i = 1; i < shape.newTokens; i++) await decode.run(decodeRun);
     };
     for (let i = 0; i < 3; i++) await oneRound();
     let rounds = 0;
