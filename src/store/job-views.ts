@@ -40,22 +40,50 @@ export interface RolloutJobKey {
 }
 
 /**
+ * The round's `group.dispatched`, looked up per key (`step`: the rollout view's, or any step).
+ *
+ * A LATERAL with LIMIT 1, not an EXISTS: Postgres may run an EXISTS as a hashed subplan, which reads
+ * every `group.dispatched` in the table once per statement (all runs'; on a table never analyzed
+ * the planner chose it), a cost that grew with the history (docs/performance.md "Session 19"). A
+ * LATERAL is always a per-key lookup, which the partial index decisions_group_dispatched_idx serves.
+ */
+function dispatchedLateral(step: string | null): string {
+  return `LEFT JOIN LATERAL (SELECT true AS found FROM decisions d
+       WHERE d.run_id = k.run_id AND d.group_id = k.group_id AND d.kind = 'group.dispatched'
+         AND (d.payload->>'round')::int = k.round${step === null ? "" : ` AND d.step = ${step}`} LIMIT 1) disp ON true`;
+}
+
+/** The rollout jobs' start views: keys $1 run_id[], $2 group_id[], $3 round[], $4 step[] (exported for the plan test). */
+export const rolloutJobViewsSql = `SELECT k.i,
+       disp.found IS NOT NULL AS is_dispatched,
+       EXISTS (SELECT 1 FROM group_rounds r WHERE r.run_id = k.run_id AND r.group_id = k.group_id AND r.round = k.round) AS has_round,
+       ${roundAbortedSql({ runId: "k.run_id", groupId: "k.group_id", round: "k.round", step: "k.step" })} AS is_aborted,
+       ${groupColumns("k.run_id", "k.group_id")}
+     FROM ${groupKeysFrom(["run_id text", "group_id bigint", "round int", "step int"])}
+     ${dispatchedLateral("k.step")}`;
+
+/** The reward jobs' start views: keys $1 run_id[], $2 group_id[], $3 round[] (exported for the plan test). */
+export const rewardJobViewsSql = `SELECT k.i,
+       EXISTS (SELECT 1 FROM group_rounds r WHERE r.run_id = k.run_id AND r.group_id = k.group_id AND r.round = k.round) AS has_round,
+       disp.found IS NOT NULL AS is_dispatched,
+       (SELECT count(*)::int FROM sample_rewards w WHERE w.run_id = k.run_id AND w.group_id = k.group_id AND w.round = k.round) AS reward_count,
+       ${groupColumns("k.run_id", "k.group_id", "tokens")}
+     FROM ${groupKeysFrom(["run_id text", "group_id bigint", "round int"])}
+     ${dispatchedLateral(null)}`;
+
+/**
  * The start views of several rollout jobs in one statement (the worker
  * coalesces concurrent jobs, store/job-batch.ts). One entry per key, in order;
  * a group that was never drawn is an `Error` entry for that key alone.
  */
 export async function loadRolloutJobViews(db: Db, keys: readonly RolloutJobKey[], nSamples: (runId: string) => number): Promise<Array<RolloutJobView | Error>> {
   if (keys.length === 0) return [];
-  const res = await db.pool.query<GroupRow & { i: string; is_dispatched: boolean; has_round: boolean; is_aborted: boolean }>(
-    `SELECT k.i,
-       EXISTS (SELECT 1 FROM decisions d WHERE d.run_id = k.run_id AND d.group_id = k.group_id AND d.kind = 'group.dispatched'
-                 AND d.step = k.step AND (d.payload->>'round')::int = k.round) AS is_dispatched,
-       EXISTS (SELECT 1 FROM group_rounds r WHERE r.run_id = k.run_id AND r.group_id = k.group_id AND r.round = k.round) AS has_round,
-       ${roundAbortedSql({ runId: "k.run_id", groupId: "k.group_id", round: "k.round", step: "k.step" })} AS is_aborted,
-       ${groupColumns("k.run_id", "k.group_id")}
-     FROM ${groupKeysFrom(["run_id text", "group_id bigint", "round int", "step int"])}`,
-    [keys.map((k) => k.runId), keys.map((k) => k.groupId), keys.map((k) => k.round), keys.map((k) => k.step)],
-  );
+  const res = await db.pool.query<GroupRow & { i: string; is_dispatched: boolean; has_round: boolean; is_aborted: boolean }>(rolloutJobViewsSql, [
+    keys.map((k) => k.runId),
+    keys.map((k) => k.groupId),
+    keys.map((k) => k.round),
+    keys.map((k) => k.step),
+  ]);
   return inKeyOrder(keys, res.rows, (key, row) => {
     const isUsable = row.is_dispatched && !row.has_round;
     return {
@@ -98,16 +126,11 @@ export interface RewardJobKey {
 /** The start views of several reward jobs in one statement; one entry per key, in order. */
 export async function loadRewardJobViews(db: Db, keys: readonly RewardJobKey[], nSamples: (runId: string) => number): Promise<Array<RewardJobView | Error>> {
   if (keys.length === 0) return [];
-  const res = await db.pool.query<GroupRow & { i: string; has_round: boolean; is_dispatched: boolean; reward_count: number }>(
-    `SELECT k.i,
-       EXISTS (SELECT 1 FROM group_rounds r WHERE r.run_id = k.run_id AND r.group_id = k.group_id AND r.round = k.round) AS has_round,
-       EXISTS (SELECT 1 FROM decisions d WHERE d.run_id = k.run_id AND d.group_id = k.group_id AND d.kind = 'group.dispatched'
-                 AND (d.payload->>'round')::int = k.round) AS is_dispatched,
-       (SELECT count(*)::int FROM sample_rewards w WHERE w.run_id = k.run_id AND w.group_id = k.group_id AND w.round = k.round) AS reward_count,
-       ${groupColumns("k.run_id", "k.group_id", "tokens")}
-     FROM ${groupKeysFrom(["run_id text", "group_id bigint", "round int"])}`,
-    [keys.map((k) => k.runId), keys.map((k) => k.groupId), keys.map((k) => k.round)],
-  );
+  const res = await db.pool.query<GroupRow & { i: string; has_round: boolean; is_dispatched: boolean; reward_count: number }>(rewardJobViewsSql, [
+    keys.map((k) => k.runId),
+    keys.map((k) => k.groupId),
+    keys.map((k) => k.round),
+  ]);
   return inKeyOrder(keys, res.rows, (key, row) => {
     const n = nSamples(key.runId);
     const isUsable = row.has_round && row.is_dispatched && row.reward_count < n;

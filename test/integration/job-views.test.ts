@@ -13,7 +13,14 @@ import {
   type RoundFacts,
 } from "../../src/store/rollout-facts.ts";
 import { loadGroupView, loadGroupWithRewards } from "../../src/store/group-view.ts";
-import { loadRewardJobView, loadRewardJobViews, loadRolloutJobView, loadRolloutJobViews } from "../../src/store/job-views.ts";
+import {
+  loadRewardJobView,
+  loadRewardJobViews,
+  loadRolloutJobView,
+  loadRolloutJobViews,
+  rewardJobViewsSql,
+  rolloutJobViewsSql,
+} from "../../src/store/job-views.ts";
 import { createJobStore } from "../../src/store/job-batch.ts";
 import type { Decision } from "../../src/core/decisions.ts";
 
@@ -287,6 +294,46 @@ describe("job views and the one-statement round write", () => {
     ).toEqual([true, true, false]);
   });
 
+  it("the job views look a round's dispatch and its group's cuts up per key, through the group lookup index, not through every dispatch of the run", async () => {
+    // A long run's history: thousands of dispatches and cuts of other groups. Through the
+    // (run, kind, step) index the reward view (its dispatch lookup has no step) read every dispatch
+    // of the run for each key, and an EXISTS may run as a hashed subplan that reads them all once.
+    const many: Decision[] = Array.from({ length: 3000 }, (_, i) => [
+      { kind: "group.dispatched" as const, payload: { groupId: 20_000 + i, round: 0, step: 1 + (i % 30), weightVersion: 0 } },
+      { kind: "group.cut" as const, payload: { groupId: 20_000 + i, step: 1 + (i % 30), round: 1, samples: [0], reason: "test" } },
+    ]).flat();
+    await decide(many);
+    // A worker's batch of job starts (store/job-batch.ts): with this many keys Postgres may hash.
+    const groups = Array.from({ length: 64 }, (_, i) => 20_000 + i * 40);
+    const keys = [groups.map(() => runId), groups, groups.map(() => 0), groups.map((g) => 1 + ((g - 20_000) % 30))];
+    const scans = async (sql: string, args: unknown[][]) => {
+      const res = await db.pool.query<{ "QUERY PLAN": Array<{ Plan: PlanNode }> }>(`EXPLAIN (FORMAT JSON) ${sql}`, args);
+      const out: Array<{ alias: string; index: string | undefined; cond: string | undefined }> = [];
+      const walk = (node: PlanNode, alias: string | undefined) => {
+        const own = node["Relation Name"] === "decisions" ? node.Alias : alias;
+        if (own === "d" || own === "c") {
+          if (node["Node Type"] === "Seq Scan" || node["Index Name"] !== undefined)
+            out.push({ alias: own, index: node["Index Name"], cond: node["Index Cond"] });
+        }
+        for (const child of node.Plans ?? []) walk(child, own === "d" || own === "c" ? own : undefined);
+      };
+      walk(res.rows[0]!["QUERY PLAN"][0]!.Plan, undefined);
+      return out;
+    };
+    for (const [sql, args] of [
+      [rolloutJobViewsSql, keys],
+      [rewardJobViewsSql, keys.slice(0, 3)],
+    ] as const) {
+      const found = await scans(sql, args);
+      expect(found.map((f) => f.alias).sort()).toEqual(["c", "d"]);
+      for (const f of found) {
+        expect(f.index).toBe("decisions_group_lookup_idx");
+        // Per key: the group is in the index condition (a hashed subplan would read the index by kind alone).
+        expect(f.cond).toContain("group_id = k.group_id");
+      }
+    }
+  });
+
   it("per-token arrays land exactly as written: each segment's slice of the batch's binary arrays, empty ones and edge values included", async () => {
     const run = "jv3";
     await insertRun(db, { runId: run, name: run, config: {}, datasetFingerprint: "x", datasetSize: 1, datasetErrors: [], pluginFingerprints: {} });
@@ -374,3 +421,13 @@ describe("job views and the one-statement round write", () => {
     expect((await loadRolloutJobView(db, { runId, groupId: 0, round: 4, step: 0 }, n)).hasRound).toBe(false);
   });
 });
+
+/** The fields of a Postgres JSON plan node that the plan tests read. */
+interface PlanNode {
+  "Node Type": string;
+  "Relation Name"?: string;
+  Alias?: string;
+  "Index Name"?: string;
+  "Index Cond"?: string;
+  Plans?: PlanNode[];
+}

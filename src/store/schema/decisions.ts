@@ -31,5 +31,14 @@ export const decisions = pgTable(
     index("decisions_group_aborted_idx")
       .on(t.runId, t.groupId)
       .where(sql`${t.kind} = 'group.aborted'`),
+    // A job's start view (store/job-views.ts) looks up its round's group.dispatched and its group's
+    // group.cut decisions. Through the (run_id, kind, step) index, the reward view's dispatch
+    // lookup (no step) read every dispatch of the run per key: 0.75 ms a key at step 24 of a
+    // 64-engine bench run, growing with the run (docs/performance.md "Session 19"). The planner
+    // did not choose a plain (run_id, group_id, kind) index over it on a table never analyzed; it
+    // chooses this partial one.
+    index("decisions_group_lookup_idx")
+      .on(t.runId, t.groupId, t.kind)
+      .where(sql`${t.kind} IN ('group.dispatched', 'group.cut')`),
   ],
 );

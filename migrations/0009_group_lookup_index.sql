@@ -1,0 +1,1 @@
+CREATE INDEX "decisions_group_lookup_idx" ON "decisions" USING btree ("run_id","group_id","kind") WHERE "decisions"."kind" IN ('group.dispatched', 'group.cut');
