@@ -61,18 +61,23 @@ async function trainAsync(h: ControllerHost): Promise<boolean> {
 /**
  * Weight sync: record the intent (weights.syncing) with the in-flight rounds
  * to abort (weight_update_mode abort) or none (drain), wait until every round
- * of the old version landed, then load the engines and record weights.synced.
- * No request spans two versions: one segment, one version.
+ * of the old version landed and the engines loaded the new weights, then
+ * record weights.synced. With abort the loads start at once, overlapping the
+ * aborts (the engines hold them until their requests ended); with drain,
+ * once the rounds landed. No request spans two versions: one segment, one version.
  */
 async function syncAsync(h: ControllerHost): Promise<boolean> {
   const s = h.state;
   if (s.syncing !== null) {
-    const keys = liveRounds(h);
-    const statuses = await loadRoundStatuses(h.deps.db, s.runId, keys);
-    if (keys.some((k) => !statuses.has(k.groupId))) return false;
     const target = s.syncing;
     const row = await loadTrainStep(h.deps.db, s.runId, target.step);
     if (!row) throw new RlqError("batch_inconsistent", `run ${s.runId}: syncing to step ${target.step}'s weights, which never committed`);
+    // The engines start loading while the aborted rounds land (engine-admin.ts `beginLoad`: each
+    // engine's load waits for its own requests to end); weights.synced still waits for both.
+    h.engines.beginLoad(target.weightVersion, row.checkpointUri);
+    const keys = liveRounds(h);
+    const statuses = await loadRoundStatuses(h.deps.db, s.runId, keys);
+    if (keys.some((k) => !statuses.has(k.groupId))) return false;
     await syncEngines(h, target.step, target.weightVersion, row.checkpointUri);
     if (isEvalDue(h, target.step + 1)) await dispatchEval(h, target.step + 1, target.weightVersion);
     return true;

@@ -11,6 +11,11 @@ import type { EnginePool } from "../engines/pool.ts";
  * the version a job asks for before generating.
  */
 export interface EngineAdmin {
+  /**
+   * Start loading `version` now, without waiting (a no-op where a load cannot start before the
+   * aborted rounds have landed); `loadWeights` then waits for this load. See `createEngineAdmin`.
+   */
+  beginLoad(version: number, checkpointUri: string): void;
   loadWeights(version: number, checkpointUri: string): Promise<void>;
   /** The weight versions the live engines report now (empty for the embedded engine). */
   reportedVersions(): Promise<number[]>;
@@ -19,7 +24,8 @@ export interface EngineAdmin {
 
 export function createEngineAdmin(config: RunConfig): EngineAdmin {
   const e = config.engine;
-  if (e.kind === "embedded") return { loadWeights: async () => undefined, reportedVersions: async () => [], close: async () => undefined };
+  if (e.kind === "embedded")
+    return { beginLoad: () => undefined, loadWeights: async () => undefined, reportedVersions: async () => [], close: async () => undefined };
   let state: Promise<{ pool: EnginePool; sync: WeightSync }> | null = null;
   const get = () => {
     state ??= createEnginesFromConfig(e, config).then((pool) => ({
@@ -28,9 +34,35 @@ export function createEngineAdmin(config: RunConfig): EngineAdmin {
     }));
     return state;
   };
+  // A load that may start while this run's aborted requests are still ending (weight_sync disk,
+  // weight_update_mode abort): SGLang's update_weights_from_disk takes the model update lock's
+  // writer side (tokenizer_manager.py `model_update_lock.writer_lock`), which waits for every
+  // request in the server to end and holds new ones until the load is done, so no request spans two
+  // versions, and each answer's meta_info.weight_version names the version that generated it
+  // (rlq records that one per segment). So the load need not wait for the aborted rounds to land
+  // in Postgres: each engine starts it as soon as its own requests have ended, while the rollout
+  // workers record them. In drain mode the in-flight rounds finish on the old version, and a
+  // request retried after the load asked would not, so the load waits for them as before.
+  const isEarlyLoad = config.weight_sync === "disk" && config.weight_update_mode === "abort";
+  let started: { version: number; done: Promise<void> } | null = null;
+  const begin = (version: number, uri: string): Promise<void> => {
+    if (started?.version !== version) {
+      const done = get().then(({ sync }) => sync.sync(version, uri).then(() => undefined));
+      done.catch(() => undefined); // awaited by loadWeights, which reports the failure
+      started = { version, done };
+    }
+    return started.done;
+  };
   return {
+    beginLoad(version, uri) {
+      if (isEarlyLoad) void begin(version, uri);
+    },
     async loadWeights(version, uri) {
-      await (await get()).sync.sync(version, uri);
+      try {
+        await begin(version, uri);
+      } finally {
+        started = null;
+      }
     },
     async reportedVersions() {
       const { pool } = await get();

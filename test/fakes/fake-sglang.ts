@@ -64,7 +64,10 @@
  * - weight loads (tokenizer_manager.py update_weights_from_disk: `async with
  *   model_update_lock.writer_lock`): a load waits for in-flight requests and holds new ones; a
  *   failed load answers HTTP 400 {success: false, message, num_paused_requests}
- *   (http_server.py update_weights_from_disk).
+ *   (http_server.py update_weights_from_disk). A request's last answer carries the version it
+ *   ended on: tokenizer_manager.py _handle_batch_output writes server_args.weight_version into
+ *   meta_info while the request still holds the lock's reader side, so a load waiting to write
+ *   cannot change it first (the fake read it after letting the load in).
  * - pushes (tokenizer_communicator_mixin.py update_weights_from_distributed /
  *   update_weights_from_tensor): unless generation is paused they take the same writer lock
  *   (wait for in-flight requests); when paused they apply at once. Failure: HTTP 400

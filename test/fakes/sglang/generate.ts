@@ -116,6 +116,7 @@ export async function generateOne(
       if (onToken && i + 1 < maxNew) onToken(g);
     }
   } finally {
+    g.endVersion = reportedVersion();
     live.delete(rid);
     if (live.size === 0 && st.drained) st.drained();
   }
@@ -174,7 +175,10 @@ export function metaInfo(rid: string, promptTokens: number, g: Generated, finish
     output_token_logprobs: from === 0 ? g.out : g.out.slice(from),
     ...(g.top.length > 0 ? { output_top_logprobs: from === 0 ? g.top : g.top.slice(from) } : {}),
     finish_reason: finishReason(finish),
-    weight_version: spans !== null ? (spans[spans.length - 1] as { version: string }).version : String(reportedVersion()),
+    weight_version:
+      spans !== null
+        ? (spans[spans.length - 1] as { version: string }).version
+        : String(finish !== null && g.endVersion !== undefined ? g.endVersion : reportedVersion()),
     ...(spans !== null ? { weight_versions: spans } : {}),
     prompt_tokens: promptTokens,
     completion_tokens: g.out.length,

@@ -121,4 +121,10 @@ export interface Generated {
   top: Array<Array<[number, number, null]>>;
   versions: number[];
   finish: Finish;
+  /**
+   * The version reported at the end, read before the request leaves the server: tokenizer_manager.py
+   * _handle_batch_output puts server_args.weight_version into meta_info while the request still holds
+   * the model update lock's reader side, so a load waiting on the writer side cannot change it first.
+   */
+  endVersion?: number;
 }

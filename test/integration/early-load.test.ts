@@ -1,0 +1,87 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createWorld, type World } from "../helpers/run-fixture.ts";
+import { spawnRlq, waitFor } from "../helpers/processes.ts";
+import { checkRunInvariants } from "../helpers/invariants.ts";
+
+/**
+ * Asynchronous mode's weight sync asks the engines to load the new weights when it records the
+ * intent (`weights.syncing`), not once the aborted rounds have landed (controller/engine-admin.ts
+ * `beginLoad`): SGLang's load waits for the requests in the server to end and holds new ones
+ * (tokenizer_manager.py model_update_lock.writer_lock; the fake does the same), so each engine
+ * loads as soon as its own aborted requests are out, while the rollout workers record them.
+ *
+ * Made visible by stopping the rollout worker (SIGSTOP) between two syncs, with rounds dispatched
+ * that have not landed: none can land while it is stopped, so a controller that waits for the
+ * landing never asks for the next load; one that overlaps them asks, and the engine loads.
+ */
+describe("weight sync: the load overlaps the aborts", () => {
+  let w: World;
+  beforeAll(async () => {
+    // Every request runs to its 400 tokens at 5 ms a token (2 s): the rounds drawn after the first
+    // sync are still generating when the test stops the rollout worker.
+    w = await createWorld("earlyload", { engineArgs: ["--token-delay-ms", "5", "--stop-prob", "0"], trainerArgs: ["--step-ms", "1000"] });
+  });
+  afterAll(async () => {
+    await w?.close();
+  });
+
+  it("asks the engines to load before the aborted rounds land; the run then completes with every segment's version as the engine reported it", async () => {
+    const engineUrl = await w.freshEngine();
+    const runId = await w.start({
+      train_async: true,
+      max_staleness: 1,
+      staleness_policy: "mask",
+      num_rollout: 3,
+      rollout_max_response_len: 400,
+      dynamic_sampling_filter_path: null,
+      engine: { kind: "sglang", urls: [engineUrl] },
+    });
+    const engineStats = async () => (await (await fetch(`${engineUrl}/stats`)).json()) as { live: number; weightVersion: number };
+    const decisionCount = async (kind: string) =>
+      (await w.db.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind = $2", [runId, kind])).rows[0]!.n;
+
+    // The controller with the reward and train workers in one process, the rollout worker in another.
+    const up = spawnRlq(["up", "--run", runId, "--workers", "reward,train"], w.env);
+    const rollout = spawnRlq(["worker", "rollout"], w.env);
+    const stepRounds = async (step: number) =>
+      (await w.db.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM group_rounds WHERE run_id = $1 AND step = $2", [runId, step])).rows[0]!.n;
+    try {
+      // With max_staleness 1, steps 0 and 1 generate at once; step 2's groups are drawn after the
+      // first sync, and the rollout worker is stopped while they generate.
+      await waitFor(
+        "the first sync done and step 2's requests in the engine",
+        async () => (await decisionCount("weights.synced")) >= 1 && (await engineStats()).live > 0,
+      );
+      rollout.kill("SIGSTOP");
+      expect(await stepRounds(2), "step 2's rounds landed before the rollout worker was stopped").toBe(0);
+      expect(await decisionCount("weights.syncing"), "the second sync began before the rollout worker was stopped").toBe(1);
+      // Step 1 trains and commits; the second sync records its aborts. Nothing can land while the
+      // rollout worker is stopped: only a load that overlaps the aborts reaches the engine now.
+      await waitFor("the engine to load version 2", async () => (await engineStats()).weightVersion === 2);
+      expect(await decisionCount("weights.syncing")).toBe(2);
+      expect(await decisionCount("weights.synced")).toBe(1);
+      expect(await stepRounds(2)).toBe(0);
+      rollout.kill("SIGCONT");
+      await waitFor(
+        "the run to complete",
+        async () => (await w.db.pool.query<{ status: string }>("SELECT status FROM runs WHERE id = $1", [runId])).rows[0]?.status === "completed",
+        180_000,
+        200,
+      );
+    } finally {
+      rollout.kill("SIGCONT");
+      rollout.kill("SIGTERM");
+      up.kill("SIGTERM");
+      await Promise.all([rollout.exited, up.exited]);
+    }
+
+    await checkRunInvariants(w.db, runId, { numRollout: 3, datasetSize: 64, shuffle: false, seed: 42, rbs: 4 });
+    // No segment carries a version older than the one its round was dispatched at (a request the
+    // load held would run on the newer one, and say so).
+    const older = await w.db.pool.query<{ n: number }>(
+      "SELECT count(*)::int AS n FROM sample_segments WHERE run_id = $1 AND weight_version < expected_weight_version",
+      [runId],
+    );
+    expect(older.rows[0]!.n).toBe(0);
+  });
+});
