@@ -49,6 +49,10 @@ const { values } = parseArgs({
     prof: { type: "string" },
     // Keep each run's database (its name is printed) to read the decisions' timeline afterwards.
     "keep-db": { type: "boolean", default: false },
+    // engine.exclusive: the simulated servers serve this run alone (one 8B engine per GPU for one RL
+    // run, as slime runs its own), so a weight sync ends their requests with one abort_all each.
+    // "false" measures servers other runs may share: one abort per request.
+    "engine-exclusive": { type: "string", default: "true" },
     out: { type: "string", default: "cluster-sim" },
   },
 });
@@ -140,7 +144,13 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       dynamic_sampling_filter_path: null,
       // The farm speaks rlq's byte ids, as the test fakes do (run configs must now say so).
       tokenizer: "bytes",
-      engine: { kind: "sglang", urls: enginePorts.map((port) => `http://127.0.0.1:${port}`), logprob_check: "off", stream: false },
+      engine: {
+        kind: "sglang",
+        urls: enginePorts.map((port) => `http://127.0.0.1:${port}`),
+        logprob_check: "off",
+        stream: false,
+        exclusive: values["engine-exclusive"] !== "false",
+      },
       sglang_server_concurrency: values["server-concurrency"] ? Number(values["server-concurrency"]) : p.maxRunning,
       trainer: { kind: "remote", url: trainer.url },
       train_stall_timeout_s: 120,
@@ -190,6 +200,7 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       abortsWallMs: number[];
       requests: number;
       aborts: number;
+      abortAlls: number;
       healthChecks: number;
       healthBusy: number;
     }>(`${farm.url}/_stats`);
@@ -412,7 +423,9 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       cpu_s_in_window: cpuS,
       decisions: Object.fromEntries(outcomes.map((o) => [o.kind, o.n])),
       farm_requests: farmStats.requests,
+      engine_exclusive: values["engine-exclusive"] !== "false",
       farm_aborts: farmStats.aborts,
+      farm_abort_alls: farmStats.abortAlls,
       // /health_generate calls, and those that answered 503 (a load held the lock past SGLang's 20 s).
       farm_health_checks: farmStats.healthChecks,
       farm_health_busy: farmStats.healthBusy,

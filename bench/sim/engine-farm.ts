@@ -7,8 +7,8 @@
  *     (lists; the answer is the list of outputs in order, sent when every item ended);
  *   POST /abort_request {rid}: that request ends now with its tokens so far, finish_reason abort; a
  *     request held behind a weight load is not reached (tokenizer_manager.py abort_request returns
- *     early for a rid not yet in rid_to_state) and runs after the load; abort_all is refused (rlq
- *     must never send it);
+ *     early for a rid not yet in rid_to_state) and runs after the load; {abort_all: true}: every
+ *     running and waiting request ends so (rlq sends it only to servers set engine.exclusive);
  *   POST /update_weights_from_disk {model_path, weight_version}: new requests are held, the ones
  *     already in the server finish (the model update lock), then the load takes weightLoadMs;
  *   GET /health_generate and /health (one handler, http_server.py health_generate): a one-token
@@ -41,7 +41,7 @@ const EOS = 257;
 /** http_server.py health_generate: `await asyncio.sleep(1)` between its checks, and HEALTH_CHECK_TIMEOUT (env SGLANG_HEALTH_CHECK_TIMEOUT, default 20 s). */
 const HEALTH_POLL_MS = 1000;
 const HEALTH_TIMEOUT_MS = 20_000;
-const stats = { generateCalls: 0, requests: 0, aborts: 0, loads: 0, healthChecks: 0, healthBusy: 0 };
+const stats = { generateCalls: 0, requests: 0, aborts: 0, abortAlls: 0, loads: 0, healthChecks: 0, healthBusy: 0 };
 // The slots holding a request across all engines, sampled every 100 wall ms: the bench reads how
 // full the engines were around each weight sync.
 const occupancy: Array<[number, number]> = [];
@@ -180,7 +180,11 @@ async function serveEngine(e: SimEngine, path: string, req: IncomingMessage, res
   if (req.method === "POST" && path === "/generate") return await generate(e, await readJson(req), res);
   if (req.method === "POST" && path === "/abort_request") {
     const b = await readJson(req);
-    if (b.abort_all === true) return sendJson(res, 400, { error: { message: "rlq must never abort_all" } });
+    if (b.abort_all === true) {
+      stats.abortAlls++;
+      e.abortAll();
+      return sendJson(res, 200, {});
+    }
     stats.aborts++;
     abortsWallMs.push(Date.now());
     e.abort(String(b.rid));

@@ -294,6 +294,20 @@ export class SimEngine {
   }
 
   /**
+   * abort_all (tokenizer_manager.py abort_request(abort_all=True), scheduler.py abort_request): every
+   * running and waiting request ends now with its tokens so far; one held behind a load's model
+   * update lock is not in the scheduler and runs after the load.
+   */
+  abortAll(): void {
+    this.advance();
+    const ended = [...this.running.values(), ...this.waiting];
+    this.running.clear();
+    this.waiting = [];
+    for (const r of ended) this.end(r, Math.floor(r.produced), true);
+    this.settle();
+  }
+
+  /**
    * The client of `rid` went away: SGLang aborts the request (tokenizer_manager.py, after a delay the
    * farm does not model); one held behind a load ends when the load releases it, before generating.
    */

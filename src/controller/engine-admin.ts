@@ -43,11 +43,18 @@ export function createEngineAdmin(config: RunConfig): EngineAdmin {
   // in Postgres: each engine starts it as soon as its own requests have ended, while the rollout
   // workers record them. In drain mode the in-flight rounds finish on the old version, and a
   // request retried after the load asked would not, so the load waits for them as before.
+  // On exclusive servers (engine.exclusive) the sync also ends every request on them itself, one
+  // abort_all per server (slime's abort_server_until_idle), instead of waiting for the rollout
+  // workers' one abort per request; the workers' aborts by id stay the fallback.
   const isEarlyLoad = config.weight_sync === "disk" && config.weight_update_mode === "abort";
+  const isAbortAll = isEarlyLoad && e.kind === "sglang" && e.exclusive;
   let started: { version: number; done: Promise<void> } | null = null;
-  const begin = (version: number, uri: string): Promise<void> => {
+  const begin = (version: number, uri: string, isSync: boolean): Promise<void> => {
     if (started?.version !== version) {
-      const done = get().then(({ sync }) => sync.sync(version, uri).then(() => undefined));
+      const done = get().then(({ pool, sync }) => {
+        if (isSync && isAbortAll) void pool.abortAll();
+        return sync.sync(version, uri).then(() => undefined);
+      });
       done.catch(() => undefined); // awaited by loadWeights, which reports the failure
       started = { version, done };
     }
@@ -55,11 +62,11 @@ export function createEngineAdmin(config: RunConfig): EngineAdmin {
   };
   return {
     beginLoad(version, uri) {
-      if (isEarlyLoad) void begin(version, uri);
+      if (isEarlyLoad) void begin(version, uri, true);
     },
     async loadWeights(version, uri) {
       try {
-        await begin(version, uri);
+        await begin(version, uri, false);
       } finally {
         started = null;
       }

@@ -36,6 +36,13 @@ export const sglangEngineConfigSchema = z
     router_refresh_s: z.number().nonnegative().default(30),
     /** probe: check each server's log-prob semantics on admission (docs/engines.md). */
     logprob_check: z.enum(["probe", "off"]).default("probe"),
+    /**
+     * true: these servers serve this run alone (as slime's own servers do), so a weight sync ends
+     * every request on them with one `/abort_request {abort_all: true}` per server, slime's
+     * abort_server_until_idle, instead of one call per request (docs/engines.md). false (default):
+     * other runs may share the servers, and rlq aborts only its own requests, by id.
+     */
+    exclusive: z.boolean().default(false),
   })
   .strict()
   .refine((e) => e.urls.length > 0 || e.router_url !== null, { message: "set urls or router_url", path: ["urls"] });

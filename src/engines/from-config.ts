@@ -78,6 +78,7 @@ export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: 
     healthTimeoutMs: keys.rollout_health_check_timeout * 1000,
     warmupGraceMs: keys.rollout_health_check_first_wait * 1000,
     logprobCheck: engine.logprob_check,
+    isExclusive: engine.kind === "sglang" && engine.exclusive,
     log,
   });
   if (refresh !== null && engine.kind === "sglang") {

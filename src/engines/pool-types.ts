@@ -23,6 +23,12 @@ export interface EnginePoolOptions {
   warmupGraceMs?: number;
   /** How long `abort` waits for the server to answer aborted requests before cancelling them locally. Default 10 s. */
   abortWaitMs?: number;
+  /**
+   * The servers serve this pool's run alone (engine.exclusive): while admission is paused for a
+   * weight sync, the controller's `abortAll` ends every request on them, so `abort` waits for the
+   * answers before sending a per-request abort (it still sends one for a request not yet ended).
+   */
+  isExclusive?: boolean;
   /** Attempts per request across engines when a request fails before any token. Default 3. */
   maxAttempts?: number;
   /** How long a request waits for any routable engine before failing (retriable). Default 120 s. */
@@ -50,6 +56,8 @@ export interface EnginePool extends Engine {
   currentVersion(): number | null;
   /** Resolves when every live engine reports `version`; engines that die meanwhile are left out. */
   awaitVersion(version: number, timeoutMs: number): Promise<{ engines: string[] }>;
+  /** End every request on every live engine that can (SGLang abort_all); errors are logged, not thrown. */
+  abortAll(): Promise<void>;
   /** New requests wait (in-flight ones continue) until resumeAdmission. */
   pauseAdmission(): void;
   resumeAdmission(): void;

@@ -356,6 +356,8 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     entry.abortRequested = true;
     wakeFirst((w) => w.entry === entry);
     const deadline = now() + abortWaitMs;
+    // A weight sync on exclusive servers: the controller's abort_all is ending this request too.
+    let isServerAborting = options.isExclusive === true && isPaused;
     // Re-send until the request has come back: an abort that reaches the server
     // before the request does is a no-op there.
     while (!entry.isSettled) {
@@ -365,10 +367,11 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
         if (f.cancelReason === null) f.cancelReason = "abort";
         if (!m.engine.canAbortById || now() >= deadline || m.state === "dead") {
           f.controller.abort(new Error("aborted by caller"));
-        } else {
+        } else if (!isServerAborting) {
           await m.engine.abort([f.rid]).catch(() => undefined);
         }
       }
+      isServerAborting = false;
       const waitMs = Math.max(0, Math.min(500, deadline - now()));
       await Promise.race([entry.done, new Promise((r) => setTimeout(r, waitMs).unref?.())]);
     }
@@ -393,6 +396,16 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
       return current;
     },
     currentVersion: () => current,
+    async abortAll() {
+      await Promise.all(
+        members.map(async (m) => {
+          if (m.state === "dead" || m.state === "refused" || !m.engine.abortAll) return;
+          await m.engine
+            .abortAll()
+            .catch((e: unknown) => log.warn({ engine: m.engine.id, err: errorMessage(e) }, "abort_all failed; the requests are aborted by id"));
+        }),
+      );
+    },
     pauseAdmission() {
       isPaused = true;
     },

@@ -38,6 +38,8 @@ export interface RemoteEngine extends Engine {
   readonly canAbortById: boolean;
   /** False for OpenAI-compatible servers: rlq does not push weights to them. */
   readonly canLoadWeights: boolean;
+  /** End every request on the server, whoever sent it (SGLang `/abort_request {abort_all: true}`). Absent: the server cannot. */
+  abortAll?(): Promise<void>;
   /** The pool's entry point; `request` has been validated by the pool (generateRequestSchema). */
   generateWith(request: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult>;
   /** Two short greedy requests that reveal what the server's log-probs are (logprob-check.ts). */

@@ -21,7 +21,7 @@ import { requestText } from "../lib/http-client.ts";
 /**
  * One SGLang server through its native API (as slime/rollout/sglang_rollout.py at 624b824 uses it):
  * POST /generate {rid, input_ids, sampling_params, return_logprob, stream};
- * POST /abort_request {rid} (never abort_all: other runs and evals share the
+ * POST /abort_request {rid} (abort_all only with engine.exclusive: otherwise other runs and evals share the
  * server); GET /health_generate; GET /get_weight_version; POST
  * /update_weights_from_disk {model_path, weight_version}; GET /get_model_info.
  *
@@ -212,6 +212,12 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
       await Promise.all(
         requestIds.map((rid) => callJson("POST", `${url}/abort_request`, { rid, abort_all: false }, { timeoutMs: adminMs, headers, lane: "control" })),
       );
+    },
+    async abortAll() {
+      // tokenizer_manager.py abort_request(abort_all=True): the scheduler ends every waiting and
+      // running request, each answering with its tokens so far; a request held behind a load's
+      // model update lock is not in the scheduler yet and runs after the load.
+      await callJson("POST", `${url}/abort_request`, { abort_all: true }, { timeoutMs: adminMs, headers, lane: "control" });
     },
     async health(timeoutMs = adminMs) {
       try {

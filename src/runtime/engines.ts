@@ -1,7 +1,7 @@
 import { pathToFileURL } from "node:url";
 import type { Db } from "../store/db.ts";
 import { loadTrainStep } from "../store/train-facts.ts";
-import { loadRunWeightVersion } from "../store/run-facts.ts";
+import { loadAbortingSyncTarget, loadRunWeightVersion } from "../store/run-facts.ts";
 import type { Engine } from "../engines/engine.ts";
 import { createEnginesFromConfig } from "../engines/from-config.ts";
 import type { EnginePool } from "../engines/pool.ts";
@@ -33,11 +33,48 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
   const versions = new Map<string, number>();
   const locks = new Map<string, Promise<void>>();
   const unsubscribes: Array<() => void> = [];
+  /** Per run: the version a sync in progress loads, while this process's pool holds new requests. */
+  const holding = new Map<string, number>();
+  /** Stop holding once the pool has reached the version the sync loads. */
+  const release = (runId: string, pool: EnginePool, version: number) => {
+    const target = holding.get(runId);
+    if (target === undefined || version < target) return;
+    holding.delete(runId);
+    pool.resumeAdmission();
+  };
   /** Route `runId`'s pool to `version` and ask its engines for theirs (each takes requests once it reports it). */
   const moveTo = (runId: string, pool: EnginePool, version: number) => {
     versions.set(runId, version);
     pool.setCurrentVersion(version);
+    release(runId, pool, version);
     void pool.refreshVersions().catch(() => undefined);
+  };
+  /**
+   * The controller recorded weights.syncing with mode abort (store/notify.ts `rlq_syncing`): every
+   * round in flight is being aborted and the engines are loading (controller/engine-admin.ts
+   * beginLoad), so the pool holds new requests until the sync's version. Without it, the slots the
+   * aborts freed went to requests of rounds whose abort this process had not yet applied; each
+   * reached an engine whose load was waiting, was held there, ran on the new weights after the load,
+   * and its round landed only at the next abort resend (~5 such requests a sync at 64 simulated
+   * engines, docs/performance.md "Session 19"). The pool holds at once, before the jobs' abort
+   * watchers free any slot, then checks the log: a hint replayed after a reconnect outside a sync
+   * lets go again. A held request that a job aborts ends at once.
+   */
+  const learnSyncing = async (runId: string, pool: EnginePool) => {
+    const isNew = !holding.has(runId);
+    if (isNew) {
+      holding.set(runId, Number.MAX_SAFE_INTEGER);
+      pool.pauseAdmission();
+    }
+    let target: number | null = null;
+    try {
+      target = await loadAbortingSyncTarget(db, runId);
+    } finally {
+      const current = pool.currentVersion();
+      if (target === null || (current !== null && current >= target)) {
+        if (isNew) release(runId, pool, Number.MAX_SAFE_INTEGER);
+      } else holding.set(runId, target);
+    }
   };
   /**
    * The controller recorded weights.synced (store/notify.ts `rlq_synced`): the pool learns the run's
@@ -49,6 +86,7 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
     const version = await loadRunWeightVersion(db, runId);
     const current = pool.currentVersion();
     if (version !== null && (current === null || version > current)) moveTo(runId, pool, version);
+    else if (version !== null) release(runId, pool, version);
   };
   return {
     async engineFor(ctx: RunContext, version: number): Promise<Engine> {
@@ -59,6 +97,7 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
           p = createEnginesFromConfig(e, ctx.config, { fencedVersion: async () => versions.get(ctx.runId) ?? 0 }).then((pool) => {
             pools.set(ctx.runId, pool);
             unsubscribes.push(db.notifications.subscribe("rlq_synced", ctx.runId, () => void learnSynced(ctx.runId, pool).catch(() => undefined)));
+            unsubscribes.push(db.notifications.subscribe("rlq_syncing", ctx.runId, () => void learnSyncing(ctx.runId, pool).catch(() => undefined)));
             return pool;
           });
         } else if (embedded) p = embedded.createEngine(ctx);

@@ -10,12 +10,15 @@ import { sql } from "drizzle-orm";
  * pooler in transaction mode that drops LISTEN) costs latency, never
  * correctness.
  *
- * Four channels, payload the run id:
+ * Five channels, payload the run id:
  * - `rlq_facts`: a round, rewards, a train step or eval results landed (the
  *   controller waits on it between ticks);
  * - `rlq_abort`: the controller committed decisions that abort rounds (a
  *   step's seal, a weight sync's `group.aborted`); rollout jobs watching those
  *   rounds look at once instead of at their next abort poll;
+ * - `rlq_syncing`: the controller recorded `weights.syncing` with mode abort: a
+ *   rollout worker's engine pool holds new requests until `weights.synced`
+ *   (every round in flight is being aborted; runtime/engines.ts);
  * - `rlq_synced`: the controller recorded `weights.synced` (every engine
  *   loaded a new version): a rollout worker's engine pool reads the run's
  *   version and asks its engines for theirs while the step's jobs are still
@@ -26,7 +29,7 @@ import { sql } from "drizzle-orm";
  * NOTIFY is transactional: sent inside a transaction it is delivered at
  * commit, so a woken waiter always finds the fact.
  */
-export type Channel = "rlq_facts" | "rlq_abort" | "rlq_synced" | "rlq_kept";
+export type Channel = "rlq_facts" | "rlq_abort" | "rlq_syncing" | "rlq_synced" | "rlq_kept";
 
 export interface Notifications {
   /** `onWake` runs on every notification for `runId` on `channel`, and whenever notifications may have been missed (reconnect). */

@@ -91,6 +91,19 @@ export async function loadRunWeightVersion(db: Db, runId: string): Promise<numbe
   return rows[0]?.v ?? null;
 }
 
+/**
+ * The weight version a sync in progress loads (its `weights.syncing` has no `weights.synced` after
+ * it) when that sync aborts every round in flight (mode abort); null otherwise.
+ */
+export async function loadAbortingSyncTarget(db: Db, runId: string): Promise<number | null> {
+  const res = await db.pool.query<{ kind: string; payload: { weightVersion: number; mode?: string } }>(
+    `SELECT kind, payload FROM decisions WHERE run_id = $1 AND kind IN ('weights.syncing', 'weights.synced') ORDER BY seq DESC LIMIT 1`,
+    [runId],
+  );
+  const last = res.rows[0];
+  return last?.kind === "weights.syncing" && last.payload.mode === "abort" ? last.payload.weightVersion : null;
+}
+
 export async function listRuns(db: Db, status?: string) {
   const q = db.db.select().from(runs);
   const rows = status ? await q.where(eq(runs.status, status)) : await q;

@@ -93,9 +93,36 @@ describe("engine farm", () => {
     expect(ids.length + b.output_token_logprobs.length).toBe(Math.min(total, ids.length + 2000));
   });
 
-  it("refuses abort_all and streaming", async () => {
+  it("abort_all ends every request on that engine with its tokens so far; streaming is refused", async () => {
+    // Two long samples on engine 0 (each at least 3 s of wall time at this scale).
+    const keys: string[] = [];
+    for (let i = 0; keys.length < 2; i++) if (responseLength(`all-${i}-0`, p) > 10_000) keys.push(`all-${i}-0`);
+    const totals = async () => ((await (await fetch(`${farm.url}/_totals`)).json()) as { tokens: number }).tokens;
+    const before = await totals();
+    const answers = keys.map(
+      (key) =>
+        post("/e/0/generate", {
+          rid: `${key}-0`,
+          input_ids: [256, 65],
+          return_logprob: true,
+          stream: false,
+          sampling_params: { max_new_tokens: 2000 },
+        }) as Promise<{
+          meta_info: Meta;
+        }>,
+    );
+    // Once both have generated something (the farm's totals: a fact, never a fixed sleep).
+    for (;;) {
+      if ((await totals()) - before > 2 * 16 * 20) break;
+      await new Promise((r) => setTimeout(r, 20));
+    }
     const r1 = await fetch(`${engineUrls[0]}/abort_request`, { method: "POST", body: JSON.stringify({ abort_all: true }) });
-    expect(r1.status).toBe(400);
+    expect(r1.status).toBe(200);
+    for (const [i, a] of (await Promise.all(answers)).entries()) {
+      expect(a.meta_info.finish_reason.type).toBe("abort");
+      expect(a.meta_info.output_token_logprobs.length).toBeGreaterThan(0);
+      expect(a.meta_info.output_token_logprobs.length).toBeLessThan(expected(keys[i] as string));
+    }
     const r2 = await fetch(`${engineUrls[0]}/generate`, {
       method: "POST",
       body: JSON.stringify({ rid: "x-0-0-0", input_ids: [1], return_logprob: true, stream: true }),

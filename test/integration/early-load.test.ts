@@ -25,7 +25,11 @@ describe("weight sync: the load overlaps the aborts", () => {
     await w?.close();
   });
 
-  it("asks the engines to load before the aborted rounds land; the run then completes with every segment's version as the engine reported it", async () => {
+  /**
+   * An async run whose rollout worker the test stops between the first and second sync; returns once
+   * the engine has loaded version 2, with what the engine had counted then, and lets the run finish.
+   */
+  async function syncWithWorkerStopped(exclusive: boolean): Promise<{ syncs: number; abortAlls: () => Promise<number> }> {
     const engineUrl = await w.freshEngine();
     const runId = await w.start({
       train_async: true,
@@ -34,9 +38,9 @@ describe("weight sync: the load overlaps the aborts", () => {
       num_rollout: 3,
       rollout_max_response_len: 400,
       dynamic_sampling_filter_path: null,
-      engine: { kind: "sglang", urls: [engineUrl] },
+      engine: { kind: "sglang", urls: [engineUrl], exclusive },
     });
-    const engineStats = async () => (await (await fetch(`${engineUrl}/stats`)).json()) as { live: number; weightVersion: number };
+    const engineStats = async () => (await (await fetch(`${engineUrl}/stats`)).json()) as { live: number; weightVersion: number; abortAlls: number };
     const decisionCount = async (kind: string) =>
       (await w.db.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind = $2", [runId, kind])).rows[0]!.n;
 
@@ -74,7 +78,6 @@ describe("weight sync: the load overlaps the aborts", () => {
       up.kill("SIGTERM");
       await Promise.all([rollout.exited, up.exited]);
     }
-
     await checkRunInvariants(w.db, runId, { numRollout: 3, datasetSize: 64, shuffle: false, seed: 42, rbs: 4 });
     // No segment carries a version older than the one its round was dispatched at (a request the
     // load held would run on the newer one, and say so).
@@ -83,5 +86,19 @@ describe("weight sync: the load overlaps the aborts", () => {
       [runId],
     );
     expect(older.rows[0]!.n).toBe(0);
+    return { syncs: await decisionCount("weights.syncing"), abortAlls: async () => (await engineStats()).abortAlls };
+  }
+
+  it("asks the engines to load before the aborted rounds land; the run then completes with every segment's version as the engine reported it", async () => {
+    const { abortAlls } = await syncWithWorkerStopped(false);
+    // Servers other runs may share: only requests by id were aborted.
+    expect(await abortAlls()).toBe(0);
+  });
+
+  it("on exclusive servers, the sync itself ends their requests with one abort_all each", async () => {
+    // One per sync (the second sent while the rollout worker was stopped), from the controller.
+    const { syncs, abortAlls } = await syncWithWorkerStopped(true);
+    expect(syncs).toBe(3);
+    await waitFor("one abort_all per sync", async () => (await abortAlls()) === syncs);
   });
 });
