@@ -56,6 +56,7 @@ const { values } = parseArgs({
     out: { type: "string", default: "cluster-sim" },
   },
 });
+const isExclusive = values["engine-exclusive"] !== "false";
 const perEngines = (spec: string, e: number, fallback: number) => {
   for (const kv of spec.split(",")) {
     const [k, v] = kv.split(":");
@@ -149,7 +150,7 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
         urls: enginePorts.map((port) => `http://127.0.0.1:${port}`),
         logprob_check: "off",
         stream: false,
-        exclusive: values["engine-exclusive"] !== "false",
+        exclusive: isExclusive,
       },
       sglang_server_concurrency: values["server-concurrency"] ? Number(values["server-concurrency"]) : p.maxRunning,
       trainer: { kind: "remote", url: trainer.url },
@@ -423,7 +424,7 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       cpu_s_in_window: cpuS,
       decisions: Object.fromEntries(outcomes.map((o) => [o.kind, o.n])),
       farm_requests: farmStats.requests,
-      engine_exclusive: values["engine-exclusive"] !== "false",
+      engine_exclusive: isExclusive,
       farm_aborts: farmStats.aborts,
       farm_abort_alls: farmStats.abortAlls,
       // /health_generate calls, and those that answered 503 (a load held the lock past SGLang's 20 s).

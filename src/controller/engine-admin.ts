@@ -49,12 +49,9 @@ export function createEngineAdmin(config: RunConfig): EngineAdmin {
   const isEarlyLoad = config.weight_sync === "disk" && config.weight_update_mode === "abort";
   const isAbortAll = isEarlyLoad && e.kind === "sglang" && e.exclusive;
   let started: { version: number; done: Promise<void> } | null = null;
-  const begin = (version: number, uri: string, isSync: boolean): Promise<void> => {
+  const begin = (version: number, uri: string): Promise<void> => {
     if (started?.version !== version) {
-      const done = get().then(({ pool, sync }) => {
-        if (isSync && isAbortAll) void pool.abortAll();
-        return sync.sync(version, uri).then(() => undefined);
-      });
+      const done = get().then(({ sync }) => sync.sync(version, uri).then(() => undefined));
       done.catch(() => undefined); // awaited by loadWeights, which reports the failure
       started = { version, done };
     }
@@ -62,11 +59,17 @@ export function createEngineAdmin(config: RunConfig): EngineAdmin {
   };
   return {
     beginLoad(version, uri) {
-      if (isEarlyLoad) void begin(version, uri, true);
+      if (!isEarlyLoad || started?.version === version) return;
+      // Sent before the load, on the same pool; a pool that failed to start is reported by the load.
+      if (isAbortAll)
+        get()
+          .then(({ pool }) => pool.abortAll())
+          .catch(() => undefined);
+      void begin(version, uri);
     },
     async loadWeights(version, uri) {
       try {
-        await begin(version, uri, false);
+        await begin(version, uri);
       } finally {
         started = null;
       }
