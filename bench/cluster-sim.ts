@@ -331,6 +331,15 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       const row = perStep[perStep.length - 1] as Record<string, number>;
       row.commit_to_all_engines_decoding_beyond_load_ms = (row.commit_to_all_engines_decoding_ms as number) - (row.engine_load_ms_max as number);
       row.commit_to_all_engines_requested_beyond_load_ms = (row.commit_to_all_engines_requested_ms as number) - (row.engine_load_ms_max as number);
+      // Each engine, from the end of its own load to its first request on the new version (median and slowest engine).
+      const afterLoad = farmStats.engines.flatMap((e) => {
+        const done = e.loadsWallMs.find((l) => l.version === s + 1)?.doneAt;
+        const first = e.firstRequestWallMs[String(s + 1)];
+        return done === undefined || first === undefined ? [] : [first - done];
+      });
+      row.engine_load_done_to_first_request_ms_median = afterLoad.length ? median(afterLoad) : NaN;
+      row.engine_load_done_to_first_request_ms_max = afterLoad.length ? Math.max(...afterLoad) : NaN;
+      row.commit_to_syncing_ms = (syncing.get(s) ?? NaN) - commit;
       // Inside the sync: the aborts reaching the engines, the aborted rounds landing, the load asked.
       const from = syncing.get(s) ?? NaN;
       const to = synced.get(s) ?? NaN;
@@ -394,6 +403,10 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       // Train commit -> every engine has a request on the new version (the control plane's part), and
       // from there to every engine decoding (the engines' own: the model's prefill of what they got).
       bubble_commit_to_all_engines_requested_ms: medianOf("commit_to_all_engines_requested_ms"),
+      commit_to_syncing_ms: medianOf("commit_to_syncing_ms"),
+      syncing_to_load_asked_ms: medianOf("syncing_to_load_asked_ms"),
+      engine_load_done_to_first_request_ms_median: medianOf("engine_load_done_to_first_request_ms_median"),
+      engine_load_done_to_first_request_ms_max: medianOf("engine_load_done_to_first_request_ms_max"),
       bubble_requested_to_decoding_ms: medianOf("commit_to_all_engines_decoding_ms") - medianOf("commit_to_all_engines_requested_ms"),
       // Train commit -> the median engine has all its slots holding requests on the new version.
       bubble_commit_to_half_engines_full_ms: medianOf("commit_to_half_engines_full_ms"),
@@ -516,6 +529,10 @@ for (const e of values.engines.split(",").map(Number)) {
       bubble_commit_to_all_engines_decoding_ms: med("bubble_commit_to_all_engines_decoding_ms"),
       bubble_commit_to_all_engines_decoding_frac: med("bubble_commit_to_all_engines_decoding_frac"),
       bubble_commit_to_all_engines_requested_ms: med("bubble_commit_to_all_engines_requested_ms"),
+      commit_to_syncing_ms: med("commit_to_syncing_ms"),
+      syncing_to_load_asked_ms: med("syncing_to_load_asked_ms"),
+      engine_load_done_to_first_request_ms_median: med("engine_load_done_to_first_request_ms_median"),
+      engine_load_done_to_first_request_ms_max: med("engine_load_done_to_first_request_ms_max"),
       bubble_requested_to_decoding_ms: med("bubble_requested_to_decoding_ms"),
       bubble_beyond_model_ms: med("bubble_beyond_model_ms"),
       bubble_beyond_model_frac: med("bubble_beyond_model_frac"),

@@ -75,9 +75,14 @@ async function syncAsync(h: ControllerHost): Promise<boolean> {
     // The engines start loading while the aborted rounds land (engine-admin.ts `beginLoad`: each
     // engine's load waits for its own requests to end); weights.synced still waits for both.
     h.engines.beginLoad(target.weightVersion, row.checkpointUri);
-    const keys = liveRounds(h);
-    const statuses = await loadRoundStatuses(h.deps.db, s.runId, keys);
-    if (keys.some((k) => !statuses.has(k.groupId))) return false;
+    if (h.engines.isEarlyDispatch && s.config.weight_update_mode === "abort") {
+      const { isLanded, progressed } = await continueDuringSync(h, target.weightVersion);
+      if (!isLanded) return progressed;
+    } else {
+      const keys = liveRounds(h);
+      const statuses = await loadRoundStatuses(h.deps.db, s.runId, keys);
+      if (keys.some((k) => !statuses.has(k.groupId))) return false;
+    }
     await syncEngines(h, target.step, target.weightVersion, row.checkpointUri);
     if (isEvalDue(h, target.step + 1)) await dispatchEval(h, target.step + 1, target.weightVersion);
     return true;
@@ -90,7 +95,32 @@ async function syncAsync(h: ControllerHost): Promise<boolean> {
     landed = new Set(statuses.keys());
   }
   await h.commit(syncDecisions(s, landed));
+  // The load is asked for with the intent, not a tick later; the next ticks ask again, a no-op
+  // (engine-admin.ts `beginLoad`).
+  const started = h.state.syncing;
+  if (started !== null && s.trainedCheckpointUri !== null) h.engines.beginLoad(started.weightVersion, s.trainedCheckpointUri);
   return true;
+}
+
+/**
+ * An abort-mode sync whose loads began with it (EngineAdmin `isEarlyDispatch`): each aborted round
+ * is continued at the new version as soon as it lands, and once every one has landed the groups the
+ * new version admits are drawn, all before `weights.synced`. The rollout workers hold these requests
+ * until an engine reports the new version (runtime/engines.ts; the controller says when each load
+ * ends, store/notify.ts `rlq_loaded`), so each engine takes its share the moment its own load ends,
+ * instead of after the slowest load, the synced commit and the dispatch (~250 ms a step at 64
+ * simulated engines, docs/performance.md "Session 20"). The resumed rounds still go out before the
+ * new groups ("Session 15"). Returns true once every round of the old version has landed: the sync
+ * may end when the loads do. Rounds dispatched at the new version are not waited for.
+ */
+async function continueDuringSync(h: ControllerHost, version: number): Promise<{ isLanded: boolean; progressed: boolean }> {
+  const s = h.state;
+  const { redo, unlanded } = await landedRounds(h, liveRounds(h));
+  if (redo.length > 0) await dispatchRounds(h, redo, version);
+  if ([...s.draining.keys()].some((groupId) => unlanded.has(groupId))) return { isLanded: false, progressed: redo.length > 0 };
+  const want = s.status === "running" ? admission(s, version) : 0;
+  if (want > 0) await drawAndDispatch(h, want, version);
+  return { isLanded: true, progressed: true };
 }
 
 /** Admission control (core/pipeline.ts `admission`): draw what the bound allows. */

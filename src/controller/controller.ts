@@ -19,7 +19,7 @@ import { tickAsync } from "./async-pipeline.ts";
 import { reconcile } from "./reconcile.ts";
 import { handleRequests } from "./requests.ts";
 import { sleep } from "../lib/sleep.ts";
-import { createWaker, type Waker } from "../store/notify.ts";
+import { coalescedNotifier, createWaker, type Waker } from "../store/notify.ts";
 import { errorMessage } from "../lib/errors.ts";
 
 export type { ControllerDeps } from "./host.ts";
@@ -116,7 +116,7 @@ class RunController implements ControllerHost {
       dataset,
       await createDynamicFilter(c, process.cwd()),
       await createBufferFilter(c, process.cwd()),
-      (deps.engineAdmin ?? createEngineAdmin.bind(null, c))(ctx),
+      (deps.engineAdmin ?? (() => createEngineAdmin(c, { onEngineLoaded: coalescedNotifier(deps.db.pool, "rlq_loaded", lease.runId) })))(ctx),
     );
     ctl.snapshotSeq = fromSnapshotSeq;
     if (c.rollout_function_path !== null) {

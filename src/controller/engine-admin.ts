@@ -12,6 +12,13 @@ import type { EnginePool } from "../engines/pool.ts";
  */
 export interface EngineAdmin {
   /**
+   * During an abort-mode sync the rounds it aborted may be continued, and new groups admitted, at the
+   * new version before `weights.synced`: the loads began with the sync, and a rollout worker sends
+   * those requests only to an engine that reports the new version (runtime/engines.ts). SGLang
+   * only: an engine that cannot report its version (vLLM, fenced) would be taken at its word.
+   */
+  readonly isEarlyDispatch: boolean;
+  /**
    * Start loading `version` now, without waiting (a no-op where a load cannot start before the
    * aborted rounds have landed); `loadWeights` then waits for this load. See `createEngineAdmin`.
    */
@@ -22,10 +29,24 @@ export interface EngineAdmin {
   close(): Promise<void>;
 }
 
-export function createEngineAdmin(config: RunConfig): EngineAdmin {
+export interface EngineAdminHooks {
+  /**
+   * An early load (see `isEarlyLoad` below) ended on some engine, before the others': the rollout
+   * workers may send it the requests they hold for the new version (store/notify.ts `rlq_loaded`).
+   */
+  onEngineLoaded?(version: number): void;
+}
+
+export function createEngineAdmin(config: RunConfig, hooks: EngineAdminHooks = {}): EngineAdmin {
   const e = config.engine;
   if (e.kind === "embedded")
-    return { beginLoad: () => undefined, loadWeights: async () => undefined, reportedVersions: async () => [], close: async () => undefined };
+    return {
+      isEarlyDispatch: false,
+      beginLoad: () => undefined,
+      loadWeights: async () => undefined,
+      reportedVersions: async () => [],
+      close: async () => undefined,
+    };
   let state: Promise<{ pool: EnginePool; sync: WeightSync }> | null = null;
   const get = () => {
     state ??= createEnginesFromConfig(e, config).then((pool) => ({
@@ -51,13 +72,15 @@ export function createEngineAdmin(config: RunConfig): EngineAdmin {
   let started: { version: number; done: Promise<void> } | null = null;
   const begin = (version: number, uri: string): Promise<void> => {
     if (started?.version !== version) {
-      const done = get().then(({ sync }) => sync.sync(version, uri).then(() => undefined));
+      const onEngineLoaded = isEarlyLoad && hooks.onEngineLoaded ? () => hooks.onEngineLoaded?.(version) : undefined;
+      const done = get().then(({ sync }) => sync.sync(version, uri, onEngineLoaded).then(() => undefined));
       done.catch(() => undefined); // awaited by loadWeights, which reports the failure
       started = { version, done };
     }
     return started.done;
   };
   return {
+    isEarlyDispatch: isEarlyLoad && e.kind === "sglang",
     beginLoad(version, uri) {
       if (!isEarlyLoad || started?.version === version) return;
       // Sent before the load, on the same pool; a pool that failed to start is reported by the load.

@@ -32,22 +32,38 @@ export function liveRounds(h: ControllerHost): RoundKey[] {
 }
 
 /**
+ * The version a live group's current round, not landed yet, was dispatched at: the engines' version, except during an
+ * abort-mode sync that dispatches early (async-pipeline.ts `continueDuringSync`). There every round
+ * of the old version that had not landed was aborted (it is draining), so a round in flight that has
+ * not landed was dispatched during the sync, at the version it loads.
+ */
+export function unlandedDispatchVersion(h: ControllerHost, groupId: number): number {
+  const s = h.state;
+  const isEarly = s.syncing !== null && h.engines.isEarlyDispatch && s.config.weight_update_mode === "abort";
+  return isEarly && s.syncing && s.inflight.has(groupId) ? s.syncing.weightVersion : s.weightVersion;
+}
+
+/**
  * Of these rounds, the landed ones: complete with every reward in (ready to
  * decide), or unfinished (aborted or an engine failure: `redo` holds the
  * round that continues them). Rounds still generating are in neither.
  */
-export async function landedRounds(h: ControllerHost, keys: readonly RoundKey[]): Promise<{ ready: number[]; redo: RoundKey[] }> {
+export async function landedRounds(h: ControllerHost, keys: readonly RoundKey[]): Promise<{ ready: number[]; redo: RoundKey[]; unlanded: Set<number> }> {
   const n = h.state.config.n_samples_per_prompt;
   const statuses = await loadRoundStatuses(h.deps.db, h.state.runId, keys);
   const ready: number[] = [];
   const redo: RoundKey[] = [];
+  const unlanded = new Set<number>();
   for (const k of keys) {
     const st = statuses.get(k.groupId);
-    if (!st) continue;
+    if (!st) {
+      unlanded.add(k.groupId);
+      continue;
+    }
     if (!st.isComplete) redo.push({ groupId: k.groupId, round: k.round + 1 });
     else if (st.rewardCount >= n) ready.push(k.groupId);
   }
-  return { ready, redo };
+  return { ready, redo, unlanded };
 }
 
 /**
@@ -81,7 +97,7 @@ export async function decideReady(h: ControllerHost, ready: readonly number[]): 
 }
 
 /** Draw `want` groups (buffer first, then fresh prompts) and dispatch them, in one commit; then their rollout jobs. */
-export async function drawAndDispatch(h: ControllerHost, want = overSamplingBatchSize(h.state.config)): Promise<void> {
+export async function drawAndDispatch(h: ControllerHost, want = overSamplingBatchSize(h.state.config), weightVersion = h.state.weightVersion): Promise<void> {
   const s = h.state;
   const { fromBuffer, draws, cursor, rows } = await planDraw({ dataset: h.dataset, tokenizer: h.ctx.tokenizer, bufferFilter: h.bufferFilter }, s, want, s.step);
   const dispatches = [
@@ -91,7 +107,7 @@ export async function drawAndDispatch(h: ControllerHost, want = overSamplingBatc
   const list: Decision[] = [
     { kind: "prompts.drawn", payload: { step: s.step, fromBuffer, fresh: draws, cursor } },
     ...(await cutStaleBuffered(h, fromBuffer)),
-    ...dispatches.map((d) => dispatchDecision(s, d.groupId, d.round)),
+    ...dispatches.map((d) => dispatchDecision(s, d.groupId, d.round, weightVersion)),
   ];
   await h.commitThenEnqueue(list, { extra: (tx) => insertDrawnPrompts(tx, rows), crashPoint: "controller.after_draw" });
 }
@@ -124,6 +140,6 @@ async function cutStaleBuffered(h: ControllerHost, fromBuffer: readonly number[]
 }
 
 /** Continue rounds that ended unfinished without a seal (engine abort or failure) as new rounds. */
-export async function dispatchRounds(h: ControllerHost, list: readonly RoundKey[]): Promise<void> {
-  await h.commitThenEnqueue(list.map((d) => dispatchDecision(h.state, d.groupId, d.round)));
+export async function dispatchRounds(h: ControllerHost, list: readonly RoundKey[], weightVersion = h.state.weightVersion): Promise<void> {
+  await h.commitThenEnqueue(list.map((d) => dispatchDecision(h.state, d.groupId, d.round, weightVersion)));
 }

@@ -6,7 +6,7 @@ import type { JobInfo } from "../queue/queues.ts";
 import { jobIds, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "../queue/payloads.ts";
 import { isAsync } from "../core/run-state.ts";
 import type { ControllerHost } from "./host.ts";
-import { inflightRounds, liveRounds } from "./groups.ts";
+import { inflightRounds, unlandedDispatchVersion, liveRounds } from "./groups.ts";
 import { enqueueJob, jobFor, rewardJobFor, type Job } from "./jobs.ts";
 
 /**
@@ -29,10 +29,12 @@ export async function reconcile(h: ControllerHost, isResume: boolean): Promise<v
     const expected: Array<{ job: Job; hasFact: () => Promise<boolean> }> = [];
     for (const k of keys) {
       const st = statuses.get(k.groupId);
-      // The round's dispatch as recorded (its step), at the engines' version.
+      // The round's dispatch as recorded: its step, and for a round to generate its version (a
+      // reward job does not read it).
+      const weightVersion = st ? s.weightVersion : unlandedDispatchVersion(h, k.groupId);
       const dispatch = {
         kind: "group.dispatched" as const,
-        payload: { groupId: k.groupId, round: k.round, step: s.groups.get(k.groupId)?.step ?? s.step, weightVersion: s.weightVersion },
+        payload: { groupId: k.groupId, round: k.round, step: s.groups.get(k.groupId)?.step ?? s.step, weightVersion },
       };
       const rollout = jobFor(s.runId, s.config, dispatch);
       if (rollout?.kind !== "rollout") throw new RlqError("invariant_violated", "unreachable: a dispatch calls for a rollout job");

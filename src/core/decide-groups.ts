@@ -30,8 +30,9 @@ export interface GroupsDecided {
 }
 
 /** The dispatch of a group's round in the current step, at the engines' version. */
-export function dispatchDecision(s: RunState, groupId: number, round: number): Decision {
-  return { kind: "group.dispatched", payload: { groupId, round, step: s.step, weightVersion: s.weightVersion } };
+/** `weightVersion`: the engines' version, or during an abort-mode sync the version it loads (controller/async-pipeline.ts). */
+export function dispatchDecision(s: RunState, groupId: number, round: number, weightVersion = s.weightVersion): Decision {
+  return { kind: "group.dispatched", payload: { groupId, round, step: s.step, weightVersion } };
 }
 
 /**

@@ -15,11 +15,11 @@ import { totalSteps, type RunState } from "./run-state.ts";
  * run's remaining steps can use. Returns how many groups to draw now (0: none),
  * at most one over-sampling batch.
  */
-export function admission(s: RunState): number {
+export function admission(s: RunState, weightVersion = s.weightVersion): number {
   const c = s.config;
   const k = effectiveMaxStaleness(c) ?? 1;
   const rbs = c.rollout_batch_size;
-  const cap = Math.min((k + s.weightVersion + 1) * rbs, totalSteps(s) * rbs);
+  const cap = Math.min((k + weightVersion + 1) * rbs, totalSteps(s) * rbs);
   const free = cap - s.acceptedGroups - s.inflight.size - s.draining.size;
   return free <= 0 ? 0 : Math.min(free, overSamplingBatchSize(c));
 }

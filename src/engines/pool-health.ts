@@ -136,6 +136,12 @@ export function createMemberChecker(ctx: PoolHealthContext): (m: Member) => Prom
  * twice) took 40-470 ms across 64 simulated engines while the jobs it held started
  * (bench/cluster-sim.ts, sync with partial rollouts). An engine whose version cannot be read, or
  * that is not stale, gets the full check (`checkMember`).
+ *
+ * `loadedOnly`: the controller says some engines finished loading while others may still be loading
+ * (store/notify.ts `rlq_loaded`). Only stale engines are read, and one still on the old version is
+ * left as it is: SGLang's /health_generate would wait behind its load (http_server.py
+ * health_generate), so a full check of it tells nothing and costs a request. SGLang answers the
+ * version without the model update lock, so the read does not wait for a load.
  */
 export function createVersionRefresher(
   ctx: Pick<PoolHealthContext, "current" | "isClosed"> & {
@@ -144,21 +150,23 @@ export function createVersionRefresher(
     wakeFor(m: Member): void;
   },
   checkMember: (m: Member) => Promise<void>,
-): (members: readonly Member[]) => Promise<void> {
-  async function refresh(m: Member): Promise<void> {
+): (members: readonly Member[], loadedOnly?: boolean) => Promise<void> {
+  async function refresh(m: Member, loadedOnly: boolean): Promise<void> {
     if (m.state === "healthy" && m.version === ctx.current()) return;
-    if (m.state !== "stale" || m.isChecking || ctx.isClosed()) return checkMember(m);
-    m.isChecking = true;
+    if (m.state !== "stale" || ctx.isClosed()) return loadedOnly ? undefined : checkMember(m);
+    // Read even while a health check of this engine runs: one started during the load waits behind
+    // it (/health_generate) and would admit the engine only when it answers, up to a second later.
     const v = await m.engine.weightVersion().catch(() => null);
-    m.isChecking = false;
-    if (v === null) return checkMember(m);
-    m.version = v;
-    if (v !== ctx.current() || m.state !== "stale") return checkMember(m);
-    m.state = "healthy";
-    ctx.wakeFor(m);
+    if (v !== null && v === ctx.current() && m.state === "stale") {
+      m.version = v;
+      m.state = "healthy";
+      ctx.wakeFor(m);
+      return;
+    }
+    if (!loadedOnly) return checkMember(m);
   }
-  return async (members) => {
+  return async (members, loadedOnly = false) => {
     ctx.ensureStarted();
-    await Promise.all(members.map((m) => refresh(m)));
+    await Promise.all(members.map((m) => refresh(m, loadedOnly)));
   };
 }

@@ -51,6 +51,8 @@ export interface PoolSnapshot {
 }
 
 export interface EnginePool extends Engine {
+  /** Load a checkpoint into every live engine; `onEngineLoaded` hears of each engine as its load ends. */
+  loadWeights(version: number, checkpointUri: string, onEngineLoaded?: (engineId: string) => void): Promise<void>;
   /** Route only to engines on `version` from now on (trainer_push: after the trainer reports it). */
   setCurrentVersion(version: number): void;
   currentVersion(): number | null;
@@ -67,6 +69,12 @@ export interface EnginePool extends Engine {
   checkHealth(): Promise<void>;
   /** After a weight sync elsewhere: each stale engine's version read once; a match is routed to at once (pool-health.ts). */
   refreshVersions(): Promise<void>;
+  /**
+   * Another process reported engines done loading the current version: each stale engine's version
+   * is read once, and one that reports it is routed to at once; the others stay stale, unchecked
+   * (a full check would block on their load). See pool-health.ts `createVersionRefresher`.
+   */
+  refreshLoaded(): Promise<void>;
   /** Engines found later (an SGLang router's refreshed worker list); ones already here are ignored. */
   addMembers(engines: readonly RemoteEngine[]): void;
   snapshot(): PoolSnapshot;

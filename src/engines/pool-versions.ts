@@ -28,7 +28,7 @@ function markStale(members: readonly Member[], version: number): void {
 export function createVersionOps(ctx: PoolVersionContext) {
   const { members, now } = ctx;
   return {
-    loadWeights: async (version: number, uri: string): Promise<void> => {
+    loadWeights: async (version: number, uri: string, onEngineLoaded?: (engineId: string) => void): Promise<void> => {
       ctx.ensureStarted();
       ctx.setReload({ version, uri });
       const live = members.filter((m) => m.state !== "dead" && m.state !== "refused" && m.engine.canLoadWeights);
@@ -40,6 +40,7 @@ export function createVersionOps(ctx: PoolVersionContext) {
             await m.engine.loadWeights(version, uri);
             m.version = version;
             m.state = "healthy";
+            onEngineLoaded?.(m.engine.id);
           } catch (e) {
             m.state = was === "loading" ? "stale" : was;
             throw e;

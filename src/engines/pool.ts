@@ -430,6 +430,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
       return runHealthRound();
     },
     refreshVersions: () => refreshVersions(members),
+    refreshLoaded: () => refreshVersions(members, true),
     addMembers(engines) {
       for (const engine of engines) {
         if (byId.has(engine.id) || isClosed) continue;

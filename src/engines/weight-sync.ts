@@ -33,7 +33,8 @@ export interface WeightSyncReport {
 
 export interface WeightSync {
   readonly mode: WeightSyncMode;
-  sync(version: number, checkpointUri: string | null): Promise<WeightSyncReport>;
+  /** `onEngineLoaded` (disk): hears of each engine as its own load ends, before the others'. */
+  sync(version: number, checkpointUri: string | null, onEngineLoaded?: (engineId: string) => void): Promise<WeightSyncReport>;
   /** trainer_push: hold new requests in this process until the next sync resolves. */
   beginPush(): void;
   snapshot(): PoolSnapshot;
@@ -54,11 +55,11 @@ export function createWeightSync(pool: EnginePool, options: { mode: WeightSyncMo
   };
   return {
     mode: options.mode,
-    async sync(version, checkpointUri) {
+    async sync(version, checkpointUri, onEngineLoaded) {
       const t0 = now();
       if (options.mode === "disk") {
         if (checkpointUri === null) throw new RlqError("version_unavailable", `weight sync (disk): version ${version} has no checkpoint URI`);
-        await pool.loadWeights(version, checkpointUri);
+        await pool.loadWeights(version, checkpointUri, onEngineLoaded);
       } else {
         try {
           await pool.awaitVersion(version, options.pushTimeoutMs ?? 600_000);

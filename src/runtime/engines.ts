@@ -42,12 +42,40 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
     holding.delete(runId);
     pool.resumeAdmission();
   };
+  /**
+   * The controller's load ended on some engines (store/notify.ts `rlq_loaded`): if this pool routes
+   * to the new version already (jobs at it came during the sync, controller/async-pipeline.ts), its
+   * stale engines' versions are read and those that report it take the held requests at once. One
+   * read at a time per pool; hints during one make one more.
+   */
+  const refreshing = new Map<EnginePool, { again: boolean }>();
+  const learnLoaded = (pool: EnginePool) => {
+    const running = refreshing.get(pool);
+    if (running) {
+      running.again = true;
+      return;
+    }
+    const state = { again: false };
+    refreshing.set(pool, state);
+    void (async () => {
+      do {
+        state.again = false;
+        await pool.refreshLoaded().catch(() => undefined);
+      } while (state.again);
+      refreshing.delete(pool);
+    })();
+  };
   /** Route `runId`'s pool to `version` and ask its engines for theirs (each takes requests once it reports it). */
   const moveTo = (runId: string, pool: EnginePool, version: number) => {
+    // Moved by a job dispatched during the sync (controller/async-pipeline.ts): the engines are
+    // still loading, so each is read once now and again at each `rlq_loaded`; a full check would
+    // wait behind its load.
+    const isLoading = holding.has(runId);
     versions.set(runId, version);
     pool.setCurrentVersion(version);
     release(runId, pool, version);
-    void pool.refreshVersions().catch(() => undefined);
+    if (isLoading) learnLoaded(pool);
+    else void pool.refreshVersions().catch(() => undefined);
   };
   /**
    * The controller recorded weights.syncing with mode abort (store/notify.ts `rlq_syncing`): every
@@ -86,7 +114,12 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
     const version = await loadRunWeightVersion(db, runId);
     const current = pool.currentVersion();
     if (version !== null && (current === null || version > current)) moveTo(runId, pool, version);
-    else if (version !== null) release(runId, pool, version);
+    else if (version !== null) {
+      release(runId, pool, version);
+      // The pool moved before the sync ended (a job at the new version came first): an engine whose
+      // `rlq_loaded` hint was lost is still stale; every engine has loaded by now.
+      learnLoaded(pool);
+    }
   };
   return {
     async engineFor(ctx: RunContext, version: number): Promise<Engine> {
@@ -98,6 +131,7 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
             pools.set(ctx.runId, pool);
             unsubscribes.push(db.notifications.subscribe("rlq_synced", ctx.runId, () => void learnSynced(ctx.runId, pool).catch(() => undefined)));
             unsubscribes.push(db.notifications.subscribe("rlq_syncing", ctx.runId, () => void learnSyncing(ctx.runId, pool).catch(() => undefined)));
+            unsubscribes.push(db.notifications.subscribe("rlq_loaded", ctx.runId, () => learnLoaded(pool)));
             return pool;
           });
         } else if (embedded) p = embedded.createEngine(ctx);

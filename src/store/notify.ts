@@ -10,7 +10,7 @@ import { sql } from "drizzle-orm";
  * pooler in transaction mode that drops LISTEN) costs latency, never
  * correctness.
  *
- * Five channels, payload the run id:
+ * Six channels, payload the run id:
  * - `rlq_facts`: a round, rewards, a train step or eval results landed (the
  *   controller waits on it between ticks);
  * - `rlq_abort`: the controller committed decisions that abort rounds (a
@@ -19,6 +19,11 @@ import { sql } from "drizzle-orm";
  * - `rlq_syncing`: the controller recorded `weights.syncing` with mode abort: a
  *   rollout worker's engine pool holds new requests until `weights.synced`
  *   (every round in flight is being aborted; runtime/engines.ts);
+ * - `rlq_loaded`: during an abort-mode sync, the controller's load of the new
+ *   version ended on one or more engines: a rollout worker's engine pool reads
+ *   its stale engines' versions and sends the requests it holds for the new
+ *   version to those that report it (runtime/engines.ts), instead of waiting for
+ *   every load and `weights.synced`;
  * - `rlq_synced`: the controller recorded `weights.synced` (every engine
  *   loaded a new version): a rollout worker's engine pool reads the run's
  *   version and asks its engines for theirs while the step's jobs are still
@@ -29,7 +34,7 @@ import { sql } from "drizzle-orm";
  * NOTIFY is transactional: sent inside a transaction it is delivered at
  * commit, so a woken waiter always finds the fact.
  */
-export type Channel = "rlq_facts" | "rlq_abort" | "rlq_syncing" | "rlq_synced" | "rlq_kept";
+export type Channel = "rlq_facts" | "rlq_abort" | "rlq_syncing" | "rlq_loaded" | "rlq_synced" | "rlq_kept";
 
 export interface Notifications {
   /** `onWake` runs on every notification for `runId` on `channel`, and whenever notifications may have been missed (reconnect). */
@@ -42,6 +47,19 @@ export async function notifyRuns(pool: pg.Pool, channel: Channel, runIds: Iterab
   const ids = [...new Set(runIds)];
   if (ids.length === 0) return;
   await pool.query(`SELECT pg_notify($1, r) FROM unnest($2::text[]) AS r`, [channel, ids]).catch(() => undefined);
+}
+
+/** A hint for one run, sent at most once per event-loop turn however often it is asked for in that turn (many engines' loads ending together). */
+export function coalescedNotifier(pool: pg.Pool, channel: Channel, runId: string): () => void {
+  let isScheduled = false;
+  return () => {
+    if (isScheduled) return;
+    isScheduled = true;
+    setImmediate(() => {
+      isScheduled = false;
+      void notifyRuns(pool, channel, [runId]);
+    });
+  };
 }
 
 /** NOTIFY inside a transaction: delivered when it commits, never if it rolls back. */

@@ -72,8 +72,13 @@ describe("asynchronous mode", () => {
       ),
     ).toEqual([]);
 
-    // Admission control: while the engines served version v, at most (k + v + 1) × rbs groups were accepted or running.
-    const draws = await q("SELECT step, payload FROM decisions WHERE run_id = $1 AND kind IN ('prompts.drawn', 'weights.synced') ORDER BY seq", runId);
+    // Admission control: for groups that generate on version v, at most (k + v + 1) × rbs groups were
+    // accepted or running. v is the engines' version, or during an abort-mode sync the version it
+    // loads (its groups are drawn before weights.synced, controller/async-pipeline.ts continueDuringSync).
+    const draws = await q(
+      "SELECT step, kind, payload FROM decisions WHERE run_id = $1 AND kind IN ('prompts.drawn', 'weights.syncing', 'weights.synced') ORDER BY seq",
+      runId,
+    );
     let v = 0;
     let drawn = 0;
     for (const d of draws) {
@@ -85,24 +90,34 @@ describe("asynchronous mode", () => {
           [runId, JSON.stringify(d.payload)],
         );
         expect(drawn - filtered.rows[0].n).toBeLessThanOrEqual((1 + v + 1) * 4);
-      } else v = d.payload.weightVersion;
+      } else if (d.kind === "weights.synced" || d.payload.mode === "abort") v = d.payload.weightVersion;
     }
 
-    // After each sync, the rounds it aborted went out again before any new group was drawn: the
-    // resumed requests queue ahead of the new groups' (src/controller/async-pipeline.ts tickAsync).
+    // Each sync continues the rounds it aborted, at the version it loads, as they land, before the
+    // loads end and weights.synced; and before any new group is drawn, so the resumed requests queue
+    // ahead of the new groups' (src/controller/async-pipeline.ts continueDuringSync).
     const log = await q(
       "SELECT seq, kind, payload FROM decisions WHERE run_id = $1 AND kind IN ('weights.syncing', 'weights.synced', 'group.aborted', 'group.dispatched', 'prompts.drawn') ORDER BY seq",
       runId,
     );
     let checked = 0;
+    let dispatchedDuringSyncs = 0;
     for (const [i, d] of log.entries()) {
-      if (d.kind !== "weights.synced") continue;
-      const abortedGroups = new Set<number>();
-      for (let j = i - 1; j >= 0 && log[j].kind !== "weights.syncing"; j--)
-        if (log[j].kind === "group.aborted") abortedGroups.add(Number(log[j].payload.groupId));
+      if (d.kind !== "weights.syncing") continue;
       const after = log.slice(i + 1);
       const end = after.findIndex((x) => x.kind === "weights.syncing");
       const window = end < 0 ? after : after.slice(0, end);
+      const synced = window.findIndex((x) => x.kind === "weights.synced");
+      expect(synced, `sync at seq ${d.seq} ended`).toBeGreaterThanOrEqual(0);
+      const during = window.slice(0, synced).filter((x) => x.kind === "group.dispatched");
+      expect(
+        during.filter((x) => x.payload.weightVersion !== d.payload.weightVersion),
+        `sync at seq ${d.seq}: rounds dispatched during it run on the version it loads`,
+      ).toEqual([]);
+      dispatchedDuringSyncs += during.length;
+      const abortedGroups = new Set(
+        window.filter((x) => x.kind === "group.aborted" && x.seq < (window[synced]?.seq ?? 0)).map((x) => Number(x.payload.groupId)),
+      );
       const firstDraw = window.findIndex((x) => x.kind === "prompts.drawn");
       if (abortedGroups.size === 0 || firstDraw < 0) continue;
       const resumedBeforeDraw = new Set(
@@ -117,6 +132,7 @@ describe("asynchronous mode", () => {
       ).toEqual([]);
       checked++;
     }
+    expect(dispatchedDuringSyncs, "no round was continued before its sync ended").toBeGreaterThan(0);
     expect(checked).toBeGreaterThan(0);
 
     // Per-step staleness metrics landed with each step.

@@ -95,6 +95,64 @@ describe("weight sync: the load overlaps the aborts", () => {
     expect(await abortAlls()).toBe(0);
   });
 
+  it("an engine whose load has ended takes the sync's resumed and new requests before the slowest load ends and weights.synced", async () => {
+    // Two engines; the second loads slower. The sync's rounds are dispatched at the new version
+    // as they land (controller/async-pipeline.ts continueDuringSync), the rollout worker holds them
+    // until an engine reports it, and the controller says when each load ends (rlq_loaded): the fast
+    // engine generates on each new version while the slow one still loads. Dispatched only after
+    // weights.synced, no request would reach any engine on a new version before the slow load ended.
+    // The fast engine's load ends 1.5 s into each sync, after the rounds continued at the new version
+    // have reached the rollout worker (which then finds both engines still loading); only the
+    // controller's word that it ended (rlq_loaded) sends them there before the slow one's, 5 s in.
+    // No health round runs in between (rollout_health_check_interval) to admit it by chance.
+    const fast = await w.freshEngine(["--token-delay-ms", "5", "--stop-prob", "0", "--load-delay-ms", "1500"]);
+    const slow = await w.freshEngine(["--token-delay-ms", "5", "--stop-prob", "0", "--load-delay-ms", "5000"]);
+    const runId = await w.start({
+      train_async: true,
+      max_staleness: 1,
+      staleness_policy: "mask",
+      num_rollout: 3,
+      rollout_max_response_len: 400,
+      dynamic_sampling_filter_path: null,
+      engine: { kind: "sglang", urls: [fast, slow] },
+      rollout_health_check_interval: 600,
+    });
+    const up = spawnRlq(["up", "--run", runId, "--workers", "reward,train,rollout"], w.env);
+    try {
+      await waitFor(
+        "the run to complete",
+        async () => (await w.db.pool.query<{ status: string }>("SELECT status FROM runs WHERE id = $1", [runId])).rows[0]?.status === "completed",
+        180_000,
+        200,
+      );
+    } finally {
+      up.kill("SIGTERM");
+      await up.exited;
+    }
+    const firstOn = async (url: string) => ((await (await fetch(`${url}/stats`)).json()) as { firstGenerateAt: Record<string, number> }).firstGenerateAt;
+    const [onFast, onSlow] = [await firstOn(fast), await firstOn(slow)];
+    // The syncs that had rounds to continue or groups to draw: those dispatched at the sync's version before it ended.
+    const syncs = (
+      await w.db.pool.query<{ version: number; at: Date }>(
+        `SELECT (s.payload->>'weightVersion')::int AS version, s.created_at AS at FROM decisions s
+          WHERE s.run_id = $1 AND s.kind = 'weights.synced'
+            AND EXISTS (SELECT 1 FROM decisions d WHERE d.run_id = s.run_id AND d.kind = 'group.dispatched' AND d.seq < s.seq
+                          AND (d.payload->>'weightVersion')::int = (s.payload->>'weightVersion')::int)
+          ORDER BY s.seq`,
+        [runId],
+      )
+    ).rows;
+    expect(syncs.length, "no sync dispatched anything before it ended").toBeGreaterThanOrEqual(1);
+    for (const { version, at } of syncs) {
+      const fastAt = onFast[String(version)];
+      expect(fastAt, `the fast engine never generated on version ${version}`).toBeDefined();
+      expect(fastAt as number, `version ${version}: the fast engine's first request on it came only after weights.synced`).toBeLessThan(at.getTime());
+      // The slow engine cannot have generated on it before its own load ended (a sanity check of the fake).
+      if (onSlow[String(version)] !== undefined) expect(onSlow[String(version)] as number).toBeGreaterThan(fastAt as number);
+    }
+    await checkRunInvariants(w.db, runId, { numRollout: 3, datasetSize: 64, shuffle: false, seed: 42, rbs: 4 });
+  });
+
   it("on exclusive servers, the sync itself ends their requests with one abort_all each", async () => {
     // One per sync (the second sent while the rollout worker was stopped), from the controller.
     const { syncs, abortAlls } = await syncWithWorkerStopped(true);

@@ -206,6 +206,32 @@ describe("engine pool", () => {
     expect(new Set(both.map((r) => r.engineId))).toEqual(new Set([a.url, b.url]));
   });
 
+  it("loads ending one engine at a time (rlq_loaded): refreshLoaded admits each engine that reports the version and leaves one still loading stale, unchecked", async () => {
+    const a = await fake();
+    const b = await fake(["--load-delay-ms", "3000"]);
+    // A health check of b while it loads would wait for the load (its generate waits behind the writer lock).
+    const p = pool([a.url, b.url], { healthIntervalMs: 3_600_000, healthTimeoutMs: 60_000 });
+    await p.awaitReady(10_000);
+    await p.checkHealth();
+    const load = (url: string) =>
+      fetch(`${url}/update_weights_from_disk`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model_path: "/step-0", weight_version: "1" }),
+      });
+    const bLoaded = load(b.url);
+    expect((await load(a.url)).ok).toBe(true);
+    p.setCurrentVersion(1); // a job at version 1 arrived during the sync
+    await p.refreshLoaded();
+    // Returned while b still loads: b was read (version 0), not health-checked (that would have waited 3 s and admitted it).
+    expect(p.engineStates()).toEqual({ [a.url]: "healthy", [b.url]: "stale" });
+    const first = await Promise.all(Array.from({ length: 4 }, (_, i) => p.generate(request(`loaded-${i}`, { maxNewTokens: 3 }))));
+    for (const r of first) expect(r).toMatchObject({ engineId: a.url, weightVersion: 1 });
+    expect((await bLoaded).ok).toBe(true);
+    await p.refreshLoaded();
+    expect(p.engineStates()).toEqual({ [a.url]: "healthy", [b.url]: "healthy" });
+  });
+
   it("trainer_push: the sync resolves once every live engine reports the pushed version, and only then routes to it", async () => {
     const a = await fake();
     const b = await fake();

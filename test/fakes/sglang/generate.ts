@@ -69,6 +69,7 @@ export async function generateOne(
   const isGreedyPath = topK === 1 || temperature < 1e-5;
   stats.maxLive = Math.max(stats.maxLive, live.size);
   stats.generate++;
+  stats.firstGenerateAt[String(st.weightVersion)] ??= Date.now();
   const g: Generated = { out: [], top: [], versions: [], finish: "length" };
   let prev = ids[ids.length - 1] ?? 0;
   try {

@@ -86,6 +86,8 @@ export const stats = {
   seedsSeen: [] as number[],
   /** TCP connections accepted (a client's connection pooling shows here). */
   connections: 0,
+  /** Per weight version, when (epoch ms) the first request started generating on it. */
+  firstGenerateAt: {} as Record<string, number>,
 };
 /** Groups made by /init_weights_update_group (model_runner.py keeps them by group_name). */
 export const groupNames = new Set<string>();
