@@ -120,6 +120,7 @@ async function continueDuringSync(h: ControllerHost, version: number): Promise<{
   if ([...s.draining.keys()].some((groupId) => unlanded.has(groupId))) return { isLanded: false, progressed: redo.length > 0 };
   const want = s.status === "running" ? admission(s, version) : 0;
   if (want > 0) await drawAndDispatch(h, want, version);
+  h.deps.crashPoint("controller.during_sync"); // rounds running at the new version, the loads not all done
   return { isLanded: true, progressed: true };
 }
 

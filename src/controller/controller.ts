@@ -7,6 +7,7 @@ import { apply, isAsync, type RunState } from "../core/run-state.ts";
 import type { Decision } from "../core/decisions.ts";
 import type { Dataset } from "../data/dataset.ts";
 import { loadRunDataset } from "../runtime/plugins-registry.ts";
+import { loadTrainStep } from "../store/train-facts.ts";
 import { createBufferFilter, createDynamicFilter, type BufferFilter, type DynamicFilter } from "../runtime/filters.ts";
 import type { RunContext } from "../runtime/run-context.ts";
 import { createEngineAdmin, type EngineAdmin } from "./engine-admin.ts";
@@ -206,6 +207,15 @@ class RunController implements ControllerHost {
    */
   async resyncEngines(): Promise<void> {
     const s = this.state;
+    // A sync that dispatched at its version before it ended (async-pipeline.ts continueDuringSync):
+    // requests may be running on it already, so the engines get that version, not the last synced one.
+    if (s.syncing !== null && this.engines.isEarlyDispatch && s.config.weight_update_mode === "abort") {
+      const row = await loadTrainStep(this.deps.db, s.runId, s.syncing.step);
+      if (row) {
+        await this.engines.resumeLoad(s.syncing.weightVersion, row.checkpointUri);
+        return;
+      }
+    }
     const uri = s.weightVersion === 0 ? (s.config.ref_load ? pathToFileURL(s.config.ref_load).href : null) : s.checkpointUri;
     if (uri) {
       await this.engines.loadWeights(s.weightVersion, uri);

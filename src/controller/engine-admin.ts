@@ -24,6 +24,12 @@ export interface EngineAdmin {
    */
   beginLoad(version: number, checkpointUri: string): void;
   loadWeights(version: number, checkpointUri: string): Promise<void>;
+  /**
+   * A restarted controller resuming a sync that dispatched early: load `version` unless every live
+   * engine reports it already (the interrupted sync's loads ended); then `beginLoad` and
+   * `loadWeights` of it send nothing.
+   */
+  resumeLoad(version: number, checkpointUri: string): Promise<void>;
   /** The weight versions the live engines report now (empty for the embedded engine). */
   reportedVersions(): Promise<number[]>;
   close(): Promise<void>;
@@ -44,6 +50,7 @@ export function createEngineAdmin(config: RunConfig, hooks: EngineAdminHooks = {
       isEarlyDispatch: false,
       beginLoad: () => undefined,
       loadWeights: async () => undefined,
+      resumeLoad: async () => undefined,
       reportedVersions: async () => [],
       close: async () => undefined,
     };
@@ -70,6 +77,10 @@ export function createEngineAdmin(config: RunConfig, hooks: EngineAdminHooks = {
   const isEarlyLoad = config.weight_sync === "disk" && config.weight_update_mode === "abort";
   const isAbortAll = isEarlyLoad && e.kind === "sglang" && e.exclusive;
   let started: { version: number; done: Promise<void> } | null = null;
+  // The version this process last loaded into every engine: asked again (a restarted controller's
+  // first tick of a sync it resumed, after `resyncEngines` loaded that version), nothing is sent. A
+  // second load would drain the requests already running on it, and an abort_all end them.
+  let loaded: number | null = null;
   const begin = (version: number, uri: string): Promise<void> => {
     if (started?.version !== version) {
       const onEngineLoaded = isEarlyLoad && hooks.onEngineLoaded ? () => hooks.onEngineLoaded?.(version) : undefined;
@@ -82,7 +93,7 @@ export function createEngineAdmin(config: RunConfig, hooks: EngineAdminHooks = {
   return {
     isEarlyDispatch: isEarlyLoad && e.kind === "sglang",
     beginLoad(version, uri) {
-      if (!isEarlyLoad || started?.version === version) return;
+      if (!isEarlyLoad || started?.version === version || loaded === version) return;
       // Sent before the load, on the same pool; a pool that failed to start is reported by the load.
       if (isAbortAll)
         get()
@@ -91,11 +102,24 @@ export function createEngineAdmin(config: RunConfig, hooks: EngineAdminHooks = {
       void begin(version, uri);
     },
     async loadWeights(version, uri) {
+      if (loaded === version && started?.version !== version) return;
       try {
         await begin(version, uri);
+        loaded = version;
       } finally {
         started = null;
       }
+    },
+    async resumeLoad(version, uri) {
+      const { pool } = await get();
+      await pool.checkHealth();
+      const live = pool.snapshot().engines.filter((m) => m.state !== "dead" && m.state !== "refused");
+      if (live.length > 0 && live.every((m) => m.weightVersion === version)) {
+        pool.setCurrentVersion(version);
+        loaded = version;
+        return;
+      }
+      await this.loadWeights(version, uri);
     },
     async reportedVersions() {
       const { pool } = await get();

@@ -63,6 +63,12 @@ export interface EnginePool extends Engine {
   /** New requests wait (in-flight ones continue) until resumeAdmission. */
   pauseAdmission(): void;
   resumeAdmission(): void;
+  /**
+   * The engines are loading the current version (a sync that dispatched early): requests wait for
+   * them without the `noEngineWaitMs` deadline, and a health check that fails meanwhile counts as
+   * busy, as while admission is paused. Cleared by the caller once the sync has ended.
+   */
+  setAwaitingLoad(isAwaiting: boolean): void;
   /** Resolves once at least one engine is routable (or rejects after `timeoutMs`). */
   awaitReady(timeoutMs: number): Promise<void>;
   /** Run one health round now (tests and the controller use it; the monitor runs them on its own). */

@@ -68,6 +68,8 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
   let isPinned = false;
   let reload: { version: number; uri: string } | null = null;
   let isPaused = false;
+  /** The engines are loading the current version (set by the caller that knows: runtime/engines.ts). */
+  let isAwaitingLoad = false;
   let rotation = 0;
   let startedAtMs: number | null = null;
   let timer: NodeJS.Timeout | null = null;
@@ -147,7 +149,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     probeInput,
     current: () => current,
     reload: () => reload,
-    isPaused: () => isPaused,
+    isPaused: () => isPaused || isAwaitingLoad,
     isClosed: () => isClosed,
     startedAtMs: () => startedAtMs,
     learnVersion,
@@ -206,8 +208,10 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
   }
 
   async function acquire(req: GenerateRequest, exclude: ReadonlySet<string>, entry: { abortRequested: boolean }): Promise<Member | null> {
-    const deadline = now() + noEngineWaitMs;
+    let deadline = now() + noEngineWaitMs;
     for (;;) {
+      // Engines loading the version this pool routes to: the wait is the load's, not a failure's.
+      if (isAwaitingLoad) deadline = now() + noEngineWaitMs;
       if (entry.abortRequested || isClosed) return null;
       if (!isPaused) {
         const preferred = req.sessionKey === undefined ? undefined : affinity.get(req.sessionKey);
@@ -412,6 +416,9 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     resumeAdmission() {
       isPaused = false;
       wakeWaiters();
+    },
+    setAwaitingLoad(isAwaiting) {
+      isAwaitingLoad = isAwaiting;
     },
     async awaitReady(timeoutMs) {
       ensureStarted();

@@ -49,6 +49,12 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
    * read at a time per pool; hints during one make one more.
    */
   const refreshing = new Map<EnginePool, { again: boolean }>();
+  /** Runs whose pool moved to a sync's version while the engines load it (moveTo); until the sync ends. */
+  const awaitingLoad = new Set<string>();
+  const endAwaitingLoad = (runId: string, pool: EnginePool) => {
+    awaitingLoad.delete(runId);
+    pool.setAwaitingLoad(false);
+  };
   const learnLoaded = (pool: EnginePool) => {
     const running = refreshing.get(pool);
     if (running) {
@@ -74,8 +80,11 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
     versions.set(runId, version);
     pool.setCurrentVersion(version);
     release(runId, pool, version);
-    if (isLoading) learnLoaded(pool);
-    else void pool.refreshVersions().catch(() => undefined);
+    if (isLoading) {
+      awaitingLoad.add(runId);
+      pool.setAwaitingLoad(true);
+      learnLoaded(pool);
+    } else void pool.refreshVersions().catch(() => undefined);
   };
   /**
    * The controller recorded weights.syncing with mode abort (store/notify.ts `rlq_syncing`): every
@@ -116,10 +125,12 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
     if (version !== null && (current === null || version > current)) moveTo(runId, pool, version);
     else if (version !== null) {
       release(runId, pool, version);
-      // The pool moved before the sync ended (a job at the new version came first): an engine whose
-      // `rlq_loaded` hint was lost is still stale; every engine has loaded by now.
-      learnLoaded(pool);
+      // The pool moved before the sync ended (a job at the new version came first): every engine
+      // has loaded by now, so one still stale (its `rlq_loaded` hint lost, its read failed) gets
+      // the full check.
+      if (awaitingLoad.has(runId)) void pool.refreshVersions().catch(() => undefined);
     }
+    if (version !== null && (current === null || version >= current)) endAwaitingLoad(runId, pool);
   };
   return {
     async engineFor(ctx: RunContext, version: number): Promise<Engine> {
@@ -141,13 +152,17 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
       const engine = await p;
       const pool = pools.get(ctx.runId);
       if (pool) {
-        // The job's version is the run's version of record (the controller synced
-        // the engines before dispatching): route only to engines serving it.
-        versions.set(ctx.runId, version);
-        // The controller has just synced the engines: learn their versions now, not at the next
-        // health round. Not awaited: each engine takes this process's requests as soon as it
-        // reports the version (the pool wakes them), not once all have.
-        if (pool.currentVersion() !== version) moveTo(ctx.runId, pool, version);
+        // The job's version is the run's version of record (the controller synced the engines, or
+        // began loading them, before dispatching): route only to engines serving it. Learn their
+        // versions now, not at the next health round. Not awaited: each engine takes this process's
+        // requests as soon as it reports the version (the pool wakes them), not once all have.
+        // Never back while the engines load a sync's version: a job of the old version that started
+        // just before its round's abort was recorded must not mark the loaded engines stale (its
+        // requests go to the new version's engines and are recorded with it).
+        const current = pool.currentVersion();
+        const isBack = current !== null && version < current && awaitingLoad.has(ctx.runId);
+        if (!isBack) versions.set(ctx.runId, version);
+        if (current !== version && !isBack) moveTo(ctx.runId, pool, version);
       }
       if (e.kind === "embedded" && versions.get(ctx.runId) !== version) {
         // One load at a time; concurrent jobs for the same version wait for it.

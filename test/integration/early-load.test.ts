@@ -1,6 +1,8 @@
+import { existsSync } from "node:fs";
+import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
-import { spawnRlq, waitFor } from "../helpers/processes.ts";
+import { spawnRlq, waitFor, type Proc } from "../helpers/processes.ts";
 import { checkRunInvariants } from "../helpers/invariants.ts";
 
 /**
@@ -150,6 +152,60 @@ describe("weight sync: the load overlaps the aborts", () => {
       // The slow engine cannot have generated on it before its own load ended (a sanity check of the fake).
       if (onSlow[String(version)] !== undefined) expect(onSlow[String(version)] as number).toBeGreaterThan(fastAt as number);
     }
+    await checkRunInvariants(w.db, runId, { numRollout: 3, datasetSize: 64, shuffle: false, seed: 42, rbs: 4 });
+  });
+
+  it("a controller killed during such a sync resumes it on the version its rounds run on: no segment older than its round, one load per version", async () => {
+    // The sync's rounds run at the new version when the controller dies (crash point
+    // controller.during_sync); the restarted one loads that version into the engines, not the last
+    // synced one (which would run the new rounds' requests on the old weights), and does not load it
+    // a second time when it finishes the sync.
+    const engineUrl = await w.freshEngine(["--token-delay-ms", "5", "--stop-prob", "0", "--load-delay-ms", "200"]);
+    const runId = await w.start({
+      train_async: true,
+      max_staleness: 1,
+      staleness_policy: "mask",
+      num_rollout: 3,
+      rollout_max_response_len: 400,
+      dynamic_sampling_filter_path: null,
+      engine: { kind: "sglang", urls: [engineUrl], exclusive: true },
+    });
+    const mark = join(w.home, "crash-during-sync");
+    const crashEnv = { ...w.env, RLQ_CRASH_AT: `controller.during_sync:once=${mark}` };
+    const controller = () => spawnRlq(["up", "--run", runId, "--workers", "reward,train"], crashEnv);
+    let up: Proc = controller();
+    const rollout = spawnRlq(["worker", "rollout"], w.env);
+    let restarts = 0;
+    try {
+      await waitFor(
+        "the run to complete",
+        async () => {
+          if (up.child.exitCode !== null || up.child.signalCode !== null) {
+            restarts++;
+            up = controller();
+          }
+          return (await w.db.pool.query<{ status: string }>("SELECT status FROM runs WHERE id = $1", [runId])).rows[0]?.status === "completed";
+        },
+        180_000,
+        200,
+      );
+    } finally {
+      up.kill("SIGTERM");
+      rollout.kill("SIGTERM");
+      await Promise.all([up.exited, rollout.exited]);
+    }
+    expect(existsSync(mark), "the controller never reached the crash point").toBe(true);
+    expect(restarts).toBeGreaterThanOrEqual(1);
+    const older = await w.db.pool.query<{ n: number }>(
+      "SELECT count(*)::int AS n FROM sample_segments WHERE run_id = $1 AND weight_version < expected_weight_version",
+      [runId],
+    );
+    expect(older.rows[0]!.n, "segments generated on an older version than their round's").toBe(0);
+    const engine = (await (await fetch(`${engineUrl}/stats`)).json()) as { loads: number; weightVersion: number };
+    expect(engine.weightVersion).toBe(3);
+    // Versions 1, 2 and 3, once each: the interrupted sync's load (200 ms) ended before the controller
+    // was back (a restart takes longer), so the restarted one finds the engine on it and loads nothing.
+    expect(engine.loads).toBe(3);
     await checkRunInvariants(w.db, runId, { numRollout: 3, datasetSize: 64, shuffle: false, seed: 42, rbs: 4 });
   });
 
