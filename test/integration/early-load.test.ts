@@ -27,21 +27,35 @@ describe("weight sync: the load overlaps the aborts", () => {
     await w?.close();
   });
 
-  /**
-   * An async run whose rollout worker the test stops between the first and second sync; returns once
-   * the engine has loaded version 2, with what the engine had counted then, and lets the run finish.
-   */
-  async function syncWithWorkerStopped(exclusive: boolean): Promise<{ syncs: number; abortAlls: () => Promise<number> }> {
-    const engineUrl = await w.freshEngine();
-    const runId = await w.start({
+  /** An async run (k = 1, 3 steps, 400-token responses) on these SGLang servers; `engine` and `extra` add to its config. */
+  const startRun = (urls: string[], engine: Record<string, unknown>, extra: Record<string, unknown> = {}) =>
+    w.start({
       train_async: true,
       max_staleness: 1,
       staleness_policy: "mask",
       num_rollout: 3,
       rollout_max_response_len: 400,
       dynamic_sampling_filter_path: null,
-      engine: { kind: "sglang", urls: [engineUrl], exclusive },
+      engine: { kind: "sglang", urls, ...engine },
+      ...extra,
     });
+  const isCompleted = async (runId: string) =>
+    (await w.db.pool.query<{ status: string }>("SELECT status FROM runs WHERE id = $1", [runId])).rows[0]?.status === "completed";
+  /** Segments generated on an older version than their round was dispatched at (a request the load held runs on the newer one, and says so). */
+  const olderSegments = async (runId: string) =>
+    (
+      await w.db.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM sample_segments WHERE run_id = $1 AND weight_version < expected_weight_version", [
+        runId,
+      ])
+    ).rows[0]!.n;
+
+  /**
+   * An async run whose rollout worker the test stops between the first and second sync; returns once
+   * the engine has loaded version 2, with what the engine had counted then, and lets the run finish.
+   */
+  async function syncWithWorkerStopped(exclusive: boolean): Promise<{ syncs: number; abortAlls: () => Promise<number> }> {
+    const engineUrl = await w.freshEngine();
+    const runId = await startRun([engineUrl], { exclusive });
     const engineStats = async () => (await (await fetch(`${engineUrl}/stats`)).json()) as { live: number; weightVersion: number; abortAlls: number };
     const decisionCount = async (kind: string) =>
       (await w.db.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM decisions WHERE run_id = $1 AND kind = $2", [runId, kind])).rows[0]!.n;
@@ -68,12 +82,7 @@ describe("weight sync: the load overlaps the aborts", () => {
       expect(await decisionCount("weights.synced")).toBe(1);
       expect(await stepRounds(2)).toBe(0);
       rollout.kill("SIGCONT");
-      await waitFor(
-        "the run to complete",
-        async () => (await w.db.pool.query<{ status: string }>("SELECT status FROM runs WHERE id = $1", [runId])).rows[0]?.status === "completed",
-        180_000,
-        200,
-      );
+      await waitFor("the run to complete", () => isCompleted(runId), 180_000, 200);
     } finally {
       rollout.kill("SIGCONT");
       rollout.kill("SIGTERM");
@@ -81,13 +90,7 @@ describe("weight sync: the load overlaps the aborts", () => {
       await Promise.all([rollout.exited, up.exited]);
     }
     await checkRunInvariants(w.db, runId, { numRollout: 3, datasetSize: 64, shuffle: false, seed: 42, rbs: 4 });
-    // No segment carries a version older than the one its round was dispatched at (a request the
-    // load held would run on the newer one, and say so).
-    const older = await w.db.pool.query<{ n: number }>(
-      "SELECT count(*)::int AS n FROM sample_segments WHERE run_id = $1 AND weight_version < expected_weight_version",
-      [runId],
-    );
-    expect(older.rows[0]!.n).toBe(0);
+    expect(await olderSegments(runId)).toBe(0);
     return { syncs: await decisionCount("weights.syncing"), abortAlls: async () => (await engineStats()).abortAlls };
   }
 
@@ -109,24 +112,10 @@ describe("weight sync: the load overlaps the aborts", () => {
     // No health round runs in between (rollout_health_check_interval) to admit it by chance.
     const fast = await w.freshEngine(["--token-delay-ms", "5", "--stop-prob", "0", "--load-delay-ms", "1500"]);
     const slow = await w.freshEngine(["--token-delay-ms", "5", "--stop-prob", "0", "--load-delay-ms", "5000"]);
-    const runId = await w.start({
-      train_async: true,
-      max_staleness: 1,
-      staleness_policy: "mask",
-      num_rollout: 3,
-      rollout_max_response_len: 400,
-      dynamic_sampling_filter_path: null,
-      engine: { kind: "sglang", urls: [fast, slow] },
-      rollout_health_check_interval: 600,
-    });
+    const runId = await startRun([fast, slow], {}, { rollout_health_check_interval: 600 });
     const up = spawnRlq(["up", "--run", runId, "--workers", "reward,train,rollout"], w.env);
     try {
-      await waitFor(
-        "the run to complete",
-        async () => (await w.db.pool.query<{ status: string }>("SELECT status FROM runs WHERE id = $1", [runId])).rows[0]?.status === "completed",
-        180_000,
-        200,
-      );
+      await waitFor("the run to complete", () => isCompleted(runId), 180_000, 200);
     } finally {
       up.kill("SIGTERM");
       await up.exited;
@@ -161,15 +150,7 @@ describe("weight sync: the load overlaps the aborts", () => {
     // synced one (which would run the new rounds' requests on the old weights), and does not load it
     // a second time when it finishes the sync.
     const engineUrl = await w.freshEngine(["--token-delay-ms", "5", "--stop-prob", "0", "--load-delay-ms", "200"]);
-    const runId = await w.start({
-      train_async: true,
-      max_staleness: 1,
-      staleness_policy: "mask",
-      num_rollout: 3,
-      rollout_max_response_len: 400,
-      dynamic_sampling_filter_path: null,
-      engine: { kind: "sglang", urls: [engineUrl], exclusive: true },
-    });
+    const runId = await startRun([engineUrl], { exclusive: true });
     const mark = join(w.home, "crash-during-sync");
     const crashEnv = { ...w.env, RLQ_CRASH_AT: `controller.during_sync:once=${mark}` };
     const controller = () => spawnRlq(["up", "--run", runId, "--workers", "reward,train"], crashEnv);
@@ -184,7 +165,7 @@ describe("weight sync: the load overlaps the aborts", () => {
             restarts++;
             up = controller();
           }
-          return (await w.db.pool.query<{ status: string }>("SELECT status FROM runs WHERE id = $1", [runId])).rows[0]?.status === "completed";
+          return isCompleted(runId);
         },
         180_000,
         200,
@@ -196,11 +177,7 @@ describe("weight sync: the load overlaps the aborts", () => {
     }
     expect(existsSync(mark), "the controller never reached the crash point").toBe(true);
     expect(restarts).toBeGreaterThanOrEqual(1);
-    const older = await w.db.pool.query<{ n: number }>(
-      "SELECT count(*)::int AS n FROM sample_segments WHERE run_id = $1 AND weight_version < expected_weight_version",
-      [runId],
-    );
-    expect(older.rows[0]!.n, "segments generated on an older version than their round's").toBe(0);
+    expect(await olderSegments(runId), "segments generated on an older version than their round's").toBe(0);
     const engine = (await (await fetch(`${engineUrl}/stats`)).json()) as { loads: number; weightVersion: number };
     expect(engine.weightVersion).toBe(3);
     // Versions 1, 2 and 3, once each: the interrupted sync's load (200 ms) ended before the controller

@@ -14,6 +14,13 @@ import { waitFor } from "../helpers/processes.ts";
  */
 const h = engineHarness("sglang");
 const fake = (args: string[] = []) => h.fake(args);
+/** Another process (the controller) loads version 1 into the engine at `url`. */
+const load = (url: string) =>
+  fetch(`${url}/update_weights_from_disk`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model_path: "/step-0", weight_version: "1" }),
+  });
 function pool(urls: string[], extra: Partial<Parameters<typeof createEnginePool>[0]> = {}): EnginePool {
   return h.pool(
     // Streaming: a killed engine still leaves the tokens it streamed.
@@ -186,12 +193,6 @@ describe("engine pool", () => {
     await p.awaitReady(10_000);
     await p.checkHealth();
     // The controller (another process) loaded version 1 into a; b has not loaded it yet.
-    const load = (url: string) =>
-      fetch(`${url}/update_weights_from_disk`, {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body: JSON.stringify({ model_path: "/step-0", weight_version: "1" }),
-      });
     expect((await load(a.url)).ok).toBe(true);
     p.setCurrentVersion(1); // a job at version 1 arrived
     expect(p.engineStates()).toEqual({ [a.url]: "stale", [b.url]: "stale" });
@@ -213,12 +214,6 @@ describe("engine pool", () => {
     const p = pool([a.url, b.url], { healthIntervalMs: 3_600_000, healthTimeoutMs: 60_000 });
     await p.awaitReady(10_000);
     await p.checkHealth();
-    const load = (url: string) =>
-      fetch(`${url}/update_weights_from_disk`, {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body: JSON.stringify({ model_path: "/step-0", weight_version: "1" }),
-      });
     const bLoaded = load(b.url);
     expect((await load(a.url)).ok).toBe(true);
     p.setCurrentVersion(1); // a job at version 1 arrived during the sync
