@@ -123,14 +123,13 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
     const version = await loadRunWeightVersion(db, runId);
     const current = pool.currentVersion();
     if (version !== null && (current === null || version > current)) moveTo(runId, pool, version);
-    else if (version !== null) {
-      release(runId, pool, version);
-      // The pool moved before the sync ended (a job at the new version came first): every engine
-      // has loaded by now, so one still stale (its `rlq_loaded` hint lost, its read failed) gets
-      // the full check.
-      if (awaitingLoad.has(runId)) void pool.refreshVersions().catch(() => undefined);
+    else if (version !== null) release(runId, pool, version);
+    if (version !== null && (current === null || version >= current) && awaitingLoad.has(runId)) {
+      // The sync has ended: every engine has loaded, so one still stale (its `rlq_loaded` hint
+      // lost, its read failed) gets the full check.
+      endAwaitingLoad(runId, pool);
+      void pool.refreshVersions().catch(() => undefined);
     }
-    if (version !== null && (current === null || version >= current)) endAwaitingLoad(runId, pool);
   };
   return {
     async engineFor(ctx: RunContext, version: number): Promise<Engine> {
