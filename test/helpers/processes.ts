@@ -158,3 +158,23 @@ export async function runChecked(
   if (r.status !== 0) throw new Error(`${cmd} ${args.join(" ")} exited ${r.status}: ${r.stderr.slice(-4000)}${r.stdout.slice(-2000)}`);
   return r.stdout;
 }
+
+/**
+ * Wait for `isDone`, starting the process again each time it exits (a crash point fired): for tests
+ * that kill a controller at a crash point and expect the restarted one to finish. `current()` is the
+ * live process (the caller stops it); `restarts` counts the restarts.
+ */
+export function keepRestarting(start: () => Proc) {
+  const state = { proc: start(), restarts: 0 };
+  return {
+    current: () => state.proc,
+    restarts: () => state.restarts,
+    /** Call from a waitFor condition: restarts the process if it has exited. */
+    check() {
+      if (state.proc.child.exitCode !== null || state.proc.child.signalCode !== null) {
+        state.restarts++;
+        state.proc = start();
+      }
+    },
+  };
+}

@@ -2,7 +2,7 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
-import { spawnRlq, waitFor, type Proc } from "../helpers/processes.ts";
+import { keepRestarting, spawnRlq, waitFor } from "../helpers/processes.ts";
 import { checkRunInvariants } from "../helpers/invariants.ts";
 
 /**
@@ -153,30 +153,25 @@ describe("weight sync: the load overlaps the aborts", () => {
     const runId = await startRun([engineUrl], { exclusive: true });
     const mark = join(w.home, "crash-during-sync");
     const crashEnv = { ...w.env, RLQ_CRASH_AT: `controller.during_sync:once=${mark}` };
-    const controller = () => spawnRlq(["up", "--run", runId, "--workers", "reward,train"], crashEnv);
-    let up: Proc = controller();
+    const up = keepRestarting(() => spawnRlq(["up", "--run", runId, "--workers", "reward,train"], crashEnv));
     const rollout = spawnRlq(["worker", "rollout"], w.env);
-    let restarts = 0;
     try {
       await waitFor(
         "the run to complete",
-        async () => {
-          if (up.child.exitCode !== null || up.child.signalCode !== null) {
-            restarts++;
-            up = controller();
-          }
+        () => {
+          up.check();
           return isCompleted(runId);
         },
         180_000,
         200,
       );
     } finally {
-      up.kill("SIGTERM");
+      up.current().kill("SIGTERM");
       rollout.kill("SIGTERM");
-      await Promise.all([up.exited, rollout.exited]);
+      await Promise.all([up.current().exited, rollout.exited]);
     }
     expect(existsSync(mark), "the controller never reached the crash point").toBe(true);
-    expect(restarts).toBeGreaterThanOrEqual(1);
+    expect(up.restarts()).toBeGreaterThanOrEqual(1);
     expect(await olderSegments(runId), "segments generated on an older version than their round's").toBe(0);
     const engine = (await (await fetch(`${engineUrl}/stats`)).json()) as { loads: number; weightVersion: number };
     expect(engine.weightVersion).toBe(3);

@@ -2,7 +2,7 @@ import { join } from "node:path";
 import { existsSync } from "node:fs";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
-import { repoRoot, spawnRlq, waitFor, type Proc } from "../helpers/processes.ts";
+import { keepRestarting, repoRoot, spawnRlq, waitFor } from "../helpers/processes.ts";
 import { checkRunInvariants } from "../helpers/invariants.ts";
 
 /**
@@ -44,31 +44,26 @@ describe("rollout_function_path", () => {
     const points = ["rollout_fn.after_draw", "rollout_fn.after_generate", "rollout_fn.before_seal"];
     const marks = points.map((_, i) => join(w.home, `crash-${i}`));
     const crashEnv = { ...w.env, RLQ_CRASH_AT: points.map((p, i) => `${p}:once=${marks[i]}`).join(",") };
-    const controller = () => spawnRlq(["up", "--run", runId, "--workers", "eval"], crashEnv);
-    let up: Proc = controller();
+    const up = keepRestarting(() => spawnRlq(["up", "--run", runId, "--workers", "eval"], crashEnv));
     const worker = spawnRlq(["worker", "rollout", "reward", "train", "--concurrency", "8"], w.env);
-    let restarts = 0;
     try {
       await waitFor(
         "the run to complete",
         async () => {
-          if (up.child.exitCode !== null || up.child.signalCode !== null) {
-            restarts++;
-            up = controller();
-          }
+          up.check();
           const r = await rows<{ status: string; last_error: string | null }>(w, "SELECT status, last_error FROM runs WHERE id = $1", [runId]);
-          if (r[0]?.status === "paused") throw new Error(`run paused: ${r[0].last_error}\n${up.output().slice(-3000)}`);
+          if (r[0]?.status === "paused") throw new Error(`run paused: ${r[0].last_error}\n${up.current().output().slice(-3000)}`);
           return r[0]?.status === "completed";
         },
         200_000,
         250,
       );
     } finally {
-      up.kill("SIGTERM");
+      up.current().kill("SIGTERM");
       worker.kill("SIGTERM");
-      await Promise.all([up.exited, worker.exited]);
+      await Promise.all([up.current().exited, worker.exited]);
     }
-    expect(restarts).toBe(points.length);
+    expect(up.restarts()).toBe(points.length);
     for (const m of marks) expect(existsSync(m)).toBe(true);
 
     await checkRunInvariants(w.db, runId, { numRollout, datasetSize: 64, shuffle: false, seed: 42, rbs: 4 });
