@@ -24,12 +24,17 @@
  *   nothing between the runs: what an end-to-end engine could reach at most. The decode ceiling
  *   leaves the prefill out (at the demo shape, B = 64, a prefill costs ~3 decode runs).
  * - worker engine: createEmbeddedEngine (worker thread, message passing,
- *   schema checks), B concurrent generate() calls; tokens / wall (prefills
- *   included), its samples interleaved with the ceiling's.
+ *   schema checks), rounds of B concurrent generate() calls, each round sent when the last one
+ *   has come back (lock-step: the engine idles while the client turns round); tokens / wall
+ *   (prefills included), its samples interleaved with the ceiling's.
+ * - sustained: the worker engine as a rollout worker drives it, maxBatchSize B and 2B requests
+ *   in flight, so its queue never runs dry (sustainedEngine); distinct prompts, and GRPO groups of
+ *   8 samples sharing a prompt (the demo's n_samples_per_prompt), whose prefill the engine does
+ *   once per group. Their generation ceiling prefills one row per group.
  * Trainer (jax-js, wasm, this thread): B=256, T=24; fwd+bwd tokens/s =
  * B*T / fwd+bwd time; also forward only and AdamW.
  *
- *   npx tsx bench/embedded-model.ts [--reps 5]
+ *   npx tsx bench/embedded-model.ts [--reps 5] [--batches 1,16,64]
  */
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -48,9 +53,9 @@ import { createJaxModel } from "../src/trainer/embedded/jax-model.ts";
 import { repoRoot } from "../test/helpers/processes.ts";
 import { median, writeResult } from "./lib.ts";
 
-const { values } = parseArgs({ options: { reps: { type: "string", default: "5" } }, strict: false });
+const { values } = parseArgs({ options: { reps: { type: "string", default: "5" }, batches: { type: "string", default: "1,16,64" } }, strict: false });
 const reps = Number(values.reps);
-const BATCHES = [1, 16, 64] as const;
+const BATCHES = String(values.batches).split(",").map(Number);
 const TRAIN_B = 256;
 const TRAIN_T = 24;
 /** Seconds per sample of each engine measure (several rounds of B requests). */
@@ -67,7 +72,14 @@ interface Shape {
 }
 
 const round = (x: number, digits = 0): number => Math.round(x * 10 ** digits) / 10 ** digits;
-const prompt = (vocab: number, len: number, i: number): number[] => Array.from({ length: len }, (_, t) => (i * 7 + t * 3 + 1) % vocab);
+/**
+ * Request i's prompt. Distinct for i < vocab² (its first two tokens spell i in base vocab): the engine
+ * shares a prefill row between identical prompts admitted together, so "distinct prompts" must be.
+ */
+const prompt = (vocab: number, len: number, i: number): number[] =>
+  Array.from({ length: len }, (_, t) => (t === 0 ? i % vocab : t === 1 ? Math.floor(i / vocab) % vocab : (i * 7 + t * 3 + 1) % vocab));
+/** GRPO groups: the demo's n_samples_per_prompt (examples/demo.yaml); a group's samples share one prompt. */
+const GROUP = 8;
 
 function weightFeeds(config: ModelConfig, weights: Weights): OrtFeeds {
   const feeds: OrtFeeds = {};
@@ -111,15 +123,16 @@ async function ceiling(config: ModelConfig, weights: Weights, batch: number, row
  * as the engine pads), feeds built once. Returns tokens/s (B * G per round). The decode-only
  * ceiling leaves the prefill's own ORT work out; an end-to-end engine cannot.
  */
-async function generationCeiling(shape: Shape, batch: number, seconds: number): Promise<number> {
+async function generationCeiling(shape: Shape, batch: number, seconds: number, group = 1): Promise<number> {
   const { config, weights } = shape;
+  const prefillRows = Math.ceil(batch / group); // a group's samples share one prompt: one prefill row each
   const prefill = await createOrtSession(buildPrefillModel(config), { intraOpNumThreads: 1 });
   const decode = await createOrtSession(buildDecodeModel(config), { intraOpNumThreads: 1 });
   try {
     const w = weightFeeds(config, weights);
-    const ids = new Int32Array(batch * shape.promptLen); // the scheduler's prompts, one [B, P] prefill
-    for (let i = 0; i < batch; i++) ids.set(prompt(config.vocab_size, shape.promptLen, i), i * shape.promptLen);
-    const prefillFeeds: OrtFeeds = { ...w, input_ids: int32Tensor(ids, [batch, shape.promptLen]) };
+    const ids = new Int32Array(prefillRows * shape.promptLen); // the scheduler's prompts, one [B / group, P] prefill
+    for (let i = 0; i < prefillRows; i++) ids.set(prompt(config.vocab_size, shape.promptLen, i), i * shape.promptLen);
+    const prefillFeeds: OrtFeeds = { ...w, input_ids: int32Tensor(ids, [prefillRows, shape.promptLen]) };
     const rows = Math.max(2, batch);
     const decodeRun = decodeFeeds(config, w, rows);
     const oneRound = async () => {
@@ -206,43 +219,120 @@ async function workerEngine(shape: Shape, batch: number, seconds: number): Promi
   return { sample, close: () => engine.close() };
 }
 
+/**
+ * The worker-thread engine under sustained load, as a rollout worker drives it: maxBatchSize B,
+ * and the client keeps 2B requests in flight, sending a group's `group` samples (one prompt,
+ * their own seeds) together and the next group as soon as room frees, so the engine's queue
+ * never runs dry. Returns the steady rate: tokens of the requests that finished after the first
+ * tick's finishes, over the time from those to the last finish before `seconds` ended.
+ */
+async function sustainedEngine(shape: Shape, batch: number, group: number, seconds: number): Promise<{ sample(): Promise<number>; close(): Promise<void> }> {
+  const engine = await createEmbeddedEngine({ checkpointUri: shape.checkpointDir, maxBatchSize: batch });
+  let id = 0;
+  let groups = 0;
+  const sample = (): Promise<number> =>
+    new Promise<number>((resolve, reject) => {
+      const t0 = performance.now();
+      let inFlight = 0;
+      let first = -1;
+      let firstBurst = false;
+      let last = -1;
+      let tokens = 0;
+      const send = (): void => {
+        const g = groups++;
+        for (let k = 0; k < group; k++) {
+          inFlight++;
+          engine
+            .generate({
+              requestId: `s${id++}`,
+              inputIds: prompt(shape.config.vocab_size, shape.promptLen, g % 500),
+              sampling: { temperature: 1, topP: 1, topK: -1, maxNewTokens: shape.newTokens, stopTokenIds: [], seed: id },
+            })
+            .then((r) => {
+              inFlight--;
+              const now = performance.now();
+              if (now - t0 < seconds * 1000) {
+                if (first < 0) {
+                  // The first tick's finishes (one message from the worker) start the clock.
+                  first = now;
+                  firstBurst = true;
+                  setImmediate(() => (firstBurst = false));
+                } else if (!firstBurst) {
+                  tokens += r.tokenIds.length;
+                  last = now;
+                }
+                while (inFlight + group <= 2 * batch) send();
+              } else if (inFlight === 0) {
+                resolve(last > first ? tokens / ((last - first) / 1000) : Number.NaN);
+              }
+            }, reject);
+        }
+      };
+      while (inFlight + group <= 2 * batch) send();
+    });
+  try {
+    await sample(); // warm-up
+  } catch (e) {
+    await engine.close();
+    throw e;
+  }
+  return { sample, close: () => engine.close() };
+}
+
+interface Run {
+  ceiling: number;
+  ceilingPadded: number;
+  ceilingGeneration: number;
+  ceilingGenerationGrouped: number;
+  generated: number;
+  decode: number;
+  worker: number;
+  workerSustained: number;
+  workerGrouped: number;
+}
+
 async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
   const runner = await ModelRunner.create(shape.config, shape.weights, { intraOpNumThreads: 1 });
   const out: Record<string, unknown> = {};
   try {
     for (const batch of BATCHES) {
       await scheduler(shape, runner, batch, 0.1); // warm-up
-      const runs: Array<{ ceiling: number; ceilingPadded: number; ceilingGeneration: number; generated: number; decode: number; worker: number }> = [];
+      const group = Math.min(GROUP, batch);
+      const runs: Run[] = [];
       const engine = await workerEngine(shape, batch, SAMPLE_S);
+      const steady = await sustainedEngine(shape, batch, 1, SAMPLE_S);
+      const grouped = group > 1 ? await sustainedEngine(shape, batch, group, SAMPLE_S) : steady;
       try {
         for (let rep = 0; rep < reps; rep++) {
-          // Interleaved, so all three see the same share of a noisy machine.
+          // Interleaved, so all of them see the same share of a noisy machine.
           const c = await ceiling(shape.config, shape.weights, batch, batch, SAMPLE_S);
           const cp = batch === 1 ? await ceiling(shape.config, shape.weights, 1, 2, SAMPLE_S) : c;
           const cg = await generationCeiling(shape, batch, SAMPLE_S);
+          const cgg = group > 1 ? await generationCeiling(shape, batch, SAMPLE_S, group) : cg;
           const s = await scheduler(shape, runner, batch, SAMPLE_S);
           const w = await engine.sample();
+          const ws = await steady.sample();
+          const wg = group > 1 ? await grouped.sample() : ws;
           runs.push({
             ceiling: round(c),
             ceilingPadded: round(cp),
             ceilingGeneration: round(cg),
+            ceilingGenerationGrouped: round(cgg),
             generated: round(s.generated),
             decode: round(s.decode),
             worker: round(w),
+            workerSustained: round(ws),
+            workerGrouped: round(wg),
           });
         }
       } finally {
         await engine.close();
+        await steady.close();
+        if (grouped !== steady) await grouped.close();
       }
       const worker = runs.map((r) => r.worker);
-      const med = {
-        ceiling: median(runs.map((r) => r.ceiling)),
-        ceilingPadded: median(runs.map((r) => r.ceilingPadded)),
-        ceilingGeneration: median(runs.map((r) => r.ceilingGeneration)),
-        generated: median(runs.map((r) => r.generated)),
-        decode: median(runs.map((r) => r.decode)),
-        worker: median(worker),
-      };
+      const med = Object.fromEntries(Object.keys(runs[0] as Run).map((k) => [k, median(runs.map((r) => r[k as keyof Run]))])) as unknown as Run;
+      const pairs = (num: keyof Run, den: keyof Run): number => round(median(runs.map((r) => r[num] / r[den])), 3);
       out[`batch${batch}`] = {
         ceiling_tokens_per_s: round(med.ceiling),
         ...(batch === 1 ? { ceiling_padded_to_2_rows_tokens_per_s: round(med.ceilingPadded) } : {}),
@@ -252,20 +342,37 @@ async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
         scheduler_generated_tokens_per_s: round(med.generated),
         worker_engine_tokens_per_s: round(med.worker),
         decode_vs_ceiling: round(med.decode / med.ceiling, 3),
-        decode_vs_ceiling_median_of_pairs: round(median(runs.map((r) => r.decode / r.ceiling)), 3),
+        decode_vs_ceiling_median_of_pairs: pairs("decode", "ceiling"),
         generated_vs_ceiling: round(med.generated / med.ceiling, 3),
         worker_vs_ceiling: round(med.worker / med.ceiling, 3),
-        worker_vs_ceiling_median_of_pairs: round(median(runs.map((r) => r.worker / r.ceiling)), 3),
+        worker_vs_ceiling_median_of_pairs: pairs("worker", "ceiling"),
         generated_vs_generation_ceiling: round(med.generated / med.ceilingGeneration, 3),
         worker_vs_generation_ceiling: round(med.worker / med.ceilingGeneration, 3),
-        worker_vs_generation_ceiling_median_of_pairs: round(median(runs.map((r) => r.worker / r.ceilingGeneration)), 3),
+        worker_vs_generation_ceiling_median_of_pairs: pairs("worker", "ceilingGeneration"),
+        // Sustained load (2B in flight, maxBatchSize B), distinct prompts, then GRPO groups of `group`.
+        sustained: {
+          worker_engine_tokens_per_s: round(med.workerSustained),
+          worker_vs_ceiling: round(med.workerSustained / med.ceiling, 3),
+          worker_vs_ceiling_median_of_pairs: pairs("workerSustained", "ceiling"),
+          worker_vs_generation_ceiling_median_of_pairs: pairs("workerSustained", "ceilingGeneration"),
+        },
+        sustained_grouped: {
+          group,
+          generation_ceiling_tokens_per_s: round(med.ceilingGenerationGrouped),
+          generation_ceiling_vs_ceiling: round(med.ceilingGenerationGrouped / med.ceiling, 3),
+          worker_engine_tokens_per_s: round(med.workerGrouped),
+          worker_vs_ceiling: round(med.workerGrouped / med.ceiling, 3),
+          worker_vs_ceiling_median_of_pairs: pairs("workerGrouped", "ceiling"),
+          worker_vs_generation_ceiling_median_of_pairs: pairs("workerGrouped", "ceilingGenerationGrouped"),
+        },
         runs,
         worker_runs: worker.map((w) => round(w)),
       };
       process.stderr.write(
         `${shape.name} B=${batch}: ceiling ${med.ceiling.toFixed(0)} tok/s, scheduler decode ${med.decode.toFixed(0)} (x${(med.decode / med.ceiling).toFixed(2)}), ` +
           `generated ${med.generated.toFixed(0)}, worker engine ${med.worker.toFixed(0)} (x${(med.worker / med.ceiling).toFixed(2)}); ` +
-          `generation ceiling ${med.ceilingGeneration.toFixed(0)} (x${(med.ceilingGeneration / med.ceiling).toFixed(2)} of the decode ceiling), worker x${(med.worker / med.ceilingGeneration).toFixed(2)} of it\n`,
+          `generation ceiling ${med.ceilingGeneration.toFixed(0)} (x${(med.ceilingGeneration / med.ceiling).toFixed(2)} of the decode ceiling), worker x${(med.worker / med.ceilingGeneration).toFixed(2)} of it; ` +
+          `sustained x${pairs("workerSustained", "ceiling").toFixed(2)}, sustained in groups of ${group} x${pairs("workerGrouped", "ceiling").toFixed(2)} (median of pairs, of the decode ceiling)\n`,
       );
     }
   } finally {

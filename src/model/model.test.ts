@@ -3,7 +3,7 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { decodeCheckpoint, readCheckpoint, readOptimizerState, WEIGHTS_FILE, writeCheckpoint } from "./checkpoint.ts";
 import { parseModelConfig } from "./config.ts";
-import { Prng } from "./prng.ts";
+import { mixSeed, Prng, uniformAt } from "./prng.ts";
 import { logSoftmax, referenceForward } from "./reference-forward.ts";
 import { TINY_CONFIG, writeTestCheckpoint } from "./testing.ts";
 import { createDemoTokenizer } from "./tokenizer.ts";
@@ -72,5 +72,13 @@ describe("tokenizer and prng", () => {
     expect(Array.from({ length: 5 }, () => b.nextFloat())).toEqual(xs);
     expect(xs.every((x) => x >= 0 && x < 1)).toBe(true);
     expect(new Prng(43).nextFloat()).not.toBe(xs[0]);
+  });
+
+  it("uniformAt(seed) is a fresh stream's first float, bit for bit", () => {
+    // The engine draws each token's uniform this way (scheduler.ts); seeds cover the whole
+    // 32-bit range, both signs as JS numbers, and mixSeed outputs as the scheduler passes them.
+    const seeds = [0, 1, 2, 42, 2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1, -1, -(2 ** 31)];
+    for (let i = 0; i < 20_000; i++) seeds.push(mixSeed(i * 7919, i % 97), (i * 2_654_435_761) >>> 0);
+    for (const seed of seeds) expect(uniformAt(seed)).toBe(new Prng(seed).nextFloat());
   });
 });

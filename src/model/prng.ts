@@ -69,6 +69,25 @@ export class Prng {
   }
 }
 
+/**
+ * `new Prng(seed).nextFloat()` without the object: the embedded engine draws one uniform per
+ * sampled token from a fresh stream (scheduler.ts), so this runs per token. Same arithmetic as
+ * the constructor and two `nextUint32` calls (prng.test.ts checks equality).
+ */
+export function uniformAt(seed: number): number {
+  const x = seed >>> 0;
+  let s0 = splitmix32(x, 1);
+  const s1 = splitmix32(x, 2);
+  const s2 = splitmix32(x, 3);
+  const s3 = splitmix32(x, 4);
+  if ((s0 | s1 | s2 | s3) === 0) s0 = 1;
+  const first = Math.imul(rotl(Math.imul(s1, 5) >>> 0, 7), 9) >>> 0;
+  // The first nextUint32 leaves s1 ^ (s2 ^ s0) in s1, the only state the second result reads.
+  const next = (s1 ^ s2 ^ s0) >>> 0;
+  const second = Math.imul(rotl(Math.imul(next, 5) >>> 0, 7), 9) >>> 0;
+  return ((first >>> 5) * 67_108_864 + (second >>> 6)) / 9_007_199_254_740_992;
+}
+
 /** The i-th (1-based) output of splitmix32 started at `x`. */
 function splitmix32(x: number, i: number): number {
   let z = (x + Math.imul(i, 0x9e3779b9)) >>> 0;

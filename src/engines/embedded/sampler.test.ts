@@ -20,6 +20,22 @@ describe("injected logit noise (engine.logit_noise_std)", () => {
     expect(sampleToken([0, 0], { ...plain, temperature: 2 }, 0.1, noise).logProb).toBeCloseTo(Math.log(Math.sqrt(3) / (Math.sqrt(3) + 1)), 12);
   });
 
+  it("samples a row at an offset into a batch's logits as it samples that row alone", () => {
+    const rows = [
+      [0.5, -1, 2, 0.25],
+      [3, 1, -2, 0],
+      [-0.5, 0.5, 1.5, 1],
+    ];
+    const batch = Float32Array.from(rows.flat());
+    for (const config of [plain, { temperature: 0.7, topP: 0.8, topK: 3 }]) {
+      rows.forEach((row, i) => {
+        for (const u of [0.05, 0.5, 0.93]) {
+          expect(sampleToken(batch, config, u, undefined, i * 4, 4)).toEqual(sampleToken(Float32Array.from(row), config, u));
+        }
+      });
+    }
+  });
+
   it("is off at std 0 and a function of the stream, scaled by std", () => {
     expect(logitNoise(null, 4, 1)).toBeUndefined();
     expect(logitNoise(new Prng(7), 4, 0)).toBeUndefined();

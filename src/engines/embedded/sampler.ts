@@ -22,12 +22,20 @@ export interface SampledToken {
 }
 
 /**
- * @param logits [vocab] float32 logits of one row
+ * @param logits float32 logits holding one row: [vocab] at `offset` (the whole array by default;
+ *   an offset into a batch's logits saves a view per row)
  * @param u uniform draw in [0, 1) from the request's stream
  * @param noise optional [vocab] additive logit noise (the injected-mismatch option)
  */
-export function sampleToken(logits: ArrayLike<number>, config: SamplingConfig, u: number, noise?: ArrayLike<number>): SampledToken {
-  const n = logits.length;
+export function sampleToken(
+  logits: ArrayLike<number>,
+  config: SamplingConfig,
+  u: number,
+  noise?: ArrayLike<number>,
+  offset = 0,
+  vocab = logits.length - offset,
+): SampledToken {
+  const n = vocab;
   // Scratch rows reused across calls: one allocation per call was a visible share of a small
   // model's decode tick (bench/embedded-model.ts). Same arithmetic, in the same order, as before.
   if (scratchZ.length < n) {
@@ -38,7 +46,7 @@ export function sampleToken(logits: ArrayLike<number>, config: SamplingConfig, u
   const p = scratchP;
   let max = -Infinity;
   for (let i = 0; i < n; i++) {
-    const v = (logits[i]! + (noise ? noise[i]! : 0)) / config.temperature;
+    const v = (logits[offset + i]! + (noise ? noise[i]! : 0)) / config.temperature;
     z[i] = v;
     if (v > max) max = v;
   }

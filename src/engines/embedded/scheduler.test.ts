@@ -76,6 +76,30 @@ describe("decode scheduler", () => {
     }
   });
 
+  it("identical prompts admitted together share one prefill row and still decode as each alone", async () => {
+    const group = [7, 8, 9, 10].map((seed, i) => request(`g${i}`, [1, 6, 2, 6], seed, 15));
+    const other = request("o", [1, 5, 2, 6], 11, 15); // same length, another prompt: its own row
+    const ones = [12, 13].map((seed, i) => request(`one${i}`, [3], seed, 10)); // one-token prompts: one row, alone
+    const rowsPerPrefill: number[] = [];
+    const prefill = runner.prefill.bind(runner);
+    const spy = (ids: Int32Array, batch: number, seqLen: number) => {
+      rowsPerPrefill.push(batch);
+      return prefill(ids, batch, seqLen);
+    };
+    runner.prefill = spy;
+    const { scheduler, results } = newScheduler();
+    try {
+      for (const r of [...group, other, ...ones]) scheduler.submit(r);
+      await scheduler.step();
+    } finally {
+      runner.prefill = prefill;
+    }
+    expect(rowsPerPrefill.sort()).toEqual([1, 2]); // [g0..g3, o] as 2 rows; one0 and one1 as 1 row
+    while (!scheduler.isIdle) await scheduler.step();
+    for (const req of [...group, other, ...ones]) expect(results.get(req.requestId)).toEqual(await runAlone(req));
+    expect(results.get("g0")!.tokenIds).not.toEqual(results.get("g1")!.tokenIds); // each its own seed
+  });
+
   it("reports log softmax(logits / T) over the full vocabulary before top-k/top-p, matching the float64 reference", async () => {
     const input = [1, 6, 7];
     const res = await runAlone(request("lp", input, 9, 12, { temperature: 0.7, topK: 4, topP: 0.8 }));

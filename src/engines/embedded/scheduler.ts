@@ -1,5 +1,5 @@
 import { randomInt } from "node:crypto";
-import { mixSeed, Prng } from "../../model/prng.ts";
+import { mixSeed, Prng, uniformAt } from "../../model/prng.ts";
 import type { Weights } from "../../model/weights.ts";
 import type { FinishReason, GenerateRequest } from "../engine.ts";
 import { SlotKvCache } from "./kv-cache.ts";
@@ -9,8 +9,8 @@ import { logitNoise, sampleToken } from "./sampler.ts";
 /**
  * Continuous batching for the embedded engine. One `step()` is one scheduler
  * tick: swap weights if asked, admit waiting requests (prefilled together when
- * their prompts have the same length: a GRPO group's samples share one prompt),
- * then one batched decode step for every active request. Requests join and leave
+ * their prompts have the same length, one row per distinct prompt: a GRPO group's
+ * samples share one), then one batched decode step for every active request. Requests join and leave
  * only between ticks, and weights change only between ticks.
  *
  * Determinism: the uniform that samples the token at absolute position p is
@@ -125,11 +125,12 @@ export class DecodeScheduler {
     }
     // Same-length prompts go through one prefill, in arrival order within each length. Rows are
     // never padded: padding would change the attention's reduction lengths and so the rounding,
-    // and a request's tokens must not depend on its batch-mates. One-token prompts stay alone:
-    // a single-row MatMul takes ORT's GEMV path, which rounds differently from a batch's GEMM.
+    // and a request's tokens must not depend on its batch-mates. A one-token prompt never shares
+    // a prefill with another token: a single-row MatMul takes ORT's GEMV path, which rounds
+    // differently from a batch's GEMM (identical one-token prompts share their one row, below).
     const byLength = new Map<number, Sequence[]>();
     for (const seq of admitted) {
-      const key = seq.tokens.length === 1 ? -byLength.size - 1 : seq.tokens.length;
+      const key = seq.tokens.length === 1 ? -1 - (seq.tokens[0] as number) : seq.tokens.length;
       const list = byLength.get(key);
       if (list) list.push(seq);
       else byLength.set(key, [seq]);
@@ -139,16 +140,37 @@ export class DecodeScheduler {
     return produced;
   }
 
-  /** Prefill requests with prompts of one length together and sample each one's first token. */
+  /**
+   * Prefill requests with prompts of one length together and sample each one's first token.
+   * Identical prompts (a GRPO group's samples, sent together) share one prefill row: its logits
+   * and keys/values are the same as a row of their own would give (a row's prefill does not
+   * depend on its batch-mates), so each request samples from that row with its own seed and
+   * gets a copy of the row's keys/values in its own cache slot. SGLang shares them through its
+   * radix cache (python/sglang/srt/mem_cache/radix_cache.py); this shares only exact matches
+   * within one admission, and keeps no cache across ticks.
+   */
   private async admit(group: Sequence[]): Promise<number> {
     const n = (group[0] as Sequence).tokens.length;
-    const ids = new Int32Array(group.length * n); // [rows, n]
-    group.forEach((seq, row) => ids.set(seq.tokens, row * n));
-    const out = await this.runner.prefill(ids, group.length, n);
+    const rowOf = new Map<string, number>();
+    const rows = new Int32Array(group.length); // group[i] samples from prefill row rows[i]
+    const unique: Sequence[] = [];
+    group.forEach((seq, i) => {
+      const key = seq.tokens.join(",");
+      let row = rowOf.get(key);
+      if (row === undefined) {
+        row = unique.length;
+        rowOf.set(key, row);
+        unique.push(seq);
+      }
+      rows[i] = row;
+    });
+    const ids = new Int32Array(unique.length * n); // [rows, n]
+    unique.forEach((seq, row) => ids.set(seq.tokens, row * n));
+    const out = await this.runner.prefill(ids, unique.length, n);
     const vocab = this.runner.config.vocab_size;
-    group.forEach((seq, row) => {
-      const at = (row * n + n - 1) * vocab;
-      this.sample(seq, out.logits.subarray(at, at + vocab));
+    group.forEach((seq, i) => {
+      const row = rows[i] as number;
+      this.sample(seq, out.logits, (row * n + n - 1) * vocab);
       const reason = this.finishReason(seq);
       if (reason) {
         this.finish(seq, reason);
@@ -183,7 +205,7 @@ export class DecodeScheduler {
     const out = await handle.run();
     this.cache.writeDecode(out.fresh, b === rows ? positions : positions.subarray(0, b));
     const vocab = this.runner.config.vocab_size;
-    for (let i = 0; i < b; i++) this.sample(this.active[i] as Sequence, out.logits.subarray(i * vocab, (i + 1) * vocab));
+    for (let i = 0; i < b; i++) this.sample(this.active[i] as Sequence, out.logits, i * vocab);
     for (let i = b - 1; i >= 0; i--) {
       const reason = this.finishReason(this.active[i] as Sequence);
       if (reason) this.leave(i, reason);
@@ -191,11 +213,13 @@ export class DecodeScheduler {
     return b;
   }
 
-  private sample(seq: Sequence, logits: Float32Array): void {
+  /** Sample `seq`'s next token from the vocabulary-long row of `logits` at `offset`. */
+  private sample(seq: Sequence, logits: Float32Array, offset: number): void {
     const position = seq.tokens.length;
-    const noise = logitNoise(this.opts.logitNoiseStd > 0 ? new Prng(mixSeed(seq.seed, position, 1)) : null, logits.length, this.opts.logitNoiseStd);
-    const u = new Prng(mixSeed(seq.seed, position)).nextFloat();
-    const { token, logProb } = sampleToken(logits, seq.request.sampling, u, noise);
+    const vocab = this.runner.config.vocab_size;
+    const noise = logitNoise(this.opts.logitNoiseStd > 0 ? new Prng(mixSeed(seq.seed, position, 1)) : null, vocab, this.opts.logitNoiseStd);
+    const u = uniformAt(mixSeed(seq.seed, position));
+    const { token, logProb } = sampleToken(logits, seq.request.sampling, u, noise, offset, vocab);
     seq.tokens.push(token);
     seq.generated.push(token);
     seq.logProbs.push(logProb);
