@@ -6,8 +6,10 @@
  * d 64, 4 heads, 2 layers, MLP 256, its real weights) and the shape of the engine's feasibility study
  * model (vocab 32, ctx 64, same widths, random weights). One ORT thread, as
  * the engine runs by default. Each sample runs for ~0.4 s (rounds of B
- * requests); medians of several samples after a warm-up, with the ceiling and
- * the scheduler interleaved sample by sample.
+ * requests); medians of several samples after a warm-up. Every measure's sample sits
+ * between two decode-ceiling samples and is read against their mean (`_median_of_pairs`: the
+ * median of those per-sample ratios): on a shared box the ceiling moves by up to 2x within
+ * seconds, so only a ceiling sampled next to a measure shares its noise.
  *
  * Per shape and batch B (B requests, P-token prompts, G new tokens each, no
  * stop tokens, temperature 1, so every request runs to its budget):
@@ -16,17 +18,16 @@
  *   cache length = context; tokens/s = B * calls / wall.
  * - scheduler: the engine's DecodeScheduler in this thread (the code the
  *   engine worker runs): `generated` = all tokens / wall, including the B
- *   one-row prefills; `decode` = tokens of the ticks after the first (pure
+ *   prefills; `decode` = tokens of the ticks after the first (pure
  *   batched decode: tensor wrapping, ORT, KV-cache writes, sampling) / their
- *   wall time. `decode_vs_ceiling` = decode / ceiling (ratio of medians;
- *   `_median_of_pairs`: the median of the per-sample ratios, which share noise).
+ *   wall time. `decode_vs_ceiling` = decode / ceiling (ratio of medians).
  * - generation ceiling: the same rounds as plain ORT, one [B, P] prefill then G - 1 decode runs,
  *   nothing between the runs: what an end-to-end engine could reach at most. The decode ceiling
  *   leaves the prefill out (at the demo shape, B = 64, a prefill costs ~3 decode runs).
  * - worker engine: createEmbeddedEngine (worker thread, message passing,
  *   schema checks), rounds of B concurrent generate() calls, each round sent when the last one
  *   has come back (lock-step: the engine idles while the client turns round); tokens / wall
- *   (prefills included), its samples interleaved with the ceiling's.
+ *   (prefills included).
  * - sustained: the worker engine as a rollout worker drives it, maxBatchSize B and 2B requests
  *   in flight, so its queue never runs dry (sustainedEngine); distinct prompts, and GRPO groups of
  *   8 samples sharing a prompt (the demo's n_samples_per_prompt), whose prefill the engine does
@@ -279,17 +280,12 @@ async function sustainedEngine(shape: Shape, batch: number, group: number, secon
   return { sample, close: () => engine.close() };
 }
 
-interface Run {
-  ceiling: number;
-  ceilingPadded: number;
-  ceilingGeneration: number;
-  ceilingGenerationGrouped: number;
-  generated: number;
-  decode: number;
-  worker: number;
-  workerSustained: number;
-  workerGrouped: number;
-}
+const MEASURED = ["ceilingGeneration", "ceilingGenerationGrouped", "generated", "decode", "worker", "workerSustained", "workerGrouped"] as const;
+type Measured = (typeof MEASURED)[number];
+const RATES = ["ceiling", "ceilingPadded", ...MEASURED] as const;
+type Rate = (typeof RATES)[number];
+/** One sample of every measure (tokens/s), with the decode ceiling sampled on each side of it. */
+type Run = Record<Rate, number> & { near: Record<Measured, number>; ceilings: number[] };
 
 async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
   const runner = await ModelRunner.create(shape.config, shape.weights, { intraOpNumThreads: 1 });
@@ -304,17 +300,30 @@ async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
       const grouped = group > 1 ? await sustainedEngine(shape, batch, group, SAMPLE_S) : steady;
       try {
         for (let rep = 0; rep < reps; rep++) {
-          // Interleaved, so all of them see the same share of a noisy machine.
-          const c = await ceiling(shape.config, shape.weights, batch, batch, SAMPLE_S);
-          const cp = batch === 1 ? await ceiling(shape.config, shape.weights, 1, 2, SAMPLE_S) : c;
+          // Each measure sits between two decode-ceiling samples and is read against their mean: on
+          // this shared box the ceiling moves by up to 2x within seconds, so a ceiling sampled a few
+          // seconds away shares little of a measure's noise.
+          const c = (): Promise<number> => ceiling(shape.config, shape.weights, batch, batch, SAMPLE_S);
+          const c0 = await c();
+          const cp = batch === 1 ? await ceiling(shape.config, shape.weights, 1, 2, SAMPLE_S) : c0;
           const cg = await generationCeiling(shape, batch, SAMPLE_S);
+          const c1 = await c();
           const cgg = group > 1 ? await generationCeiling(shape, batch, SAMPLE_S, group) : cg;
+          const c2 = group > 1 ? await c() : c1;
           const s = await scheduler(shape, runner, batch, SAMPLE_S);
+          const c3 = await c();
           const w = await engine.sample();
+          const c4 = await c();
           const ws = await steady.sample();
+          const c5 = await c();
           const wg = group > 1 ? await grouped.sample() : ws;
+          const c6 = group > 1 ? await c() : c5;
+          if (!Number.isFinite(ws) || !Number.isFinite(wg))
+            throw new Error(`${shape.name} B=${batch}: a sustained sample saw fewer than two ticks' finishes; raise SAMPLE_S`);
+          const ceilings = [c0, c1, c2, c3, c4, c5, c6];
+          const near = (x: number, y: number): number => round((x + y) / 2);
           runs.push({
-            ceiling: round(c),
+            ceiling: round(ceilings.reduce((t, x) => t + x, 0) / ceilings.length),
             ceilingPadded: round(cp),
             ceilingGeneration: round(cg),
             ceilingGenerationGrouped: round(cgg),
@@ -323,6 +332,16 @@ async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
             worker: round(w),
             workerSustained: round(ws),
             workerGrouped: round(wg),
+            near: {
+              ceilingGeneration: near(c0, c1),
+              ceilingGenerationGrouped: near(c1, c2),
+              generated: near(c2, c3),
+              decode: near(c2, c3),
+              worker: near(c3, c4),
+              workerSustained: near(c4, c5),
+              workerGrouped: near(c5, c6),
+            },
+            ceilings: ceilings.map((x) => round(x)),
           });
         }
       } finally {
@@ -331,13 +350,21 @@ async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
         if (grouped !== steady) await grouped.close();
       }
       const worker = runs.map((r) => r.worker);
-      const med = Object.fromEntries(Object.keys(runs[0] as Run).map((k) => [k, median(runs.map((r) => r[k as keyof Run]))])) as unknown as Run;
-      const pairs = (num: keyof Run, den: keyof Run): number => round(median(runs.map((r) => r[num] / r[den])), 3);
+      const med = Object.fromEntries(RATES.map((k) => [k, median(runs.map((r) => r[k]))])) as Record<Rate, number>;
+      /**
+       * Median over the samples of a measure's ratio to the decode ceiling sampled around it, or
+       * to a generation ceiling (both read against their own neighbouring decode ceilings).
+       */
+      const pairs = (num: Measured, den: "ceiling" | "ceilingGeneration" | "ceilingGenerationGrouped"): number =>
+        round(median(runs.map((r) => r[num] / r.near[num] / (den === "ceiling" ? 1 : r[den] / r.near[den]))), 3);
+      const allCeilings = runs.flatMap((r) => r.ceilings);
       out[`batch${batch}`] = {
         ceiling_tokens_per_s: round(med.ceiling),
         ...(batch === 1 ? { ceiling_padded_to_2_rows_tokens_per_s: round(med.ceilingPadded) } : {}),
         generation_ceiling_tokens_per_s: round(med.ceilingGeneration),
         generation_ceiling_vs_ceiling: round(med.ceilingGeneration / med.ceiling, 3),
+        generation_ceiling_vs_ceiling_median_of_pairs: pairs("ceilingGeneration", "ceiling"),
+        ceiling_min_max_tokens_per_s: [Math.min(...allCeilings), Math.max(...allCeilings)],
         scheduler_decode_tokens_per_s: round(med.decode),
         scheduler_generated_tokens_per_s: round(med.generated),
         worker_engine_tokens_per_s: round(med.worker),
@@ -360,6 +387,7 @@ async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
           group,
           generation_ceiling_tokens_per_s: round(med.ceilingGenerationGrouped),
           generation_ceiling_vs_ceiling: round(med.ceilingGenerationGrouped / med.ceiling, 3),
+          generation_ceiling_vs_ceiling_median_of_pairs: pairs("ceilingGenerationGrouped", "ceiling"),
           worker_engine_tokens_per_s: round(med.workerGrouped),
           worker_vs_ceiling: round(med.workerGrouped / med.ceiling, 3),
           worker_vs_ceiling_median_of_pairs: pairs("workerGrouped", "ceiling"),
@@ -368,11 +396,12 @@ async function engineBench(shape: Shape): Promise<Record<string, unknown>> {
         runs,
         worker_runs: worker.map((w) => round(w)),
       };
+      const x = (v: number): string => `x${v.toFixed(2)}`;
       process.stderr.write(
-        `${shape.name} B=${batch}: ceiling ${med.ceiling.toFixed(0)} tok/s, scheduler decode ${med.decode.toFixed(0)} (x${(med.decode / med.ceiling).toFixed(2)}), ` +
-          `generated ${med.generated.toFixed(0)}, worker engine ${med.worker.toFixed(0)} (x${(med.worker / med.ceiling).toFixed(2)}); ` +
-          `generation ceiling ${med.ceilingGeneration.toFixed(0)} (x${(med.ceilingGeneration / med.ceiling).toFixed(2)} of the decode ceiling), worker x${(med.worker / med.ceilingGeneration).toFixed(2)} of it; ` +
-          `sustained x${pairs("workerSustained", "ceiling").toFixed(2)}, sustained in groups of ${group} x${pairs("workerGrouped", "ceiling").toFixed(2)} (median of pairs, of the decode ceiling)\n`,
+        `${shape.name} B=${batch}: ceiling ${med.ceiling.toFixed(0)} tok/s (samples ${Math.min(...allCeilings).toFixed(0)}-${Math.max(...allCeilings).toFixed(0)}); ` +
+          `median of pairs against the decode ceiling: scheduler decode ${x(pairs("decode", "ceiling"))}, generation ceiling ${x(pairs("ceilingGeneration", "ceiling"))}, ` +
+          `worker lock-step ${x(pairs("worker", "ceiling"))}, sustained ${x(pairs("workerSustained", "ceiling"))} (${x(pairs("workerSustained", "ceilingGeneration"))} of the generation ceiling), ` +
+          `grouped by ${group} ${x(pairs("workerGrouped", "ceiling"))} (${x(pairs("workerGrouped", "ceilingGenerationGrouped"))} of its generation ceiling, itself ${x(pairs("ceilingGenerationGrouped", "ceiling"))})\n`,
       );
     }
   } finally {

@@ -34,6 +34,7 @@ describe("injected logit noise (engine.logit_noise_std)", () => {
         }
       });
     }
+    expect(() => sampleToken(batch, plain, 0.5, undefined, 10, 4)).toThrow(/outside 12 logits/);
   });
 
   it("is off at std 0 and a function of the stream, scaled by std", () => {

@@ -23,7 +23,7 @@ export interface SampledToken {
 
 /**
  * @param logits float32 logits holding one row: [vocab] at `offset` (the whole array by default;
- *   an offset into a batch's logits saves a view per row)
+ *   an offset into a batch's logits saves a view per row; give `vocab` with it)
  * @param u uniform draw in [0, 1) from the request's stream
  * @param noise optional [vocab] additive logit noise (the injected-mismatch option)
  */
@@ -33,8 +33,9 @@ export function sampleToken(
   u: number,
   noise?: ArrayLike<number>,
   offset = 0,
-  vocab = logits.length - offset,
+  vocab = logits.length,
 ): SampledToken {
+  if (offset + vocab > logits.length) throw new RangeError(`sampleToken: row [${offset}, ${offset + vocab}) outside ${logits.length} logits`);
   const n = vocab;
   // Scratch rows reused across calls: one allocation per call was a visible share of a small
   // model's decode tick (bench/embedded-model.ts). Same arithmetic, in the same order, as before.

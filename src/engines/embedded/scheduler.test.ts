@@ -155,5 +155,6 @@ describe("decode scheduler", () => {
     expect(near).toMatchObject({ finishReason: "length" });
     expect(near.tokenIds).toHaveLength(2);
     expect(await runAlone(request("bad", [1, 99], 1, 5))).toMatchObject({ error: expect.stringContaining("99") });
+    expect(await runAlone(request("neg", [1, -2], 1, 5))).toMatchObject({ error: expect.stringContaining("-2") });
   });
 });

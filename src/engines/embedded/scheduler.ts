@@ -68,9 +68,9 @@ export class DecodeScheduler {
   /** Queue a request (already schema-validated); it joins the batch at the next tick. */
   submit(request: GenerateRequest): void {
     const { vocab_size: vocab } = this.runner.config;
-    const bad = request.inputIds.find((t) => t >= vocab);
+    const bad = request.inputIds.find((t) => !Number.isInteger(t) || t < 0 || t >= vocab);
     if (bad !== undefined) {
-      this.events.failed(request.requestId, `inputIds contains token ${bad}, outside the vocabulary of ${vocab}`);
+      this.events.failed(request.requestId, `inputIds contains token ${bad}, outside the vocabulary of ${vocab} (ids 0 to ${vocab - 1})`);
       return;
     }
     const seed = request.sampling.seed ?? randomInt(2 ** 31);
