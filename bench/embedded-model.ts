@@ -41,7 +41,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { createEmbeddedEngine } from "../src/engines/embedded/embedded-engine.ts";
+import { createEmbeddedEngine, type EmbeddedEngine } from "../src/engines/embedded/embedded-engine.ts";
 import { buildDecodeModel, buildPrefillModel } from "../src/engines/embedded/graph-builder.ts";
 import { ModelRunner } from "../src/engines/embedded/model-runner.ts";
 import { DecodeScheduler } from "../src/engines/embedded/scheduler.ts";
@@ -186,6 +186,17 @@ async function scheduler(shape: Shape, runner: ModelRunner, batch: number, secon
   return { generated: tokens / (wallMs / 1000), decode: decodeTokens / (decodeMs / 1000) };
 }
 
+/** One warm-up sample, then the sampler and the engine's close (closed at once if the warm-up fails). */
+async function warmedUp(engine: EmbeddedEngine, sample: () => Promise<number>): Promise<{ sample(): Promise<number>; close(): Promise<void> }> {
+  try {
+    await sample();
+  } catch (e) {
+    await engine.close();
+    throw e;
+  }
+  return { sample, close: () => engine.close() };
+}
+
 /**
  * The worker-thread engine: `sample()` runs rounds of B concurrent generate() calls until
  * `seconds` have passed and returns tokens / wall. One engine per batch size, warmed up by one
@@ -211,13 +222,7 @@ async function workerEngine(shape: Shape, batch: number, seconds: number): Promi
     }
     return tokens / ((performance.now() - t0) / 1000);
   };
-  try {
-    await sample(); // warm-up
-  } catch (e) {
-    await engine.close();
-    throw e;
-  }
-  return { sample, close: () => engine.close() };
+  return warmedUp(engine, sample);
 }
 
 /**
@@ -271,13 +276,7 @@ async function sustainedEngine(shape: Shape, batch: number, group: number, secon
       };
       while (inFlight + group <= 2 * batch) send();
     });
-  try {
-    await sample(); // warm-up
-  } catch (e) {
-    await engine.close();
-    throw e;
-  }
-  return { sample, close: () => engine.close() };
+  return warmedUp(engine, sample);
 }
 
 const MEASURED = ["ceilingGeneration", "ceilingGenerationGrouped", "generated", "decode", "worker", "workerSustained", "workerGrouped"] as const;
