@@ -69,6 +69,8 @@ export interface EnginePool extends Engine {
    * busy, as while admission is paused. Cleared by the caller once the sync has ended.
    */
   setAwaitingLoad(isAwaiting: boolean): void;
+  /** Whether `setAwaitingLoad(true)` holds (the one record of it). */
+  isAwaitingLoad(): boolean;
   /** Resolves once at least one engine is routable (or rejects after `timeoutMs`). */
   awaitReady(timeoutMs: number): Promise<void>;
   /** Run one health round now (tests and the controller use it; the monitor runs them on its own). */

@@ -420,6 +420,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     setAwaitingLoad(isAwaiting) {
       isAwaitingLoad = isAwaiting;
     },
+    isAwaitingLoad: () => isAwaitingLoad,
     async awaitReady(timeoutMs) {
       ensureStarted();
       const deadline = now() + timeoutMs;

@@ -49,12 +49,6 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
    * read at a time per pool; hints during one make one more.
    */
   const refreshing = new Map<EnginePool, { again: boolean }>();
-  /** Runs whose pool moved to a sync's version while the engines load it (moveTo); until the sync ends. */
-  const awaitingLoad = new Set<string>();
-  const endAwaitingLoad = (runId: string, pool: EnginePool) => {
-    awaitingLoad.delete(runId);
-    pool.setAwaitingLoad(false);
-  };
   const learnLoaded = (pool: EnginePool) => {
     const running = refreshing.get(pool);
     if (running) {
@@ -81,7 +75,7 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
     pool.setCurrentVersion(version);
     release(runId, pool, version);
     if (isLoading) {
-      awaitingLoad.add(runId);
+      // Until the sync ends (learnSynced): the pool moved to a sync's version while the engines load it.
       pool.setAwaitingLoad(true);
       learnLoaded(pool);
     } else void pool.refreshVersions().catch(() => undefined);
@@ -124,10 +118,10 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
     const current = pool.currentVersion();
     if (version !== null && (current === null || version > current)) moveTo(runId, pool, version);
     else if (version !== null) release(runId, pool, version);
-    if (version !== null && (current === null || version >= current) && awaitingLoad.has(runId)) {
+    if (version !== null && (current === null || version >= current) && pool.isAwaitingLoad()) {
       // The sync has ended: every engine has loaded, so one still stale (its `rlq_loaded` hint
       // lost, its read failed) gets the full check.
-      endAwaitingLoad(runId, pool);
+      pool.setAwaitingLoad(false);
       void pool.refreshVersions().catch(() => undefined);
     }
   };
@@ -159,7 +153,7 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null)
         // just before its round's abort was recorded must not mark the loaded engines stale (its
         // requests go to the new version's engines and are recorded with it).
         const current = pool.currentVersion();
-        const isBack = current !== null && version < current && awaitingLoad.has(ctx.runId);
+        const isBack = current !== null && version < current && pool.isAwaitingLoad();
         if (!isBack) versions.set(ctx.runId, version);
         if (current !== version && !isBack) moveTo(ctx.runId, pool, version);
       }
