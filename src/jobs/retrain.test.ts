@@ -1,5 +1,8 @@
-import { describe, expect, it } from "vitest";
-import { sha256Hex } from "../lib/hash.ts";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, describe, expect, it } from "vitest";
+import { sha256File, sha256Hex } from "../lib/hash.ts";
 import { formatRetrain, reproducesCommit, safetensorsDataSha256, type RetrainResult } from "./retrain.ts";
 
 function safetensors(header: object, data: number[]): Buffer {
@@ -10,14 +13,25 @@ function safetensors(header: object, data: number[]): Buffer {
 }
 
 describe("retrain: comparing with the committed checkpoint", () => {
-  it("hashes a safetensors file's tensor bytes without its header, and refuses what is not one", () => {
-    const a = safetensors({ __metadata__: { run: "r1" } }, [1, 2, 3]);
-    const b = safetensors({ __metadata__: { run: "r1-retrain-x" } }, [1, 2, 3]);
-    expect(safetensorsDataSha256(a)).toBe(sha256Hex(Buffer.from([1, 2, 3])));
-    expect(safetensorsDataSha256(a)).toBe(safetensorsDataSha256(b));
-    expect(sha256Hex(a)).not.toBe(sha256Hex(b));
-    expect(safetensorsDataSha256(Buffer.from([1, 2, 3]))).toBeNull();
-    expect(safetensorsDataSha256(Buffer.from(new Float64Array([1, 2, 3]).buffer))).toBeNull();
+  const dir = mkdtempSync(join(tmpdir(), "rlq-retrain-unit-"));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  const file = (name: string, bytes: Buffer): string => {
+    const path = join(dir, name);
+    writeFileSync(path, bytes);
+    return path;
+  };
+
+  it("hashes a safetensors file's tensor bytes without its header, and refuses what is not one", async () => {
+    const a = file("a", safetensors({ __metadata__: { run: "r1" } }, [1, 2, 3]));
+    const b = file("b", safetensors({ __metadata__: { run: "r1-retrain-x" } }, [1, 2, 3]));
+    expect(await safetensorsDataSha256(a)).toBe(sha256Hex(Buffer.from([1, 2, 3])));
+    expect(await safetensorsDataSha256(a)).toBe(await safetensorsDataSha256(b));
+    expect(await sha256File(a)).not.toBe(await sha256File(b));
+    expect(await safetensorsDataSha256(file("short", Buffer.from([1, 2, 3])))).toBeNull();
+    expect(await safetensorsDataSha256(file("f64", Buffer.from(new Float64Array([1, 2, 3]).buffer)))).toBeNull();
+    // A header length that fits in the file, over bytes that are not JSON.
+    const notJson = Buffer.concat([Buffer.from([3, 0, 0, 0, 0, 0, 0, 0]), Buffer.from("{x}"), Buffer.from([1])]);
+    expect(await safetensorsDataSha256(file("notjson", notJson))).toBeNull();
   });
 
   it("a step reproduces its commit with the same file or the same tensors; the report says which", () => {

@@ -1,13 +1,13 @@
 import { randomUUID } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdir, readFile, rm } from "node:fs/promises";
+import { mkdir, open, rm } from "node:fs/promises";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { Db } from "../store/db.ts";
 import { findDecisions } from "../store/run-facts.ts";
 import { listTrainSteps, loadTrainMetrics, loadTrainStep } from "../store/train-facts.ts";
 import type { RunContext } from "../runtime/run-context.ts";
-import { sha256Hex } from "../lib/hash.ts";
+import { sha256File } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
 import type { Trainer, TrainProgress } from "../trainer/trainer.ts";
 import { checkpointRootFor } from "../trainer/checkpoint-retention.ts";
@@ -51,17 +51,40 @@ export interface RetrainDeps {
 
 const asFilePath = (uri: string) => (uri.startsWith("file:") ? fileURLToPath(uri) : uri);
 
-/** sha256 of a safetensors file's tensor bytes (after the 8-byte length and the JSON header), or null if it is not one. */
-export function safetensorsDataSha256(buf: Buffer): string | null {
-  if (buf.length < 8) return null;
-  const n = Number(buf.readBigUInt64LE(0));
-  if (!Number.isSafeInteger(n) || 8 + n > buf.length) return null;
+/**
+ * The safetensors format's own bound on the JSON header (its reference implementation refuses a
+ * larger one); it also keeps the first 8 bytes of a file that is not safetensors from asking for a
+ * read of gigabytes.
+ */
+const MAX_SAFETENSORS_HEADER_BYTES = 100_000_000;
+
+/** Where a safetensors file's tensor bytes start (after the 8-byte length and the JSON header), or null if it is not one. */
+async function safetensorsDataOffset(path: string): Promise<number | null> {
+  const fh = await open(path, "r");
   try {
-    JSON.parse(buf.subarray(8, 8 + n).toString("utf8"));
-  } catch {
-    return null;
+    const { size } = await fh.stat();
+    const len = Buffer.alloc(8);
+    if (size < 8 || (await fh.read(len, 0, 8, 0)).bytesRead < 8) return null;
+    const n = Number(len.readBigUInt64LE(0));
+    if (n > MAX_SAFETENSORS_HEADER_BYTES || 8 + n > size) return null;
+    const header = Buffer.alloc(n);
+    if ((await fh.read(header, 0, n, 8)).bytesRead < n) return null;
+    try {
+      JSON.parse(header.toString("utf8"));
+    } catch {
+      // Not JSON: not a safetensors file, which the caller reports as "tensors not compared".
+      return null;
+    }
+    return 8 + n;
+  } finally {
+    await fh.close();
   }
-  return sha256Hex(buf.subarray(8 + n));
+}
+
+/** sha256 of a safetensors file's tensor bytes (after the 8-byte length and the JSON header), read as a stream, or null if it is not one. */
+export async function safetensorsDataSha256(path: string): Promise<string | null> {
+  const offset = await safetensorsDataOffset(path);
+  return offset === null ? null : sha256File(path, offset);
 }
 
 export async function retrainStep(deps: RetrainDeps, ctx: RunContext, step: number, options: { outputDir?: string } = {}): Promise<RetrainResult> {
@@ -117,12 +140,12 @@ export async function retrainStep(deps: RetrainDeps, ctx: RunContext, step: numb
     if (options.outputDir === undefined) await rm(outputDir, { recursive: true, force: true });
     throw e;
   }
-  const bytes = await readFile(join(asFilePath(result.checkpointUri), WEIGHTS_FILE));
-  const sha256 = sha256Hex(bytes);
+  const weightsFile = join(asFilePath(result.checkpointUri), WEIGHTS_FILE);
+  const sha256 = await sha256File(weightsFile);
+  const data = await safetensorsDataSha256(weightsFile);
   if (options.outputDir === undefined) await rm(outputDir, { recursive: true, force: true });
   const committedFile = committed === null ? null : join(asFilePath(committed.checkpointUri), WEIGHTS_FILE);
-  const committedData = committedFile !== null && existsSync(committedFile) ? safetensorsDataSha256(await readFile(committedFile)) : null;
-  const data = safetensorsDataSha256(bytes);
+  const committedData = committedFile !== null && existsSync(committedFile) ? await safetensorsDataSha256(committedFile) : null;
   return {
     step,
     checkpointUriIn,

@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { mkdir, readdir, readFile, rm } from "node:fs/promises";
+import { mkdir, readdir, rm } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import type { Db } from "../store/db.ts";
@@ -10,7 +10,7 @@ import { commitTrainStep, loadTrainStep } from "../store/train-facts.ts";
 import type { TrainJob } from "../queue/payloads.ts";
 import type { RunContext } from "../runtime/run-context.ts";
 import type { Trainer, TrainProgress, TrainSample } from "../trainer/trainer.ts";
-import { sha256Hex } from "../lib/hash.ts";
+import { sha256File } from "../lib/hash.ts";
 import { stepVersionIn } from "../core/sample.ts";
 import { stalenessHistogram } from "../core/staleness.ts";
 import { checkpointRootFor, pruneCommittedCheckpoints } from "../trainer/checkpoint-retention.ts";
@@ -49,6 +49,14 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
   const dispatched = (await findDecisions(db, runId, "train.dispatched", { step }))[0];
   if (!dispatched) throw new RlqError("no_decision_behind_job", `train job for run ${runId} step ${step}: no train.dispatched decision`);
   if (await loadTrainStep(db, runId, step)) return;
+  // Checked before the trainer is asked: a step from the wrong version would spend a GPU step on
+  // weights that can never commit.
+  if (dispatched.weightVersionIn !== stepVersionIn(step)) {
+    throw new RlqError(
+      "batch_inconsistent",
+      `train step ${step} was dispatched with weight_version_in ${dispatched.weightVersionIn}; step ${step} starts from version ${stepVersionIn(step)}`,
+    );
+  }
   const prev = step === 0 ? null : await loadTrainStep(db, runId, step - 1);
   const checkpointUriIn = prev ? prev.checkpointUri : ctx.config.ref_load ? pathToFileURL(ctx.config.ref_load).href : null;
   const { batch, groupIds, numTokens, stagedGroups } = await loadTrainBatch(db, ctx, step, deps.stager?.take(ctx, step));
@@ -103,12 +111,6 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
   } finally {
     clearInterval(watchdog);
   }
-  if (dispatched.weightVersionIn !== stepVersionIn(step)) {
-    throw new RlqError(
-      "batch_inconsistent",
-      `train step ${step} was dispatched with weight_version_in ${dispatched.weightVersionIn}; step ${step} starts from version ${stepVersionIn(step)}`,
-    );
-  }
   if (result.weightVersionOut !== dispatched.weightVersionIn + 1) {
     throw new RlqError(
       "trainer_bad_response",
@@ -121,7 +123,7 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
   if (dirname(ckptPath) !== dir) {
     throw new RlqError("trainer_bad_response", `trainer wrote step ${step} to ${ckptPath}, outside the step's directory ${dir}`);
   }
-  const checkpointSha256 = sha256Hex(await readFile(join(ckptPath, WEIGHTS_FILE)));
+  const checkpointSha256 = await sha256File(join(ckptPath, WEIGHTS_FILE));
   deps.crashPoint("train.before_commit");
   const { isWinner, row } = await commitTrainStep(db, {
     runId,

@@ -1,9 +1,9 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import { createSocket } from "node:dgram";
-import { createReadStream } from "node:fs";
 import { mkdir, open, readdir, rename, rm, stat } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { RlqError } from "../lib/errors.ts";
+import { sha256File } from "../lib/hash.ts";
 
 /**
  * Moving a train step's inputs and outputs between hosts that share no
@@ -72,12 +72,6 @@ export async function advertisedAddress(trainerUrl: string, configured: string |
     );
   });
   return { host: local.includes(":") ? `[${local}]` : local, listen: local };
-}
-
-export async function sha256File(path: string): Promise<string> {
-  const h = createHash("sha256");
-  for await (const chunk of createReadStream(path)) h.update(chunk as Buffer);
-  return h.digest("hex");
 }
 
 /** name → sha256 of the checkpoint files present in `dir` (the worker's input checkpoint). */

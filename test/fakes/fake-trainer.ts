@@ -13,12 +13,15 @@
  * --checkpoint-dir D: with `checkpoint_transfer: fetch` in a request, checkpoints live under D (this
  *   host's disk), not at rlq's output_dir; served at /v1/checkpoint-files/RUN/STEP/ATTEMPT/NAME
  *   (workers/trainer-torch/server.py does the same).
+ * --weights-bytes N: weights.safetensors is a safetensors file whose header names the run and whose
+ *   tensor data is N bytes, the trained weights then zeros (a sparse file: no disk): a checkpoint as
+ *   large as a real model's. Such a checkpoint is never read back, so use it for a run's last step.
  */
 import { createHash, timingSafeEqual } from "node:crypto";
 import { createReadStream, existsSync } from "node:fs";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
-import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { mkdir, readFile, truncate, writeFile } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
@@ -34,6 +37,7 @@ const { values } = parseArgs({
     host: { type: "string", default: "127.0.0.1" },
     "token-env": { type: "string" },
     "checkpoint-dir": { type: "string" },
+    "weights-bytes": { type: "string" },
   },
 });
 const stepMs = Number(values["step-ms"]);
@@ -43,6 +47,7 @@ const hungOnce = new Set<number>();
 const token = values["token-env"] ? process.env[values["token-env"]] : undefined;
 if (values["token-env"] && !token) throw new Error(`--token-env ${values["token-env"]}: the variable is not set`);
 const checkpointDir = values["checkpoint-dir"] ?? null;
+const weightsBytes = values["weights-bytes"] === undefined ? null : Number(values["weights-bytes"]);
 
 /** rlq's `.../RUN/step-S/attempt-X` → this host's directory for it (fetch mode). */
 function localDir(rlqDir: string): string {
@@ -52,6 +57,24 @@ function localDir(rlqDir: string): string {
 
 function sha256(b: Buffer): string {
   return createHash("sha256").update(b).digest("hex");
+}
+
+/**
+ * --weights-bytes: `w` as the first tensor of a safetensors file padded with zeros to `dataBytes` of
+ * tensor data. The padding is a truncate past the end of the file, so it is a hole, not written zeros.
+ */
+async function writeLargeWeights(path: string, w: Buffer, runId: string, dataBytes: number): Promise<void> {
+  const header = Buffer.from(
+    JSON.stringify({
+      __metadata__: { run: runId },
+      w: { dtype: "F64", shape: [w.length / 8], data_offsets: [0, w.length] },
+      pad: { dtype: "U8", shape: [dataBytes - w.length], data_offsets: [w.length, dataBytes] },
+    }),
+  );
+  const len = Buffer.alloc(8);
+  len.writeBigUInt64LE(BigInt(header.length));
+  await writeFile(path, Buffer.concat([len, header, w]));
+  await truncate(path, 8 + header.length + dataBytes);
 }
 
 /** GET with the attempt's batch token, retried on connection errors like server.py's fetch_batch. */
@@ -138,7 +161,10 @@ async function train(st: StepState, req: Record<string, unknown>): Promise<void>
     await mkdir(out, { recursive: true });
     const w = Buffer.from(weights.buffer);
     const o = Buffer.from(digest);
-    await writeFile(join(out, "weights.safetensors"), w);
+    if (weightsBytes !== null && fetchMode)
+      throw Object.assign(new Error("--weights-bytes does not support checkpoint_transfer fetch"), { code: "bad_request" });
+    if (weightsBytes !== null) await writeLargeWeights(join(out, "weights.safetensors"), w, st.run_id, weightsBytes);
+    else await writeFile(join(out, "weights.safetensors"), w);
     await writeFile(join(out, "optimizer.safetensors"), o);
     st.result = {
       weight_version_out: Number(req.weight_version_in) + 1,
