@@ -48,7 +48,20 @@ const io = [
 ];
 
 export default tseslint.config(
-  { ignores: ["dist/**", "node_modules/**", "migrations/**", "coverage/**", ".rlq/**", "bin/**", "workers/trainer-torch/**", "eslint.config.js", "**/*.mjs"] },
+  {
+    ignores: [
+      "dist/**",
+      "node_modules/**",
+      ".venv/**",
+      "migrations/**",
+      "coverage/**",
+      ".rlq/**",
+      "bin/**",
+      "workers/trainer-torch/**",
+      "eslint.config.js",
+      "**/*.mjs",
+    ],
+  },
   js.configs.recommended,
   ...tseslint.configs.recommendedTypeChecked,
   {

@@ -1,15 +1,9 @@
 #!/usr/bin/env bash
-# The reference GPU trainer's tests need a Python that imports torch. Use one
-# that already does; else install Debian's python3-torch (CPU build).
-set -uo pipefail
-for py in "${RLQ_PYTHON:-}" python3 /usr/bin/python3; do
-  [ -n "$py" ] && "$py" -c "import torch" 2>/dev/null && { echo "python with torch: $py"; exit 0; }
-done
-SUDO=""
-if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-torch python3-numpy >/dev/null 2>&1 || {
-  $SUDO apt-get update -q >/dev/null 2>&1
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-torch python3-numpy >/dev/null 2>&1
-}
-/usr/bin/python3 -c "import torch" 2>/dev/null && { echo "python with torch: /usr/bin/python3"; exit 0; }
-exit 1
+# rlq's Python environment (torch 2.13.0 CPU, transformers, vLLM's CPU build) for the trainer,
+# Hugging Face and vLLM tests: built by scripts/python-env.sh into .venv, reused while the lock
+# file is unchanged. The tests' global setup does the same; building it here first puts its time
+# and its errors in the CI log on their own.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=$(bash scripts/python-env.sh)
+"$py" -c 'import torch, transformers, vllm; print(f"python env: {torch.__version__=} {transformers.__version__=} {vllm.__version__=}")'

@@ -1,4 +1,3 @@
-import { spawnSync } from "node:child_process";
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -10,6 +9,7 @@ import { migrateDb } from "../../src/store/migrate.ts";
 import { checkRunInvariants } from "../helpers/invariants.ts";
 import { ownPostgres, ownRedis, ownServicesAvailable, type OwnPostgres, type OwnRedis } from "../helpers/own-services.ts";
 import { repoRoot, waitFor } from "../helpers/processes.ts";
+import { rlqPython } from "../helpers/python.ts";
 import { createCluster, netnsAvailable, type Cluster, type HostProc } from "./netns.ts";
 
 /**
@@ -34,16 +34,9 @@ import { createCluster, netnsAvailable, type Cluster, type HostProc } from "./ne
  *
  * Skipped, saying why, without root, network namespaces, or the Postgres/Redis binaries.
  */
-function torchPython(): string | null {
-  for (const py of [process.env.RLQ_PYTHON, "python3", "/usr/bin/python3"].filter((c): c is string => Boolean(c))) {
-    if (spawnSync(py, ["-c", "import torch, numpy"], { stdio: "ignore", timeout: 60_000 }).status === 0) return py;
-  }
-  return null;
-}
-
 // The demo's embedded engines load the trainer's checkpoints, so the trainer must be the real
 // one (the protocol fake writes stand-in weights; a fake-SGLang variant is not written yet).
-const skip = netnsAvailable() ?? ownServicesAvailable() ?? (torchPython() ? null : "no python with torch (apt-get install python3-torch, or set RLQ_PYTHON)");
+const skip = netnsAvailable() ?? ownServicesAvailable();
 if (skip) console.warn(`test/cluster/cluster.test.ts SKIPPED: ${skip}`);
 
 const PARTITION_S = Number(process.env.RLQ_CLUSTER_PARTITION_S ?? 30);
@@ -69,7 +62,7 @@ describe.skipIf(skip !== null)("rlq on seven hosts (network namespaces) through 
   let redis: OwnRedis;
   let db: Db;
   let runId: string;
-  const python = torchPython();
+  const python = rlqPython();
   const procs = new Map<string, HostProc>();
   /** Processes the test killed (a powered-off host). */
   const expectedDead = new Set<HostProc>();

@@ -1,10 +1,13 @@
 import { Redis } from "ioredis";
 import { createDb } from "../../src/store/db.ts";
 import { migrateDb } from "../../src/store/migrate.ts";
+import { ensurePythonEnv } from "./python.ts";
 import { admin, dbUrl, redisUrl, templateName } from "./services.ts";
 
-/** Once per `vitest run`: check the services and build the migrated template database. */
+/** Once per `vitest run`: check the services, build the migrated template database and rlq's Python environment. */
 export default async function setup(): Promise<void> {
+  // The torch, Hugging Face and vLLM tests run in it; built once (a few minutes), reused while python/requirements.lock is unchanged.
+  ensurePythonEnv();
   try {
     await admin((c) => c.query("SELECT 1"));
   } catch (e) {

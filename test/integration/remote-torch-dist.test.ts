@@ -1,10 +1,11 @@
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { readdirSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readCheckpoint } from "../../src/model/checkpoint.ts";
 import { repoRoot, spawnRlq, waitFor } from "../helpers/processes.ts";
+import { requirePythonModules } from "../helpers/python.ts";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 
 /**
@@ -21,21 +22,9 @@ import { createWorld, type World } from "../helpers/run-fixture.ts";
 const MODEL = { vocab_size: 258, context_length: 64, d_model: 32, n_heads: 4, n_layers: 2, d_mlp: 64 };
 const SERVER = join(repoRoot, "workers/trainer-torch/server.py");
 
-function torchPython(): string | null {
-  for (const py of [process.env.RLQ_PYTHON, "python3", "/usr/bin/python3"].filter((c): c is string => Boolean(c))) {
-    const r = spawnSync(py, ["-c", "import torch, numpy, torch.distributed as d; assert d.is_available() and d.is_gloo_available()"], {
-      stdio: "ignore",
-      timeout: 60_000,
-    });
-    if (r.status === 0) return py;
-  }
-  return null;
-}
+const python = requirePythonModules(["torch", "numpy", "torch.distributed"]);
 
-const python = torchPython();
-if (!python) console.warn("remote-torch-dist.test.ts SKIPPED: no python with torch.distributed (gloo) (apt-get install python3-torch, or set RLQ_PYTHON)");
-
-describe.skipIf(!python)(python ? "the PyTorch trainer on two ranks" : "SKIPPED (no python with torch.distributed): the PyTorch trainer on two ranks", () => {
+describe("the PyTorch trainer on two ranks", () => {
   let w: World;
   let child: ChildProcess | undefined;
   let log = "";
@@ -52,7 +41,7 @@ describe.skipIf(!python)(python ? "the PyTorch trainer on two ranks" : "SKIPPED 
 
   it("a rank killed mid-step fails the attempt retriably; the retry trains on a new group and the step commits once", async () => {
     child = spawn(
-      python as string,
+      python,
       [SERVER, "--port", "0", "--device", "cpu", "--threads", "1", "--nproc", "2", "--debug-rank-delay-s", "0.3", "--model-config", JSON.stringify(MODEL)],
       {
         cwd: repoRoot,

@@ -1,10 +1,11 @@
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startRun } from "../../src/api.ts";
 import { repoRoot, spawnRlq } from "../helpers/processes.ts";
+import { requirePythonModules } from "../helpers/python.ts";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 
 /**
@@ -22,17 +23,9 @@ import { createWorld, type World } from "../helpers/run-fixture.ts";
 const SERVER = join(repoRoot, "workers/trainer-torch/server.py");
 const STEPS = 16;
 
-function torchPython(): string | null {
-  for (const py of [process.env.RLQ_PYTHON, "python3", "/usr/bin/python3"].filter((c): c is string => Boolean(c))) {
-    if (spawnSync(py, ["-c", "import torch, numpy"], { stdio: "ignore", timeout: 60_000 }).status === 0) return py;
-  }
-  return null;
-}
+const python = requirePythonModules(["torch", "numpy"]);
 
-const python = torchPython();
-if (!python) console.warn("remote-torch-ppo.test.ts SKIPPED: no python with torch (apt-get install python3-torch, or set RLQ_PYTHON)");
-
-describe.skipIf(!python)(python ? "PPO with the PyTorch trainer's critic" : "SKIPPED (no python with torch): PPO with the PyTorch trainer's critic", () => {
+describe("PPO with the PyTorch trainer's critic", () => {
   let w: World;
   let child: ChildProcess | undefined;
   let log = "";
@@ -45,7 +38,7 @@ describe.skipIf(!python)(python ? "PPO with the PyTorch trainer's critic" : "SKI
   });
 
   it("the demo run with advantage_estimator ppo: the value loss falls, the reward rises, critics are committed with the steps", async () => {
-    child = spawn(python as string, [SERVER, "--port", "0", "--device", "cpu", "--threads", "1"], { cwd: repoRoot, stdio: ["ignore", "pipe", "pipe"] });
+    child = spawn(python, [SERVER, "--port", "0", "--device", "cpu", "--threads", "1"], { cwd: repoRoot, stdio: ["ignore", "pipe", "pipe"] });
     child.stderr?.on("data", (d: Buffer) => {
       log += d.toString();
       if (log.length > 200_000) log = log.slice(-100_000);

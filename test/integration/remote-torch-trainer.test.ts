@@ -1,4 +1,4 @@
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { readdirSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readCheckpoint } from "../../src/model/checkpoint.ts";
 import { startRun } from "../../src/api.ts";
 import { repoRoot, spawnRlq, waitFor } from "../helpers/processes.ts";
+import { requirePythonModules } from "../helpers/python.ts";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 
 /**
@@ -24,19 +25,7 @@ import { createWorld, type World } from "../helpers/run-fixture.ts";
 const MODEL = { vocab_size: 258, context_length: 64, d_model: 32, n_heads: 4, n_layers: 2, d_mlp: 64 };
 const SERVER = join(repoRoot, "workers/trainer-torch/server.py");
 
-function torchPython(): string | null {
-  const candidates = [process.env.RLQ_PYTHON, "python3", "/usr/bin/python3"].filter((c): c is string => Boolean(c));
-  for (const py of candidates) {
-    const r = spawnSync(py, ["-c", "import torch, numpy"], { stdio: "ignore", timeout: 60_000 });
-    if (r.status === 0) return py;
-  }
-  return null;
-}
-
-const python = torchPython();
-if (!python) {
-  console.warn("remote-torch-trainer.test.ts SKIPPED: no python with torch (apt-get install python3-torch, or set RLQ_PYTHON)");
-}
+const python = requirePythonModules(["torch", "numpy"]);
 
 interface PyTrainer {
   child: ChildProcess;
@@ -73,7 +62,7 @@ async function startTrainer(py: string, port: number, extra: string[] = []): Pro
   return t;
 }
 
-describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protocol" : "SKIPPED (no python with torch): the PyTorch trainer", () => {
+describe("the PyTorch trainer behind the trainer protocol", () => {
   let w: World;
   const started = startedTrainers; // every trainer process, so none outlives the file (a test's last one is replaced by the next test's)
   beforeAll(async () => {
@@ -85,7 +74,7 @@ describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protoc
   });
 
   it("trains a run on CPU; a SIGKILL mid-step is retried and the step commits once", async () => {
-    const py = python as string;
+    const py = python;
     // Every step waits 2 s (reporting progress) before training, so the kill lands mid-step.
     const first = await startTrainer(py, 0, ["--debug-delay-s", "2"]);
     const url = `http://127.0.0.1:${first.port}`;
@@ -157,7 +146,7 @@ describe.skipIf(!python)(python ? "the PyTorch trainer behind the trainer protoc
   });
 
   it("trains the demo config (embedded ONNX engine, rlq's warm start) through a SIGKILL mid-step", async () => {
-    const py = python as string;
+    const py = python;
     const first = await startTrainer(py, 0, ["--debug-delay-s", "2"]);
     const url = `http://127.0.0.1:${first.port}`;
     // The default max_attempts: the train job waits for the new trainer (Python and torch import

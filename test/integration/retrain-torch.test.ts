@@ -1,24 +1,22 @@
-import { spawn, spawnSync } from "node:child_process";
+import { spawn } from "node:child_process";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startRun } from "../../src/api.ts";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 import { repoRoot, spawnRlq } from "../helpers/processes.ts";
+import { requirePythonModules } from "../helpers/python.ts";
 
 /**
  * `rlq retrain` against the PyTorch trainer (workers/trainer-torch) behind the trainer
  * protocol: a deterministic demo run's step replayed into the trainer reproduces the
  * committed tensors. The trainer gets a distinct run id (it answers a (run_id, step) it
  * has seen with its earlier checkpoint), so the comparison is on the tensor bytes.
- * Needs a Python that imports torch (as remote-torch-trainer.test.ts); skipped without one.
+ * Runs in rlq's Python environment (test/helpers/python.ts).
  */
 const MODEL = { vocab_size: 258, context_length: 64, d_model: 32, n_heads: 4, n_layers: 2, d_mlp: 64 };
-const python = [process.env.RLQ_PYTHON, "python3", "/usr/bin/python3"]
-  .filter((c): c is string => Boolean(c))
-  .find((py) => spawnSync(py, ["-c", "import torch, numpy"], { stdio: "ignore", timeout: 60_000 }).status === 0);
-if (!python) console.warn("retrain-torch.test.ts SKIPPED: no python with torch (apt-get install python3-torch, or set RLQ_PYTHON)");
+const python = requirePythonModules(["torch", "numpy"]);
 
-describe.skipIf(!python)("rlq retrain with the PyTorch trainer", () => {
+describe("rlq retrain with the PyTorch trainer", () => {
   let w: World;
   let kill: (() => void) | undefined;
   beforeAll(async () => {
@@ -31,7 +29,7 @@ describe.skipIf(!python)("rlq retrain with the PyTorch trainer", () => {
 
   it("reproduces a deterministic step's committed tensors", async () => {
     const child = spawn(
-      python as string,
+      python,
       [join(repoRoot, "workers/trainer-torch/server.py"), "--port", "0", "--device", "cpu", "--threads", "1", "--model-config", JSON.stringify(MODEL)],
       { cwd: repoRoot, stdio: ["ignore", "pipe", "pipe"] },
     );

@@ -3,6 +3,7 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { engineHarness } from "../helpers/engine-harness.ts";
 import { repoRoot } from "../helpers/processes.ts";
+import { requirePythonModules } from "../helpers/python.ts";
 import { fakeStats, request } from "../fakes/fake-engine-control.ts";
 import { waitFor } from "../helpers/processes.ts";
 import { createSglangServer } from "../../src/engines/sglang.ts";
@@ -15,20 +16,14 @@ import { createSglangServer } from "../../src/engines/sglang.ts";
  * and answers /flush_cache as http_server.py does (plain text; 400 while
  * requests run). rlq's side is the torch trainer's rlq_torch/weight_push.py.
  *
- * Needs a Python that imports torch ($RLQ_PYTHON, python3 or /usr/bin/python3); skipped without.
+ * Runs in rlq's Python environment (test/helpers/python.ts); fails, naming the command that builds it, without one.
  */
-function torchPython(): string | null {
-  for (const py of [process.env.RLQ_PYTHON, "python3", "/usr/bin/python3"].filter((c): c is string => Boolean(c))) {
-    if (spawnSync(py, ["-c", "import torch"], { stdio: "ignore", timeout: 60_000 }).status === 0) return py;
-  }
-  return null;
-}
-const python = torchPython();
+const python = requirePythonModules(["torch"]);
 const TRAINER = join(repoRoot, "workers/trainer-torch");
 const h = engineHarness("sglang");
 
 function py(code: string): { status: number | null; out: string } {
-  const r = spawnSync(python as string, ["-c", code], { cwd: TRAINER, encoding: "utf8", timeout: 120_000 });
+  const r = spawnSync(python, ["-c", code], { cwd: TRAINER, encoding: "utf8", timeout: 120_000 });
   return { status: r.status, out: `${r.stdout}${r.stderr}` };
 }
 
@@ -41,7 +36,7 @@ const post = async (url: string, path: string, body: unknown, key?: string) => {
   return { status: res.status, text: await res.text() };
 };
 
-describe.skipIf(!python)("update_weights_from_tensor against the fake SGLang", () => {
+describe("update_weights_from_tensor against the fake SGLang", () => {
   it("takes weight_push.serialize_named_tensors' blobs, one per TP rank, waits for running requests unless paused, and sets the version", async () => {
     const key = "push-key";
     const f = await h.fake(["--tp-size", "2", "--api-key", key, "--token-delay-ms", "5", "--stop-prob", "0"]);
