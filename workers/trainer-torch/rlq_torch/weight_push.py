@@ -352,7 +352,9 @@ def push_held(pusher: Any, trainer: Any, version: int, log: Any = print,
             policy = held.policy
             named = policy.named_params() if hasattr(policy, "named_params") else policy.module.named_parameters()
         out = pusher.push(named, version)
-        log(f"pushed version {version}: {out['tensors']} tensors in {out['buckets']} bucket(s) to {', '.join(out['engines'])}")
+        # The distributed pusher sends buckets; the tensor pusher one serialized blob per engine (no buckets).
+        how = f"in {out['buckets']} bucket(s)" if "buckets" in out else f"via {out.get('via', 'tensor')}"
+        log(f"pushed version {version}: {out['tensors']} tensors {how} to {', '.join(out['engines'])}")
         return out
     except PushError as e:
         log(f"weight push of version {version} failed: {e}")

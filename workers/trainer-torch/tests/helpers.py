@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -90,14 +91,17 @@ class BatchServer:
 
 
 class TrainerProcess:
-    def __init__(self, *extra: str, port: int = 0):
+    def __init__(self, *extra: str, port: int = 0, env=None):
         args = [sys.executable, os.path.join(ROOT, "server.py"), "--port", str(port), "--device", "cpu", "--threads", "1",
                 "--model-config", json.dumps(TINY_MODEL), *extra]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # stderr (the server's log) goes to a file: a pipe nobody drains fills up, and a helper process the server
+        # starts (torch's shared-memory manager, --push-via tensor) keeps a pipe open after the server is killed.
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, text=True, env=None if env is None else {**os.environ, **env})
         line = self.proc.stdout.readline()
         if not line.startswith("listening"):
-            self.proc.kill()
-            raise RuntimeError(f"trainer did not start: {line!r} {self.proc.stderr.read()}")
+            self.close()
+            raise RuntimeError(f"trainer did not start: {line!r} {self.stderr_text}")
         self.port = int(line.split()[1])
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -123,8 +127,10 @@ class TrainerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        self._log.seek(0)
+        self.stderr_text = self._log.read()  # what the server logged (one line per step)
+        self._log.close()
         self.proc.stdout.close()
-        self.proc.stderr.close()
 
 
 def request(run_id, step, attempt, out_dir, batch_url, config=None, v_in=None, uri=None):

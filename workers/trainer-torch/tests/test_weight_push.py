@@ -151,6 +151,40 @@ class WeightPushTest(unittest.TestCase):
         for name, t in sent:
             self.assertEqual(got["tensors"][name]["values"], t.double().flatten().tolist(), name)
 
+    def test_a_train_step_pushes_via_tensor_and_is_done(self):
+        """server.py --push-via tensor end to end: the step trains, pushes, logs the push and answers done, with the
+        engine holding the committed weights (the log line once read a key only the distributed pusher returns)."""
+        import tempfile
+
+        from helpers import BatchServer, TrainerProcess, make_batch, request
+        from rlq_torch.safetensors_io import read_safetensors
+
+        engine = self.start_engine()
+        batches = BatchServer()
+        trainer = TrainerProcess("--push-engines", engine, "--push-via", "tensor", "--push-api-key-env", "RLQ_TEST_PUSH_KEY",
+                                 env={"RLQ_TEST_PUSH_KEY": self.KEY})
+        try:
+            with tempfile.TemporaryDirectory() as out:
+                url = batches.add("tensor-0", make_batch("tensor", 0, seed=1))
+                code, st = trainer.call("POST", "/v1/steps", request("tensor", 0, "1", out, url))
+                self.assertEqual(code, 202, st)
+                done = trainer.wait("tensor", 0)
+                self.assertEqual(done["state"], "done", done)
+                push = done["result"]["weight_push"]
+                self.assertNotIn("error", push)
+                self.assertEqual((push["version"], push["via"], push["engines"]), (1, "tensor", [engine]))
+                got = self.received(engine)
+                self.assertEqual(got["version"], "1")
+                self.assertEqual(got["calls"], ["pause_generation", "flush_cache", "update_weights_from_tensor", "continue_generation"])
+                _, weights = read_safetensors(f"{out}/weights.safetensors")
+                self.assertEqual(push["tensors"], len(weights))
+                for name, t in weights.items():
+                    self.assertEqual(got["tensors"][name]["values"], t.double().flatten().tolist(), name)
+        finally:
+            trainer.close()
+            batches.close()
+        self.assertIn("pushed version 1:", trainer.stderr_text)
+
 
 if __name__ == "__main__":
     unittest.main()
