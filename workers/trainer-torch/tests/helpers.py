@@ -1,4 +1,5 @@
 """Test helpers: a tiny embedded model, random batches, a local batch server, the trainer process."""
+import importlib
 import json
 import os
 import subprocess
@@ -10,7 +11,24 @@ import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import numpy as np
+# The command that builds the environment the suite runs in (torch, transformers, numpy, ... from python/requirements.lock).
+INSTALL = "bash scripts/python-env.sh"
+
+
+def require(*modules: str) -> None:
+    """Raises (the test module then fails, it is never skipped) when a package the tests need is not importable,
+    naming the command that installs it."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - any failure to import is reported with its cause
+            raise ImportError(f"{name} is not importable with {sys.executable} ({type(e).__name__}: {e}). Install the suite's packages: "
+                              f"`{INSTALL}` in the repository root builds .venv, then run the suite with .venv/bin/python") from e
+
+
+require("numpy")
+
+import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -19,14 +37,6 @@ sys.path.insert(0, ROOT)
 from rlq_torch.batch import Batch, Sample, encode_batch  # noqa: E402
 
 TINY_MODEL = {"vocab_size": 258, "context_length": 64, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_mlp": 64}
-
-
-def have_torch() -> bool:
-    try:
-        import torch  # noqa: F401
-        return True
-    except Exception:
-        return False
 
 
 def make_batch(run_id: str, step: int, groups: int = 4, per_group: int = 4, seed: int = 0, vocab: int = 258) -> Batch:

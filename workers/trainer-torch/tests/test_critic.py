@@ -6,7 +6,9 @@ import unittest
 
 import numpy as np
 
-from helpers import TINY_MODEL, have_torch, make_batch
+from helpers import TINY_MODEL, make_batch, require
+
+require("torch")
 
 
 def req(step, out, uri=None, **config):
@@ -20,7 +22,6 @@ def read(path):
         return f.read()
 
 
-@unittest.skipUnless(have_torch(), "torch is not importable (install python3-torch or set RLQ_PYTHON)")
 class CriticTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()

@@ -18,7 +18,9 @@ import time
 import unittest
 import urllib.request
 
-from helpers import TINY_MODEL, BatchServer, TrainerProcess, have_torch, make_batch, request
+from helpers import INSTALL, TINY_MODEL, BatchServer, TrainerProcess, make_batch, request, require
+
+require("torch")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -60,14 +62,13 @@ def read(path):
         return f.read()
 
 
-@unittest.skipUnless(have_torch(), "torch is not importable (install python3-torch or set RLQ_PYTHON)")
 class DistributedTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_gloo_available():
-            raise unittest.SkipTest("this torch has no torch.distributed with gloo")
+            raise RuntimeError(f"this torch has no torch.distributed with gloo; `{INSTALL}` builds the suite's environment (python/requirements.lock)")
         cls.batches = BatchServer()
         cls.tmp = tempfile.mkdtemp(prefix="rlq-dist-test-")
         cls.engine_proc = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_push_engine.py"), "--port", "0"], stdout=subprocess.PIPE, text=True)

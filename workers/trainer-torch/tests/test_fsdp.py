@@ -1,9 +1,7 @@
 """Parameter sharding with FullyShardedDataParallel (server.py --nproc 2 --sharding fsdp, gloo on CPU): the same
 weights as one rank, shards of every parameter in each rank's optimizer file, a resume from the shards that
-writes byte-identical files, and the weights gathered on rank 0 for trainer_push.
-
-Needs torch >= 2.0 whose FSDP runs on CPU; skipped otherwise, with the reason printed (Debian's torch 1.13:
-rlq_torch/fsdp.py says why it cannot run there)."""
+writes byte-identical files, and the weights gathered on rank 0 for trainer_push. Both FSDP2 (fully_shard,
+what --sharding fsdp runs on the suite's torch) and FSDP1 (--sharding fsdp1) run on 2 gloo ranks."""
 import json
 import os
 import shutil
@@ -13,19 +11,13 @@ import tempfile
 import unittest
 import urllib.request
 
-from helpers import BatchServer, TrainerProcess, have_torch, make_batch, request
-from test_distributed import CONFIG, _free_port, read, single_rank, tensors
+from helpers import INSTALL, BatchServer, TrainerProcess, make_batch, request, require
+
+require("torch")
+
+from test_distributed import CONFIG, _free_port, read, single_rank, tensors  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-def fsdp_skip_reason(impl="fsdp1"):
-    """None when this torch runs ``impl`` (fsdp1 | fsdp2) on CPU with gloo (tests/fsdp_probe.py), else why not."""
-    if not have_torch():
-        return "torch is not importable"
-    r = subprocess.run([sys.executable, os.path.join(HERE, "fsdp_probe.py"), str(_free_port()), impl], capture_output=True, text=True, timeout=300)
-    if r.returncode == 0:
-        return None
-    return (r.stdout.strip() or r.stderr.strip()[-500:]) or f"the FSDP probe exited with {r.returncode}"
 
 
 def resolved_impl():
@@ -38,11 +30,11 @@ def resolved_impl():
 class FsdpTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.why = {impl: fsdp_skip_reason(impl) for impl in ("fsdp1", "fsdp2")}
-        why = cls.why["fsdp1"] and cls.why["fsdp2"]
+        from rlq_torch.fsdp import fsdp_unavailable
+
+        why = fsdp_unavailable()
         if why:
-            sys.stderr.write(f"test_fsdp skipped: {why}\n")
-            raise unittest.SkipTest(why)
+            raise RuntimeError(f"{why}; `{INSTALL}` builds the suite's environment (python/requirements.lock)")
         cls.batches = BatchServer()
         cls.tmp = tempfile.mkdtemp(prefix="rlq-fsdp-test-")
         cls.engine_proc = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_push_engine.py"), "--port", "0"], stdout=subprocess.PIPE, text=True)
@@ -79,19 +71,13 @@ class FsdpTest(unittest.TestCase):
             self.assertEqual(wa[n].shape, wb[n].shape, n)
             self.assertTrue(torch.allclose(wa[n], wb[n], atol=atol, rtol=0), f"{n}: max diff {float((wa[n] - wb[n]).abs().max())}")
 
-    def test_two_fsdp_ranks_train_the_one_rank_weights_resume_from_their_shards_and_push(self):
-        """--sharding fsdp: FSDP2 (fully_shard) where this torch has it, else FSDP1."""
-        impl = resolved_impl()
-        if self.why[impl]:
-            self.skipTest(self.why[impl])
-        self.check_sharding("fsdp", impl)
+    def test_two_fsdp2_ranks_train_the_one_rank_weights_resume_from_their_shards_and_push(self):
+        """--sharding fsdp: FSDP2 (fully_shard), which the suite's torch has."""
+        self.assertEqual(resolved_impl(), "fsdp2", f"this torch has no fully_shard; `{INSTALL}` builds the suite's environment")
+        self.check_sharding("fsdp", "fsdp2")
 
     def test_fsdp1_forced(self):
         """--sharding fsdp1: FullyShardedDataParallel, also where torch has FSDP2."""
-        if resolved_impl() == "fsdp1":
-            self.skipTest("--sharding fsdp already runs FSDP1 on this torch (the test above)")
-        if self.why["fsdp1"]:
-            self.skipTest(self.why["fsdp1"])
         self.check_sharding("fsdp1", "fsdp1")
 
     def check_sharding(self, mode, impl):
@@ -159,7 +145,6 @@ class FsdpFlagTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("--sharding fsdp shards over ranks: it needs --nproc", r.stderr)
 
-    @unittest.skipUnless(have_torch(), "torch is not importable")
     def test_optimizer_shards_say_how_they_were_sharded(self):
         """fsdp shards (flat pieces of every parameter) are read only by a group of the same size and mode; a
         zero1 or one-rank reader refuses them, and zero1 files carry no sharding key (their bytes are unchanged)."""
@@ -183,18 +168,6 @@ class FsdpFlagTest(unittest.TestCase):
                 read_optimizer(zero1_dir, ["w0"], shard=(0, 2), sharding="fsdp")
             self.assertNotIn("sharding", read_safetensors(f"{zero1_dir}/optimizer-00001-of-00002.safetensors")[0])
             self.assertEqual(read_optimizer(zero1_dir, ["w0", "w1"])[0], 5)
-
-    @unittest.skipUnless(have_torch(), "torch is not importable")
-    def test_an_old_torch_is_refused_with_the_reason(self):
-        import torch
-
-        from rlq_torch.fsdp import torch_version
-
-        if torch_version() >= (2, 0):
-            self.skipTest(f"torch {torch.__version__} has FSDP with use_orig_params")
-        r = self.server("--nproc", "2", "--sharding", "fsdp")
-        self.assertEqual(r.returncode, 2, r.stderr)
-        self.assertIn("needs torch >= 2.0", r.stderr)
 
 
 if __name__ == "__main__":

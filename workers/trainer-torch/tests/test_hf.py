@@ -7,24 +7,14 @@ import unittest
 
 import numpy as np
 
-from helpers import have_torch, make_batch
+from helpers import make_batch, require
 
-
-def have_transformers() -> bool:
-    if not have_torch():
-        return False
-    try:
-        import transformers  # noqa: F401
-        return True
-    except Exception:
-        return False
-
+require("torch", "transformers")
 
 TINY_QWEN2 = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "vocab_size": 300, "max_position_embeddings": 128, "tie_word_embeddings": True}
 
 
-@unittest.skipUnless(have_transformers(), "transformers (and torch) not importable")
 class HuggingFaceTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -4,12 +4,13 @@ import os
 import tempfile
 import unittest
 
-from helpers import ROOT, have_torch
+from helpers import ROOT, require
+
+require("torch")
 
 VECTORS = os.path.join(ROOT, "parity-vectors.json")
 
 
-@unittest.skipUnless(have_torch(), "torch is not importable (install python3-torch or set RLQ_PYTHON)")
 class EmbeddedModelTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -5,10 +5,11 @@ import unittest
 
 import numpy as np
 
-from helpers import TINY_MODEL, have_torch, make_batch
+from helpers import TINY_MODEL, make_batch, require
+
+require("torch")
 
 
-@unittest.skipUnless(have_torch(), "torch is not importable (install python3-torch or set RLQ_PYTHON)")
 class PackingTest(unittest.TestCase):
     def policy64(self):
         import torch

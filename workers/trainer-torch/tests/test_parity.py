@@ -16,6 +16,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from helpers import require  # noqa: E402
+
+require("numpy")
+
 from rlq_torch.parity import evaluate_parity_case  # noqa: E402
 
 VECTORS = os.path.join(ROOT, "parity-vectors.json")

@@ -5,10 +5,11 @@ import tempfile
 import time
 import unittest
 
-from helpers import BatchServer, TrainerProcess, have_torch, make_batch, request
+from helpers import BatchServer, TrainerProcess, make_batch, request, require
+
+require("torch")
 
 
-@unittest.skipUnless(have_torch(), "torch is not importable (install python3-torch or set RLQ_PYTHON)")
 class ProtocolTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -5,7 +5,9 @@ import unittest
 
 import numpy as np
 
-from helpers import TINY_MODEL, have_torch, make_batch
+from helpers import TINY_MODEL, make_batch, require
+
+require("torch")
 
 
 def req(run_id, step, out, uri=None, v_in=None, **config):
@@ -19,7 +21,6 @@ def read(path):
         return f.read()
 
 
-@unittest.skipUnless(have_torch(), "torch is not importable (install python3-torch or set RLQ_PYTHON)")
 class TrainStepTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()

@@ -8,7 +8,9 @@ import sys
 import unittest
 import urllib.request
 
-from helpers import have_torch
+from helpers import require
+
+require("torch")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -19,7 +21,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@unittest.skipUnless(have_torch(), "torch is not installed")
 class WeightPushTest(unittest.TestCase):
     """One stand-in engine (a process importing torch) for every test, with an API key; each test starts from
     an empty record of what it received."""
