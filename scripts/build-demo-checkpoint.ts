@@ -94,7 +94,9 @@ async function main(): Promise<void> {
     const coef = new Float32Array(BATCH * SEQ);
     batch.forEach((s, b) => coef.fill(-1 / numTokens, b * SEQ + s.promptLength - 1, b * SEQ + s.promptLength - 1 + s.responseLength));
     const { grads } = model.gradient(weights, packBatch(batch, SEQ), coef, new Float32Array(BATCH * SEQ), 1);
-    const lr = learningRate({ lr: 3e-3, minLr: 3e-3, style: "constant", warmupIters: 100, decayIters: null }, optimizer.iteration);
+    // The committed warm start (examples/demo/) is built with a warmup that starts at lr / 100 rather than
+    // Megatron's 0: the rate at iteration + 1 keeps this script rebuilding exactly that checkpoint.
+    const lr = learningRate({ lr: 3e-3, minLr: 3e-3, style: "constant", warmupIters: 100, decayIters: null }, optimizer.iteration + 1);
     adamwStep(specs, weights, grads, optimizer, { lr, beta1: 0.9, beta2: 0.99, eps: 1e-8, weightDecay: 0.01, clipGrad: 1 });
     step++;
     if (step % EVAL_EVERY === 0) {

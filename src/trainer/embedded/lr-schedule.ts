@@ -3,8 +3,10 @@ import { RlqError } from "../../lib/errors.ts";
  * Megatron's learning-rate schedule (OptimizerParamScheduler.get_lr): linear
  * warmup from 0 over `warmupIters`, then constant, linear or cosine decay to
  * `minLr` at `decayIters`, and `minLr` after that. `iteration` counts optimizer
- * steps already taken; the step being taken is number iteration + 1, as in
- * Megatron, which increments its counter before reading the rate.
+ * steps already taken and is the scheduler's `num_steps` as is: Megatron calls
+ * `step(0)` when it builds the scheduler and `step()` only after each optimizer
+ * step, so its first optimizer step runs at num_steps 0 (with warmup, at rate
+ * 0). workers/trainer-torch/rlq_torch/train_config.py has the same function.
  */
 export interface LrSchedule {
   lr: number;
@@ -16,7 +18,7 @@ export interface LrSchedule {
 }
 
 export function learningRate(s: LrSchedule, iteration: number): number {
-  const n = iteration + 1;
+  const n = iteration; // Megatron's num_steps
   if (s.warmupIters > 0 && n <= s.warmupIters) return (s.lr * n) / s.warmupIters;
   if (s.style === "constant") return s.lr;
   if (s.decayIters === null) throw new RlqError("config_invalid", `lr_decay_style ${s.style} needs lr_decay_iters (or num_rollout)`);

@@ -149,8 +149,13 @@ def optimizer_step_plan(t: TrainConfig, num_samples: int) -> Tuple[int, int]:
 
 
 def learning_rate(t: TrainConfig, decay_iters: Optional[int], iteration: int) -> float:
-    """Megatron's get_lr (src/trainer/embedded/lr-schedule.ts): warmup, then constant / linear / cosine to min_lr."""
-    n = iteration + 1
+    """Megatron's OptimizerParamScheduler.get_lr (src/trainer/embedded/lr-schedule.ts): linear warmup from 0, then
+    constant / linear / cosine to min_lr at ``decay_iters``, min_lr after it.
+
+    ``iteration`` is the number of optimizer steps already taken, and it is the scheduler's num_steps as is:
+    Megatron calls step(0) when it builds the scheduler and step() only after each optimizer step, so its
+    first optimizer step runs at num_steps 0 (with warmup, at rate 0) and the k-th (from 0) at num_steps k."""
+    n = iteration
     if t.lr_warmup_iters > 0 and n <= t.lr_warmup_iters:
         return t.lr * n / t.lr_warmup_iters
     if t.lr_decay_style == "constant":
