@@ -99,6 +99,8 @@ export interface RunStatusReport {
   step: number;
   numRollout: number | null;
   weightVersion: number;
+  /** frozen: weight_sync none, the engines keep version 0 for the whole run; synced: they load each trained version. */
+  engineWeights: "synced" | "frozen";
   lastError: string | null;
   trainSteps: number;
   lastMetrics: Record<string, number>;
@@ -141,7 +143,7 @@ export async function runStatus(db: Db, runId: string, queues?: Queues): Promise
 async function buildRunStatus(db: Db, runId: string, queues?: Queues): Promise<RunStatusReport> {
   const row = await loadRunRow(db, runId);
   if (!row) throw new RlqError("run_not_found", `run ${runId} does not exist`);
-  const config = row.config as { num_rollout?: number | null };
+  const config = row.config as { num_rollout?: number | null; weight_sync?: string };
   const steps = await listTrainSteps(db, runId);
   const { rows } = await db.pool.query<{ key: string; value: number }>(
     "SELECT key, value FROM train_metrics WHERE run_id = $1 AND step = (SELECT max(step) FROM train_steps WHERE run_id = $1)",
@@ -154,6 +156,7 @@ async function buildRunStatus(db: Db, runId: string, queues?: Queues): Promise<R
     step: row.step,
     numRollout: config.num_rollout ?? null,
     weightVersion: row.weightVersion,
+    engineWeights: config.weight_sync === "none" ? "frozen" : "synced",
     lastError: row.lastError,
     trainSteps: steps.length,
     lastMetrics: Object.fromEntries(rows.map((r) => [r.key, r.value])),

@@ -6,13 +6,13 @@ import { runUp } from "./up.ts";
 import { createProgressDisplay } from "../observability/progress.ts";
 
 /**
- * `npm run demo`: start the demo run (examples/demo.yaml) and drive it in
- * this process — controller and all workers — printing the reward as it
- * rises. Ctrl-C stops it; `rlq up --run ID` resumes it exactly.
+ * `npm run demo`: start the demo run (examples/demo.yaml, or `options.configPath`) and drive it in
+ * this process — controller and all workers — printing the reward as it rises. Ctrl-C stops it;
+ * `rlq up --run ID` resumes it exactly. scripts/demo-vllm.ts runs it with examples/vllm-demo.yaml.
  */
-export async function runDemo(sets: readonly string[]): Promise<number> {
+export async function runDemo(sets: readonly string[], options: { configPath?: string; name?: string } = {}): Promise<number> {
   const env = readEnv();
-  const configPath = fileURLToPath(new URL("../../examples/demo.yaml", import.meta.url));
+  const configPath = options.configPath ?? fileURLToPath(new URL("../../examples/demo.yaml", import.meta.url));
   process.stderr.write(
     `rlq demo: Postgres ${env.DATABASE_URL ? "from DATABASE_URL" : `embedded under ${env.RLQ_HOME}/pg`}, queues on ${env.REDIS_URL ? "Redis" : "BullMQ's Postgres backend"}\n`,
   );
@@ -22,7 +22,7 @@ export async function runDemo(sets: readonly string[]): Promise<number> {
   process.once("SIGINT", stop);
   process.once("SIGTERM", stop);
   try {
-    const { runId, config } = await startRun(s.db, { config: configPath, set: sets, name: "demo" });
+    const { runId, config } = await startRun(s.db, { config: configPath, set: sets, name: options.name ?? "demo" });
     process.stdout.write(`run ${runId}: ${config.num_rollout} steps of ${config.rollout_batch_size} prompts x ${config.n_samples_per_prompt} samples\n`);
     process.stdout.write("step  reward(mean of its samples)  logprob|train-rollout|  seconds\n");
     const t0 = Date.now();

@@ -5,7 +5,7 @@ export function formatStatus(r: RunStatusReport): string {
     `run ${r.runId} (${r.name})`,
     `  status:          ${r.status}`,
     `  step:            ${r.step}${r.numRollout !== null ? ` / ${r.numRollout}` : ""}`,
-    `  weight version:  ${r.weightVersion}`,
+    `  weight version:  ${r.weightVersion}${r.engineWeights === "frozen" ? " (weight_sync: none: the engines serve version 0 for the whole run; trained versions are never loaded into them, and step k trains on samples k versions stale)" : ""}`,
     `  train steps:     ${r.trainSteps}`,
   ];
   if (r.lastError) lines.push(`  last error:      ${r.lastError}`);

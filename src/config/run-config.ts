@@ -176,11 +176,27 @@ export const runConfigSchema = z
   .superRefine((c, ctx) => {
     refineAlgorithmOptions(c, ctx);
     refineMetricExport(c, ctx);
-    if (c.engine.kind === "openai" && c.weight_sync !== "trainer_push") {
+    if (c.engine.kind === "openai" && c.weight_sync !== "none") {
       ctx.addIssue({
         code: "custom",
         path: ["weight_sync"],
-        message: "engine.kind openai (vLLM) is generation only: rlq cannot load weights into it; set weight_sync: trainer_push",
+        message:
+          `engine.kind openai (vLLM): rlq does not load new weights into vLLM yet, so weight_sync: ${c.weight_sync} cannot work; ` +
+          "set weight_sync: none (the engines serve their initial weights, version 0, for the whole run, and run status says so) or use an SGLang engine",
+      });
+    }
+    if (c.weight_sync === "none" && c.train_async) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["weight_sync"],
+        message: "weight_sync: none (frozen engine weights) runs in sync mode only: set train_async: false, or use weight_sync: disk with an SGLang engine",
+      });
+    }
+    if (c.weight_sync === "none" && c.max_staleness !== null) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["max_staleness"],
+        message: `weight_sync: none keeps the engines at version 0, so step k trains on samples k versions stale and max_staleness: ${c.max_staleness} would refuse them all; leave max_staleness null (use_tis corrects the mismatch)`,
       });
     }
     if (c.eval_interval !== null && c.eval_prompt_data === null) {

@@ -31,7 +31,7 @@ describe("slime's silent traps: slime's meaning, or a refusal that says what to 
     expect(user({ ...base, tokenizer: "bytes" }).tokenizer).toBe("bytes");
     const { hf_checkpoint: _, ...noCkpt } = base;
     expect(refusal(noCkpt)).toMatch(/tokenizer = \(missing\): engine.kind sglang serves a real model.*set hf_checkpoint.*or write tokenizer: bytes/);
-    expect(refusal({ ...noCkpt, engine: { kind: "openai", urls: ["http://127.0.0.1:8000"], model: "m" }, weight_sync: "trainer_push" })).toMatch(
+    expect(refusal({ ...noCkpt, engine: { kind: "openai", urls: ["http://127.0.0.1:8000"], model: "m" }, weight_sync: "none" })).toMatch(
       /engine.kind openai serves a real model/,
     );
     // The embedded engine keeps its own default: the hf tokenizer is not derived for it.

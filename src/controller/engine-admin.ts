@@ -2,6 +2,7 @@ import type { RunConfig } from "../config/run-config.ts";
 import { createEnginesFromConfig } from "../engines/from-config.ts";
 import { createWeightSync, type WeightSync } from "../engines/weight-sync.ts";
 import type { EnginePool } from "../engines/pool.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * What the controller does to engines directly: weight sync. Remote engines
@@ -74,6 +75,7 @@ export function createEngineAdmin(config: RunConfig, hooks: EngineAdminHooks = {
   // On exclusive servers (engine.exclusive) the sync also ends every request on them itself, one
   // abort_all per server (slime's abort_server_until_idle), instead of waiting for the rollout
   // workers' one abort per request; the workers' aborts by id stay the fallback.
+  if (config.weight_sync === "none") return frozenEngineAdmin(get, () => state !== null);
   const isEarlyLoad = config.weight_sync === "disk" && config.weight_update_mode === "abort";
   const isAbortAll = isEarlyLoad && e.kind === "sglang" && e.exclusive;
   let started: { version: number; done: Promise<void> } | null = null;
@@ -128,6 +130,36 @@ export function createEngineAdmin(config: RunConfig, hooks: EngineAdminHooks = {
     },
     async close() {
       if (state) await (await state).pool.close();
+    },
+  };
+}
+
+/**
+ * weight_sync none: the engines serve the weights they started with, version 0, for the whole run.
+ * Nothing is ever loaded; the controller's "load version 0" at start routes the pool to it.
+ */
+function frozenEngineAdmin(get: () => Promise<{ pool: EnginePool }>, isStarted: () => boolean): EngineAdmin {
+  const atZero = async (version: number) => {
+    if (version !== 0)
+      throw new RlqError("engine_cannot_load", `weight_sync: none keeps the engines at version 0, but version ${version} was to be loaded`, {
+        isRetriable: false,
+      });
+    const { pool } = await get();
+    await pool.checkHealth();
+    pool.setCurrentVersion(0);
+  };
+  return {
+    isEarlyDispatch: false,
+    beginLoad: () => undefined,
+    loadWeights: atZero,
+    resumeLoad: atZero,
+    async reportedVersions() {
+      const { pool } = await get();
+      await pool.checkHealth();
+      return pool.snapshot().engines.flatMap((m) => (m.weightVersion === null ? [] : [m.weightVersion]));
+    },
+    async close() {
+      if (isStarted()) await (await get()).pool.close();
     },
   };
 }

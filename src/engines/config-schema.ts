@@ -72,8 +72,12 @@ export const engineRuntimeKeys = {
   rollout_health_check_timeout: z.number().positive().default(30),
   /** slime --rollout-health-check-first-wait (s): rlq's warm-up grace after the pool starts. */
   rollout_health_check_first_wait: z.number().nonnegative().default(0),
-  /** disk: rlq asks engines to load each committed checkpoint; trainer_push: the trainer pushes, rlq fences and records. */
-  weight_sync: z.enum(["disk", "trainer_push"]).default("disk"),
+  /**
+   * disk: rlq asks engines to load each committed checkpoint; trainer_push: the trainer pushes, rlq
+   * fences and records; none: the engines keep the weights they started with (version 0) for the
+   * whole run, every token is recorded at version 0, and step k trains on samples k versions stale.
+   */
+  weight_sync: z.enum(["disk", "trainer_push", "none"]).default("disk"),
   /** trainer_push: how long rlq waits for every live engine to report the new version (s). */
   weight_sync_timeout_s: z.number().positive().default(600),
 };

@@ -13,13 +13,15 @@ import { RlqError } from "../lib/errors.ts";
  *   send weights: it waits until every live engine reports v, then routes to v
  *   only. Fenced engines (OpenAI-compatible servers that do not know versions)
  *   take v as recorded when the trainer or operator reports it.
+ * none: the engines keep the weights they started with (version 0); the
+ *   controller never syncs (sync-step.ts), and `sync` only reports.
  *
  * In both modes the step's successors must not generate before `sync`
  * resolves; the controller commits `weights.synced` with the report.
  * Before an engine's weights change, this run's in-flight requests on it must
  * be aborted by id (sync mode has none by then: the step was sealed).
  */
-export type WeightSyncMode = "disk" | "trainer_push";
+export type WeightSyncMode = "disk" | "trainer_push" | "none";
 
 export interface WeightSyncReport {
   mode: WeightSyncMode;
@@ -57,6 +59,7 @@ export function createWeightSync(pool: EnginePool, options: { mode: WeightSyncMo
     mode: options.mode,
     async sync(version, checkpointUri, onEngineLoaded) {
       const t0 = now();
+      if (options.mode === "none") return report(version, t0);
       if (options.mode === "disk") {
         if (checkpointUri === null) throw new RlqError("version_unavailable", `weight sync (disk): version ${version} has no checkpoint URI`);
         await pool.loadWeights(version, checkpointUri, onEngineLoaded);

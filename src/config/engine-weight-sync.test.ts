@@ -1,0 +1,40 @@
+import { describe, expect, it } from "vitest";
+import { ConfigError, parseRunConfig } from "./run-config.ts";
+
+/** A run on a vLLM server (engine.kind openai) with the PyTorch trainer. */
+const vllm = {
+  prompt_data: "data/train.jsonl",
+  rollout_batch_size: 4,
+  n_samples_per_prompt: 2,
+  rollout_max_response_len: 16,
+  num_rollout: 2,
+  rm_type: "math",
+  engine: { kind: "openai", urls: ["http://127.0.0.1:8000"], model: "m" },
+  trainer: { kind: "remote", url: "http://127.0.0.1:8700" },
+  hf_checkpoint: "/models/m",
+};
+const refusal = (c: Record<string, unknown>): string => {
+  try {
+    parseRunConfig(c, "run.yaml", "user");
+  } catch (e) {
+    expect(e).toBeInstanceOf(ConfigError);
+    return (e as ConfigError).message;
+  }
+  throw new Error("expected a refusal");
+};
+
+describe("weight_sync with a vLLM engine", () => {
+  it("weight_sync: none is accepted: the engines keep version 0", () => {
+    expect(parseRunConfig({ ...vllm, weight_sync: "none" }, "run.yaml", "user").weight_sync).toBe("none");
+  });
+
+  it("disk (the default) and trainer_push are refused, naming weight_sync: none", () => {
+    expect(refusal(vllm)).toMatch(/weight_sync.*engine.kind openai \(vLLM\).*weight_sync: disk cannot work; set weight_sync: none/);
+    expect(refusal({ ...vllm, weight_sync: "trainer_push" })).toMatch(/weight_sync: trainer_push cannot work; set weight_sync: none/);
+  });
+
+  it("none is refused in async mode and with a staleness bound, saying why", () => {
+    expect(refusal({ ...vllm, weight_sync: "none", train_async: true })).toMatch(/runs in sync mode only: set train_async: false/);
+    expect(refusal({ ...vllm, weight_sync: "none", max_staleness: 2 })).toMatch(/step k trains on samples k versions stale.*leave max_staleness null/);
+  });
+});
