@@ -140,17 +140,17 @@ def main() -> None:
 
         hf_runs = [("hf qwen2 tiny (random init: hidden 256, 4 layers, vocab 4096)",
                     {"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4, "num_attention_heads": 4,
-                     "num_key_value_heads": 2, "vocab_size": 4096, "max_position_embeddings": 2048, "torch_dtype": "bfloat16", "tie_word_embeddings": True},
+                     "num_key_value_heads": 2, "vocab_size": 4096, "max_position_embeddings": 2048, "dtype": "bfloat16", "tie_word_embeddings": True},
                     {"groups": 4, "per_group": 4, "prompt": 32, "response": 64}, 4096)]
         if gpu:
             hf_runs.append(("hf qwen2 0.5B shape (random init: hidden 896, 24 layers, vocab 151936)",
                             {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
-                             "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768, "torch_dtype": "bfloat16",
+                             "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768, "dtype": "bfloat16",
                              "tie_word_embeddings": True},
                             {"groups": 32, "per_group": 8, "prompt": 128, "response": 384}, 16384))
             hf_runs.append(("hf llama 1B-ish shape (random init: hidden 2048, 16 layers, vocab 32000)",
                             {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16, "num_attention_heads": 32,
-                             "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 4096, "torch_dtype": "bfloat16"},
+                             "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 4096, "dtype": "bfloat16"},
                             {"groups": 16, "per_group": 8, "prompt": 128, "response": 384}, 16384))
         for name, hc, shape, mt in hf_runs:
             print(f"bench {name} ...", file=sys.stderr)

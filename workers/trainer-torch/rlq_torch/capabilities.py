@@ -9,7 +9,7 @@ def capabilities(world_size: int = 1) -> Dict[str, Any]:
 
     return {
         "critic": True,  # advantage_estimator: ppo (critic.py; embedded model family); rlq refuses ppo when this is false
-        "sequence_packing": True,  # use_dynamic_batch_size with max_tokens_per_gpu (embedded model)
+        "sequence_packing": True,  # use_dynamic_batch_size with max_tokens_per_gpu (embedded and HF models; a HF model that cannot pack: bad_request)
         "gradient_checkpointing": True,
         "hf_save_dtype": ["bf16", "fp16", "fp32"],
         "world_size": world_size,

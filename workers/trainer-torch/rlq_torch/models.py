@@ -65,7 +65,9 @@ class EmbeddedPolicy:
         self.device = device
         self.checkpointing = False  # gradient checkpointing (recompute each block in the backward)
 
-    supports_packing = True
+    def packing_unsupported(self) -> Optional[str]:
+        """Packed rows: causal_attention masks by segment and positions restart per sequence (gpt.py)."""
+        return None
 
     def set_gradient_checkpointing(self, on: bool) -> None:
         self.checkpointing = on
@@ -100,11 +102,21 @@ class EmbeddedPolicy:
         pass
 
 
+# Attention implementations for which transformers (masking_utils, modeling_flash_attention_utils) finds the sequences
+# of a packed row from position_ids restarting at 0, when no attention_mask and no cache are passed: a
+# block-diagonal causal mask for sdpa / eager / flex, varlen kernels for flash attention.
+PACKING_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "flash_attention_4")
+# The probe's two sequences (token ids, reduced modulo the vocabulary), packed as one row against the second alone.
+_PROBE = ([3, 1, 4, 1, 5, 9, 2], [6, 5, 3, 5])
+# A packed row's hidden states may differ from the sequence alone by float rounding only (fp32, no autocast);
+# attention or a recurrent state that crosses into the next sequence moves them by far more.
+PACKING_PROBE_TOLERANCE = 1e-4
+
+
 class HFPolicy:
     """A Hugging Face causal LM, trained in fp32 master weights, saved in its own dtype."""
 
     kind = "hf"
-    supports_packing = False  # packed rows need a varlen attention kernel per architecture; HF models run padded micro-batches
 
     def __init__(self, model: nn.Module, device: torch.device, save_dtype: torch.dtype, source_dir: Optional[str]):
         self.module = model.to(device)
@@ -139,11 +151,53 @@ class HFPolicy:
             self.module.gradient_checkpointing_disable()
 
     def hidden_states(self, ids: torch.Tensor, positions: Optional[torch.Tensor] = None, segments: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if segments is not None:
-            raise ValueError("packed rows are not supported for Hugging Face models")
+        """[B, T, d] after the final norm. A packed row ([1, T]) passes ``positions`` (restarting at 0 for each
+        sequence) as position_ids and no attention_mask: transformers then masks attention to stay within each
+        sequence (PACKING_ATTENTION); ``segments`` are implied by the positions."""
         base = self.module.base_model
-        out = base(input_ids=ids, use_cache=False)
+        if positions is None:
+            out = base(input_ids=ids, use_cache=False)
+        else:
+            out = base(input_ids=ids, position_ids=positions, use_cache=False)
         return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+    def packing_unsupported(self) -> Optional[str]:
+        """None when packed rows give each sequence exactly what it gives alone, else why not (checked once per model).
+
+        The attention implementation must be one transformers packs (PACKING_ATTENTION), and a probe must
+        agree: the hidden states of a sequence packed after another equal those of the sequence alone. The probe
+        catches what the implementation's name cannot: an architecture whose mask ignores position_ids, or a
+        recurrent state (Mamba-style layers) carried from one sequence into the next. It calls the whole module,
+        so it runs before FSDP shards it (TorchTrainer._ddp)."""
+        if getattr(self, "_packing_unsupported", None) is None:
+            self._packing_unsupported = (self._probe_packing(),)
+        return self._packing_unsupported[0]
+
+    def _probe_packing(self) -> Optional[str]:
+        cfg = self.module.config
+        impl = getattr(cfg, "_attn_implementation", None)
+        what = f"{cfg.model_type} with attention implementation {impl!r}"
+        if impl not in PACKING_ATTENTION:
+            return f"{what}: transformers packs rows for {', '.join(PACKING_ATTENTION)} only"
+        a, b = ([t % self.vocab_size for t in seq] for seq in _PROBE)
+        dev = self.device
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                ids = torch.tensor([a + b], dtype=torch.long, device=dev)
+                pos = torch.tensor([list(range(len(a))) + list(range(len(b)))], dtype=torch.long, device=dev)
+                packed = self.hidden_states(ids, pos)[0, len(a):].float()
+                alone = self.hidden_states(torch.tensor([b], dtype=torch.long, device=dev))[0].float()
+        except (TypeError, ValueError) as e:  # e.g. a model whose forward takes no position_ids
+            return f"{what}: a packed forward fails ({type(e).__name__}: {e})"
+        finally:
+            self.module.train(was_training)
+        diff = float((packed - alone).abs().max() / alone.abs().max().clamp_min(1e-30))
+        if not diff <= PACKING_PROBE_TOLERANCE:
+            return (f"{what}: a sequence packed after another does not give what it gives alone (max relative difference {diff:.3g}), "
+                    "so its attention mask or state crosses sequences")
+        return None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         z = self.module.get_output_embeddings()(hidden)
@@ -160,13 +214,13 @@ class HFPolicy:
         """A HF model directory SGLang's update_weights_from_disk loads:
 
         - ``weights.safetensors``: every parameter under its HF name, in the model's dtype
-          (``config.torch_dtype``), metadata ``format: pt`` plus rlq's version/run/step;
+          (config.json's ``dtype`` / ``torch_dtype``), metadata ``format: pt`` plus rlq's version/run/step;
         - ``model.safetensors.index.json``: maps every tensor to ``weights.safetensors``; SGLang
           (filter_duplicate_safetensors_files) and transformers then read that file only, so
           ``optimizer.safetensors`` beside it is never mistaken for weights;
         - ``config.json`` and the tokenizer / generation files copied from the input directory.
         ``dtype`` (hf_save_dtype: bf16 | fp16 | fp32) overrides the model's own dtype for this and
-        later saves; config.json then records it as ``torch_dtype``.
+        later saves; config.json then records it as ``dtype`` and ``torch_dtype``.
         Returns the fp32 masters when the saved dtype is lower precision (they go into
         optimizer.safetensors, so a reload resumes bit-exactly)."""
         if dtype is not None:
@@ -188,9 +242,15 @@ class HFPolicy:
                 _copy_atomic(src, os.path.join(out_dir, name))
                 copied.add(name)
         if "config.json" not in copied or dtype is not None:
-            cfg = json.loads(self.module.config.to_json_string()) if "config.json" not in copied else json.load(open(os.path.join(out_dir, "config.json")))
+            if "config.json" in copied:
+                with open(os.path.join(out_dir, "config.json")) as f:
+                    cfg = json.load(f)
+            else:
+                cfg = json.loads(self.module.config.to_json_string())
             if dtype is not None:
-                cfg["torch_dtype"] = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[self.save_dtype]
+                # Both names: transformers 5 reads `dtype` first (and writes only it), readers on transformers 4 read `torch_dtype`.
+                name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[self.save_dtype]
+                cfg["dtype"] = cfg["torch_dtype"] = name
             _write_text(os.path.join(out_dir, "config.json"), json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         if self.save_dtype == torch.float32:
             return {}
@@ -221,7 +281,7 @@ def _copy_atomic(src: str, dst: str) -> None:
 
 
 def _dtype_from_config(cfg) -> torch.dtype:
-    d = getattr(cfg, "torch_dtype", None) or getattr(cfg, "dtype", None)
+    d = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)  # transformers 5 names it dtype (torch_dtype warns), 4 torch_dtype
     if isinstance(d, str):
         d = getattr(torch, d, None)
     return d if isinstance(d, torch.dtype) and d.is_floating_point else torch.float32
@@ -234,7 +294,7 @@ def load_hf_dir(path: str, device: torch.device) -> HFPolicy:
 
     cfg = AutoConfig.from_pretrained(path, local_files_only=True)
     save_dtype = _dtype_from_config(cfg)
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
     return HFPolicy(model, device, save_dtype, path)
 
 
@@ -244,7 +304,7 @@ def hf_from_config(config: Dict, device: torch.device, seed: int) -> HFPolicy:
 
     cfg = AutoConfig.for_model(**config)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     return HFPolicy(model, device, _dtype_from_config(cfg), None)
 
 

@@ -118,7 +118,7 @@ def parse_train_config(c: Dict[str, Any], defaults: Dict[str, Any]) -> TrainConf
     t.gradient_checkpointing = _flag(c, "gradient_checkpointing", bool(defaults.get("gradient_checkpointing", False)))
     sd = c.get("hf_save_dtype", defaults.get("hf_save_dtype"))
     if sd is not None and sd not in ("bf16", "fp16", "fp32"):
-        raise bad_request(f"config.hf_save_dtype = {sd!r}: expected bf16 | fp16 | fp32 (or leave it out: the model's own torch_dtype)")
+        raise bad_request(f"config.hf_save_dtype = {sd!r}: expected bf16 | fp16 | fp32 (or leave it out: the model's own dtype)")
     t.save_dtype = sd
     return t
 

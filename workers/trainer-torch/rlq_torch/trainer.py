@@ -138,7 +138,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         """Flat per-response-token (logp, entropy), float32 tensors on the device, in sample order.
 
         ``packed``: the samples are concatenated into one row (positions restart per sample,
-        attention stays within a sample) instead of padded rows; the same numbers, no padding.
+        attention stays within a sample) instead of padded rows; the same numbers up to float rounding, no padding.
         ``fwd``: the module to run (the DistributedDataParallel wrapper while training on many ranks)."""
         L = max(len(s.tokens) - 1 for s in samples)
         if L > policy.max_positions:
@@ -189,10 +189,16 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                     h = policy.hidden_states(ids) if positions is None else policy.hidden_states(ids, positions, segments)
                     logits = policy.logits(h[rows_t, cols_t])
             return logp_entropy(logits, tgt, temperature, grad)
-        return logp, ent
 
     def _packed(self, policy, t: "TrainConfig") -> bool:
-        return bool(t.use_dynamic_batch_size and getattr(policy, "supports_packing", False))
+        """use_dynamic_batch_size: packed rows, or bad_request saying why this model cannot pack (never padding instead)."""
+        if not t.use_dynamic_batch_size:
+            return False
+        why = policy.packing_unsupported()
+        if why is not None:
+            raise bad_request(f"use_dynamic_batch_size: true needs packed rows, and this model cannot pack them: {why}. "
+                              "Set use_dynamic_batch_size: false to train it in padded micro-batches (bounded by max_tokens_per_gpu)")
+        return True
 
     def _micro_batches(self, policy, samples: List[Sample], t: "TrainConfig") -> List[Tuple[int, int]]:
         if self._packed(policy, t):
@@ -231,6 +237,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         if self._ddp_cache is not None and self._ddp_cache[0] is policy:
             return self._ddp_cache[1]
         if self.fsdp:
+            policy.packing_unsupported()  # its probe calls the whole module: run (and cache) it before FSDP shards it
             self._ndims = fsdp_mod.ndims(policy)
             wrapped = fsdp_mod.wrap(_Forward(policy), self.device, self.dist.sharding)
             self._ddp_cache = (policy, wrapped)

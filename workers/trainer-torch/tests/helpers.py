@@ -137,9 +137,10 @@ class TrainerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        self._log.seek(0)
-        self.stderr_text = self._log.read()  # what the server logged (one line per step)
-        self._log.close()
+        if not self._log.closed:  # close() may run twice (a test's own, then its cleanup)
+            self._log.seek(0)
+            self.stderr_text = self._log.read()  # what the server logged (one line per step)
+            self._log.close()
         self.proc.stdout.close()
 
 
