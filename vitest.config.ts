@@ -1,8 +1,14 @@
 import { defineConfig } from "vitest/config";
 
-// Two projects: `unit` (pure code next to the source, no services) and
-// `integration` (real Redis + real Postgres, one database per file, run one file
-// at a time because the crash tests spawn processes and this box has 2 cores).
+/**
+ * Three projects, run one file at a time (the crash tests spawn processes and this box has 2 cores):
+ * - `unit`: pure code next to the source, no services.
+ * - `integration`: real Redis + real Postgres, one database per file.
+ * - `python`: the files whose time goes to Python processes: the trainer's own suite, a real vLLM
+ *   server, a run on the real stack (`npm run test:python` runs just these).
+ */
+const PYTHON_FILES = ["test/integration/trainer-torch-python.test.ts", "test/integration/real-stack.test.ts", "test/integration/real-vllm.test.ts"];
+
 export default defineConfig({
   test: {
     fileParallelism: false,
@@ -19,10 +25,20 @@ export default defineConfig({
         test: {
           name: "integration",
           include: ["test/**/*.test.ts"],
-          exclude: ["test/lint/**", "test/replay/**"],
+          exclude: ["test/lint/**", "test/replay/**", ...PYTHON_FILES],
           environment: "node",
           testTimeout: 240_000,
           hookTimeout: 120_000,
+          globalSetup: ["test/helpers/global-setup.ts"],
+        },
+      },
+      {
+        test: {
+          name: "python",
+          include: PYTHON_FILES,
+          environment: "node",
+          testTimeout: 600_000,
+          hookTimeout: 900_000,
           globalSetup: ["test/helpers/global-setup.ts"],
         },
       },

@@ -31,6 +31,10 @@ if [ "${1:-}" = "--relock" ]; then
   exit 0
 fi
 
+# One build at a time (two test projects' global setups, a demo beside a test run): the others wait, then reuse it.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 stamp="$(sha256sum "$lock" | cut -d' ' -f1) $("$base_python" -c 'import sys; print(sys.version.split()[0])')"
 if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.rlq-stamp" 2>/dev/null)" = "$stamp" ]; then
   echo "$venv/bin/python"

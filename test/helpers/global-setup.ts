@@ -25,14 +25,21 @@ export default async function setup(): Promise<void> {
     r.disconnect();
   }
   const tpl = templateName();
-  const exists = await admin((c) => c.query("SELECT 1 FROM pg_database WHERE datname = $1", [tpl]));
-  if (exists.rowCount === 0) {
-    await admin((c) => c.query(`CREATE DATABASE ${tpl}`));
-    const db = createDb(dbUrl(tpl));
+  // Each test project runs this setup; an advisory lock makes the second wait for the first's template.
+  await admin(async (c) => {
+    await c.query("SELECT pg_advisory_lock(hashtext($1))", [tpl]);
     try {
-      await migrateDb(db);
+      const exists = await c.query("SELECT 1 FROM pg_database WHERE datname = $1", [tpl]);
+      if (exists.rowCount !== 0) return;
+      await c.query(`CREATE DATABASE ${tpl}`);
+      const db = createDb(dbUrl(tpl));
+      try {
+        await migrateDb(db);
+      } finally {
+        await db.close();
+      }
     } finally {
-      await db.close();
+      await c.query("SELECT pg_advisory_unlock(hashtext($1))", [tpl]);
     }
-  }
+  });
 }
