@@ -1,10 +1,10 @@
-"""Micro-batches within a global batch: padded rows bounded by max_tokens_per_gpu, or packed rows (use_dynamic_batch_size)."""
+"""Micro-batches within a global batch: padded rows bounded by max_tokens_per_gpu, or packed rows (use_dynamic_batch_size) where the model packs."""
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
 from .batch import Sample
-from .train_config import bad_request
+from .train_config import TrainConfig, bad_request
 
 
 def micro_batches(samples: List[Sample], max_tokens: Optional[int]) -> List[Tuple[int, int]]:
@@ -42,6 +42,17 @@ def packed_micro_batches(samples: List[Sample], max_tokens: Optional[int]) -> Li
     if lo < len(samples):
         out.append((lo, len(samples)))
     return out
+
+
+def use_packing(policy, t: TrainConfig) -> bool:
+    """use_dynamic_batch_size: packed rows, or bad_request saying why this model cannot pack them (never padding instead)."""
+    if not t.use_dynamic_batch_size:
+        return False
+    why = policy.packing_unsupported()
+    if why is not None:
+        raise bad_request(f"use_dynamic_batch_size: true needs packed rows, and this model cannot pack them: {why}. "
+                          "Set use_dynamic_batch_size: false to train it in padded micro-batches (bounded by max_tokens_per_gpu)")
+    return True
 
 
 def validate_samples(policy, samples: List[Sample]) -> None:

@@ -37,7 +37,7 @@ from . import fsdp as fsdp_mod
 from .batch import Batch, Sample
 from .critic_step import CriticSteps
 from .dist import Dist
-from .micro_batching import micro_batches, packed_micro_batches, validate_samples
+from .micro_batching import micro_batches, packed_micro_batches, use_packing, validate_samples
 from .models import SAVE_DTYPES, write_optimizer
 from .sharded_adamw import ShardedAdamW
 # Re-exported: server.py, dist_worker.py, dist_front.py, bench.py and the tests import these from here.
@@ -190,18 +190,8 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                     logits = policy.logits(h[rows_t, cols_t])
             return logp_entropy(logits, tgt, temperature, grad)
 
-    def _packed(self, policy, t: "TrainConfig") -> bool:
-        """use_dynamic_batch_size: packed rows, or bad_request saying why this model cannot pack (never padding instead)."""
-        if not t.use_dynamic_batch_size:
-            return False
-        why = policy.packing_unsupported()
-        if why is not None:
-            raise bad_request(f"use_dynamic_batch_size: true needs packed rows, and this model cannot pack them: {why}. "
-                              "Set use_dynamic_batch_size: false to train it in padded micro-batches (bounded by max_tokens_per_gpu)")
-        return True
-
     def _micro_batches(self, policy, samples: List[Sample], t: "TrainConfig") -> List[Tuple[int, int]]:
-        if self._packed(policy, t):
+        if use_packing(policy, t):
             return packed_micro_batches(samples, t.max_tokens_per_gpu)
         return micro_batches(samples, t.max_tokens_per_gpu)
 
@@ -289,7 +279,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                                     for n, p in params if owner[n] == d.rank}
         iteration = start.iteration
         temperature = t.rollout_temperature
-        packed = self._packed(policy, t)
+        packed = use_packing(policy, t)
 
         shape = A.Ragged(np.zeros(sum(s.response_length for s in samples)),
                          np.concatenate([[0], np.cumsum([s.response_length for s in samples])]))
@@ -304,7 +294,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         ref = None
         if o["use_kl_loss"] or o["kl_coef"] != 0:
             ref_policy = self._reference(t, start)
-            ref, _ = self.forward_all(ref_policy, samples, all_mbs, temperature, report, "ref_logprobs", check, self._packed(ref_policy, t))
+            ref, _ = self.forward_all(ref_policy, samples, all_mbs, temperature, report, "ref_logprobs", check, use_packing(ref_policy, t))
         policy.module.train()
 
         old_values = None

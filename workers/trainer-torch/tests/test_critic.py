@@ -1,6 +1,5 @@
 """PPO with a critic (advantage_estimator: ppo): GAE from the critic's values, the clipped value loss,
 critic checkpoints committed with the step, num_critic_only_steps."""
-import os
 import tempfile
 import unittest
 

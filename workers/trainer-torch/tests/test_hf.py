@@ -152,6 +152,7 @@ class HFCases:
 
         from rlq_torch import algorithms as A
         from rlq_torch.models import hf_from_config
+        from rlq_torch.micro_batching import use_packing
         from rlq_torch.train_config import TrainConfig
         from rlq_torch.trainer import TorchTrainer, micro_batches, packed_micro_batches
 
@@ -167,7 +168,7 @@ class HFCases:
         old = -rng.uniform(0.5, 6, size=shape.flat.size)
         o = A.parse_options({"eps_clip": 0.2, "entropy_coef": 0.01, "use_kl_loss": True, "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl"})
         own = shape.seg_sum(mask)
-        self.assertEqual(trainer._packed(policy, TrainConfig(use_dynamic_batch_size=packed)), packed)  # the probe passes
+        self.assertEqual(use_packing(policy, TrainConfig(use_dynamic_batch_size=packed)), packed)  # the probe passes
         mbs = packed_micro_batches(samples, max_tokens) if packed else micro_batches(samples, max_tokens)
         loss = 0.0
         for lo, hi in mbs:

@@ -1,5 +1,4 @@
 """The train step in-process: determinism, exact resume from files, micro-batching, every loss, gradients."""
-import os
 import tempfile
 import unittest
 
