@@ -41,6 +41,34 @@ function request<T>(...args: Parameters<typeof httpRequest<T>>): Promise<T> {
   });
 }
 
+/**
+ * What the server said went wrong: the message of an OpenAI-style error body
+ * (`{"error": {"message", "type", "param", "code"}}`, vLLM's ErrorResponse), a bare
+ * `{"error": "..."}`, FastAPI's `{"detail": "..."}`, else the body as it came. The message is
+ * what names the fault (vLLM's over-long prompt: "This model's maximum context length is 128
+ * tokens. However, your prompt contains 147 input tokens, ..."); the JSON around it only
+ * pushes it past the cut.
+ */
+export function serverMessage(text: string): string {
+  let body: unknown;
+  try {
+    body = JSON.parse(text) as unknown;
+  } catch {
+    return text; // not JSON: the text is the message
+  }
+  if (typeof body !== "object" || body === null) return text;
+  const { error, detail, message } = body as { error?: unknown; detail?: unknown; message?: unknown };
+  if (typeof error === "object" && error !== null && typeof (error as { message?: unknown }).message === "string") {
+    const e = error as { message: string; type?: unknown; param?: unknown };
+    const kind = [typeof e.type === "string" ? e.type : null, typeof e.param === "string" ? `param ${e.param}` : null].filter((x) => x !== null).join(", ");
+    return kind === "" ? e.message : `${e.message} [${kind}]`;
+  }
+  if (typeof error === "string") return error;
+  if (typeof detail === "string") return detail;
+  if (typeof message === "string") return message;
+  return text;
+}
+
 function statusError(url: string, status: number, text: string): EngineHttpError {
   if (status === 401 || status === 403) {
     return new EngineHttpError(
@@ -49,7 +77,7 @@ function statusError(url: string, status: number, text: string): EngineHttpError
       { isRetriable: false, status },
     );
   }
-  return new EngineHttpError("engine_http_error", `${url}: HTTP ${status}: ${text.slice(0, 300)}`, {
+  return new EngineHttpError("engine_http_error", `${url}: HTTP ${status}: ${serverMessage(text).slice(0, 500)}`, {
     isRetriable: isRetriableStatus(status),
     status,
   });

@@ -1,9 +1,9 @@
 import { randomUUID } from "node:crypto";
 import { z } from "zod";
 import { generateRequestSchema, type GenerateRequest, type GenerateResult } from "./engine.ts";
-import { bearer, callJson, isLocalCancel, postStream } from "./http.ts";
+import { bearer, callJson, EngineHttpError, isLocalCancel, postStream } from "./http.ts";
 import { classifyProbe, type LogprobProbe } from "./logprob-check.ts";
-import { abortedResult, emptyPartial, type GenerateHooks, type PartialOutput, type RemoteEngine } from "./remote.ts";
+import { abortedResult, EngineRequestError, emptyPartial, type GenerateHooks, type PartialOutput, type RemoteEngine } from "./remote.ts";
 import { RlqError } from "../lib/errors.ts";
 import { requestText } from "../lib/http-client.ts";
 
@@ -17,8 +17,20 @@ import { requestText } from "../lib/http-client.ts";
  * (the stop text stays, like SGLang's no_stop_trim), streamed so that tokens
  * received before a failure are kept.
  *
- * vLLM has no abort-by-id endpoint: closing the connection aborts the request
- * server-side, so the pool cancels locally and keeps the streamed tokens.
+ * vLLM's default server has no abort-by-id endpoint: closing the connection
+ * aborts the request server-side (vllm/v1/engine/output_processor.py
+ * abort_requests), so the pool cancels locally and keeps the streamed tokens.
+ *
+ * Refusals (test/integration/real-vllm.test.ts shows each on the real server):
+ * vLLM checks a request before it generates and answers 400 with
+ * `{"error": {"message", "type", "param", "code"}}`: a prompt longer than
+ * --max-model-len (param input_tokens), max_tokens over it, a token id outside
+ * the vocabulary, a sampling value out of range. That is the request's fault,
+ * not the engine's: EngineRequestError, never retried, the sample fails with
+ * vLLM's message. A prompt that fits but leaves less room than max_tokens is
+ * not refused: vLLM generates what fits and finishes with "length". An error
+ * once the stream began (a generation error) comes as a `data: {"error": ...}`
+ * event in the 200 stream, then [DONE]; its `code` says whose fault it is.
  *
  * Versions are fenced by rlq: the server does not know rlq's weight versions.
  * Weights are loaded by the trainer or an operator, who reports the version;
@@ -48,6 +60,25 @@ const completionChoiceSchema = z
   .passthrough();
 export const completionChunkSchema = z.object({ choices: z.array(completionChoiceSchema) }).passthrough();
 export type CompletionChoice = z.infer<typeof completionChoiceSchema>;
+
+/** vllm/entrypoints/serve/engine/protocol.py ErrorResponse, as a stream event or a body. */
+const errorEventSchema = z.object({ error: z.object({ message: z.string(), code: z.number().int().optional() }).passthrough() });
+
+/** An error vLLM sent inside a 200 stream: 4xx the request's fault, else the server's (retriable, from scratch). */
+function streamedError(event: z.infer<typeof errorEventSchema>, where: string): RlqError {
+  const status = event.error.code ?? 500;
+  const message = `${where}: the server failed the request with status ${status}: ${event.error.message}`;
+  if (status >= 400 && status < 500) return new EngineRequestError(message);
+  return new RlqError("engine_server_abort", message, { isRetriable: true });
+}
+
+/** A refusal before generation (HTTP 400/413/422) is the request's fault; other statuses keep their own meaning. */
+function refusal(e: unknown, where: string): unknown {
+  if (e instanceof EngineHttpError && (e.status === 400 || e.status === 413 || e.status === 422)) {
+    return new EngineRequestError(`${where}: the server refused the request: ${e.message}`, { cause: e });
+  }
+  return e;
+}
 
 export type VllmLogprobsMode = "raw_logprobs" | "processed_logprobs";
 
@@ -148,6 +179,10 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
         body(req, true),
         { timeoutMs: options.requestTimeoutMs, signal: hooks.signal, headers: bearer(options.apiKey) },
         (payload) => {
+          if (typeof payload === "object" && payload !== null && "error" in payload) {
+            const failed = errorEventSchema.safeParse(payload);
+            if (failed.success) throw streamedError(failed.data, where);
+          }
           const parsed = completionChunkSchema.safeParse(payload);
           if (!parsed.success)
             throw new RlqError("engine_bad_response", `${where}: unexpected answer: ${parsed.error.issues[0]?.message}`, { isRetriable: true });
@@ -157,7 +192,7 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
       );
     } catch (e) {
       if (isLocalCancel(e, hooks.signal)) return abortedResult(hooks.partial, url, v);
-      throw e;
+      throw refusal(e, where);
     }
     if (finish === null) {
       if (hooks.signal?.aborted) return abortedResult(hooks.partial, url, v);

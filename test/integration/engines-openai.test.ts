@@ -3,10 +3,15 @@ import { engineHarness } from "../helpers/engine-harness.ts";
 import { createOpenAiCompatEngine } from "../../src/engines/openai-compat.ts";
 import type { EnginePool } from "../../src/engines/pool.ts";
 import { createWeightSync } from "../../src/engines/weight-sync.ts";
-import { request } from "../fakes/fake-engine-control.ts";
+import { request, setFault } from "../fakes/fake-engine-control.ts";
 import { waitFor } from "../helpers/processes.ts";
 
-/** The OpenAI-compatible adapter (vLLM) against the fake vLLM server as a separate process. */
+/**
+ * The OpenAI-compatible adapter (vLLM) against the fake vLLM server as a separate process: the
+ * faults a real server cannot show on cue (dying mid-stream, an error inside a stream, slow
+ * tokens) and the pool's handling of them. What the real vLLM server answers, and that the fake
+ * answers alike, is checked by test/integration/real-vllm.test.ts.
+ */
 const h = engineHarness("vllm");
 const fake = (args: string[] = []) => h.fake(args);
 /** The fake's requests in flight and the fewest tokens any of them has streamed (Infinity when none). */
@@ -90,6 +95,17 @@ describe("OpenAI-compatible adapter (vLLM)", () => {
     for (const x of partials) expect(x).toMatchObject({ finishReason: "abort" });
     for (const x of partials) expect(x.tokenIds.length).toBeGreaterThan(0);
     await waitFor("dead", () => p.engineStates()[f.url] === "dead");
+  });
+
+  it("an error event inside the stream (vLLM's generation error, HTTP 200) fails the request as the server's fault, retriable, with its message", async () => {
+    const f = await fake(["--stop-prob", "0.000001"]);
+    await setFault(f.url, { mode: "stream_error", afterTokens: 3 });
+    const e = createOpenAiCompatEngine({ url: f.url, model: "fake/model", requestTimeoutMs: 10_000 });
+    await expect(e.generate(request("se-1", { maxNewTokens: 50 }))).rejects.toMatchObject({
+      code: "engine_server_abort",
+      isRetriable: true,
+      message: expect.stringMatching(/status 500: Internal server error/),
+    });
   });
 
   it("versions are fenced by rlq: trainer_push records the reported version", async () => {

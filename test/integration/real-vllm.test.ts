@@ -1,0 +1,367 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { fixtureModel, startVllm, type Server } from "../../scripts/real-stack.ts";
+import { loadHfTokenizer } from "../../src/engines/hf-tokenizer.ts";
+import { createOpenAiCompatEngine, type OpenAiCompatEngine } from "../../src/engines/openai-compat.ts";
+import type { GenerateResult } from "../../src/engines/engine.ts";
+import { engineHarness } from "../helpers/engine-harness.ts";
+import { waitFor } from "../helpers/processes.ts";
+import { requirePythonModules } from "../helpers/python.ts";
+import { request } from "../fakes/fake-engine-control.ts";
+
+/**
+ * rlq's OpenAI-compatible adapter (src/engines/openai-compat.ts) against a real vLLM server
+ * (vLLM 0.32.0's CPU build, `python -m vllm.entrypoints.openai.api_server` on the fixture model,
+ * with --api-key), and the same requests against test/fakes/fake-vllm.ts: each check asserts what
+ * the real server answers and that the fake answers alike (status, error body, finish reason,
+ * field names), so the fake, kept for faults on cue (engines-openai.test.ts), is never kinder.
+ *
+ * One server for the whole file (starting it is most of the file's time). Its context is widened
+ * to MAX_MODEL_LEN positions (--hf-overrides; the fixture model was built for 128) so that a long
+ * prompt makes a generation long enough to be cut mid-stream.
+ */
+const python = requirePythonModules(["vllm"]);
+const KEY = "rlq-real-vllm-key";
+const MODEL = "fixture";
+const MAX_MODEL_LEN = 1024;
+/** Token ids both models know (the fixture's vocabulary has 283, the fake's 258). */
+const longPrompt = (n: number) => Array.from({ length: n }, (_, i) => 3 + ((i * 7) % 240));
+
+const h = engineHarness("vllm");
+interface Target {
+  name: "vllm" | "fake";
+  url: string;
+  eosId: number;
+  /** A chat prompt for the fixture model, bytes for the fake. */
+  prompt: number[];
+}
+const targets: Target[] = [];
+let vllm: Server | undefined;
+
+function engine(t: Target, options: { apiKey?: string | null; model?: string } = {}): OpenAiCompatEngine {
+  return createOpenAiCompatEngine({
+    url: t.url,
+    model: options.model ?? MODEL,
+    requestTimeoutMs: 60_000,
+    ...(options.apiKey === null ? {} : { apiKey: options.apiKey ?? KEY }),
+  });
+}
+
+async function poolOf(t: Target) {
+  const p = h.pool([engine(t)], { healthTimeoutMs: 10_000 });
+  await p.awaitReady(60_000);
+  return p;
+}
+
+async function raw(t: Target, path: string, body?: unknown, headers: Record<string, string> = { authorization: `Bearer ${KEY}` }) {
+  const res = await fetch(`${t.url}${path}`, {
+    method: body === undefined ? "GET" : "POST",
+    headers: { ...headers, ...(body === undefined ? {} : { "content-type": "application/json" }) },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.text();
+  let json: unknown = null;
+  try {
+    json = JSON.parse(text) as unknown;
+  } catch {
+    // not JSON (SSE, Prometheus text, an empty body): `text` holds it
+  }
+  return { status: res.status, text, json: json as Record<string, unknown> | null, contentType: res.headers.get("content-type") ?? "" };
+}
+
+/** The body rlq's adapter sends (openai-compat.ts `body`), for the checks that read raw answers. */
+function rlqBody(prompt: number[], extra: Record<string, unknown> = {}) {
+  return {
+    model: MODEL,
+    prompt,
+    max_tokens: 6,
+    temperature: 1,
+    top_p: 1,
+    top_k: -1,
+    seed: 1,
+    stop_token_ids: [],
+    include_stop_str_in_output: true,
+    skip_special_tokens: false,
+    spaces_between_special_tokens: false,
+    logprobs: 1,
+    return_tokens_as_token_ids: true,
+    return_token_ids: true,
+    n: 1,
+    stream: false,
+    ...extra,
+  };
+}
+
+/** Sorted field names of an answer, its first choice, its logprobs and usage: the shape rlq parses. */
+function shape(answer: unknown) {
+  const a = answer as Record<string, Record<string, unknown>[] & Record<string, unknown>>;
+  const choice = (a.choices as unknown as Record<string, unknown>[])[0] ?? {};
+  const keys = (o: unknown) => (o && typeof o === "object" ? Object.keys(o).sort() : o);
+  return { top: keys(a), choice: keys(choice), logprobs: keys(choice.logprobs), usage: keys(a.usage) };
+}
+
+function sseEvents(text: string): unknown[] {
+  return text
+    .split("\n")
+    .filter((l) => l.startsWith("data: ") && l !== "data: [DONE]")
+    .map((l) => JSON.parse(l.slice(6)) as unknown);
+}
+
+/** The vLLM series rlq's checks wait on (vllm/v1/metrics/loggers.py), summed over label sets. */
+async function metrics(t: Target) {
+  const { text } = await raw(t, "/metrics", undefined, {});
+  const sum = (name: string, label = "") => {
+    let n = 0;
+    for (const line of text.split("\n")) if (line.startsWith(`${name}{`) && line.includes(label)) n += Number(line.slice(line.lastIndexOf(" ") + 1));
+    return n;
+  };
+  return { running: sum("vllm:num_requests_running"), generated: sum("vllm:generation_tokens_total"), finished: sum("vllm:request_success_total") };
+}
+
+function checkTokens(r: GenerateResult) {
+  expect(r.logProbs.length).toBe(r.tokenIds.length);
+  for (const lp of r.logProbs) expect(Number.isFinite(lp) && lp <= 0).toBe(true);
+}
+
+/**
+ * Cut a generation mid-stream with `cut` and return its result, or null when the server finished
+ * first (the generation stops at EOS when it likes; the caller tries another seed).
+ */
+async function cutMidStream(t: Target, seed: number, run: (id: string) => Promise<GenerateResult>, cut: (id: string) => Promise<void>) {
+  const before = await metrics(t);
+  const id = `cut-${t.name}-${seed}`;
+  let settled = false;
+  const pending = run(id).finally(() => (settled = true));
+  await waitFor(`tokens streaming on ${t.name}`, async () => {
+    if (settled) return true;
+    const m = await metrics(t);
+    return m.running === 1 && m.generated - before.generated >= 3;
+  });
+  if (!settled) await cut(id);
+  const r = await pending;
+  if (r.finishReason !== "abort") return null;
+  // Aborted server-side: nothing runs, and no request finished (an abort is not counted as one).
+  await waitFor(`nothing running on ${t.name}`, async () => (await metrics(t)).running === 0);
+  expect((await metrics(t)).finished).toBe(before.finished);
+  return r;
+}
+
+describe("the real vLLM server, and the fake held to it", () => {
+  beforeAll(async () => {
+    const model = await fixtureModel(python);
+    const tok = await loadHfTokenizer(model);
+    const [server, fake] = await Promise.all([
+      startVllm({
+        python,
+        model,
+        servedModelName: MODEL,
+        apiKey: KEY,
+        maxModelLen: MAX_MODEL_LEN,
+        extraArgs: ["--hf-overrides", JSON.stringify({ max_position_embeddings: MAX_MODEL_LEN })],
+      }),
+      h.fake(["--model", MODEL, "--api-key", KEY, "--max-model-len", String(MAX_MODEL_LEN), "--token-delay-ms", "3", "--stop-prob", "0.03"]),
+    ]);
+    vllm = server;
+    targets.push({ name: "vllm", url: server.url, eosId: tok.eosId, prompt: tok.encodeChat([{ role: "user", content: "13+81=" }]) });
+    targets.push({ name: "fake", url: fake.url, eosId: 257, prompt: [256, 49, 51, 43, 56, 49, 61] });
+  }, 600_000);
+
+  afterAll(async () => {
+    await vllm?.stop();
+  });
+
+  it("/v1/models lists the served name; checkServer refuses another", async () => {
+    for (const t of targets) {
+      const models = await raw(t, "/v1/models");
+      expect(models.status, t.name).toBe(200);
+      expect(models.json, t.name).toMatchObject({ object: "list", data: [{ id: MODEL, object: "model", max_model_len: MAX_MODEL_LEN }] });
+      await expect(engine(t).checkServer()).resolves.toBeUndefined();
+      await expect(engine(t, { model: "other" }).checkServer()).rejects.toMatchObject({ code: "engine_model_missing" });
+      // A request naming another model: 404 NotFoundError (serve/engine/serving.py _check_model).
+      const wrong = await raw(t, "/v1/completions", rlqBody(t.prompt, { model: "other" }));
+      expect({ status: wrong.status, body: wrong.json }, t.name).toEqual({
+        status: 404,
+        body: { error: { message: `The model \`other\` does not exist. Valid aliases: ${MODEL}.`, type: "NotFoundError", param: "model", code: 404 } },
+      });
+    }
+  });
+
+  it("--api-key: /v1 answers 401 without it, /health and /metrics are open, rlq's calls carry it", async () => {
+    for (const t of targets) {
+      // serve/middleware/authenticate.py: GUARDED_PREFIX paths only; the scheme in any case.
+      expect(await raw(t, "/v1/models", undefined, {}), t.name).toMatchObject({ status: 401, json: { error: "Unauthorized" } });
+      expect((await raw(t, "/v1/models", undefined, { authorization: "Bearer wrong" })).status, t.name).toBe(401);
+      expect((await raw(t, "/v1/models", undefined, { authorization: `bearer ${KEY}` })).status, t.name).toBe(200);
+      expect(await raw(t, "/health", undefined, {}), t.name).toMatchObject({ status: 200, text: "" });
+      expect((await raw(t, "/metrics", undefined, {})).status, t.name).toBe(200);
+
+      const noKey = engine(t, { apiKey: null });
+      expect(await noKey.health(), t.name).toBe(true);
+      await expect(noKey.generate(request(`nokey-${t.name}`, { inputIds: t.prompt, stopTokenIds: [] })), t.name).rejects.toMatchObject({
+        code: "engine_unauthorized",
+        isRetriable: false,
+        message: expect.stringMatching(/wants an API key .*engine\.api_key/),
+      });
+      expect((await engine(t).generate(request(`key-${t.name}`, { inputIds: t.prompt, stopTokenIds: [] }))).tokenIds.length).toBeGreaterThan(0);
+    }
+  });
+
+  it("streamed generation: token ids and log-probs of equal length; stop at EOS, at a stop_token_ids entry, length at max_tokens", async () => {
+    for (const t of targets) {
+      const p = await poolOf(t);
+      const atEos = await p.generate(request(`eos-${t.name}`, { inputIds: t.prompt, stopTokenIds: [], maxNewTokens: 200, seed: 3 }));
+      expect(atEos.finishReason, t.name).toBe("stop");
+      expect(atEos.tokenIds.at(-1), t.name).toBe(t.eosId);
+      checkTokens(atEos);
+
+      // The same seed again, told to stop at a token it generated: it stops there, that token kept.
+      const at = atEos.tokenIds.findIndex((x, i) => i > 0 && x !== t.eosId && atEos.tokenIds.indexOf(x) === i);
+      const stopId = atEos.tokenIds[at] as number;
+      const atStop = await p.generate(request(`stop-${t.name}`, { inputIds: t.prompt, stopTokenIds: [stopId], maxNewTokens: 200, seed: 3 }));
+      expect(atStop, t.name).toMatchObject({ finishReason: "stop", tokenIds: atEos.tokenIds.slice(0, at + 1) });
+      checkTokens(atStop);
+      // stop_reason: the stop token's id; null for EOS (v1/core/sched/utils.py check_stop).
+      const stopped = await raw(t, "/v1/completions", rlqBody(t.prompt, { max_tokens: 200, seed: 3, stop_token_ids: [stopId] }));
+      expect((stopped.json?.choices as Array<Record<string, unknown>>)[0], t.name).toMatchObject({ finish_reason: "stop", stop_reason: stopId });
+      const eos = await raw(t, "/v1/completions", rlqBody(t.prompt, { max_tokens: 200, seed: 3 }));
+      expect((eos.json?.choices as Array<Record<string, unknown>>)[0], t.name).toMatchObject({ finish_reason: "stop", stop_reason: null });
+
+      const atLength = await p.generate(request(`len-${t.name}`, { inputIds: t.prompt, stopTokenIds: [], maxNewTokens: 2, seed: 3 }));
+      expect(atLength, t.name).toMatchObject({ finishReason: "length", tokenIds: atEos.tokenIds.slice(0, 2) });
+      checkTokens(atLength);
+    }
+  });
+
+  it("the answers have the same fields, streamed and not", async () => {
+    const seen: Record<string, unknown> = {};
+    for (const t of targets) {
+      const whole = await raw(t, "/v1/completions", rlqBody(t.prompt, { request_id: "shape", ignore_eos: true }));
+      expect(whole.json?.id, t.name).toBe("cmpl-shape");
+      const streamed = await raw(t, "/v1/completions", rlqBody(t.prompt, { stream: true, ignore_eos: true }));
+      expect(streamed.contentType, t.name).toMatch(/^text\/event-stream/);
+      const events = sseEvents(streamed.text);
+      expect(events.length, t.name).toBe(6); // one event per token, the last with the finish reason
+      const first = (events[0] as { choices: Array<Record<string, unknown>> }).choices[0];
+      expect(Array.isArray(first?.prompt_token_ids), t.name).toBe(true);
+      seen[t.name] = { whole: shape(whole.json), first: shape(events[0]), middle: shape(events[1]), last: shape(events.at(-1)) };
+    }
+    expect(seen.fake).toEqual(seen.vllm);
+  });
+
+  it("refusals: 400 with vLLM's error body, the same from the fake; rlq fails that request once, as the request's fault", async () => {
+    const cases = {
+      overLongPrompt: rlqBody(longPrompt(MAX_MODEL_LEN + 5)),
+      maxTokensOverContext: rlqBody([1, 2, 3], { max_tokens: MAX_MODEL_LEN + 1 }),
+      promptFillsContext: rlqBody(longPrompt(MAX_MODEL_LEN)),
+      outOfVocabulary: rlqBody([1, 100_000]),
+      topKBelowMinusOne: rlqBody([1, 2, 3], { top_k: -2 }),
+      tooManyLogprobs: rlqBody([1, 2, 3], { logprobs: 21 }),
+    };
+    const answers: Record<string, unknown> = {};
+    for (const t of targets) {
+      const got: Record<string, unknown> = {};
+      for (const [name, body] of Object.entries(cases)) {
+        const r = await raw(t, "/v1/completions", body);
+        got[name] = { status: r.status, body: r.json };
+      }
+      answers[t.name] = got;
+    }
+    expect(answers.vllm).toMatchObject({
+      overLongPrompt: {
+        status: 400,
+        body: {
+          error: {
+            type: "BadRequestError",
+            param: "input_tokens",
+            code: 400,
+            message: `This model's maximum context length is ${MAX_MODEL_LEN} tokens. However, your prompt contains ${MAX_MODEL_LEN + 5} input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=${MAX_MODEL_LEN + 5})`,
+          },
+        },
+      },
+      maxTokensOverContext: {
+        status: 400,
+        body: { error: { param: "max_tokens", message: expect.stringMatching(/^max_tokens=1025 cannot be greater than max_model_len=1024/) } },
+      },
+      promptFillsContext: {
+        status: 400,
+        body: { error: { param: "max_tokens", message: "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)" } },
+      },
+      outOfVocabulary: { status: 400, body: { error: { param: null, message: "Token id 100000 is out of vocabulary" } } },
+      topKBelowMinusOne: { status: 400, body: { error: { param: null } } },
+      tooManyLogprobs: { status: 400, body: { error: { param: "logprobs" } } },
+    });
+    expect(answers.fake).toEqual(answers.vllm);
+
+    // A prompt that fits with less room than max_tokens is not refused: vLLM generates what fits
+    // (serve/utils/api_utils.py get_max_tokens) and finishes with "length".
+    for (const t of targets) {
+      const r = await raw(t, "/v1/completions", rlqBody(longPrompt(MAX_MODEL_LEN - 4), { max_tokens: 100, ignore_eos: true }));
+      const choice = (r.json?.choices as Array<{ finish_reason: string; token_ids: number[] }>)[0];
+      expect({ status: r.status, finish: choice?.finish_reason, n: choice?.token_ids.length }, t.name).toEqual({ status: 200, finish: "length", n: 4 });
+    }
+
+    // Through rlq: the sample's request fails once with vLLM's reason; the engine stays healthy.
+    for (const t of targets) {
+      const p = await poolOf(t);
+      await expect(p.generate(request(`long-${t.name}`, { inputIds: longPrompt(MAX_MODEL_LEN + 5), stopTokenIds: [] })), t.name).rejects.toMatchObject({
+        code: "engine_request_rejected",
+        isRetriable: false,
+        message: expect.stringMatching(/HTTP 400: This model's maximum context length is 1024 tokens\. However, your prompt contains 1029 input tokens/),
+      });
+      const [snap] = p.snapshot().engines;
+      expect(snap, t.name).toMatchObject({ state: "healthy", errors: 0, deaths: 0, requestErrors: 1 });
+      expect((await p.generate(request(`after-${t.name}`, { inputIds: t.prompt, stopTokenIds: [] }))).finishReason, t.name).not.toBe("abort");
+    }
+  });
+
+  it("the log-prob probe reads the default --logprobs-mode (raw_logprobs) as unscaled and before truncation", async () => {
+    for (const t of targets) {
+      const probe = await engine(t).probeLogProbs([1, 2, 3, 4, 5, 6, 7, 8]);
+      expect(probe, `${t.name}: ${probe.detail}`).toMatchObject({ isTemperatureScaled: false, isBeforeTruncation: true });
+      const p = await poolOf(t);
+      await expect(p.generate(request(`t08-${t.name}`, { inputIds: t.prompt, temperature: 0.8, stopTokenIds: [] })), t.name).rejects.toMatchObject({
+        code: "engine_logprobs_unscaled",
+      });
+      expect((await p.generate(request(`t1-${t.name}`, { inputIds: t.prompt, topP: 0.9, stopTokenIds: [] }))).tokenIds.length).toBeGreaterThan(0);
+    }
+  });
+
+  it("a client that disconnects mid-stream aborts the request server-side; rlq keeps the streamed tokens", async () => {
+    for (const t of targets) {
+      const p = await poolOf(t);
+      let r: GenerateResult | null = null;
+      for (let seed = 1; r === null && seed <= 6; seed++) {
+        r = await cutMidStream(
+          t,
+          seed,
+          (id) => p.generate(request(id, { inputIds: longPrompt(400), stopTokenIds: [], maxNewTokens: 600, seed })),
+          (id) => p.abort([id]),
+        );
+      }
+      expect(r, `${t.name}: every try finished before the cut`).not.toBeNull();
+      expect(r?.tokenIds.length, t.name).toBeGreaterThan(0);
+      checkTokens(r as GenerateResult);
+    }
+  });
+
+  it("dev mode (VLLM_SERVER_DEV_MODE=1): POST /abort_requests ends a stream by id with finish_reason abort", async () => {
+    // entrypoints/rl/online/api_router.py abort_requests, registered only in dev mode and outside
+    // /v1, so --api-key does not guard it. The id is the engine's: "cmpl-<request_id>-<index>".
+    const t = targets.find((x) => x.name === "vllm") as Target;
+    const e = engine(t);
+    let r: GenerateResult | null = null;
+    for (let seed = 1; r === null && seed <= 6; seed++) {
+      r = await cutMidStream(
+        t,
+        seed,
+        (id) => e.generate(request(id, { inputIds: longPrompt(400), stopTokenIds: [], maxNewTokens: 600, seed })),
+        async (id) => {
+          const res = await raw(t, "/abort_requests", { request_ids: [`cmpl-${id}-0`] }, {});
+          expect(res).toMatchObject({ status: 200, json: { status: "aborted", aborted: 1 } });
+        },
+      );
+    }
+    expect(r?.tokenIds.length).toBeGreaterThan(0);
+    // The default server (the fake stands for it) has no such route.
+    expect((await raw(targets[1] as Target, "/abort_requests", { request_ids: ["x"] }, {})).status).toBe(404);
+  });
+});
