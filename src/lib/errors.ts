@@ -130,6 +130,10 @@ export const ERROR_CODES = {
   },
   train_stalled: { retriable: true, meaning: "No progress for train_stall_timeout_s: the attempt is retried." },
   worker_shutdown: { retriable: true, meaning: "The worker is shutting down: the job goes back to the queue without using an attempt." },
+  infra_unreachable: {
+    retriable: true,
+    meaning: "Postgres or Redis stayed out of reach for RLQ_OUTAGE_TIMEOUT_S while a job waited it out (lib/infra-outage.ts): the job spends an attempt.",
+  },
   batch_inconsistent: { retriable: false, meaning: "A sealed batch does not match the facts it references." },
   checkpoint_fetch_failed: { retriable: "varies", meaning: "Downloading a checkpoint failed (not retried on 401/403)." },
   checkpoint_hash_mismatch: { retriable: "varies", meaning: "A downloaded checkpoint file's sha256 differs from the one reported." },

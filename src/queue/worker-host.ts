@@ -3,6 +3,7 @@ import type { QueueBackend } from "./backend.ts";
 import { jobSchemas, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "./payloads.ts";
 import { queueName } from "./queues.ts";
 import { isRetriable, errorMessage, RlqError } from "../lib/errors.ts";
+import { retryThroughOutages } from "../lib/infra-outage.ts";
 import { processMetrics } from "../observability/prometheus.ts";
 
 /**
@@ -15,6 +16,15 @@ import { processMetrics } from "../observability/prometheus.ts";
  * not BullMQ's default minute. Heavy compute never runs on this event loop
  * (engine sessions and trainer steps live in worker threads), so the lock is
  * always renewed in time.
+ *
+ * Infrastructure errors never spend an attempt: a processor that fails because
+ * Postgres or Redis is out of reach (lib/infra-outage.ts says which errors
+ * those are) is run again from the start after a backoff, inside the same
+ * attempt, for up to `outageTimeoutMs` (RLQ_OUTAGE_TIMEOUT_S). The processor's
+ * promise stays pending meanwhile, so BullMQ's lock manager keeps extending the
+ * job's lock (on Redis; on the Postgres backend the lock lapses with the
+ * database and the stall check hands the job on, which idempotent jobs allow).
+ * Attempts, and BullMQ's backoff, count only failures of the work itself.
  */
 export interface JobContext {
   jobId: string;
@@ -58,7 +68,14 @@ export function startWorker<K extends QueueKind>(
   backend: QueueBackend,
   kind: K,
   processor: Processor<K>,
-  options: { concurrency: number; onError?: (e: unknown, jobId: string | undefined) => void },
+  options: {
+    concurrency: number;
+    onError?: (e: unknown, jobId: string | undefined) => void;
+    /** How long a job waits out a Postgres or Redis outage before it spends an attempt (default 300 s). */
+    outageTimeoutMs?: number;
+    /** Each wait for an outage, with how long it has lasted (a log line: the job is alive, not stuck). */
+    onOutageWait?: (info: { jobId: string | undefined; waitedMs: number; retryInMs: number; error: unknown }) => void;
+  },
 ): WorkerHandle {
   const schema = jobSchemas[kind];
   const closing = new AbortController();
@@ -70,12 +87,20 @@ export function startWorker<K extends QueueKind>(
       );
     }
     try {
-      await processor(parsed.data as JobData<K>, {
-        jobId: job.id as string,
-        attemptsMade: job.attemptsMade,
-        updateProgress: (p) => job.updateProgress(p),
-        shutdown: closing.signal,
-      });
+      await retryThroughOutages(
+        () =>
+          processor(parsed.data as JobData<K>, {
+            jobId: job.id as string,
+            attemptsMade: job.attemptsMade,
+            updateProgress: (p) => job.updateProgress(p),
+            shutdown: closing.signal,
+          }),
+        {
+          timeoutMs: options.outageTimeoutMs ?? 300_000,
+          signal: closing.signal,
+          onWait: (waitedMs, error, retryInMs) => options.onOutageWait?.({ jobId: job.id, waitedMs, retryInMs, error }),
+        },
+      );
     } catch (e) {
       if (closing.signal.aborted && e instanceof RlqError && e.code === "worker_shutdown") {
         // Back to the queue as delayed: BullMQ counts no attempt for a DelayedError.

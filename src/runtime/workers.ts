@@ -9,6 +9,7 @@ import { runEval } from "../jobs/run-eval.ts";
 import { upsertEngineMetrics } from "../store/engine-metrics.ts";
 import { createJobStore } from "../store/job-batch.ts";
 import { coalesce } from "../lib/coalesce.ts";
+import { errorMessage } from "../lib/errors.ts";
 import type { RewardJob } from "../queue/payloads.ts";
 import { createEngineProvider, createTrainerProvider, type EmbeddedFactories } from "./engines.ts";
 import { loadEmbedded } from "./embedded.ts";
@@ -39,6 +40,20 @@ export async function startWorkers(
   const enqueueReward = coalesce<RewardJob, string>((jobs) => queues.enqueueMany("reward", jobs), { maxBatch: 256, maxInFlight: 2 });
   const onError = (kind: QueueKind) => (e: unknown, jobId: string | undefined) =>
     log.warn({ kind, jobId, err: e instanceof Error ? e.message : String(e) }, "job failed");
+  const outageTimeoutMs = services.env.RLQ_OUTAGE_TIMEOUT_S * 1000;
+  const onOutageWait = (kind: QueueKind) => (w: { jobId: string | undefined; waitedMs: number; retryInMs: number; error: unknown }) =>
+    log.warn(
+      {
+        kind,
+        jobId: w.jobId,
+        outageS: Math.round(w.waitedMs / 1000),
+        retryInMs: w.retryInMs,
+        limitS: services.env.RLQ_OUTAGE_TIMEOUT_S,
+        err: errorMessage(w.error),
+      },
+      "job waiting out a Postgres or Redis outage (no attempt spent)",
+    );
+  const hostOptions = (kind: QueueKind, concurrency: number) => ({ concurrency, onError: onError(kind), outageTimeoutMs, onOutageWait: onOutageWait(kind) });
   for (const kind of kinds) {
     const concurrency = options.concurrency?.[kind] ?? defaultConcurrency[kind];
     if (kind === "rollout") {
@@ -63,7 +78,7 @@ export async function startWorkers(
               job.jobId,
             );
           },
-          { concurrency, onError: onError(kind) },
+          hostOptions(kind, concurrency),
         ),
       );
     } else if (kind === "reward") {
@@ -75,7 +90,7 @@ export async function startWorkers(
             const ctx = await contexts.get(data.runId);
             await scoreGroupRound(store, ctx, data, job.jobId);
           },
-          { concurrency, onError: onError(kind) },
+          hostOptions(kind, concurrency),
         ),
       );
     } else if (kind === "train") {
@@ -101,7 +116,7 @@ export async function startWorkers(
               job.attemptsMade,
             );
           },
-          { concurrency, onError: onError(kind) },
+          hostOptions(kind, concurrency),
         ),
       );
     } else {
@@ -113,7 +128,7 @@ export async function startWorkers(
             const ctx = await contexts.get(data.runId);
             await runEval({ db, engineFor: (c, v) => engines.engineFor(c, v) }, ctx, data, job.jobId);
           },
-          { concurrency, onError: onError(kind) },
+          hostOptions(kind, concurrency),
         ),
       );
     }
