@@ -1,9 +1,10 @@
-import type { Router } from "express";
+import type { NextFunction, Request, Response, Router } from "express";
 import { createBullBoard } from "@bull-board/api";
 import { BullMQAdapter } from "@bull-board/api/bullMQAdapter";
 import { ExpressAdapter } from "@bull-board/express";
 import type { QueueBackend } from "../queue/backend.ts";
 import { openBoardQueues } from "../queue/board-queues.ts";
+import { tokenMatches } from "./token.ts";
 
 /**
  * Bull Board (@bull-board/api + its Express adapter) at `basePath`, over rlq's
@@ -13,15 +14,59 @@ import { openBoardQueues } from "../queue/board-queues.ts";
  * remove work the same. Rollout and reward jobs are removed on completion
  * (docs/architecture.md, "The queue"), so their "completed" lists stay empty:
  * the facts in Postgres are their record.
+ *
+ * Read-only unless the request carries the dashboard's token. Two boards share
+ * the Queue objects and the base path: a read-only one (BullMQAdapter
+ * `readOnlyMode`: its page hides the buttons, its handlers refuse changes)
+ * serves requests without the token, a writable one serves requests with it.
+ * Every Bull Board route that changes a queue is a PUT, POST or PATCH
+ * (@bull-board/api dist/routes.js), and such a request without the token is
+ * refused here, before either board, with a message naming the header to send:
+ * the read-only board alone answers 405 per queue, and 200 for "pause all" /
+ * "resume all" (they skip read-only queues), which reads as accepted. Behind
+ * the method check the read-only board is a second guard: a route that changed
+ * a queue on GET in a later bull-board would still meet its refusal.
  */
-export function mountBullBoard(backend: QueueBackend, basePath: string): { router: Router; close(): Promise<void> } {
+export function mountBullBoard(
+  backend: QueueBackend,
+  basePath: string,
+  options: { token?: string },
+): { router: (req: Request, res: Response, next: NextFunction) => void; close(): Promise<void> } {
   const board = openBoardQueues(backend);
+  const readOnly = boardRouter(board.queues, backend, basePath, true);
+  const writable = options.token === undefined ? null : boardRouter(board.queues, backend, basePath, false);
+  const token = options.token;
+  return {
+    router(req, res, next) {
+      if (writable && token !== undefined && tokenMatches(token, req.header("authorization"))) return writable(req, res, next);
+      if (req.method === "GET" || req.method === "HEAD") return readOnly(req, res, next);
+      if (!writable) {
+        res.status(403).json({
+          error: {
+            code: "dashboard_read_only",
+            message: "this dashboard has no token: start it with RLQ_DASHBOARD_TOKEN set to allow queue changes in Bull Board",
+          },
+        });
+        return;
+      }
+      res.status(401).json({
+        error: {
+          code: "bad_token",
+          message: `Bull Board is read-only without the dashboard's token: send the header 'Authorization: Bearer <RLQ_DASHBOARD_TOKEN>' to ${req.method} ${req.originalUrl}`,
+        },
+      });
+    },
+    close: () => board.close(),
+  };
+}
+
+function boardRouter(queues: ReturnType<typeof openBoardQueues>["queues"], backend: QueueBackend, basePath: string, isReadOnly: boolean): Router {
   const serverAdapter = new ExpressAdapter();
   serverAdapter.setBasePath(basePath);
   createBullBoard({
-    queues: board.queues.map((q) => new BullMQAdapter(q, { readOnlyMode: false, description: `rlq ${q.name} (${backend.kind})` })),
+    queues: queues.map((q) => new BullMQAdapter(q, { readOnlyMode: isReadOnly, description: `rlq ${q.name} (${backend.kind})` })),
     serverAdapter,
-    options: { uiConfig: { boardTitle: "rlq queues" } },
+    options: { uiConfig: { boardTitle: isReadOnly ? "rlq queues (read-only: changes need the dashboard token)" : "rlq queues" } },
   });
-  return { router: serverAdapter.getRouter() as Router, close: () => board.close() };
+  return serverAdapter.getRouter() as Router;
 }

@@ -1,5 +1,4 @@
 import { createServer, type Server } from "node:http";
-import { timingSafeEqual } from "node:crypto";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -12,6 +11,7 @@ import type { RunContextCache } from "../runtime/run-context.ts";
 import { jobIds } from "../queue/payloads.ts";
 import { listRunsForDashboard, listSamples, loadRunOverview, loadSample } from "./queries.ts";
 import { mountBullBoard } from "./bull-board.ts";
+import { tokenMatches } from "./token.ts";
 import { processMetrics } from "../observability/prometheus.ts";
 import { requestRunChange } from "../api.ts";
 import { registerSecret } from "../lib/redact.ts";
@@ -21,7 +21,7 @@ import { RlqError } from "../lib/errors.ts";
  * `rlq dashboard` (and `rlq up --dashboard`): one HTTP server with
  * - `/`            the page (static/index.html + app.js, charts by uPlot served from node_modules);
  * - `/api/...`     JSON read from the store by single SELECTs (dashboard/queries.ts);
- * - `/queues`      Bull Board;
+ * - `/queues`      Bull Board, read-only without the token (dashboard/bull-board.ts);
  * - `/metrics`     this process's Prometheus metrics.
  * It holds no state of its own: every request reads Postgres (and the queue for
  * the train job's state), so a dashboard keeps working while `rlq up` is
@@ -37,7 +37,7 @@ export interface DashboardOptions {
   contexts: RunContextCache;
   port: number;
   host?: string;
-  /** Bearer token for pause/resume; undefined: the dashboard is read-only. */
+  /** Bearer token for pause/resume and Bull Board's queue changes; undefined: the dashboard is read-only. */
   token?: string;
 }
 
@@ -54,14 +54,6 @@ const uplotDir = dirname(requireFromHere.resolve("uplot/dist/uPlot.iife.min.js")
 
 const sampleParams = z.object({ runId: z.string().min(1), groupId: z.coerce.number().int().nonnegative(), sampleIndex: z.coerce.number().int().nonnegative() });
 const stepQuery = z.object({ step: z.coerce.number().int().nonnegative().optional() });
-
-function tokenMatches(expected: string, header: string | undefined): boolean {
-  const m = /^Bearer (.+)$/.exec(header ?? "");
-  if (!m) return false;
-  const a = Buffer.from(m[1] as string);
-  const b = Buffer.from(expected);
-  return a.length === b.length && timingSafeEqual(a, b);
-}
 
 export async function startDashboard(options: DashboardOptions): Promise<DashboardHandle> {
   const { db, queues, readerDb } = options;
@@ -153,7 +145,7 @@ export async function startDashboard(options: DashboardOptions): Promise<Dashboa
     }),
   );
 
-  const board = mountBullBoard(options.backend, "/queues");
+  const board = mountBullBoard(options.backend, "/queues", options.token ? { token: options.token } : {});
   app.use("/queues", board.router);
 
   app.get("/metrics", (_req, res, next) => {
