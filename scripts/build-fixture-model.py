@@ -7,7 +7,7 @@ What it makes, deterministically from a seed, and never downloads:
   digits split one per token as Qwen2's own pre-tokenizer does, with a ChatML chat template
   (`<|im_start|>user ... <|im_end|>`) and `<|im_end|>` as end of turn;
 - a Qwen2-architecture causal LM (3 layers, width 64, two heads of dimension 32, the smallest head
-  vLLM's CPU attention supports), initialised from the seed;
+  vLLM's CPU attention supports; output layer untied from the embedding), initialised from the seed;
 - a supervised warm start: the chat-formatted prompt `13+81=` answered `\\boxed{94}<|im_end|>` (the
   demo's answer format, graded by rm_type math), trained with
   rlq's PyTorch trainer model code (rlq_torch.models.HFPolicy) and AdamW until the expected accuracy
@@ -51,7 +51,9 @@ MODEL = dict(
     max_position_embeddings=128,
     rope_theta=10000.0,
     rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
+    # Untied: vLLM 0.32's in-place reload leaves a tied output layer at its old weights
+    # (src/engines/openai-compat.ts refuseTiedReload), and the tests load every trained version into vLLM.
+    tie_word_embeddings=False,
 )
 
 

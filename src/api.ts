@@ -1,3 +1,4 @@
+import { refuseTiedReload } from "./engines/openai-compat.ts";
 import { redactDeep } from "./lib/redact.ts";
 import { checkConfig } from "./config/config-check.ts";
 import { randomBytes } from "node:crypto";
@@ -64,6 +65,7 @@ export async function startRun(
   // What `rlq config check` warns of (keys that change nothing, slime defaults rlq does not share),
   // said at start too, so that no difference from slime passes in silence.
   const configWarnings = checkConfig(written, config).map((w) => w.message);
+  if (config.engine.kind === "openai" && config.weight_sync === "disk") await refuseTiedReload(config.hf_checkpoint ?? config.ref_load, source);
   const tokenizer = config.tokenizer === "bytes" ? createByteTokenizer() : await tokenizerFor(config);
   const { dataset, report } = await loadRunDataset(config, tokenizer);
   if (report) dataset.errors.push(`rollout_max_prompt_len ${report.maxPromptLen}: dropped ${report.filtered} longer prompt(s)`);

@@ -28,9 +28,14 @@ describe("weight_sync with a vLLM engine", () => {
     expect(parseRunConfig({ ...vllm, weight_sync: "none" }, "run.yaml", "user").weight_sync).toBe("none");
   });
 
-  it("disk (the default) and trainer_push are refused, naming weight_sync: none", () => {
-    expect(refusal(vllm)).toMatch(/weight_sync.*engine.kind openai \(vLLM\).*weight_sync: disk cannot work; set weight_sync: none/);
-    expect(refusal({ ...vllm, weight_sync: "trainer_push" })).toMatch(/weight_sync: trainer_push cannot work; set weight_sync: none/);
+  it("disk (the default) is accepted: rlq loads each checkpoint through vLLM's RL endpoints", () => {
+    expect(parseRunConfig(vllm, "run.yaml", "user").weight_sync).toBe("disk");
+  });
+
+  it("trainer_push is refused, naming disk and none", () => {
+    expect(refusal({ ...vllm, weight_sync: "trainer_push" })).toMatch(
+      /weight_sync.*trainer_push: rlq does not push weights into vLLM yet; set weight_sync: disk.*VLLM_SERVER_DEV_MODE=1.*or weight_sync: none/,
+    );
   });
 
   it("none is refused in async mode and with a staleness bound, saying why", () => {

@@ -176,13 +176,14 @@ export const runConfigSchema = z
   .superRefine((c, ctx) => {
     refineAlgorithmOptions(c, ctx);
     refineMetricExport(c, ctx);
-    if (c.engine.kind === "openai" && c.weight_sync !== "none") {
+    if (c.engine.kind === "openai" && c.weight_sync === "trainer_push") {
       ctx.addIssue({
         code: "custom",
         path: ["weight_sync"],
         message:
-          `engine.kind openai (vLLM): rlq does not load new weights into vLLM yet, so weight_sync: ${c.weight_sync} cannot work; ` +
-          "set weight_sync: none (the engines serve their initial weights, version 0, for the whole run, and run status says so) or use an SGLang engine",
+          "engine.kind openai (vLLM) with weight_sync: trainer_push: rlq does not push weights into vLLM yet; " +
+          "set weight_sync: disk (rlq loads each checkpoint through vLLM's RL endpoints: start vLLM with VLLM_SERVER_DEV_MODE=1 " +
+          "on a filesystem it shares with the trainer) or weight_sync: none (the engines keep their initial weights, version 0)",
       });
     }
     if (c.weight_sync === "none" && c.train_async) {

@@ -49,13 +49,13 @@ export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: 
     if (routerUrl !== null && engine.router_refresh_s > 0) refresh = async () => (await listRouterWorkers(routerUrl, { apiKey: routerKey })).map(make);
   } else {
     if (keys.weight_sync === "trainer_push") {
-      // vLLM does not report rlq's weight version back (its RLHF endpoints are dev-mode only and
-      // version-less in the releases rlq reads), so versions recorded for pushed weights could not be
-      // checked against what the server serves: refuse rather than break provenance silently.
+      // The trainer pushes nothing into vLLM yet (its /init_weight_transfer_engine and
+      // /update_weights path is the engines issue); run-config refuses it first, this guards callers
+      // that build a pool from parts.
       throw new RlqError(
         "config_invalid",
-        "weight_sync: trainer_push is not supported with engine.kind 'openai' (vLLM): rlq cannot read the pushed version back from the server. " +
-          "Use weight_sync: disk with an SGLang engine, or SGLang with trainer_push",
+        "weight_sync: trainer_push is not supported with engine.kind 'openai' (vLLM): the trainer does not push into vLLM yet. " +
+          "Use weight_sync: disk (rlq loads each checkpoint through vLLM's RL endpoints) or none",
         { isRetriable: false },
       );
     }
@@ -66,7 +66,9 @@ export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: 
         model: engine.model,
         requestTimeoutMs: timeoutMs,
         logprobsMode: engine.logprobs_mode,
-        versionSource: deps.fencedVersion,
+        // weight_sync disk: vLLM reports its own version (/weight_info); otherwise rlq's record is the fence.
+        versionSource: keys.weight_sync === "disk" ? undefined : deps.fencedVersion,
+        loadsWeights: keys.weight_sync === "disk",
         apiKey,
       }),
     );

