@@ -37,7 +37,7 @@ export function checkTrainerCapabilities(health: unknown, config: Record<string,
       throw new RlqError(
         "trainer_unsupported",
         `advantage_estimator: ppo needs a critic, and the trainer at ${where} does not declare one (its /v1/health has no capabilities.critic: true). ` +
-          "Use workers/trainer-torch/server.py (it trains a value model for rlq's embedded model family), or choose another advantage_estimator (grpo, gspo, reinforce_plus_plus, ...)",
+          "Use workers/trainer-torch/server.py (it trains a value model for rlq's embedded models and Hugging Face models), or choose another advantage_estimator (grpo, gspo, reinforce_plus_plus, ...)",
         { isRetriable: false },
       );
     }

@@ -8,7 +8,7 @@ def capabilities(world_size: int = 1) -> Dict[str, Any]:
     from .dist import fsdp2_available
 
     return {
-        "critic": True,  # advantage_estimator: ppo (critic.py; embedded model family); rlq refuses ppo when this is false
+        "critic": True,  # advantage_estimator: ppo (critic.py; embedded and HF models); rlq refuses ppo when this is false
         "sequence_packing": True,  # use_dynamic_batch_size with max_tokens_per_gpu (embedded and HF models; a HF model that cannot pack: bad_request)
         "gradient_checkpointing": True,
         "hf_save_dtype": ["bf16", "fp16", "fp32"],
