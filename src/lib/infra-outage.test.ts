@@ -21,7 +21,7 @@ describe("isInfrastructureOutage", () => {
       new Error("Connection is closed."),
       new AggregateError([withCode("connect ECONNREFUSED ::1:5432", "ECONNREFUSED"), withCode("connect ECONNREFUSED 127.0.0.1:5432", "ECONNREFUSED")]),
     ])
-      expect(isInfrastructureOutage(e), (e).message).toBe(true);
+      expect(isInfrastructureOutage(e), e.message).toBe(true);
   });
 
   it("leaves the work's own failures, and other servers' outages, to their attempts", () => {
@@ -37,7 +37,7 @@ describe("isInfrastructureOutage", () => {
       new TypeError("fetch failed", { cause: withCode("connect ECONNREFUSED", "ECONNREFUSED") }),
       new Error("Connection terminated by the plugin's own protocol"),
     ])
-      expect(isInfrastructureOutage(e), (e).message).toBe(false);
+      expect(isInfrastructureOutage(e), e.message).toBe(false);
   });
 });
 
