@@ -6,13 +6,20 @@
 // shipped. RLQ_FROM_SOURCES=1 always runs the sources. The shebang's V8 flags
 // are src/runtime/node-flags.ts's (why there; a test keeps the two equal).
 import { existsSync, readFileSync } from "node:fs";
-import { enableCompileCache } from "node:module";
+import * as nodeModule from "node:module"; // a namespace: Node 20 has no enableCompileCache, and a named import would fail before the version check
 import { pathToFileURL } from "node:url";
 import { bundleEntry, bundleStamp, sourcesFingerprint } from "./sources-fingerprint.js";
+import { nodeVersionProblem } from "./node-version.js";
+
+const tooOld = nodeVersionProblem(process.versions.node, process.execPath);
+if (tooOld) {
+  process.stderr.write(tooOld);
+  process.exit(1);
+}
 
 // V8's code cache on disk (os.tmpdir()/node-compile-cache) for every module loaded after this
 // line: rlq's modules compile once, not on every start (bench/recovery.ts measures the restart it is for).
-enableCompileCache?.();
+nodeModule.enableCompileCache?.();
 
 /** The bundle's stamp when the bundle exists and matches the sources, else null. */
 function freshBundle() {
