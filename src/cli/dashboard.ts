@@ -2,6 +2,8 @@ import type { Services } from "../runtime/services.ts";
 import { startMetricsServer, processMetrics } from "../observability/prometheus.ts";
 import { ConfigError } from "../config/run-config.ts";
 import { createDb } from "../store/db.ts";
+import { readDashboardToken } from "../dashboard/token.ts";
+import { assertTokenForHost } from "../dashboard/access.ts";
 
 function parsePort(flag: string, value: string): number {
   const port = Number(value);
@@ -11,16 +13,24 @@ function parsePort(flag: string, value: string): number {
 
 /**
  * What every long-running rlq process may serve besides its work: Prometheus
- * /metrics on RLQ_METRICS_PORT and, for `rlq up --dashboard`, the dashboard.
+ * /metrics on RLQ_METRICS_PORT and, for `rlq up --dashboard`, the dashboard, both on `host`
+ * (`--host`, else RLQ_DASHBOARD_HOST). Beyond loopback both need the dashboard token, and the
+ * check runs before either listens, so a refusal leaves nothing half started.
  * The lines "dashboard listening URL" / "metrics listening PORT" go to stderr
  * so scripts (and tests) can find a port chosen with 0.
  */
-export async function startProcessExtras(s: Services, options: { dashboardPort: string | null }): Promise<{ close(): Promise<void> }> {
+export async function startProcessExtras(
+  s: Services,
+  options: { dashboardPort: string | null; host?: string | undefined },
+): Promise<{ close(): Promise<void> }> {
   const closers: Array<() => Promise<void>> = [];
+  const host = options.host ?? s.env.RLQ_DASHBOARD_HOST;
+  const token = readDashboardToken(s.env);
+  if (s.env.RLQ_METRICS_PORT !== undefined || options.dashboardPort !== null) assertTokenForHost(host, token);
   processMetrics().attach({ queues: s.queues, db: s.db });
   try {
     if (s.env.RLQ_METRICS_PORT !== undefined) {
-      const m = await startMetricsServer(s.env.RLQ_METRICS_PORT);
+      const m = await startMetricsServer(s.env.RLQ_METRICS_PORT, { host, ...(token === undefined ? {} : { token }) });
       closers.push(() => m.close());
       process.stderr.write(`metrics listening ${m.port}\n`);
     }
@@ -37,7 +47,8 @@ export async function startProcessExtras(s: Services, options: { dashboardPort: 
         backend: s.backend,
         contexts: s.contexts,
         port: parsePort("--dashboard-port", options.dashboardPort),
-        ...(s.env.RLQ_DASHBOARD_TOKEN ? { token: s.env.RLQ_DASHBOARD_TOKEN } : {}),
+        host,
+        ...(token === undefined ? {} : { token }),
       });
       closers.push(() => d.close());
       process.stderr.write(`dashboard listening ${d.url}\n`);
@@ -54,9 +65,9 @@ export async function startProcessExtras(s: Services, options: { dashboardPort: 
   };
 }
 
-/** `rlq dashboard [--port 8420]`: serve until SIGINT/SIGTERM. */
-export async function runDashboardCommand(s: Services, port: string, signal: AbortSignal): Promise<number> {
-  const extras = await startProcessExtras(s, { dashboardPort: port });
+/** `rlq dashboard [--port 8420] [--host 127.0.0.1]`: serve until SIGINT/SIGTERM. */
+export async function runDashboardCommand(s: Services, port: string, host: string | undefined, signal: AbortSignal): Promise<number> {
+  const extras = await startProcessExtras(s, { dashboardPort: port, host });
   try {
     await new Promise<void>((r) => (signal.aborted ? r() : signal.addEventListener("abort", () => r(), { once: true })));
   } finally {

@@ -20,9 +20,9 @@ const usage = `rlq — durable RL post-training on a queue
   rlq run pause|resume|cancel ID
   rlq run amend ID --set key=value...
   rlq worker QUEUE... [--concurrency N]        QUEUE: rollout reward train eval
-  rlq up [--run ID] [--exit-when-done] [--workers rollout,reward,train,eval] [--dashboard [--dashboard-port 8420]]
+  rlq up [--run ID] [--exit-when-done] [--workers rollout,reward,train,eval] [--dashboard [--dashboard-port 8420] [--dashboard-host H]]
                                                 controller(s) and workers in one process
-  rlq dashboard [--port 8420]                   live web page per run, Bull Board at /queues, /metrics
+  rlq dashboard [--port 8420] [--host H]        live web page per run, Bull Board at /queues, /metrics
   rlq sql "QUERY" [--json] [--limit N]          one read-only statement as rlq_reader, rows streamed
   rlq replay ID [--check]
   rlq retrain ID --step S [--out DIR]           replay step S's batch into the trainer, compare with its commit
@@ -35,7 +35,8 @@ const usage = `rlq — durable RL post-training on a queue
   rlq help [CMD]    rlq CMD --help    rlq --version
 
 Environment: DATABASE_URL (else an embedded Postgres under RLQ_HOME), REDIS_URL (else BullMQ's Postgres backend),
-RLQ_METRICS_PORT (Prometheus /metrics of up, worker and dashboard), RLQ_DASHBOARD_TOKEN (allows pause/resume from the dashboard).`;
+RLQ_METRICS_PORT (Prometheus /metrics of up, worker and dashboard), RLQ_DASHBOARD_TOKEN or RLQ_DASHBOARD_TOKEN_FILE (allows pause/resume from the dashboard;
+required for every request when it listens beyond loopback), RLQ_DASHBOARD_HOST (where the dashboard and /metrics listen).`;
 
 async function withServices<T>(name: string, fn: (s: Services) => Promise<T>, options: { migrate?: boolean } = {}): Promise<T> {
   const services = await createServices(readEnv(), { applicationName: name, ...options });
@@ -85,6 +86,8 @@ export async function main(argv: string[]): Promise<number> {
       port: { type: "string" },
       dashboard: { type: "boolean" },
       "dashboard-port": { type: "string" },
+      "dashboard-host": { type: "string" },
+      host: { type: "string" },
       help: { type: "boolean", short: "h" },
     },
   });
@@ -153,7 +156,10 @@ export async function main(argv: string[]): Promise<number> {
         import("../observability/progress.ts"),
       ]);
       return withServices("rlq-up", async (s) => {
-        const extras = await startProcessExtras(s, { dashboardPort: values.dashboard ? (values["dashboard-port"] ?? "8420") : null });
+        const extras = await startProcessExtras(s, {
+          dashboardPort: values.dashboard ? (values["dashboard-port"] ?? "8420") : null,
+          host: values["dashboard-host"],
+        });
         const progress = createProgressDisplay({ stream: process.stdout, isTty: process.stdout.isTTY === true, columns: process.stdout.columns });
         try {
           return await runUp(s, {
@@ -210,7 +216,7 @@ export async function main(argv: string[]): Promise<number> {
     case "dashboard": {
       const { runDashboardCommand } = await import("./dashboard.ts");
       const { signal } = waitForSignal();
-      return withServices("rlq-dashboard", (s) => runDashboardCommand(s, values.port ?? "8420", signal));
+      return withServices("rlq-dashboard", (s) => runDashboardCommand(s, values.port ?? "8420", values.host, signal));
     }
     default:
       process.stderr.write(`rlq: unknown command '${cmd}'\n\n${usage}\n`);

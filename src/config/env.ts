@@ -36,7 +36,15 @@ const envSchema = z.object({
    * Unset: the dashboard is read-only.
    */
   RLQ_DASHBOARD_TOKEN: z.string().min(16, "at least 16 characters").optional(),
-  /** Serve Prometheus /metrics on this port (127.0.0.1) from `rlq up`, `rlq worker` and `rlq dashboard`. */
+  /** A file that holds the dashboard token (trailing newline trimmed), instead of RLQ_DASHBOARD_TOKEN. */
+  RLQ_DASHBOARD_TOKEN_FILE: z.preprocess((v) => (v === "" ? undefined : v), z.string().optional()),
+  /**
+   * Where the dashboard and /metrics listen (`--host` overrides it); default 127.0.0.1. Beyond
+   * loopback every request needs the dashboard token, and without one they refuse to start
+   * (dashboard/access.ts).
+   */
+  RLQ_DASHBOARD_HOST: z.preprocess((v) => (v === "" ? undefined : v), z.string().default("127.0.0.1")),
+  /** Serve Prometheus /metrics on this port (at RLQ_DASHBOARD_HOST) from `rlq up`, `rlq worker` and `rlq dashboard`. */
   RLQ_METRICS_PORT: z.coerce.number().int().min(0).max(65535).optional(),
   /**
    * How long a controller waits between ticks when nothing happened (ms). It is woken earlier by

@@ -12,6 +12,8 @@ import { jobIds } from "../queue/payloads.ts";
 import { listRunsForDashboard, listSamples, loadRunOverview, loadSample } from "./queries.ts";
 import { mountBullBoard } from "./bull-board.ts";
 import { tokenMatches } from "./token.ts";
+import { assertTokenForHost, requireToken } from "./access.ts";
+import { isLoopbackHost } from "../lib/loopback.ts";
 import { processMetrics } from "../observability/prometheus.ts";
 import { requestRunChange } from "../api.ts";
 import { registerSecret } from "../lib/redact.ts";
@@ -23,6 +25,8 @@ import { RlqError } from "../lib/errors.ts";
  * - `/api/...`     JSON read from the store by single SELECTs (dashboard/queries.ts);
  * - `/queues`      Bull Board, read-only without the token (dashboard/bull-board.ts);
  * - `/metrics`     this process's Prometheus metrics.
+ * It listens on `host` (127.0.0.1 by default); beyond loopback every request needs the token
+ * (dashboard/access.ts), and without one it refuses to start.
  * It holds no state of its own: every request reads Postgres (and the queue for
  * the train job's state), so a dashboard keeps working while `rlq up` is
  * SIGKILLed and restarted, and any number of dashboards can run.
@@ -36,6 +40,7 @@ export interface DashboardOptions {
   backend: QueueBackend;
   contexts: RunContextCache;
   port: number;
+  /** Listen address; default 127.0.0.1. Beyond loopback (lib/loopback.ts) `token` is required and guards every request. */
   host?: string;
   /** Bearer token for pause/resume and Bull Board's queue changes; undefined: the dashboard is read-only. */
   token?: string;
@@ -57,10 +62,13 @@ const stepQuery = z.object({ step: z.coerce.number().int().nonnegative().optiona
 
 export async function startDashboard(options: DashboardOptions): Promise<DashboardHandle> {
   const { db, queues, readerDb } = options;
+  const host = options.host ?? "127.0.0.1";
+  assertTokenForHost(host, options.token);
   if (options.token) registerSecret(options.token);
   processMetrics().attach({ queues, db });
   const app = express();
   app.disable("x-powered-by");
+  if (!isLoopbackHost(host) && options.token !== undefined) app.use(requireToken(options.token));
   const wrap = (fn: (req: Request, res: Response) => Promise<unknown>) => (req: Request, res: Response, next: NextFunction) => {
     fn(req, res).then((body) => {
       if (!res.headersSent) res.json(body);
@@ -176,13 +184,13 @@ export async function startDashboard(options: DashboardOptions): Promise<Dashboa
           : e,
       ),
     );
-    server.listen(options.port, options.host ?? "127.0.0.1", () => resolve());
+    server.listen(options.port, host, () => resolve());
   });
   const address = server.address();
   const port = typeof address === "object" && address ? address.port : options.port;
   return {
     port,
-    url: `http://${options.host ?? "127.0.0.1"}:${port}`,
+    url: `http://${host.includes(":") ? `[${host}]` : host}:${port}`,
     server,
     async close() {
       server.closeAllConnections();

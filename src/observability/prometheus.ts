@@ -3,6 +3,9 @@ import { Counter, Gauge, Registry, collectDefaultMetrics } from "prom-client";
 import type { Db } from "../store/db.ts";
 import { readSelect } from "../store/dashboard-read.ts";
 import { sql } from "../dashboard/queries.ts";
+import { tokenMatches } from "../dashboard/token.ts";
+import { assertTokenForHost } from "../dashboard/access.ts";
+import { isLoopbackHost } from "../lib/loopback.ts";
 import type { Queues } from "../queue/queues.ts";
 
 /**
@@ -107,12 +110,28 @@ export function processMetrics(): ProcessMetrics {
   return metrics;
 }
 
-/** Serve GET /metrics on 127.0.0.1:port (0: any free port). */
-export async function startMetricsServer(port: number, host = "127.0.0.1"): Promise<{ port: number; server: Server; close(): Promise<void> }> {
+/**
+ * Serve GET /metrics on host:port (0: any free port; host default 127.0.0.1). Beyond loopback
+ * (lib/loopback.ts) a scrape needs `Authorization: Bearer <token>` (Prometheus sends it from
+ * `authorization` / `bearer_token` in a scrape config), and without a token this refuses to start.
+ */
+export async function startMetricsServer(
+  port: number,
+  options: { host?: string; token?: string } = {},
+): Promise<{ port: number; server: Server; close(): Promise<void> }> {
   const { registry } = processMetrics();
+  const host = options.host ?? "127.0.0.1";
+  assertTokenForHost(host, options.token);
+  const token = isLoopbackHost(host) ? undefined : options.token;
   const server = createServer((req, res) => {
     if (req.url !== "/metrics") {
       res.writeHead(404).end("GET /metrics\n");
+      return;
+    }
+    if (token !== undefined && !tokenMatches(token, req.headers.authorization)) {
+      res
+        .writeHead(401, { "content-type": "text/plain", "www-authenticate": 'Bearer realm="rlq metrics"' })
+        .end("/metrics listens beyond loopback: send the header 'Authorization: Bearer <RLQ_DASHBOARD_TOKEN>'\n");
       return;
     }
     registry.metrics().then(
