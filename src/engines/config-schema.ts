@@ -30,6 +30,13 @@ export const sglangEngineConfigSchema = z
     batch_group: z.boolean().default(false),
     /** The workers' (and router's) --api-key, from the environment or a file: {env: NAME} | {file: PATH}. Only the reference is stored. */
     api_key: secretRefSchema.optional(),
+    /**
+     * The workers' --admin-api-key, {env: NAME} | {file: PATH}; only the reference is stored. SGLang
+     * started with both keys accepts only this one on its admin routes (abort, weight loads and
+     * pushes, pause, flush: python/sglang/srt/utils/auth.py decide_request_auth, ADMIN_OPTIONAL) and
+     * only api_key on the others; rlq sends each where it belongs. Unset: api_key goes everywhere.
+     */
+    admin_api_key: secretRefSchema.optional(),
     /** The router's key when it differs from the workers' (the router's own --api-key). */
     router_api_key: secretRefSchema.optional(),
     /** How often the router's worker list is read again (s); 0: only at start. */

@@ -39,9 +39,10 @@ export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: 
   let refresh: (() => Promise<RemoteEngine[]>) | null = null;
   if (engine.kind === "sglang") {
     const apiKey = readOptionalSecret(engine.api_key, "engine.api_key", env);
+    const adminApiKey = readOptionalSecret(engine.admin_api_key, "engine.admin_api_key", env);
     const routerKey = readOptionalSecret(engine.router_api_key, "engine.router_api_key", env) ?? apiKey;
     const make = (url: string) =>
-      createSglangServer({ url, requestTimeoutMs: timeoutMs, isStreaming: engine.stream, isBatchingGroups: engine.batch_group, apiKey });
+      createSglangServer({ url, requestTimeoutMs: timeoutMs, isStreaming: engine.stream, isBatchingGroups: engine.batch_group, apiKey, adminApiKey });
     const urls = [...engine.urls];
     const routerUrl = engine.router_url;
     if (routerUrl !== null) for (const u of await listRouterWorkers(routerUrl, { apiKey: routerKey })) if (!urls.includes(u)) urls.push(u);

@@ -362,6 +362,7 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     const deadline = now() + abortWaitMs;
     // A weight sync on exclusive servers: the controller's abort_all is ending this request too.
     let isServerAborting = options.isExclusive === true && isPaused;
+    let isRefusalLogged = false;
     // Re-send until the request has come back: an abort that reaches the server
     // before the request does is a no-op there.
     while (!entry.isSettled) {
@@ -372,7 +373,18 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
         if (!m.engine.canAbortById || now() >= deadline || m.state === "dead") {
           f.controller.abort(new Error("aborted by caller"));
         } else if (!isServerAborting) {
-          await m.engine.abort([f.rid]).catch(() => undefined);
+          await m.engine.abort([f.rid]).catch((e: unknown) => {
+            // A transient failure is re-sent on the next turn of this loop. One that will not pass
+            // (an admin key the server refuses: engine_admin_unauthorized) is logged once and the
+            // request is cancelled here instead: closing its connection ends it on the server too.
+            if ((e instanceof RlqError && e.isRetriable) || isRefusalLogged) return;
+            isRefusalLogged = true;
+            log.warn(
+              { engine: m.engine.id, rid: f.rid, code: e instanceof RlqError ? e.code : null, err: errorMessage(e) },
+              "abort refused; cancelling locally",
+            );
+            f.controller.abort(new Error("abort refused by the server"));
+          });
         }
       }
       isServerAborting = false;

@@ -1,4 +1,5 @@
 import { RlqError } from "../lib/errors.ts";
+import { EngineHttpError } from "./http.ts";
 import { EngineRequestError, parseWeightVersion, type PartialOutput } from "./remote.ts";
 
 /** What SGLang's /generate answers (meta_info), checked and applied to a partial output. */
@@ -23,11 +24,11 @@ export interface SglangMetaInfo {
  *
  * A request-level error comes as `{"error": {...}}` instead of an answer:
  * SGLang streams it as an SSE event of an HTTP 200 response when the request
- * fails after the stream began (http_server.py generate_request's
- * stream_results: `yield b"data: " + dumps({"error": {"message": str(e)}})`),
- * e.g. a prompt over the context length (tokenizer_manager.py
- * _validate_one_request). That is the request's fault, never the engine's:
- * EngineRequestError.
+ * fails after the stream began (python/sglang/srt/entrypoints/http_server.py
+ * generate_request's stream_results), e.g. a prompt over the context length
+ * (managers/tokenizer_manager.py _validate_one_request). Newest SGLang's event
+ * is `{"error": {message, type, code: <HTTP status>, retryable}}` (0.5.x: only
+ * `message`); `streamedError` reads it.
  */
 export function readSglangAnswer(payload: unknown, where: string): SglangMetaInfo {
   const bad = (what: string, path: string): never => {
@@ -37,7 +38,7 @@ export function readSglangAnswer(payload: unknown, where: string): SglangMetaInf
   const isCount = (v: unknown): v is number => typeof v === "number" && Number.isInteger(v) && v >= 0;
   if (!isObject(payload)) return bad("expected an object", "(answer)");
   if (payload.error !== undefined && payload.meta_info === undefined) {
-    throw new EngineRequestError(`${where}: the server refused the request: ${errorText(payload.error)}`);
+    throw streamedError(payload.error, where);
   }
   if (payload.text !== undefined && typeof payload.text !== "string") bad("expected a string", "text");
   const meta = payload.meta_info;
@@ -63,6 +64,21 @@ export function readSglangAnswer(payload: unknown, where: string): SglangMetaInf
   if (meta.weight_versions !== undefined && meta.weight_versions !== null && !Array.isArray(meta.weight_versions))
     bad("expected an array", "meta_info.weight_versions");
   return meta; // checked field by field above
+}
+
+/**
+ * What an `error` event means: `retryable: true`, or a 5xx `code` without `retryable`, is the
+ * server's trouble and is retried as an HTTP 5xx answer is (engine_http_error, retriable, with the
+ * code as its status); anything else (a 4xx, `retryable: false`, or 0.5.x's bare message) is the
+ * request's fault, and the sample fails with the server's message and code (EngineRequestError).
+ */
+function streamedError(e: unknown, where: string): Error {
+  const fields = typeof e === "object" && e !== null ? (e as { code?: unknown; retryable?: unknown }) : {};
+  const status = typeof fields.code === "number" && Number.isInteger(fields.code) ? fields.code : null;
+  const isRetriable = fields.retryable === true || (fields.retryable === undefined && status !== null && status >= 500);
+  const said = `${errorText(e)}${status === null ? "" : ` (code ${status}${typeof fields.retryable === "boolean" ? `, retryable ${fields.retryable}` : ""})`}`;
+  if (isRetriable) return new EngineHttpError("engine_http_error", `${where}: the server failed the request: ${said}`, { isRetriable: true, status });
+  return new EngineRequestError(`${where}: the server refused the request: ${said}`);
 }
 
 /** The message of an `error` member ({message} or a string), for the sample's failure reason. */

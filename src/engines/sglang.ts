@@ -22,8 +22,16 @@ import { requestText } from "../lib/http-client.ts";
  * One SGLang server through its native API (as slime/rollout/sglang_rollout.py at 624b824 uses it):
  * POST /generate {rid, input_ids, sampling_params, return_logprob, stream};
  * POST /abort_request {rid} (abort_all only with engine.exclusive: otherwise other runs and evals share the
- * server); GET /health_generate; GET /get_weight_version; POST
- * /update_weights_from_disk {model_path, weight_version}; GET /get_model_info.
+ * server); GET /health_generate; GET /model_info (the version; /get_model_info, /get_weight_version
+ * on servers without it); POST /update_weights_from_disk {model_path, weight_version};
+ * GET /server_info (/get_server_info on servers without it).
+ *
+ * Keys (python/sglang/srt/utils/auth.py decide_request_auth; the routes' levels are the
+ * `@auth_level` marks in python/sglang/srt/entrypoints/http_server.py): /health* take none;
+ * NORMAL routes (/generate, /model_info, /server_info) take --api-key; ADMIN_OPTIONAL routes
+ * (/abort_request, /update_weights_*, /pause_generation, /continue_generation, /flush_cache) take
+ * only --admin-api-key when the server has one, and --api-key otherwise. A refused admin call is
+ * engine_admin_unauthorized, naming engine.admin_api_key.
  *
  * Without streaming (the default, engine.stream false) each request is one
  * /generate, as slime sends them; with engine.batch_group the samples of one
@@ -42,7 +50,7 @@ class VersionChanged extends RlqError {
 
 /** A non-2xx /generate answer: 400 (and 413/422) is the request's fault (http_server.py answers ValueError with 400); 401/403 a missing key. */
 function generateHttpError(e: unknown, where: string): unknown {
-  if (e instanceof EngineHttpError && e.status !== null && (e.status === 400 || e.status === 413 || e.status === 422)) {
+  if (e instanceof EngineHttpError && !e.isRetriable && e.status !== null && (e.status === 400 || e.status === 413 || e.status === 422)) {
     return new EngineRequestError(`${where}: the server refused the request: ${e.message}`, { cause: e });
   }
   return e;
@@ -68,18 +76,69 @@ export interface SglangServerOptions {
    * one event-loop turn as one batch /generate; false (default, as slime) one /generate per sample.
    */
   isBatchingGroups?: boolean;
-  /** The server's --api-key: sent as `Authorization: Bearer` on every call. */
+  /** The server's --api-key: sent as `Authorization: Bearer` on every call but the admin ones when adminApiKey is set. */
   apiKey?: string;
+  /** The server's --admin-api-key: sent on the admin routes (abort, weight loads) instead of apiKey. */
+  adminApiKey?: string;
 }
 
-/** Where the version is read, newest first (get_weight_version is deprecated in favour of model_info). */
+/**
+ * Where the version is read, newest first: newest SGLang serves /model_info, keeps /get_model_info
+ * as a deprecated alias that logs "will be removed" on every call, and has no /get_weight_version
+ * (python/sglang/srt/entrypoints/http_server.py); 0.5.x has only the last two.
+ */
 const VERSION_ENDPOINTS = ["/model_info", "/get_model_info", "/get_weight_version"] as const;
+
+/**
+ * GET the first of `paths` that the server has: a 404 means a server older (or newer) than the
+ * route, and the next one is asked; any other failure is the answer.
+ */
+async function getFirstServed(url: string, paths: readonly string[], options: { timeoutMs: number; headers?: Record<string, string> }): Promise<unknown> {
+  let notFound: unknown = null;
+  for (const path of paths) {
+    try {
+      return await callJson("GET", `${url}${path}`, undefined, options);
+    } catch (e) {
+      if (!(e instanceof EngineHttpError && e.status === 404)) throw e;
+      notFound = e;
+    }
+  }
+  throw notFound;
+}
+
+/**
+ * An admin call (utils/auth.py ADMIN_OPTIONAL): a 401/403 names the admin key, since a server
+ * with --admin-api-key refuses --api-key there while it takes it on /generate.
+ */
+async function adminCall(
+  url: string,
+  path: string,
+  body: unknown,
+  options: { timeoutMs: number; headers?: Record<string, string>; lane?: "control"; hasAdminKey: boolean },
+): Promise<unknown> {
+  const { hasAdminKey, ...callOptions } = options;
+  try {
+    return await callJson("POST", `${url}${path}`, body, callOptions);
+  } catch (e) {
+    if (!(e instanceof EngineHttpError && e.code === "engine_unauthorized")) throw e;
+    const fix = hasAdminKey
+      ? "engine.admin_api_key is not the key the server was started with (--admin-api-key)"
+      : "the server runs --admin-api-key, which alone opens its admin routes: set engine.admin_api_key to {env: NAME} or {file: PATH}";
+    throw new EngineHttpError("engine_admin_unauthorized", `SGLang ${url}${path}: HTTP ${e.status}: admin call refused: ${fix}`, {
+      cause: e,
+      isRetriable: false,
+      status: e.status,
+    });
+  }
+}
 
 export function createSglangServer(options: SglangServerOptions): RemoteEngine {
   const url = options.url.replace(/\/+$/, "");
   const adminMs = options.adminTimeoutMs ?? 10_000;
   const isStreaming = options.isStreaming ?? false;
   const headers = bearer(options.apiKey);
+  const adminHeaders = bearer(options.adminApiKey ?? options.apiKey);
+  const hasAdminKey = options.adminApiKey !== undefined;
   let lastVersion = 0;
   let versionEndpoint: (typeof VERSION_ENDPOINTS)[number] | null = null;
   let healthFailure: "busy" | "down" = "down";
@@ -210,14 +269,16 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
       // caller (the pool) waits for those answers.
       // The control lane: a sync's burst of aborts shares a few connections to this server (lib/http-client.ts).
       await Promise.all(
-        requestIds.map((rid) => callJson("POST", `${url}/abort_request`, { rid, abort_all: false }, { timeoutMs: adminMs, headers, lane: "control" })),
+        requestIds.map((rid) =>
+          adminCall(url, "/abort_request", { rid, abort_all: false }, { timeoutMs: adminMs, headers: adminHeaders, lane: "control", hasAdminKey }),
+        ),
       );
     },
     async abortAll() {
       // tokenizer_manager.py abort_request(abort_all=True): the scheduler ends every waiting and
       // running request, each answering with its tokens so far; a request held behind a load's
       // model update lock is not in the scheduler yet and runs after the load.
-      await callJson("POST", `${url}/abort_request`, { abort_all: true }, { timeoutMs: adminMs, headers, lane: "control" });
+      await adminCall(url, "/abort_request", { abort_all: true }, { timeoutMs: adminMs, headers: adminHeaders, lane: "control", hasAdminKey });
     },
     async health(timeoutMs = adminMs) {
       try {
@@ -248,11 +309,11 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
       const modelPath = uri.startsWith("file://") ? decodeURIComponent(new URL(uri).pathname) : uri;
       let res: { success?: boolean; message?: string };
       try {
-        res = (await callJson(
-          "POST",
-          `${url}/update_weights_from_disk`,
+        res = (await adminCall(
+          url,
+          "/update_weights_from_disk",
           { model_path: modelPath, weight_version: String(version) },
-          { timeoutMs: options.loadTimeoutMs ?? 600_000, headers },
+          { timeoutMs: options.loadTimeoutMs ?? 600_000, headers: adminHeaders, hasAdminKey },
         )) as typeof res;
       } catch (e) {
         // A failed load is HTTP 400 {success: false, message} (http_server.py update_weights_from_disk).
@@ -300,7 +361,8 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
     },
     async checkServer() {
       await checkSglangModel(url, adminMs, headers);
-      const info = (await callJson("GET", `${url}/get_server_info`, undefined, { timeoutMs: adminMs, headers }).catch(() => null)) as {
+      // /server_info, or /get_server_info on servers without it; no answer leaves the seed question open (null).
+      const info = (await getFirstServed(url, ["/server_info", "/get_server_info"], { timeoutMs: adminMs, headers }).catch(() => null)) as {
         enable_deterministic_inference?: unknown;
       } | null;
       seedHonoured = info === null ? null : info.enable_deterministic_inference === true;
@@ -323,9 +385,9 @@ function readTopLogprobs(raw: unknown, where: string): TopLogprob[] {
   });
 }
 
-/** GET /get_model_info: refuse a server that does not generate (an embedding or reward model). */
+/** GET /model_info (/get_model_info on servers without it): refuse a server that does not generate (an embedding or reward model). */
 export async function checkSglangModel(url: string, timeoutMs = 10_000, headers?: Record<string, string>): Promise<{ modelPath: string | null }> {
-  const info = (await callJson("GET", `${url}/get_model_info`, undefined, { timeoutMs, headers })) as { model_path?: string; is_generation?: boolean };
+  const info = (await getFirstServed(url, ["/model_info", "/get_model_info"], { timeoutMs, headers })) as { model_path?: string; is_generation?: boolean };
   if (info.is_generation === false) {
     throw new RlqError(
       "engine_not_generative",

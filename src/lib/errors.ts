@@ -78,6 +78,10 @@ export const ERROR_CODES = {
   engine_timeout: { retriable: true, meaning: "An inference server gave no answer within the request's timeout." },
   engine_http_error: { retriable: "varies", meaning: "An inference server answered non-2xx: retriable for 5xx, 408, 429." },
   engine_unauthorized: { retriable: false, meaning: "An inference server wants an API key (engine.api_key)." },
+  engine_admin_unauthorized: {
+    retriable: false,
+    meaning: "An SGLang server refused an admin call (abort, weight load, pause, flush): it runs --admin-api-key, which engine.admin_api_key must name.",
+  },
   engine_bad_response: {
     retriable: "varies",
     meaning: "An inference server's answer is not JSON or not the expected shape (mostly retriable: a restarting server can answer garbage).",

@@ -50,6 +50,8 @@ export interface FakeSglangStats {
   refused: number;
   duplicates: number;
   unauthorized: number;
+  adminRefused: number;
+  deprecatedCalls: number;
   bytesSent: number;
   tokensGenerated: number;
   healthBusy: number;

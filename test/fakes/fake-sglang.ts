@@ -19,8 +19,8 @@
  *   POST /abort_request {rid, abort_all}, /pause_generation {mode?}, /continue_generation,
  *     /update_weights_from_disk, /init_weights_update_group, /update_weights_from_distributed,
  *     /update_weights_from_tensor; GET|POST /flush_cache; GET /health, /health_generate,
- *     /get_weight_version, /model_info (--new-version-api), /get_model_info, /get_server_info,
- *     /v1/loads; /stats (fake only).
+ *     /model_info, /server_info, /get_model_info, /get_server_info (newest), /get_weight_version
+ *     (--api-layout 0.5 instead of the first two), /v1/loads; /stats (fake only).
  *
  * Quirks reproduced (each is a way a real server hurt rlq):
  * - greedy path (layers/sampler.py Sampler.forward: `if sampling_info.is_all_greedy:` argmax and
@@ -90,23 +90,39 @@
  *   body and always aborts: tokenizer_manager.py pause_generation): abort (default) aborts every
  *   request; in_place and retract keep them, to continue after /continue_generation. New requests
  *   wait until then either way.
- * - versions: /get_weight_version and /get_model_info (both carry weight_version in 0.5.x); with
- *   --new-version-api /get_weight_version answers 404 and /model_info carries it (newer main).
+ * - info and version routes (python/sglang/srt/entrypoints/http_server.py, newest): /model_info
+ *   (weight_version, is_generation, ...) and /server_info (server args, "frontend": "python");
+ *   /get_model_info and /get_server_info still answer the same but log "deprecated and will be
+ *   removed" on every call (counted in stats.deprecatedCalls); /get_weight_version is gone (404).
+ *   --api-layout 0.5 serves 0.5.x's instead (http_server.py at 0025436e): /get_weight_version,
+ *   /get_model_info and /get_server_info, each with weight_version; /model_info and /server_info 404.
  *   --weight-versions-spans adds meta_info.weight_versions = [{version, start, end}] and sets
  *   weight_version to the last span's (utils/weight_versions.py add_weight_versions_to_meta_info):
  *   a request that outlived an update (one paused in place) reports where the version changed.
- * - --api-key (utils/common.py add_api_key_middleware): every route whose path does not start
- *   with /health or /metrics (and every method but OPTIONS) answers 401 {"error": "Unauthorized"}
- *   without `Authorization: Bearer <key>`.
+ * - keys (python/sglang/srt/utils/auth.py decide_request_auth; each route's level is its
+ *   `@auth_level` mark in http_server.py): OPTIONS and paths starting with /health, /ready or
+ *   /metrics pass; the admin routes (ADMIN_OPTIONAL: /abort_request, /pause_generation,
+ *   /continue_generation, /flush_cache, /init_weights_update_group, /update_weights_from_*) take
+ *   only --admin-api-key when it is set (--api-key is NOT accepted there) and --api-key otherwise;
+ *   every other route takes --api-key when it is set, and anything when only --admin-api-key is.
+ *   The key comes as `Authorization: Bearer <key>` or `x-api-key: <key>`; a refusal is 401
+ *   {"error": "Unauthorized"}. (0.5.x's utils/common.py add_api_key_middleware had one key, the
+ *   first rule without the admin tier.)
+ * - streamed error events (http_server.py generate_request's stream_results, newest):
+ *   `data: {"error": {message, type, code: <HTTP status>, retryable}}` then [DONE]; 0.5.x sends
+ *   {message} only.
  *
  * Failure injection, by flag at start or at run time through POST /_fault
- * {mode, afterTokens?, count?, version?, scope?, statusCode?} (GET /_fault reads it):
+ * {mode, afterTokens?, count?, version?, scope?, statusCode?, retryable?} (GET /_fault reads it):
  *   none | 5xx (count: how many answers, default all; scope "generate" or "all")
  *   hang (/health_generate stops answering; generation stalls once a request has
  *     afterTokens tokens, at once when afterTokens is 0)
  *   abort_mid (each request ends with finish_reason abort after afterTokens tokens)
  *   error_abort (the scheduler aborts each request with status_code `statusCode` after afterTokens
  *     tokens; what the client sees follows _wait_one_response above)
+ *   error_event (the next `count` requests fail after afterTokens tokens with an exception that
+ *     carries `statusCode` and `retryable`: streamed, the error event above; not streamed, HTTP
+ *     `statusCode` with the same `error` member)
  *   reset (the next `count` /generate connections are destroyed before any token; the request
  *     stays in flight on the server for the disconnect-abort delay)
  *   die (exit(1) once any request has produced afterTokens tokens; 0 = now)
@@ -114,9 +130,9 @@
  *
  *   tsx test/fakes/fake-sglang.ts --port 0 [--token-delay-ms 2] [--stop-prob 0.08]
  *     [--weight-version 0] [--logprob-mode scaled|original|truncated] [--load-delay-ms 0]
- *     [--api-key KEY] [--context-length 32768] [--enable-deterministic-inference]
+ *     [--api-key KEY] [--admin-api-key KEY] [--api-layout newest|0.5] [--context-length 32768] [--enable-deterministic-inference]
  *     [--incremental-streaming-output] [--stream-interval 1] [--weight-versions-spans]
- *     [--new-version-api] [--health-block-ms 20000] [--health-poll-ms 1000] [--tp-size 1]
+ *     [--health-block-ms 20000] [--health-poll-ms 1000] [--tp-size 1]
  *     [--disconnect-abort-delay-ms 2000] [--fault MODE] [--fault-after-tokens N] [--fault-version V]
  *     [--model full|instant]   (instant: fake-lm.ts instantToken, for throughput benches)
  * prints "listening <port>" on stdout.
@@ -140,12 +156,13 @@ const { values } = parseArgs({
     "load-delay-ms": { type: "string", default: "0" },
     model: { type: "string", default: "full" },
     "api-key": { type: "string" },
+    "admin-api-key": { type: "string" },
+    "api-layout": { type: "string", default: "newest" },
     "context-length": { type: "string", default: "32768" },
     "enable-deterministic-inference": { type: "boolean", default: false },
     "incremental-streaming-output": { type: "boolean", default: false },
     "stream-interval": { type: "string", default: "1" },
     "weight-versions-spans": { type: "boolean", default: false },
-    "new-version-api": { type: "boolean", default: false },
     "health-block-ms": { type: "string", default: "20000" },
     "health-poll-ms": { type: "string", default: "1000" },
     "tp-size": { type: "string", default: "1" },
@@ -157,18 +174,20 @@ const { values } = parseArgs({
   },
 });
 if (values.model !== "full" && values.model !== "instant") throw new Error(`--model: expected full or instant, got ${values.model}`);
+if (values["api-layout"] !== "newest" && values["api-layout"] !== "0.5") throw new Error(`--api-layout: expected newest or 0.5, got ${values["api-layout"]}`);
 Object.assign(opts, {
   tokenDelayMs: Number(values["token-delay-ms"]),
   stopProb: Number(values["stop-prob"]),
   logprobMode: values["logprob-mode"] as LogprobMode,
   loadDelayMs: Number(values["load-delay-ms"]),
   apiKey: values["api-key"],
+  adminApiKey: values["admin-api-key"],
   contextLength: Number(values["context-length"]),
   isDeterministic: values["enable-deterministic-inference"] === true,
   isIncremental: values["incremental-streaming-output"] === true,
   streamInterval: Math.max(1, Number(values["stream-interval"])),
   hasSpans: values["weight-versions-spans"] === true,
-  isNewVersionApi: values["new-version-api"] === true,
+  isOldLayout: values["api-layout"] === "0.5",
   healthBlockMs: Number(values["health-block-ms"]),
   healthPollMs: Number(values["health-poll-ms"]),
   tpSize: Number(values["tp-size"]),
@@ -183,13 +202,35 @@ st.fault = {
   version: Number(values["fault-version"]),
   scope: "generate",
   statusCode: 500,
+  isRetryable: false,
 };
 
-/** utils/common.py add_api_key_middleware: OPTIONS and paths starting with /health or /metrics pass; /_fault and /stats are the fake's own. */
+/** The routes http_server.py marks `@auth_level(AuthLevel.ADMIN_OPTIONAL)` that rlq and its trainer call. */
+const ADMIN_OPTIONAL_PATHS = new Set([
+  "/abort_request",
+  "/pause_generation",
+  "/continue_generation",
+  "/flush_cache",
+  "/init_weights_update_group",
+  "/update_weights_from_disk",
+  "/update_weights_from_distributed",
+  "/update_weights_from_tensor",
+]);
+
+/** utils/auth.py decide_request_auth (the header documents the rule); /_fault and /stats are the fake's own. */
 function isAuthorized(req: IncomingMessage, path: string): boolean {
-  if (opts.apiKey === undefined || req.method === "OPTIONS") return true;
-  if (path.startsWith("/health") || path.startsWith("/metrics") || path === "/_fault" || path === "/stats") return true;
-  return req.headers.authorization === `Bearer ${opts.apiKey}`;
+  if (req.method === "OPTIONS") return true;
+  if (path.startsWith("/health") || path.startsWith("/ready") || path.startsWith("/metrics") || path === "/_fault" || path === "/stats") return true;
+  const carries = (key: string) => req.headers.authorization === `Bearer ${key}` || req.headers["x-api-key"] === key;
+  if (ADMIN_OPTIONAL_PATHS.has(path)) {
+    if (opts.adminApiKey !== undefined) {
+      if (carries(opts.adminApiKey)) return true;
+      stats.adminRefused++;
+      return false;
+    }
+    return opts.apiKey === undefined || carries(opts.apiKey);
+  }
+  return opts.apiKey === undefined || carries(opts.apiKey);
 }
 
 const server = createServer((req, res) => {
@@ -272,6 +313,7 @@ const server = createServer((req, res) => {
             version: Number(b.version ?? 0),
             scope: b.scope === "all" ? "all" : "generate",
             statusCode: Number(b.statusCode ?? 500),
+            isRetryable: b.retryable === true,
           };
           st.faultEpoch++;
           send(res, 200, st.fault);
@@ -282,24 +324,23 @@ const server = createServer((req, res) => {
       }
       if (url === "/health_generate" || url === "/health") return await healthGenerate(res);
       if (url === "/get_weight_version") {
-        if (opts.isNewVersionApi) return send(res, 404, { detail: "Not Found" });
+        if (!opts.isOldLayout) return send(res, 404, { detail: "Not Found" });
         return send(res, 200, { weight_version: String(reportedVersion()) });
       }
-      if (url === "/model_info") {
-        if (!opts.isNewVersionApi) return send(res, 404, { detail: "Not Found" });
-        return send(res, 200, { model_path: "fake/model", is_generation: true, weight_version: String(reportedVersion()) });
-      }
-      if (url === "/get_model_info") {
-        // 0.5.x http_server.py get_model_info carries weight_version too.
+      if (url === "/model_info" || url === "/get_model_info") {
+        if (url === "/model_info" && opts.isOldLayout) return send(res, 404, { detail: "Not Found" });
+        if (url === "/get_model_info" && !opts.isOldLayout) stats.deprecatedCalls++;
         return send(res, 200, {
           model_path: "fake/model",
           tokenizer_path: "fake/model",
           is_generation: true,
           preferred_sampling_params: null,
-          ...(opts.isNewVersionApi ? {} : { weight_version: String(reportedVersion()) }),
+          weight_version: String(reportedVersion()),
         });
       }
-      if (url === "/get_server_info") {
+      if (url === "/server_info" || url === "/get_server_info") {
+        if (url === "/server_info" && opts.isOldLayout) return send(res, 404, { detail: "Not Found" });
+        if (url === "/get_server_info" && !opts.isOldLayout) stats.deprecatedCalls++;
         return send(res, 200, {
           model_path: "fake/model",
           weight_version: String(reportedVersion()),
@@ -310,6 +351,7 @@ const server = createServer((req, res) => {
           stream_interval: opts.streamInterval,
           version: "fake-sglang",
           internal_states: [{}],
+          ...(opts.isOldLayout ? {} : { frontend: "python" }),
         });
       }
       if (url === "/v1/loads") return send(res, 200, { loads: [{ dp_rank: 0, num_running_reqs: live.size, num_waiting_reqs: 0 }] });

@@ -198,7 +198,7 @@ describe("SGLang as it is", () => {
   });
 
   it("8. the version is read from /model_info where /get_weight_version is gone", async () => {
-    const f = await fake(["--new-version-api", "--weight-version", "3"]);
+    const f = await fake(["--weight-version", "3"]);
     const p = pool([f.url]);
     await p.awaitReady(10_000);
     expect(await p.weightVersion()).toBe(3);
@@ -230,7 +230,7 @@ describe("SGLang as it is", () => {
     expect(after.refused - before.refused).toBe(1);
   });
 
-  it("10. seeds: masked to 31 bits; whether the server honours them is read from /get_server_info and shown", async () => {
+  it("10. seeds: masked to 31 bits; whether the server honours them is read from /server_info and shown", async () => {
     const off = await fake(["--nondeterministic"]);
     const on = await fake();
     const p = pool([off.url]);

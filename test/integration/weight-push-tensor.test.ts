@@ -72,8 +72,8 @@ describe("update_weights_from_tensor against the fake SGLang", () => {
     const s = await fakeStats(f.url);
     expect(s.lastTensorPush).toMatchObject({ count: 2, load_format: null, flush_cache: true, weight_version: "7" });
     expect(s.cacheFlushes).toBe(1);
-    const v = await fetch(`${f.url}/get_weight_version`, { headers: { authorization: `Bearer ${key}` } });
-    expect(await v.json()).toEqual({ weight_version: "7" });
+    const v = await fetch(`${f.url}/model_info`, { headers: { authorization: `Bearer ${key}` } });
+    expect(await v.json()).toMatchObject({ weight_version: "7" });
     // Nothing runs now: /flush_cache answers 200 with its plain-text body.
     const flushed = await post(f.url, "/flush_cache", {}, key);
     expect(flushed).toMatchObject({ status: 200, text: expect.stringMatching(/^Cache flushed\./) });

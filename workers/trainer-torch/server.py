@@ -48,7 +48,8 @@ def push_worker_args(args) -> list:
     out = ["--push-engines", args.push_engines, "--push-master-address", args.push_master_address,
            "--push-master-port", str(args.push_master_port), "--push-backend", args.push_backend,
            "--push-via", args.push_via, "--push-tp-size", str(args.push_tp_size)]
-    return out + (["--push-api-key-env", args.push_api_key_env] if args.push_api_key_env else [])
+    out += ["--push-api-key-env", args.push_api_key_env] if args.push_api_key_env else []
+    return out + (["--push-admin-api-key-env", args.push_admin_api_key_env] if args.push_admin_api_key_env else [])
 
 
 class TrainerService:
@@ -79,9 +80,9 @@ class TrainerService:
             self.pusher = None  # the front holds no weights: rank 0 of the group pushes (dist_worker.py)
         else:
             self.trainer = TorchTrainer(device, defaults, bf16=bf16, log=log)
-            from rlq_torch.weight_push import pusher_from_args  # weight_sync: trainer_push (docs/engines.md)
+            from rlq_torch.weight_push import push_api_key, pusher_from_args  # weight_sync: trainer_push (docs/engines.md)
 
-            self.pusher = pusher_from_args(args, os.environ.get(args.push_api_key_env) if args.push_api_key_env else None)
+            self.pusher = pusher_from_args(args, push_api_key(args, os.environ))
         self.device_name = str(self.trainer.device) if self.trainer.device.type != "cuda" else f"cuda:{torch.cuda.current_device()}"
         if args.nproc * args.nnodes > 1:
             self.device_name = f"{self.trainer.device.type} x{args.nproc * args.nnodes}"
@@ -335,6 +336,8 @@ def main(argv=None) -> None:
     ap.add_argument("--push-master-port", type=int, default=29600)
     ap.add_argument("--push-backend", default="nccl", help="nccl (GPU) or gloo (CPU)")
     ap.add_argument("--push-api-key-env", default=None, help="environment variable holding the engines' --api-key")
+    ap.add_argument("--push-admin-api-key-env", default=None,
+                    help="environment variable holding the engines' --admin-api-key: SGLang with one takes only it on the push routes")
     ap.add_argument("--push-via", choices=["distributed", "tensor"], default="distributed",
                     help="distributed: update_weights_from_distributed over a process group; tensor: update_weights_from_tensor (engines on this host)")
     ap.add_argument("--push-tp-size", type=int, default=1, help="--push-via tensor: the engines' tensor-parallel size (one serialized copy per TP rank)")

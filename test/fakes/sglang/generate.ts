@@ -81,6 +81,11 @@ export async function generateOne(
         g.finish = "error_abort";
         break;
       }
+      if (st.fault.mode === "error_event" && g.out.length >= st.fault.afterTokens && st.fault.count !== 0) {
+        if (st.fault.count > 0) st.fault.count--;
+        g.finish = "error_event";
+        break;
+      }
       if (state.aborted || (st.fault.mode === "abort_mid" && g.out.length >= st.fault.afterTokens)) {
         g.finish = "abort";
         break;
@@ -139,15 +144,40 @@ export function finishReason(f: Finish | null) {
  * an abort with status_code: 400 raises ValueError (a request error), 500 and 503 raise
  * fastapi.HTTPException; other codes are passed on in finish_reason.
  */
-export function raisedBy(g: Generated): { kind: "value_error" | "http_exception"; status: number; message: string } | null {
+export function raisedBy(g: Generated): Raised | null {
+  if (g.finish === "error_event") {
+    return { kind: "error_event", status: st.fault.statusCode, message: `injected error ${st.fault.statusCode}`, isRetryable: st.fault.isRetryable };
+  }
   if (g.finish !== "error_abort") return null;
   if (st.fault.statusCode === 400) return { kind: "value_error", status: 400, message: errorAbortMessage() };
   if (st.fault.statusCode === 500 || st.fault.statusCode === 503) return { kind: "http_exception", status: st.fault.statusCode, message: errorAbortMessage() };
   return null;
 }
 
+/**
+ * An exception raised for one request: a ValueError, an HTTPException, or (error_event, the fault
+ * that cues it) one carrying its own status and whether a retry may pass.
+ */
+export interface Raised {
+  kind: "value_error" | "http_exception" | "error_event";
+  status: number;
+  message: string;
+  isRetryable?: boolean;
+}
+
+/**
+ * The `error` member of an event: newest http_server.py generate_request's stream_results sends
+ * {message, type, code: <HTTP status>, retryable} (python/sglang/srt/entrypoints/http_server.py);
+ * 0.5.x (--api-layout 0.5) sends {message} only.
+ */
+export function errorMember(message: string, status = 400, isRetryable = false): Record<string, unknown> {
+  if (opts.isOldLayout) return { message };
+  return { message, type: status < 500 ? "invalid_request_error" : "internal_error", code: status, retryable: isRetryable };
+}
+
 /** http_server.py: a ValueError is _create_error_response (400 {"error": {"message"}}); an HTTPException goes through validation_exception_handler. */
-export function sendRaised(res: ServerResponse, r: { kind: "value_error" | "http_exception"; status: number; message: string }): void {
+export function sendRaised(res: ServerResponse, r: Raised): void {
+  if (r.kind === "error_event") return send(res, r.status, { error: errorMember(r.message, r.status, r.isRetryable) });
   if (r.kind === "value_error") return send(res, 400, { error: { message: r.message } });
   send(res, r.status, { object: "error", message: r.message, type: String(r.status), param: null, code: r.status });
 }
@@ -262,7 +292,7 @@ export async function generate(b: Record<string, unknown>, res: ServerResponse):
     if (!isStream) return send(res, 400, { error: { message: why } });
     // http_server.py stream_results: the error becomes an event of a 200 response.
     res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
-    const ev = `data: ${JSON.stringify({ error: { message: why } })}\n\n`;
+    const ev = `data: ${JSON.stringify({ error: errorMember(why) })}\n\n`;
     stats.bytesSent += ev.length + 14;
     res.write(ev);
     res.end("data: [DONE]\n\n");
@@ -307,7 +337,7 @@ export async function generate(b: Record<string, unknown>, res: ServerResponse):
       return;
     }
     if (raised) {
-      const ev = `data: ${JSON.stringify({ error: { message: raised.message } })}\n\n`;
+      const ev = `data: ${JSON.stringify({ error: raised.kind === "error_event" ? errorMember(raised.message, raised.status, raised.isRetryable) : errorMember(raised.message) })}\n\n`;
       stats.bytesSent += ev.length;
       res.write(ev);
     } else write(g, g.finish);

@@ -18,7 +18,10 @@ export const opts = {
   isIncremental: false,
   streamInterval: 1,
   hasSpans: false,
-  isNewVersionApi: false,
+  /** --api-layout 0.5: the 0.5.x routes and event shapes instead of the newest server's. */
+  isOldLayout: false,
+  /** --admin-api-key: the only key the admin routes take when set (utils/auth.py ADMIN_OPTIONAL). */
+  adminApiKey: undefined as string | undefined,
   healthBlockMs: 20_000,
   healthPollMs: 1000,
   tpSize: 1,
@@ -26,7 +29,7 @@ export const opts = {
   isInstant: false,
 };
 
-export type FaultMode = "none" | "5xx" | "hang" | "abort_mid" | "error_abort" | "reset" | "die" | "stale_version";
+export type FaultMode = "none" | "5xx" | "hang" | "abort_mid" | "error_abort" | "error_event" | "reset" | "die" | "stale_version";
 export interface Fault {
   mode: FaultMode;
   afterTokens: number;
@@ -35,12 +38,14 @@ export interface Fault {
   version: number;
   scope: "generate" | "all";
   statusCode: number;
+  /** error_event: the event's `retryable`. */
+  isRetryable: boolean;
 }
 
 /** What changes while the server runs. */
 export const st = {
   weightVersion: 0,
-  fault: { mode: "none", afterTokens: 0, count: -1, version: 0, scope: "generate", statusCode: 500 } as Fault,
+  fault: { mode: "none", afterTokens: 0, count: -1, version: 0, scope: "generate", statusCode: 500, isRetryable: false } as Fault,
   /** Bumped by every POST /_fault: a hang ends when its fault is replaced. */
   faultEpoch: 0,
   /** Loads wait for in-flight requests; new requests wait for a load (SGLang's model update lock). */
@@ -65,6 +70,10 @@ export const stats = {
   refused: 0,
   duplicates: 0,
   unauthorized: 0,
+  /** Admin routes refused for want of the admin key. */
+  adminRefused: 0,
+  /** Calls to /get_model_info and /get_server_info, which the newest server logs as "will be removed". */
+  deprecatedCalls: 0,
   bytesSent: 0,
   /** Tokens decoded so far, all requests: tests wait on it instead of sleeping. */
   tokensGenerated: 0,
@@ -117,7 +126,7 @@ export async function hangWhileFaulted(): Promise<void> {
   while (isHanging() && st.faultEpoch === epoch) await sleep(20);
 }
 
-export type Finish = "stop" | "length" | "abort" | "error_abort";
+export type Finish = "stop" | "length" | "abort" | "error_abort" | "error_event";
 export interface Generated {
   out: Array<[number, number, null]>;
   top: Array<Array<[number, number, null]>>;

@@ -84,6 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--push-master-port", type=int, default=29600)
     ap.add_argument("--push-backend", default="nccl")
     ap.add_argument("--push-api-key-env", default=None)
+    ap.add_argument("--push-admin-api-key-env", default=None)
     ap.add_argument("--push-via", choices=["distributed", "tensor"], default="distributed")
     ap.add_argument("--push-tp-size", type=int, default=1)
     args = ap.parse_args(argv)
@@ -114,9 +115,9 @@ def main(argv=None) -> int:
     # slime's update_weight_from_distributed, where one trainer rank broadcasts the gathered weights to the engines.
     pusher = None
     if rank == 0 and args.push_engines:
-        from rlq_torch.weight_push import pusher_from_args
+        from rlq_torch.weight_push import push_api_key, pusher_from_args
 
-        pusher = pusher_from_args(args, os.environ.get(args.push_api_key_env) if args.push_api_key_env else None)
+        pusher = pusher_from_args(args, push_api_key(args, os.environ))
     watch_front(int(os.environ.get("RLQ_FRONT_PID", "0")))
     conn = None
     if rank == 0:

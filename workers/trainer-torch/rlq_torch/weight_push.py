@@ -22,7 +22,11 @@ slime/backends/sglang_utils/sglang_engine.py, at 624b824):
    base64-encoded (SGLang's MultiprocessingSerializer(output_str=True)): the engine maps
    the trainer's shared memory instead of copying through a socket.
 
-Every call carries `Authorization: Bearer <key>` when the engines run with --api-key.
+Every call carries `Authorization: Bearer <key>`, the key push_api_key picks: every route
+above is an admin route (`@auth_level(AuthLevel.ADMIN_OPTIONAL)` in
+python/sglang/srt/entrypoints/http_server.py), which an SGLang started with --admin-api-key
+opens to that key alone, refusing its --api-key (python/sglang/srt/utils/auth.py
+decide_request_auth); without an admin key the engines' --api-key opens them.
 The version is sent with the last bucket only, so an engine reports the new version
 only once every tensor has landed. A failed call raises PushError (the step's weights
 are committed on disk anyway: rlq's controller then falls back to reading the version
@@ -38,7 +42,7 @@ import json
 import threading
 import time
 import urllib.parse
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -94,6 +98,10 @@ def post(url: str, body: Dict[str, Any], api_key: Optional[str], timeout_s: floa
         raise PushError(f"POST {url}: {e}") from e
     finally:
         conn.close()
+    if res.status in (401, 403):
+        raise PushError(f"POST {url}: HTTP {res.status}: {text[:200]}: the engine refused the push's key: an SGLang started with --admin-api-key "
+                        "takes only that key on its weight-update routes; name its environment variable with --push-admin-api-key-env",
+                        res.status)
     if res.status < 200 or res.status >= 300:
         raise PushError(f"POST {url}: HTTP {res.status}: {text[:300]}", res.status)
     try:
@@ -322,6 +330,19 @@ class TensorPusher:
 
     def close(self) -> None:
         pass
+
+
+def push_api_key(args: Any, environ: Mapping[str, str]) -> Optional[str]:
+    """The key the pusher sends: the engines' --admin-api-key (--push-admin-api-key-env names its
+    variable) where they have one, else their --api-key (--push-api-key-env; unset: no key). Only
+    the variables' names travel on command lines."""
+    admin = getattr(args, "push_admin_api_key_env", None)
+    if admin:
+        if not environ.get(admin):
+            raise PushError(f"--push-admin-api-key-env {admin}: the environment variable is not set")
+        return environ[admin]
+    plain = getattr(args, "push_api_key_env", None)
+    return environ.get(plain) if plain else None
 
 
 def pusher_from_args(args: Any, api_key: Optional[str]) -> Optional[Any]:

@@ -121,6 +121,19 @@ class WeightPushTest(unittest.TestCase):
             push_from_tensor(engine, self.tensors(), 1, api_key="wrong", timeout_s=30)
         self.assertIn("HTTP 401", str(e.exception))
 
+    def test_the_push_key_is_the_admin_key_where_one_is_named(self):
+        """SGLang with --admin-api-key takes only it on the push routes (utils/auth.py decide_request_auth)."""
+        import types
+
+        from rlq_torch.weight_push import PushError, push_api_key
+
+        args = types.SimpleNamespace(push_api_key_env="K_USER", push_admin_api_key_env="K_ADMIN")
+        self.assertEqual(push_api_key(args, {"K_USER": "u", "K_ADMIN": "a"}), "a")
+        with self.assertRaisesRegex(PushError, "--push-admin-api-key-env K_ADMIN"):
+            push_api_key(args, {"K_USER": "u"})
+        self.assertEqual(push_api_key(types.SimpleNamespace(push_api_key_env="K_USER", push_admin_api_key_env=None), {"K_USER": "u"}), "u")
+        self.assertIsNone(push_api_key(types.SimpleNamespace(), {}))
+
     def test_same_host_push_from_tensor(self):
         from rlq_torch.weight_push import push_from_tensor
 
