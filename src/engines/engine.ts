@@ -26,6 +26,8 @@ export const samplingParamsSchema = z.object({
   stop: z.array(z.string().min(1)).optional(),
   /** slime --rollout-skip-special-tokens (default false). Affects the engine's text only, never the token ids. */
   skipSpecialTokens: z.boolean().optional(),
+  /** Generate past the model's end-of-sequence token, to maxNewTokens or a stop token id (both servers' ignore_eos); benches and tests. */
+  ignoreEos: z.boolean().optional(),
 });
 export type SamplingParams = z.infer<typeof samplingParamsSchema>;
 

@@ -191,6 +191,7 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
       include_stop_str_in_output: true,
       skip_special_tokens: s.skipSpecialTokens ?? false,
       spaces_between_special_tokens: false,
+      ...(s.ignoreEos ? { ignore_eos: true } : {}),
       logprobs: 1,
       return_tokens_as_token_ids: true,
       return_token_ids: true,

@@ -156,6 +156,7 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
       no_stop_trim: true,
       skip_special_tokens: s.skipSpecialTokens ?? false,
       spaces_between_special_tokens: false,
+      ...(s.ignoreEos ? { ignore_eos: true } : {}),
       ...(s.seed === undefined ? {} : { sampling_seed: seed31(s.seed) }),
     };
   }

@@ -189,8 +189,9 @@ async function completions(b: Record<string, unknown>, res: ServerResponse): Pro
   live.add(entry);
   res.on("close", () => {
     live.delete(entry);
-    // vllm/v1/engine/output_processor.py abort_requests: an aborted request is dropped without
-    // the finished-request stats, so request_success_total{finished_reason="abort"} stays put.
+    // vllm/v1/engine/output_processor.py abort_requests drops an aborted request without the
+    // finished-request stats; the real server was also seen counting one under
+    // finished_reason="abort" (real-vllm.test.ts counts only stop and length). The fake counts none.
     if (!res.writableFinished) isGone = true;
   });
   const out: Turn = { ids: [], lps: [], tops: [] };

@@ -114,7 +114,9 @@ async function metrics(t: Target) {
     for (const line of text.split("\n")) if (line.startsWith(`${name}{`) && line.includes(label)) n += Number(line.slice(line.lastIndexOf(" ") + 1));
     return n;
   };
-  return { running: sum("vllm:num_requests_running"), generated: sum("vllm:generation_tokens_total"), finished: sum("vllm:request_success_total") };
+  // Requests that ended by themselves (an abort may be counted under finished_reason="abort").
+  const finished = sum("vllm:request_success_total", 'finished_reason="stop"') + sum("vllm:request_success_total", 'finished_reason="length"');
+  return { running: sum("vllm:num_requests_running"), generated: sum("vllm:generation_tokens_total"), finished };
 }
 
 function checkTokens(r: GenerateResult) {
@@ -127,6 +129,9 @@ function checkTokens(r: GenerateResult) {
  * first (the generation stops at EOS when it likes; the caller tries another seed).
  */
 async function cutMidStream(t: Target, seed: number, run: (id: string) => Promise<GenerateResult>, cut: (id: string) => Promise<void>) {
+  // Earlier requests (a pool's admission probe, the last test's) counted first: the server's
+  // stats record a finished request as it stops running.
+  await waitFor(`nothing running on ${t.name} before the cut`, async () => (await metrics(t)).running === 0);
   const before = await metrics(t);
   const id = `cut-${t.name}-${seed}`;
   let settled = false;
@@ -139,7 +144,7 @@ async function cutMidStream(t: Target, seed: number, run: (id: string) => Promis
   if (!settled) await cut(id);
   const r = await pending;
   if (r.finishReason !== "abort") return null;
-  // Aborted server-side: nothing runs, and no request finished (an abort is not counted as one).
+  // Aborted server-side: nothing runs, and no request ended by itself.
   await waitFor(`nothing running on ${t.name}`, async () => (await metrics(t)).running === 0);
   expect((await metrics(t)).finished).toBe(before.finished);
   return r;
@@ -333,7 +338,7 @@ describe("the real vLLM server, and the fake held to it", () => {
         r = await cutMidStream(
           t,
           seed,
-          (id) => p.generate(request(id, { inputIds: longPrompt(400), stopTokenIds: [], maxNewTokens: 600, seed })),
+          (id) => p.generate(request(id, { inputIds: longPrompt(400), stopTokenIds: [], maxNewTokens: 600, seed, ignoreEos: true })),
           (id) => p.abort([id]),
         );
       }
@@ -353,7 +358,7 @@ describe("the real vLLM server, and the fake held to it", () => {
       r = await cutMidStream(
         t,
         seed,
-        (id) => e.generate(request(id, { inputIds: longPrompt(400), stopTokenIds: [], maxNewTokens: 600, seed })),
+        (id) => e.generate(request(id, { inputIds: longPrompt(400), stopTokenIds: [], maxNewTokens: 600, seed, ignoreEos: true })),
         async (id) => {
           const res = await raw(t, "/abort_requests", { request_ids: [`cmpl-${id}-0`] }, {});
           expect(res).toMatchObject({ status: 200, json: { status: "aborted", aborted: 1 } });
