@@ -4,10 +4,10 @@ import { absDiff, reduceTokenMetrics } from "./metrics.ts";
 import { computeMisWeights } from "./mis.ts";
 import { icepop, resolveOldLogProbs, tisTrainLogProbs, vanillaTis } from "./off-policy.ts";
 import { type AlgorithmOptions, type AlgorithmOptionsInput, algorithmOptionsShape, effectiveEpsClipHigh, resolveOptions } from "./options.ts";
-
-const allOptionKeys = Object.keys(algorithmOptionsShape) as Array<keyof AlgorithmOptions>;
 import { computeCispoLoss, computeGspoKl, computeOpsmMask, computePolicyLoss } from "./policy-loss.ts";
 import { algorithmError, assertRaggedLike, at, maskSum, row, type Ragged, type Vec } from "./ragged.ts";
+
+const allOptionKeys = Object.keys(algorithmOptionsShape) as Array<keyof AlgorithmOptions>;
 
 /**
  * The one entry the trainers call per (micro-)batch: slime's `policy_loss_function`

@@ -8,6 +8,8 @@ import { isTerminal, statusFromFinish, type AssembledSample } from "../core/samp
 import { seedFrom } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
 import { isRequestError } from "../engines/remote.ts";
+import { generateCustomRound } from "../rollout/custom-generate-round.ts";
+import { runSampling } from "../rollout/sampling-params.ts";
 
 /**
  * Rounds one group may take. A sample aborted again and again (a server that
@@ -15,8 +17,6 @@ import { isRequestError } from "../engines/remote.ts";
  * this round instead of being resubmitted forever.
  */
 export const MAX_ROUNDS_PER_GROUP = 64;
-import { generateCustomRound } from "../rollout/custom-generate-round.ts";
-import { runSampling } from "../rollout/sampling-params.ts";
 
 /**
  * The rollout job: one round of one group. Every sample that is not

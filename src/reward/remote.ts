@@ -1,9 +1,9 @@
 import { RlqError } from "../lib/errors.ts";
 import { postJsonWithRetry, RemoteCallError, type HttpRetryOptions, type RemoteFailureRecord } from "../lib/http-client.ts";
 
-export { backoffMs, type AttemptFailure } from "../lib/http-client.ts";
 import { validatePluginReward } from "./plugin-contract.ts";
 import type { RewardResult } from "./reward-result.ts";
+export { backoffMs, type AttemptFailure } from "../lib/http-client.ts";
 
 /**
  * `rm_type: remote_rm`: a reward server over HTTP, as slime's `remote_rm`

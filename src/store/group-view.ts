@@ -11,6 +11,7 @@ import {
   type SegmentTokens,
 } from "../core/sample.ts";
 import { RlqError } from "../lib/errors.ts";
+import { inKeyOrder } from "./key-order.ts";
 
 /** A group as the workers and the controller see it: its prompt and its samples so far. */
 export interface GroupView {
@@ -122,7 +123,6 @@ export function groupKeysFrom(columns: string[]): string {
      LEFT JOIN drawn_prompts p ON p.run_id = k.run_id AND p.draw_ordinal = k.group_id`;
 }
 
-import { inKeyOrder } from "./key-order.ts";
 export { inKeyOrder };
 
 export interface GroupRow {

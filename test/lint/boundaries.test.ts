@@ -21,6 +21,19 @@ describe("lint: no import cycles (import-x/no-cycle)", () => {
   });
 });
 
+describe("lint: imports come first (import-x/first)", () => {
+  it("an import after a statement is refused; the same import before it passes", async () => {
+    const after = 'export const n = 1;\nimport { RlqError } from "../lib/errors.ts";\nexport const e = RlqError;\n';
+    const before = 'import { RlqError } from "../lib/errors.ts";\nexport const n = 1;\nexport const e = RlqError;\n';
+    const first = async (code: string) => {
+      const [res] = await eslint.lintText(code, { filePath: `${repoRoot}/src/reward/math.ts` });
+      return (res?.messages ?? []).filter((m) => m.ruleId === "import-x/first");
+    };
+    expect(await first(after)).not.toEqual([]);
+    expect(await first(before)).toEqual([]);
+  });
+});
+
 describe("lint boundaries (eslint.config.js)", () => {
   const io = [
     'import "node:fs";',
