@@ -130,7 +130,10 @@ describe("rlq config import-slime on slime's launch scripts (fixtures in slime 6
       "--freeze-params-name-list",
       "embed",
     ]);
-    expect(r.code, r.stderr).toBe(0);
+    // Three settings that change what the run does are dropped: the report leads with them, and exits 2.
+    expect(r.code, r.stderr).toBe(2);
+    expect(r.stderr).toMatch(/^DROPPED, changes what the run does \(3\)/);
+    expect(r.stderr).toMatch(/^validation: the config validates, but 3 setting\(s\) that change what the run does were dropped \(listed first\)$/m);
     const y = parseYaml(r.stdout) as Record<string, unknown>;
     expect(y).toMatchObject({
       prompt_data: "${DATA_DIR}/train.jsonl",
@@ -144,11 +147,11 @@ describe("rlq config import-slime on slime's launch scripts (fixtures in slime 6
       tokenizer: "hf",
     });
     expect(r.stderr).toMatch(/--disable-rewards-normalization {2}-> {2}rewards_normalization: false/);
-    expect(r.stderr).toMatch(/--use-routing-replay: MoE routing replay needs Megatron's router/);
+    expect(r.stderr).toMatch(/--use-routing-replay: MoE routing replay needs Megatron's router; instead: remove it/);
     expect(r.stderr).toMatch(
       /--rollout-function-path slime.rollout.sglang_rollout.generate_rollout {2}-> {2}\(built in\): null {2}\(slime's default implementation, which is rlq's own\)/,
     );
-    expect(r.stderr).toMatch(/--freeze-params-name-list embed: rlq's trainers train every parameter/);
+    expect(r.stderr).toMatch(/--freeze-params-name-list embed: rlq's trainers train every parameter; instead: /);
     expect(y.rollout_function_path).toBeUndefined();
     expect(r.stderr).toMatch(/--optimizer sgd: rlq's trainers use Adam\(W\), not sgd/);
     // rlq has W&B keys of its own (issue 19): slime's --wandb-project maps.

@@ -31,6 +31,8 @@ export async function configCommand(argv: readonly string[], out: Out = processO
  * `import-slime SCRIPT.sh [-o run.yaml]` reads a launch script;
  * `import-slime --flag value ... [-o run.yaml]` reads train.py's flags directly
  * (slime's flags pass through untouched, so -o must come first or last).
+ * Exit 0 only when the report says `validation: ok`: the config validates and
+ * nothing that changes what the run does was dropped; otherwise 2.
  */
 function importSlime(argv: readonly string[], out: Out): number {
   const args = [...argv];
@@ -48,6 +50,8 @@ function importSlime(argv: readonly string[], out: Out): number {
   let flags: string[];
   let unresolved: string[] = [];
   let source: string;
+  // --custom-config-path is relative to where slime was launched: the script's directory, else here.
+  let baseDirs = [process.cwd()];
   if (args.length === 1 && !(args[0] as string).startsWith("--")) {
     const script = resolve(args[0] as string);
     let text: string;
@@ -64,17 +68,25 @@ function importSlime(argv: readonly string[], out: Out): number {
     flags = parsed.args;
     unresolved = parsed.unresolved;
     source = args[0] as string;
+    baseDirs = [dir, process.cwd()];
     for (const f of parsed.unsourced) out.stderr(`warning: could not read the sourced file ${f}\n`);
   } else {
     flags = args;
     source = "train.py flags";
   }
-  const { config, report } = importSlimeArgs(flags, {}, unresolved);
+  const readFile = (p: string): string | null => {
+    for (const base of baseDirs) {
+      const file = resolve(base, p);
+      if (existsSync(file)) return readFileSync(file, "utf8");
+    }
+    return null;
+  };
+  const { config, report } = importSlimeArgs(flags, { readFile }, unresolved);
   const yaml = importedYaml(config, source);
   if (output === null) out.stdout(yaml);
   else writeFileSync(output, yaml);
   out.stderr(formatImportReport(report));
-  return report.validation === null ? 0 : 2;
+  return report.isOk ? 0 : 2;
 }
 
 /** Validate FILE (with --set overrides), print the effective config and warn of keys that do nothing. */

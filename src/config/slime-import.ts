@@ -1,19 +1,27 @@
-import { stringify } from "yaml";
+import { parse as parseYaml, stringify } from "yaml";
 import { ConfigError, parseRunConfig, runConfigSchema } from "./run-config.ts";
-import { classifySlimeFlag, dropGroupTitles, flagToKey, slimeBuiltinDefaults, type DropGroup } from "./slime-flags.ts";
+import { classifySlimeFlag, declaredDisposition, dropGroupTitles, flagToKey, slimeBuiltinDefaults, type DropGroup } from "./slime-flags.ts";
 
 /**
- * slime's train.py argv → an rlq run config and a report of what became of
- * every flag (`rlq config import-slime`). Source read: THUDM/slime 624b824,
- * slime/utils/arguments.py (names, defaults, negative flags) and
+ * slime's train.py argv → an rlq run config and a report that names every
+ * flag and what became of it (`rlq config import-slime`). Source read:
+ * THUDM/slime 624b824a898ab0ec1fcb4d373004c7f3852bf515, slime/utils/arguments.py
+ * (names, defaults, negative flags, `--custom-config-path` applied at the end of
+ * slime_validate_args: each YAML key overrides the argument of that name) and
  * scripts/run-*.sh (how the flags are passed).
  */
 
 export interface ImportReport {
-  mapped: Array<{ flag: string; key: string; value: unknown }>;
+  mapped: Array<{ flag: string; key: string; value: unknown; difference?: string }>;
   renamed: Array<{ flag: string; key: string; value: unknown; note: string }>;
-  dropped: Partial<Record<DropGroup, string[]>>;
-  unsupported: Array<{ flag: string; why: string }>;
+  /** Flags whose dropping changes nothing the run computes, by group (placement included). */
+  dropped: Partial<Record<DropGroup, Array<{ flag: string; note: string }>>>;
+  /** Dropped, and the run does something else than slime's would: listed first, and validation is not ok. */
+  unsupported: Array<{ flag: string; why: string; instead: string }>;
+  /** What slime's placement meant, in GPUs (null: the script names no placement flag). */
+  placement: string | null;
+  /** `--custom-config-path` files read, and how many settings each gave. */
+  customConfigs: Array<{ path: string; settings: number }>;
   /** Keys rlq needs that slime's flags do not give, or slime defaults that differ from rlq's. */
   added: Array<{ key: string; value: unknown; why: string }>;
   /** Values left as written because they expand an environment variable or a command. */
@@ -21,6 +29,8 @@ export interface ImportReport {
   unresolved: string[];
   /** null: the config validates; otherwise the validation errors. */
   validation: string | null;
+  /** The config validates, no array was left unresolved, and nothing that changes what the run does was dropped. */
+  isOk: boolean;
 }
 
 const rlqKeys = new Set(Object.keys(runConfigSchema.shape));
@@ -35,6 +45,8 @@ function tisFunctionFor(path: string): "vanilla" | "icepop" | "mis" | null {
 }
 
 const hasExpansion = (v: string) => /\$\{?[A-Za-z_(]/.test(v);
+/** `${NAME}` or `$NAME`: a shell reference to one environment variable. */
+const envReference = /^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$/;
 
 /** The first reading of the flag's words that the rlq key accepts: bare flag → true, one word → number or string, several → a list. */
 function convertValue(key: string, words: readonly string[]): unknown {
@@ -52,8 +64,19 @@ function convertValue(key: string, words: readonly string[]): unknown {
   return words.length === 0 ? true : words.length === 1 ? words[0] : [...words];
 }
 
+/** One setting as slime would apply it: a flag and its words, or a key and its YAML value from a custom config. */
+interface Setting {
+  flag: string;
+  key: string;
+  words: string[];
+  /** The YAML value (custom config files), as slime's setattr applies it. */
+  typed?: { value: unknown };
+  /** How the report shows it. */
+  shown: string;
+}
+
 /** Split argv into flags with their values (`-1` and other non-`--` words are values). */
-function flagsOf(args: readonly string[]): Array<{ flag: string; words: string[] }> {
+function flagsOf(args: readonly string[]): Setting[] {
   const out: Array<{ flag: string; words: string[] }> = [];
   for (const a of args) {
     if (a.startsWith("--")) {
@@ -63,7 +86,42 @@ function flagsOf(args: readonly string[]): Array<{ flag: string; words: string[]
       (out[out.length - 1] as { words: string[] }).words.push(a);
     }
   }
-  return out;
+  return out.map(({ flag, words }) => ({
+    flag,
+    words,
+    key: flagToKey(flag),
+    shown:
+      flagToKey(flag) === "wandb_key" && words.length > 0 && !envReference.test(words[0] as string)
+        ? `${flag} (the key itself, not shown)`
+        : words.length === 0
+          ? flag
+          : `${flag} ${words.join(" ")}`,
+  }));
+}
+
+function wordsOf(v: unknown): string[] {
+  if (v === true || v === null || v === undefined) return [];
+  if (Array.isArray(v)) return v.map((x) => (typeof x === "string" ? x : JSON.stringify(x)));
+  return [typeof v === "string" ? v : JSON.stringify(v)];
+}
+
+/** The settings of a custom config YAML, in file order; null with the reason when it cannot be read. */
+function customConfigSettings(path: string, text: string | null): Setting[] | string {
+  if (text === null) return `cannot read ${path}`;
+  let data: unknown;
+  try {
+    data = parseYaml(text) ?? {};
+  } catch (e) {
+    return `${path} is not YAML: ${(e as Error).message.split("\n")[0]}`;
+  }
+  if (data === null || typeof data !== "object" || Array.isArray(data)) return `${path} is not a mapping of argument names to values`;
+  return Object.entries(data as Record<string, unknown>).map(([key, value]) => ({
+    flag: `--${key.replace(/_/g, "-")}`,
+    key,
+    words: wordsOf(value),
+    typed: { value },
+    shown: `${key}: ${key === "wandb_key" && typeof value === "string" && !envReference.test(value) ? "(the key itself, not shown)" : JSON.stringify(value)} (from ${path})`,
+  }));
 }
 
 export interface ImportOptions {
@@ -71,6 +129,17 @@ export interface ImportOptions {
   engineUrl?: string;
   /** Remote trainer URL written (slime trains with Megatron in-process; rlq's GPU trainer is workers/trainer-torch). */
   trainerUrl?: string;
+  /** Reads `--custom-config-path` (null: cannot be read). Without it, the file is reported as not read. */
+  readFile?: (path: string) => string | null;
+}
+
+/** State while settings are applied in order. */
+interface ImportState {
+  config: Record<string, unknown>;
+  report: ImportReport;
+  router: { ip: string | null; port: string | null };
+  engine: Record<string, unknown>;
+  placement: Map<string, string[]>;
 }
 
 export function importSlimeArgs(
@@ -78,90 +147,188 @@ export function importSlimeArgs(
   options: ImportOptions = {},
   unresolved: readonly string[] = [],
 ): { config: Record<string, unknown>; report: ImportReport } {
-  const config: Record<string, unknown> = {};
-  const report: ImportReport = {
-    mapped: [],
-    renamed: [],
-    dropped: {},
-    unsupported: [],
-    added: [],
-    unexpanded: [],
-    unresolved: [...unresolved],
-    validation: null,
+  const s: ImportState = {
+    config: {},
+    report: {
+      mapped: [],
+      renamed: [],
+      dropped: {},
+      unsupported: [],
+      placement: null,
+      customConfigs: [],
+      added: [],
+      unexpanded: [],
+      unresolved: [...unresolved],
+      validation: null,
+      isOk: false,
+    },
+    router: { ip: null, port: null },
+    engine: {},
+    placement: new Map(),
   };
-  let routerIp: string | null = null;
-  let routerPort: string | null = null;
-  for (const { flag, words } of flagsOf(args)) {
-    const key = flagToKey(flag);
-    const shown = words.length === 0 ? flag : `${flag} ${words.join(" ")}`;
-    if (slimeBuiltinDefaults[key] !== undefined && words.length === 1 && words[0] === slimeBuiltinDefaults[key]) {
-      report.renamed.push({ flag: shown, key: "(built in)", value: null, note: "slime's default implementation, which is rlq's own" });
-      continue;
-    }
-    const d = classifySlimeFlag(key, rlqKeys);
-    if (d.kind === "dropped" && key === "optimizer" && words[0] !== undefined && words[0] !== "adam") {
-      report.unsupported.push({ flag: shown, why: `rlq's trainers use Adam(W), not ${words[0]}` });
-      continue;
-    }
-    if (d.kind === "dropped") {
-      (report.dropped[d.group] ??= []).push(shown);
-      continue;
-    }
-    if (d.kind === "unsupported") {
-      report.unsupported.push({ flag: shown, why: d.why });
-      continue;
-    }
-    if (d.kind === "same") {
-      const value = key === "eval_prompt_data" ? pairs(words) : convertValue(key, words);
-      config[key] = value;
-      report.mapped.push({ flag: shown, key, value });
-      for (const w of words) if (hasExpansion(w)) report.unexpanded.push({ key, value: w });
-      continue;
-    }
-    // renamed
-    let value: unknown = d.value;
-    switch (key) {
-      case "custom_tis_function_path": {
-        value = tisFunctionFor(words[0] ?? "");
-        if (value === null) {
-          report.unsupported.push({ flag: shown, why: "a custom TIS function: rlq has vanilla, icepop and mis (tis_function)" });
-          continue;
-        }
-        break;
-      }
-      case "sglang_router_ip":
-        routerIp = words[0] ?? null;
-        break;
-      case "sglang_router_port":
-        routerPort = words[0] ?? null;
-        break;
-      case "rollout_external_engine_addrs":
-        value = words.map((w) => (/^https?:\/\//.test(w) ? w : `http://${w}`));
-        config.engine = { kind: "sglang", urls: value };
-        break;
-      default:
-        if (value === undefined) value = words.length === 1 ? words[0] : words;
-    }
-    if (!d.key.startsWith("engine.")) config[d.key] = value;
-    report.renamed.push({ flag: shown, key: d.key, value: value ?? words[0], note: d.note });
-  }
-  if (config.engine === undefined) {
-    const router = routerIp !== null ? `http://${routerIp}:${routerPort ?? "30000"}` : null;
-    const url = options.engineUrl ?? "http://127.0.0.1:30000";
-    config.engine = router !== null ? { kind: "sglang", router_url: router } : { kind: "sglang", urls: [url] };
-    if (router === null)
-      report.added.push({
-        key: "engine",
-        value: config.engine,
-        why: "slime launches SGLang itself; rlq connects to a server you start: put its URL here (SGLang's default port)",
+  const settings = flagsOf(args);
+  // slime applies the custom config last (slime_validate_args), so its keys override the command line.
+  for (const c of settings.filter((x) => x.key === "custom_config_path")) {
+    const path = c.words[0] ?? "";
+    const read = customConfigSettings(path, hasExpansion(path) ? null : (options.readFile?.(path) ?? null));
+    if (typeof read === "string") {
+      s.report.unsupported.push({
+        flag: c.shown,
+        why: `its settings override the command line, and ${hasExpansion(path) ? `${path} names an environment variable the importer does not expand` : read}`,
+        instead: "run the importer where the file can be read, or write its settings as flags",
       });
+      continue;
+    }
+    s.report.customConfigs.push({ path, settings: read.length });
+    settings.push(...read);
   }
+  for (const setting of settings) applySetting(s, setting);
+  finishEngine(s, options);
+  addRlqDefaults(s, options);
+  s.report.placement = placementSummary(s.placement);
+  try {
+    parseRunConfig(s.config, "imported config", "user");
+  } catch (e) {
+    if (!(e instanceof ConfigError)) throw e;
+    s.report.validation = e.message;
+  }
+  s.report.isOk = s.report.validation === null && s.report.unsupported.length === 0 && s.report.unresolved.length === 0;
+  return { config: s.config, report: s.report };
+}
+
+/** Apply one setting: mapped, renamed, dropped (placement kept for the summary) or unsupported. */
+function applySetting(s: ImportState, st: Setting): void {
+  const { key, words, shown } = st;
+  if (key === "custom_config_path") {
+    const n = s.report.customConfigs.find((c) => c.path === words[0])?.settings;
+    if (n !== undefined)
+      s.report.renamed.push({ flag: shown, key: "(read)", value: `${n} settings`, note: "imported as if given on the command line, after it" });
+    return;
+  }
+  if (slimeBuiltinDefaults[key] !== undefined && words.length === 1 && words[0] === slimeBuiltinDefaults[key]) {
+    s.report.renamed.push({ flag: shown, key: "(built in)", value: null, note: "slime's default implementation, which is rlq's own" });
+    return;
+  }
+  const d = st.typed !== undefined && declaredDisposition(key, rlqKeys) === null ? null : classifySlimeFlag(key, rlqKeys);
+  if (d === null) {
+    s.report.unsupported.push({
+      flag: shown,
+      why: "not one of slime's arguments: an argument for your custom functions (slime hands them args.<name>)",
+      instead: "rlq's run config has no free-form keys: give the value to your plugin another way (its own file or environment)",
+    });
+    return;
+  }
+  const isOff = st.typed !== undefined && (st.typed.value === false || st.typed.value === null);
+  if (d.kind === "unsupported" && isOff) {
+    s.report.renamed.push({ flag: shown, key: "(off)", value: st.typed?.value, note: "off, which is how rlq runs" });
+    return;
+  }
+  if (key === "optimizer" && words[0] !== undefined && words[0] !== "adam") {
+    s.report.unsupported.push({ flag: shown, why: `rlq's trainers use Adam(W), not ${words[0]}`, instead: "remove it (Adam)" });
+    return;
+  }
+  switch (d.kind) {
+    case "read":
+      return;
+    case "dropped":
+      (s.report.dropped[d.group] ??= []).push({ flag: shown, note: d.note });
+      if (d.group === "placement") s.placement.set(key, words);
+      return;
+    case "unsupported":
+      s.report.unsupported.push({ flag: shown, why: d.why, instead: d.instead });
+      return;
+    case "same":
+      applySame(s, st, d.difference);
+      return;
+    case "renamed":
+      applyRenamed(s, st, d.key, d.value, d.note);
+  }
+}
+
+function applySame(s: ImportState, st: Setting, difference: string | undefined): void {
+  const { key, words } = st;
+  if (key === "wandb_mode" && (st.typed?.value ?? words[0]) === "disabled") {
+    s.config.use_wandb = false;
+    s.report.renamed.push({ flag: st.shown, key: "use_wandb", value: false, note: "W&B disabled: rlq writes use_wandb: false" });
+    return;
+  }
+  const typedOk = st.typed !== undefined && shape[key]?.safeParse(st.typed.value).success === true;
+  const value = typedOk ? st.typed?.value : key === "eval_prompt_data" ? pairs(words) : convertValue(key, words);
+  s.config[key] = value;
+  s.report.mapped.push({ flag: st.shown, key, value, ...(difference !== undefined ? { difference } : {}) });
+  for (const w of words) if (hasExpansion(w)) s.report.unexpanded.push({ key, value: w });
+}
+
+function applyRenamed(s: ImportState, st: Setting, target: string, fixed: unknown, note: string): void {
+  const { key, words } = st;
+  let value: unknown = fixed;
+  switch (key) {
+    case "custom_tis_function_path":
+      value = tisFunctionFor(words[0] ?? "");
+      if (value === null) {
+        s.report.unsupported.push({ flag: st.shown, why: "a custom TIS function", instead: "tis_function: vanilla, icepop or mis" });
+        return;
+      }
+      break;
+    case "wandb_key": {
+      const ref = envReference.exec(words[0] ?? "");
+      value = { env: ref?.[1] ?? "WANDB_API_KEY" };
+      if (ref === null)
+        s.report.added.push({ key: "wandb_key", value, why: "the script holds the key itself, which a run config never does: export it as WANDB_API_KEY" });
+      break;
+    }
+    case "sglang_router_ip":
+      s.router.ip = words[0] ?? null;
+      break;
+    case "sglang_router_port":
+      s.router.port = words[0] ?? null;
+      break;
+    case "sglang_router_request_timeout_secs":
+      value = Number(words[0]);
+      s.engine.request_timeout_s = value;
+      break;
+    case "rollout_external_engine_addrs":
+      value = words.map((w) => (/^https?:\/\//.test(w) ? w : `http://${w}`));
+      s.engine.urls = value;
+      break;
+    default:
+      if (value === undefined) value = words.length === 1 ? words[0] : words;
+  }
+  if (!target.startsWith("engine.")) s.config[target] = value;
+  s.report.renamed.push({ flag: st.shown, key: target, value: value ?? words[0], note });
+}
+
+/** The engine block: the router or addresses the script names, else a placeholder URL. */
+function finishEngine(s: ImportState, options: ImportOptions): void {
+  const router = s.router.ip !== null ? `http://${s.router.ip}:${s.router.port ?? "30000"}` : null;
+  const urls = Array.isArray(s.engine.urls) ? s.engine.urls : null;
+  const engine: Record<string, unknown> = {
+    kind: "sglang",
+    ...(urls !== null ? { urls } : router !== null ? { router_url: router } : { urls: [options.engineUrl ?? "http://127.0.0.1:30000"] }),
+  };
+  if (s.engine.request_timeout_s !== undefined) engine.request_timeout_s = s.engine.request_timeout_s;
+  s.config.engine = engine;
+  if (urls === null && router === null)
+    s.report.added.push({
+      key: "engine",
+      value: engine,
+      why: "slime launches SGLang itself; rlq connects to a server you start: put its URL here (SGLang's default port)",
+    });
+}
+
+/** The trainer, W&B's key, and slime's defaults where rlq's differ. */
+function addRlqDefaults(s: ImportState, options: ImportOptions): void {
+  const { config, report } = s;
   config.trainer = { kind: "remote", url: options.trainerUrl ?? "http://127.0.0.1:8700" };
   report.added.push({
     key: "trainer",
     value: config.trainer,
     why: "slime trains with Megatron in-process; rlq's GPU trainer is a server (workers/trainer-torch, default port 8700)",
   });
+  if (config.use_wandb === true && config.wandb_key === undefined) {
+    config.wandb_key = { env: "WANDB_API_KEY" };
+    report.added.push({ key: "wandb_key", value: config.wandb_key, why: "no --wandb-key: W&B's SDK reads WANDB_API_KEY, and so does rlq" });
+  }
   // Where slime's (Megatron's) default differs from rlq's, write slime's so the run means the same.
   const slimeDefaults: Array<[string, unknown, string]> = [
     ["lr_decay_style", "linear", "Megatron's default (rlq's is constant)"],
@@ -177,13 +344,20 @@ export function importSlimeArgs(
     config.tokenizer = "hf";
     report.added.push({ key: "tokenizer", value: "hf", why: "slime's rollout tokenizes with --hf-checkpoint's tokenizer" });
   }
-  try {
-    parseRunConfig(config, "imported config", "user");
-  } catch (e) {
-    if (!(e instanceof ConfigError)) throw e;
-    report.validation = e.message;
-  }
-  return { config, report };
+}
+
+/** What slime's placement flags meant in GPUs, and what rlq needs instead. */
+function placementSummary(p: ReadonlyMap<string, string[]>): string | null {
+  if (p.size === 0) return null;
+  const word = (k: string, dflt: string) => p.get(k)?.[0] ?? dflt;
+  const nodes = word("actor_num_nodes", "1");
+  const perNode = word("actor_num_gpus_per_node", "8");
+  const actor = /^\d+$/.test(nodes) && /^\d+$/.test(perNode) ? String(Number(nodes) * Number(perNode)) : `${nodes} x ${perNode}`;
+  const colocated = p.has("colocate");
+  const rollout = p.get("rollout_num_gpus")?.[0] ?? (colocated ? actor : "rollout_num_gpus (unset)");
+  return colocated
+    ? `slime colocated training and SGLang on the same ${actor} GPU(s), offloading each between phases; rlq runs them side by side: ${actor} GPU(s) for the trainer plus ${rollout} for the SGLang servers, or fewer servers`
+    : `slime trained on ${actor} GPU(s) and ran SGLang on ${rollout}; start rlq's trainer and SGLang servers on as many`;
 }
 
 function pairs(words: readonly string[]): unknown {
@@ -196,30 +370,50 @@ export function importedYaml(config: Record<string, unknown>, source: string): s
   return `# Imported from ${source} by rlq config import-slime; read the report before running.\n${stringify(config, { lineWidth: 0 })}`;
 }
 
-/** The human report: mapped, renamed, dropped (grouped), unsupported (with why), added, validation. */
+const show = (v: unknown) => (typeof v === "string" ? v : JSON.stringify(v));
+
+/**
+ * The human report. It leads with what was dropped although it changes what
+ * the run does, then names every other flag: mapped, renamed, placement,
+ * dropped (grouped, with why), what rlq wrote, and the validation.
+ */
 export function formatImportReport(r: ImportReport): string {
   const out: string[] = [];
-  const show = (v: unknown) => (typeof v === "string" ? v : JSON.stringify(v));
+  if (r.unsupported.length > 0) {
+    out.push(`DROPPED, changes what the run does (${r.unsupported.length}): rlq has no counterpart, so the run would differ from slime's`);
+    for (const u of r.unsupported) out.push(`  ${u.flag}: ${u.why}; instead: ${u.instead}`);
+  }
+  if (r.unresolved.length > 0)
+    out.push(
+      `UNRESOLVED arrays (${r.unresolved.length}): ${r.unresolved.join(", ")} (defined in a file the script sources that could not be read: their flags are not imported)`,
+    );
+  for (const c of r.customConfigs) out.push(`read --custom-config-path ${c.path}: ${c.settings} setting(s), applied after the command line as slime does`);
   out.push(`mapped (${r.mapped.length}): same name and meaning in rlq`);
-  for (const m of r.mapped) out.push(`  ${m.flag}  ->  ${m.key}: ${show(m.value)}`);
+  for (const m of r.mapped) out.push(`  ${m.flag}  ->  ${m.key}: ${show(m.value)}${m.difference !== undefined ? `  (difference: ${m.difference})` : ""}`);
   out.push(`renamed (${r.renamed.length}):`);
   for (const m of r.renamed) out.push(`  ${m.flag}  ->  ${m.key}: ${show(m.value)}  (${m.note})`);
-  const groups = Object.entries(r.dropped) as Array<[DropGroup, string[]]>;
-  out.push(`dropped (${groups.reduce((n, [, v]) => n + v.length, 0)}):`);
+  const placement = r.dropped.placement ?? [];
+  if (placement.length > 0) {
+    out.push(`placement (${placement.length}): ${r.placement ?? ""}`);
+    for (const p of placement) out.push(`  ${p.flag}: ${p.note}`);
+  }
+  const groups = (Object.entries(r.dropped) as Array<[DropGroup, Array<{ flag: string; note: string }>]>).filter(([g]) => g !== "placement");
+  out.push(`dropped, changes nothing the run computes (${groups.reduce((n, [, v]) => n + v.length, 0)}):`);
   for (const [g, flags] of groups) {
     out.push(`  ${dropGroupTitles[g]}:`);
-    for (const f of flags) out.push(`    ${f}`);
+    for (const f of flags) out.push(`    ${f.flag}${f.note === "" ? "" : `  (${f.note})`}`);
   }
-  out.push(`unsupported (${r.unsupported.length}):`);
-  for (const u of r.unsupported) out.push(`  ${u.flag}: ${u.why}`);
   out.push(`written by rlq (${r.added.length}):`);
   for (const a of r.added) out.push(`  ${a.key}: ${show(a.value)}  (${a.why})`);
   if (r.unexpanded.length > 0) {
     out.push(`left as written (${r.unexpanded.length}): expand these before rlq run start`);
     for (const u of r.unexpanded) out.push(`  ${u.key}: ${u.value}`);
   }
-  if (r.unresolved.length > 0)
-    out.push(`unresolved arrays (${r.unresolved.length}): ${r.unresolved.join(", ")} (defined in a file the script sources that could not be read)`);
-  out.push(r.validation === null ? "validation: ok" : `validation: FAILED\n${r.validation.replace(/^/gm, "  ")}`);
+  if (r.validation !== null) out.push(`validation: FAILED\n${r.validation.replace(/^/gm, "  ")}`);
+  else if (!r.isOk)
+    out.push(
+      `validation: the config validates, but ${r.unsupported.length} setting(s) that change what the run does were dropped${r.unresolved.length > 0 ? ` and ${r.unresolved.length} array(s) were not read` : ""} (listed first)`,
+    );
+  else out.push("validation: ok");
   return out.join("\n") + "\n";
 }
