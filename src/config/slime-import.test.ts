@@ -1,0 +1,142 @@
+import { describe, expect, it } from "vitest";
+import { stringify } from "yaml";
+import { parseRunConfig } from "./run-config.ts";
+import { formatImportReport, importSlimeArgs } from "./slime-import.ts";
+
+/** The flags every imported config needs, as a slime script writes them. */
+const core = [
+  "--prompt-data",
+  "/data/train.jsonl",
+  "--rollout-batch-size",
+  "4",
+  "--n-samples-per-prompt",
+  "2",
+  "--num-rollout",
+  "3",
+  "--rollout-max-response-len",
+  "64",
+  "--rm-type",
+  "math",
+  "--hf-checkpoint",
+  "/models/q",
+];
+
+describe("import-slime: --custom-config-path", () => {
+  it("round-trips a YAML's settings: each one imported as if given on the command line, after it (slime_validate_args applies it last)", () => {
+    const settings = {
+      eps_clip_high: 0.28,
+      use_kl_loss: true,
+      kl_loss_type: "low_var_kl",
+      rollout_temperature: 0.8,
+      eval_pass_k: [1, 4],
+      n_samples_per_eval_prompt: 4,
+      apply_chat_template_kwargs: { enable_thinking: false },
+      num_rollout: 7,
+      use_dynamic_batch_size: true,
+      max_tokens_per_gpu: 4096,
+    };
+    const files: Record<string, string> = { "cfg/custom.yaml": stringify(settings) };
+    const { config, report } = importSlimeArgs([...core, "--custom-config-path", "cfg/custom.yaml"], { readFile: (p) => files[p] ?? null });
+    expect(report.isOk, formatImportReport(report)).toBe(true);
+    // Every setting comes back with its value (num_rollout: the file's 7 overrides the flag's 3, as in slime).
+    expect(config).toMatchObject(settings);
+    const parsed = parseRunConfig(config, "imported", "user");
+    for (const [k, v] of Object.entries(settings)) expect(parsed[k as keyof typeof parsed], k).toEqual(v);
+    expect(report.customConfigs).toEqual([{ path: "cfg/custom.yaml", settings: 10 }]);
+    const text = formatImportReport(report);
+    expect(text).toMatch(/^read --custom-config-path cfg\/custom.yaml: 10 setting\(s\), applied after the command line/m);
+    expect(text).toMatch(/^ {2}num_rollout: 7 \(from cfg\/custom.yaml\) {2}-> {2}num_rollout: 7$/m);
+    expect(text).toMatch(/--custom-config-path cfg\/custom.yaml {2}-> {2}\(read\): 10 settings/);
+  });
+
+  it("a YAML's settings get the same dispositions as flags: unsupported ones lead the report, off ones are rlq's behaviour, custom-function arguments are named", () => {
+    const files: Record<string, string> = {
+      "c.yaml": stringify({ use_routing_replay: true, use_rollout_entropy: false, my_reward_threshold: 0.5, colocate: true }),
+    };
+    const { report } = importSlimeArgs([...core, "--custom-config-path", "c.yaml"], { readFile: (p) => files[p] ?? null });
+    expect(report.isOk).toBe(false);
+    expect(report.unsupported.map((u) => u.flag)).toEqual(["use_routing_replay: true (from c.yaml)", "my_reward_threshold: 0.5 (from c.yaml)"]);
+    expect(report.unsupported[1]?.why).toMatch(/an argument for your custom functions/);
+    expect(report.renamed).toContainEqual(expect.objectContaining({ flag: "use_rollout_entropy: false (from c.yaml)", key: "(off)" }));
+    expect(report.dropped.placement?.map((p) => p.flag)).toEqual(["colocate: true (from c.yaml)"]);
+    expect(formatImportReport(report)).toMatch(/^DROPPED, changes what the run does \(2\)/);
+  });
+
+  it("a file that cannot be read is dropped by name, and the import is not ok", () => {
+    const { report } = importSlimeArgs([...core, "--custom-config-path", "/nowhere.yaml"], { readFile: () => null });
+    expect(report.isOk).toBe(false);
+    expect(report.unsupported[0]).toMatchObject({
+      flag: "--custom-config-path /nowhere.yaml",
+      why: expect.stringMatching(/override the command line.*cannot read \/nowhere.yaml/),
+    });
+    const env = importSlimeArgs([...core, "--custom-config-path", "${CFG}/c.yaml"], { readFile: () => "a: 1" }).report;
+    expect(env.unsupported[0]?.why).toMatch(/names an environment variable the importer does not expand/);
+  });
+});
+
+describe("import-slime: W&B, placement, and what validation: ok means", () => {
+  it("--wandb-key ${WANDB_KEY} becomes {env: WANDB_KEY}; --use-wandb without a key reads WANDB_API_KEY; a literal key is never written", () => {
+    const withRef = importSlimeArgs([...core, "--use-wandb", "--wandb-project", "p", "--wandb-key", "${WANDB_KEY}"]);
+    expect(withRef.config.wandb_key).toEqual({ env: "WANDB_KEY" });
+    expect(withRef.report.isOk, formatImportReport(withRef.report)).toBe(true);
+    const noKey = importSlimeArgs([...core, "--use-wandb", "--wandb-project", "p"]);
+    expect(noKey.config.wandb_key).toEqual({ env: "WANDB_API_KEY" });
+    expect(noKey.report.added).toContainEqual(expect.objectContaining({ key: "wandb_key", why: expect.stringMatching(/W&B's SDK reads WANDB_API_KEY/) }));
+    expect(noKey.report.isOk).toBe(true);
+    const literal = importSlimeArgs([...core, "--use-wandb", "--wandb-project", "p", "--wandb-key", "abc123secret"]);
+    expect(literal.config.wandb_key).toEqual({ env: "WANDB_API_KEY" });
+    const text = formatImportReport(literal.report);
+    expect(text).not.toContain("abc123secret");
+    expect(text).toMatch(/--wandb-key \(the key itself, not shown\)/);
+    expect(importSlimeArgs([...core, "--use-wandb", "--wandb-mode", "disabled"]).config.use_wandb).toBe(false);
+  });
+
+  it("placement flags are named with what they change: colocated GPUs become separate ones", () => {
+    const { report } = importSlimeArgs([
+      ...core,
+      "--actor-num-nodes",
+      "2",
+      "--actor-num-gpus-per-node",
+      "4",
+      "--colocate",
+      "--offload-train",
+      "--train-backend",
+      "megatron",
+    ]);
+    expect(report.isOk).toBe(true);
+    expect(report.dropped.placement?.map((p) => p.flag)).toEqual([
+      "--actor-num-nodes 2",
+      "--actor-num-gpus-per-node 4",
+      "--colocate",
+      "--offload-train",
+      "--train-backend megatron",
+    ]);
+    expect(report.placement).toMatch(/colocated training and SGLang on the same 8 GPU\(s\).*8 GPU\(s\) for the trainer plus 8 for the SGLang servers/);
+    expect(formatImportReport(report)).toMatch(/^placement \(5\): slime colocated/m);
+  });
+
+  it("every flag of the script is named in the report", () => {
+    const args = [
+      ...core,
+      "--sglang-mem-fraction-static",
+      "0.7",
+      "--router-policy",
+      "round_robin",
+      "--num-layers",
+      "2",
+      "--ci-test",
+      "--use-dynamic-batch-size",
+    ];
+    const text = formatImportReport(importSlimeArgs(args).report);
+    for (const a of args.filter((w) => w.startsWith("--"))) expect(text).toContain(a);
+    expect(text).toMatch(/--router-policy round_robin {2}\(the router's --policy\)/);
+    expect(text).toMatch(/--sglang-mem-fraction-static 0.7 {2}\(the server's --mem-fraction-static\)/);
+    expect(text).toMatch(/^validation: ok$/m);
+  });
+
+  it("a Megatron flag outside the table and its model-shape patterns is not dropped silently: it blocks validation: ok", () => {
+    const { report } = importSlimeArgs([...core, "--lr-warmup-fraction", "0.1", "--some-megatron-thing", "1"]);
+    expect(report.isOk).toBe(false);
+    expect(report.unsupported.map((u) => u.flag)).toEqual(["--lr-warmup-fraction 0.1", "--some-megatron-thing 1"]);
+  });
+});
