@@ -160,7 +160,9 @@ class RunController implements ControllerHost {
   }
 
   async close(): Promise<void> {
-    await this.engines.close().catch(() => undefined);
+    await this.engines
+      .close()
+      .catch((e: unknown) => this.deps.log.warn({ runId: this.state.runId, err: errorMessage(e) }, "controller: engine admin did not close cleanly"));
   }
 
   async loop(signal: AbortSignal, leaseLost: { value: boolean }): Promise<ControllerExit> {

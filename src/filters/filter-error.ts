@@ -27,6 +27,7 @@ export function showValue(value: unknown): string {
     const json = JSON.stringify(value) ?? typeof value;
     return json.length > 120 ? `${json.slice(0, 120)}…` : json;
   } catch {
+    // Not JSON (a cycle, a BigInt): the value's type names it in the message instead.
     return Object.prototype.toString.call(value);
   }
 }

@@ -3,6 +3,8 @@ import { findGroupOutcomes } from "../store/run-facts.ts";
 import { loadGroupsWithRewards } from "../store/group-view.ts";
 import { outcomeLoads } from "../core/group-load.ts";
 import type { RunContext } from "../runtime/run-context.ts";
+import { errorMessage, RlqError } from "../lib/errors.ts";
+import type { Logger } from "../observability/logger.ts";
 import { groupSamples, isSameLoad, type StagedGroup } from "./train-batch.ts";
 
 /** Steps a run keeps staged: the collecting ones (async: up to max_staleness + 1) and the one training. */
@@ -36,7 +38,8 @@ interface RunStaging {
  * costs time, never a different batch. A run is followed from its first train
  * job in this process on; its first step here is read whole.
  */
-export function createBatchStager(db: Db) {
+/** `log`: where a failed pass is told (it costs the train job time, never a different batch). */
+export function createBatchStager(db: Db, log?: Pick<Logger, "warn">) {
   const runs = new Map<string, RunStaging>();
 
   async function passOnce(r: RunStaging): Promise<void> {
@@ -62,8 +65,10 @@ export function createBatchStager(db: Db) {
         let built;
         try {
           built = groupSamples(view, load, step);
-        } catch {
-          continue; // inconsistent (a reward missing): the train job reads it and fails with the reason
+        } catch (e) {
+          // Inconsistent (a reward missing): the train job reads the group itself and fails with the reason.
+          if (e instanceof RlqError && e.code === "batch_inconsistent") continue;
+          throw e;
         }
         let staged = r.byStep.get(step);
         if (!staged) r.byStep.set(step, (staged = new Map()));
@@ -83,7 +88,9 @@ export function createBatchStager(db: Db) {
       do {
         r.isDirty = false;
         // A failed pass (the database away) only means the train job reads more itself.
-        await passOnce(r).catch(() => undefined);
+        await passOnce(r).catch((e: unknown) =>
+          log?.warn({ runId: r.ctx.runId, err: errorMessage(e) }, "batch stager: pass failed (the train job reads those groups itself)"),
+        );
       } while (r.isDirty);
     })().finally(() => {
       r.pass = null;

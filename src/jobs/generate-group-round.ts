@@ -6,7 +6,7 @@ import { requestId, type RolloutJob } from "../queue/payloads.ts";
 import type { RunContext } from "../runtime/run-context.ts";
 import { isTerminal, statusFromFinish, type AssembledSample } from "../core/sample.ts";
 import { seedFrom } from "../lib/hash.ts";
-import { RlqError } from "../lib/errors.ts";
+import { errorMessage, RlqError } from "../lib/errors.ts";
 import { isRequestError } from "../engines/remote.ts";
 import { generateCustomRound } from "../rollout/custom-generate-round.ts";
 import { runSampling } from "../rollout/sampling-params.ts";
@@ -35,6 +35,8 @@ export interface RolloutDeps {
   abortPollMs?: number;
   /** Wake-ups when the controller commits aborts for a run (store/notify.ts `rlq_abort`): the watcher looks at once. */
   abortHints?: (runId: string, wake: () => void) => () => void;
+  /** Where the watcher tells a failed abort check or abort (the round then ends by itself, later). */
+  log?: { warn(obj: object, msg: string): void };
 }
 
 export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job: RolloutJob, jobId: string): Promise<void> {
@@ -66,10 +68,21 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
       await waker.wait(deps.abortPollMs ?? 250);
       waker.clear();
       if (!watching) break;
-      if (await store.isRoundAborted(job).catch(() => false)) {
+      // A failed check is asked again at the next wake-up; after a failed abort the requests run to
+      // their own end and the round is still written as aborted (wasAborted).
+      const isAborted = await store.isRoundAborted(job).catch((e: unknown) => {
+        deps.log?.warn({ runId, groupId, round, err: errorMessage(e) }, "rollout: abort check failed (asked again)");
+        return false;
+      });
+      if (isAborted) {
         wasAborted = true;
         watching = false;
-        if (engine) await engine.abort([...inflight]).catch(() => undefined);
+        if (engine)
+          await engine
+            .abort([...inflight])
+            .catch((e: unknown) =>
+              deps.log?.warn({ runId, groupId, round, requests: inflight.size, err: errorMessage(e) }, "rollout: abort failed (the requests run to their end)"),
+            );
       }
     }
   })();

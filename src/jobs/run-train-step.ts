@@ -14,7 +14,8 @@ import { sha256File } from "../lib/hash.ts";
 import { stepVersionIn } from "../core/sample.ts";
 import { stalenessHistogram } from "../core/staleness.ts";
 import { checkpointRootFor, pruneCommittedCheckpoints } from "../trainer/checkpoint-retention.ts";
-import { RlqError } from "../lib/errors.ts";
+import { errorMessage, RlqError } from "../lib/errors.ts";
+import { ifMissing } from "../lib/if-missing.ts";
 
 /**
  * The train job. A step commits once (DESIGN §2): the attempt writes into its
@@ -34,7 +35,7 @@ export interface TrainDeps {
   shutdown: AbortSignal;
   /** Kept groups read while their step collected (jobs/batch-stager.ts); without it the job reads the whole batch. */
   stager?: BatchStager;
-  log?: { debug(obj: object, msg: string): void };
+  log?: { debug(obj: object, msg: string): void; warn(obj: object, msg: string): void };
 }
 
 export function stepDir(root: string, runId: string, step: number): string {
@@ -80,15 +81,18 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
     },
     Math.min(1000, stallMs / 4),
   );
+  // A progress report only shows the job alive (the watchdog reads lastProgressAt): one that fails is told, and the next replaces it.
+  const report = (p: TrainProgress) =>
+    void deps.reportProgress(p).catch((e: unknown) => deps.log?.warn({ runId, step, phase: p.phase, err: errorMessage(e) }, "train progress not reported"));
   const onOutage = (waitedMs: number | null) => {
     if (waitedMs === null) {
       if (outageSince !== null) lastProgressAt += Date.now() - outageSince;
       outageSince = null;
-      void deps.reportProgress({ done: 0, total: 1, phase: "the trainer answers again" }).catch(() => undefined);
+      report({ done: 0, total: 1, phase: "the trainer answers again" });
       return;
     }
     outageSince ??= Date.now();
-    void deps.reportProgress({ done: 0, total: 1, phase: `waiting for the trainer: unreachable for ${Math.round(waitedMs / 1000)} s` }).catch(() => undefined);
+    report({ done: 0, total: 1, phase: `waiting for the trainer: unreachable for ${Math.round(waitedMs / 1000)} s` });
   };
   let result;
   try {
@@ -96,7 +100,7 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
       { runId, step, attempt: attemptNo, weightVersionIn: dispatched.weightVersionIn, checkpointUriIn, outputDir, config: ctx.config, batch },
       (p) => {
         lastProgressAt = Date.now();
-        void deps.reportProgress(p).catch(() => undefined);
+        report(p);
       },
       controller.signal,
       { shutdown: deps.shutdown, onOutage },
@@ -151,7 +155,7 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
 /** Delete every attempt directory of a committed step except the committed one. */
 export async function collectLosingAttempts(root: string, runId: string, step: number, keep: string): Promise<void> {
   const dir = stepDir(root, runId, step);
-  const entries = await readdir(dir).catch(() => [] as string[]);
+  const entries = await readdir(dir).catch(ifMissing([] as string[]));
   await Promise.all(entries.filter((e) => e !== keep && e.startsWith("attempt-")).map((e) => rm(join(dir, e), { recursive: true, force: true })));
 }
 

@@ -126,6 +126,29 @@ export const ERROR_CODES = {
   trainer_no_initial_weights: { retriable: false, meaning: "No initial checkpoint to train from." },
   trainer_version_mismatch: { retriable: "varies", meaning: "The trainer holds another weight version than the step expects." },
   trainer_bad_batch: { retriable: false, meaning: "A train batch (RLQB) is malformed or inconsistent." },
+  trainer_bad_request: {
+    retriable: "varies",
+    meaning: "Trainer protocol `bad_request`: the request does not follow docs/trainer-protocol.md (the trainer says not retryable).",
+  },
+  trainer_unauthorized: { retriable: "varies", meaning: "Trainer protocol `unauthorized`: missing or wrong bearer token (trainer.api_key)." },
+  trainer_version_unavailable: { retriable: "varies", meaning: "Trainer protocol `version_unavailable`: the trainer cannot read checkpoint_uri_in." },
+  trainer_batch_fetch_failed: { retriable: "varies", meaning: "Trainer protocol `batch_fetch_failed`: batch_url did not answer a valid RLQB batch." },
+  trainer_oom: { retriable: "varies", meaning: "Trainer protocol `oom`: the trainer ran out of device memory." },
+  trainer_not_found: {
+    retriable: "varies",
+    meaning: "Trainer protocol `not_found`: the trainer has no such step (it restarted, or the step was never requested).",
+  },
+  trainer_internal: {
+    retriable: "varies",
+    meaning:
+      "The trainer failed in its own code: the protocol's `internal`, or an error in the embedded trainer's worker that is not an RlqError (its stack in the message).",
+  },
+  trainer_http_error: { retriable: "varies", meaning: "The trainer answered non-2xx without the protocol's error body: retriable for 5xx, 408, 429." },
+  trainer_error: {
+    retriable: "varies",
+    meaning:
+      "The trainer reported a code outside docs/trainer-protocol.md's set (its code is in the message), or failed with no error: as its retryable flag says.",
+  },
   train_cancelled: { retriable: true, meaning: "The attempt was cancelled (stall watchdog or operator)." },
   train_aborted: { retriable: true, meaning: "The train step was aborted." },
   train_nonfinite: {
@@ -163,17 +186,36 @@ export const ERROR_CODES = {
   wandb_http: { retriable: "varies", meaning: "wandb answered another non-2xx status: retriable for 5xx and 429." },
 } as const satisfies Record<string, ErrorCodeRow>;
 
-/**
- * A code from the table, or `trainer_<code>`: an error the remote trainer
- * reported in its protocol (docs/trainer-protocol.md), whose retryable flag it sends.
- */
-export type ErrorCode = keyof typeof ERROR_CODES | `trainer_${string}`;
+/** A code from the table: the compiler refuses any other string, so no code is built at run time. */
+export type ErrorCode = keyof typeof ERROR_CODES;
 
-/** The table's row for a code (a trainer protocol code not in the table: "varies"); null for an unknown code. */
+export function isErrorCode(code: string): code is ErrorCode {
+  return Object.hasOwn(ERROR_CODES, code);
+}
+
+/** The table's row for a code; null for a string that is not a code. */
 export function errorCodeRow(code: string): ErrorCodeRow | null {
-  if (Object.hasOwn(ERROR_CODES, code)) return ERROR_CODES[code as keyof typeof ERROR_CODES];
-  if (code.startsWith("trainer_")) return { retriable: "varies", meaning: "An error the remote trainer reported in its protocol." };
-  return null;
+  return isErrorCode(code) ? ERROR_CODES[code] : null;
+}
+
+/**
+ * The trainer protocol's error codes (docs/trainer-protocol.md, workers/trainer-torch/protocol.py)
+ * and the table's code for each. A code the trainer sends outside this set is `trainer_error`,
+ * its own code kept in the message (`trainerErrorCode`).
+ */
+export const TRAINER_PROTOCOL_CODES = {
+  bad_request: "trainer_bad_request",
+  unauthorized: "trainer_unauthorized",
+  version_unavailable: "trainer_version_unavailable",
+  batch_fetch_failed: "trainer_batch_fetch_failed",
+  oom: "trainer_oom",
+  not_found: "trainer_not_found",
+  internal: "trainer_internal",
+} as const satisfies Record<string, ErrorCode>;
+
+/** The table's code for a code the trainer sent in its protocol: its row, or `trainer_error` for one outside the protocol. */
+export function trainerErrorCode(wireCode: string): ErrorCode {
+  return Object.hasOwn(TRAINER_PROTOCOL_CODES, wireCode) ? TRAINER_PROTOCOL_CODES[wireCode as keyof typeof TRAINER_PROTOCOL_CODES] : "trainer_error";
 }
 
 export class RlqError extends Error {
@@ -188,14 +230,31 @@ export class RlqError extends Error {
   }
 }
 
+/** Postgres SQLSTATEs of a transaction that lost a race (40001 serialization failure, 40P01 deadlock): the same work run again can commit. */
+const PG_RACE_CODES = new Set(["40001", "40P01"]);
+
 /**
  * Whether a failed job is tried again: an RlqError as its code's row (or its
- * throw site) says; anything else (a network reset, a Postgres serialization
- * failure or restart, a 5xx from a library) is retried.
+ * throw site) says. Any other error is retried only where a reason is named
+ * here: a Postgres transaction that lost a race (PG_RACE_CODES, anywhere in
+ * the `cause` chain, as drizzle wraps pg's error). Everything else (a
+ * TypeError, a RangeError, a plain Error) is a bug in rlq: the same input
+ * fails the same way, so it is not retried and is reported with its stack
+ * (queue/worker-host.ts). Postgres or Redis out of reach is waited out before
+ * this is asked (lib/infra-outage.ts), and past the wait it is `infra_unreachable`.
  */
 export function isRetriable(error: unknown): boolean {
   if (error instanceof RlqError) return error.isRetriable;
-  return true;
+  for (let c: unknown = error, depth = 0; c instanceof Error && depth < 8; c = c.cause, depth++) {
+    const code = (c as { code?: unknown }).code;
+    if (typeof code === "string" && PG_RACE_CODES.has(code)) return true;
+  }
+  return false;
+}
+
+/** An error rlq did not throw on purpose: not an RlqError (nor a cause chain rlq named), a bug to report with its stack. */
+export function isBug(error: unknown): boolean {
+  return !(error instanceof RlqError) && !isRetriable(error);
 }
 
 export function errorMessage(error: unknown): string {

@@ -35,6 +35,20 @@ function create(): ProcessMetrics {
     registers: [registry],
   });
   const sources: { queues?: Queues; db?: Db } = {};
+  // A source that cannot be read at a scrape (the queue or the database away) leaves its gauge
+  // empty for that scrape and counts here, so the gap shows on the same page; the next scrape reads again.
+  const sourceErrors = new Counter({
+    name: "rlq_metrics_source_errors_total",
+    help: "Scrapes at which a gauge's source (queues, leases, engines) could not be read: that gauge is empty in the scrape",
+    labelNames: ["source"],
+    registers: [registry],
+  });
+  const unreadable =
+    <T>(source: string, fallback: T) =>
+    (): T => {
+      sourceErrors.inc({ source });
+      return fallback;
+    };
   new Gauge({
     name: "rlq_queue_jobs",
     help: "Jobs per queue and state (waiting, active, delayed, failed, completed)",
@@ -43,7 +57,7 @@ function create(): ProcessMetrics {
     async collect() {
       this.reset();
       if (!sources.queues) return;
-      const depths = await sources.queues.depths().catch(() => null);
+      const depths = await sources.queues.depths().catch(unreadable("queues", null));
       if (!depths) return;
       for (const [queue, counts] of Object.entries(depths)) for (const [state, n] of Object.entries(counts)) this.set({ queue, state }, n);
     },
@@ -56,7 +70,7 @@ function create(): ProcessMetrics {
     async collect() {
       this.reset();
       if (!sources.db) return;
-      const rows = await readSelect<{ run_id: string; epoch: number }>(sources.db, sql.leaseEpochs).catch(() => []);
+      const rows = await readSelect<{ run_id: string; epoch: number }>(sources.db, sql.leaseEpochs).catch(unreadable("leases", []));
       for (const r of rows) this.set({ run: r.run_id }, Number(r.epoch));
     },
   });
@@ -78,7 +92,7 @@ function create(): ProcessMetrics {
     async collect() {
       this.reset();
       if (!sources.db) return;
-      const rows = await readSelect<{ run_id: string; worker: string; snapshot: unknown }>(sources.db, sql.engineSnapshots).catch(() => []);
+      const rows = await readSelect<{ run_id: string; worker: string; snapshot: unknown }>(sources.db, sql.engineSnapshots).catch(unreadable("engines", []));
       for (const r of rows) {
         const engines = (r.snapshot as { engines?: Array<Record<string, unknown>> } | null)?.engines ?? [];
         for (const e of engines) {

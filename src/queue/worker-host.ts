@@ -2,7 +2,7 @@ import { DelayedError, UnrecoverableError, type Job, type Worker } from "bullmq"
 import type { QueueBackend } from "./backend.ts";
 import { jobSchemas, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "./payloads.ts";
 import { queueName } from "./queues.ts";
-import { isRetriable, errorMessage, RlqError } from "../lib/errors.ts";
+import { errorMessage, isBug, isRetriable, RlqError } from "../lib/errors.ts";
 import { retryThroughOutages } from "../lib/infra-outage.ts";
 import { processMetrics } from "../observability/prometheus.ts";
 
@@ -11,7 +11,11 @@ import { processMetrics } from "../observability/prometheus.ts";
  * retried (transient) or not (bad payload, bad config, bad plugin →
  * UnrecoverableError, reason prefixed so the controller can tell), from
  * `isRetriable`: an RlqError's code row in ERROR_CODES (lib/errors.ts,
- * docs/errors.md) unless its throw site decided; any other error is retried.
+ * docs/errors.md) unless its throw site decided. Any other error is a bug
+ * unless `isRetriable` names it (a Postgres transaction that lost a race): not
+ * retried, its name in the reason the run pauses with, its stack in the job's
+ * record (BullMQ keeps the thrown error's stack in the job's stacktrace) and
+ * in the caller's log (`onError`).
  * Stall settings: a killed worker's job is picked up again within seconds,
  * not BullMQ's default minute. Heavy compute never runs on this event loop
  * (engine sessions and trainer steps live in worker threads), so the lock is
@@ -64,13 +68,30 @@ export function fetchLanes(concurrency: number, backendKind: QueueBackend["kind"
   return Array.from({ length: n }, (_, i) => Math.floor(concurrency / n) + (i < concurrency % n ? 1 : 0));
 }
 
+/** A BullMQ Worker error with the same message as the last one is told at most this often. */
+export const WORKER_ERROR_REPEAT_MS = 30_000;
+
+/**
+ * A job's failure that is a bug (not an RlqError): failed for good, the error's name in the
+ * reason, and its stack as the stack BullMQ records for the job.
+ */
+function bugFailure(e: unknown): UnrecoverableError {
+  const name = e instanceof Error ? e.name : typeof e;
+  const failure = new UnrecoverableError(`${UNRECOVERABLE_PREFIX}a bug in rlq (${name}, not an RlqError): ${errorMessage(e)}`);
+  if (e instanceof Error && e.stack) failure.stack = `${failure.name}: ${failure.message}\ncaused by ${e.stack}`;
+  return failure;
+}
+
 export function startWorker<K extends QueueKind>(
   backend: QueueBackend,
   kind: K,
   processor: Processor<K>,
   options: {
     concurrency: number;
+    /** Each failure of a job's attempt; `isBug(e)`: an error that is not an RlqError, to be told with its stack. */
     onError?: (e: unknown, jobId: string | undefined) => void;
+    /** An error of the BullMQ Worker itself (its connection), with how many of the same were not told since the last. */
+    onWorkerError?: (e: Error, repeats: number) => void;
     /** How long a job waits out a Postgres or Redis outage before it spends an attempt (default 300 s). */
     outageTimeoutMs?: number;
     /** Each wait for an outage, with how long it has lasted (a log line: the job is alive, not stuck). */
@@ -108,10 +129,12 @@ export function startWorker<K extends QueueKind>(
         throw new DelayedError(errorMessage(e));
       }
       options.onError?.(e, job.id);
+      if (isBug(e)) throw bugFailure(e);
       if (!isRetriable(e)) throw new UnrecoverableError(`${UNRECOVERABLE_PREFIX}${errorMessage(e)}`);
       throw e;
     }
   };
+  const lastWorkerError = { message: "", atMs: 0, repeats: 0 };
   const workers: Worker[] = fetchLanes(options.concurrency, backend.kind).map((concurrency) => {
     const worker: Worker = new backend.Worker(queueName(kind), run, {
       connection: backend.connection,
@@ -119,7 +142,17 @@ export function startWorker<K extends QueueKind>(
       ...stallSettings,
       ...backend.baseOptions,
     });
-    worker.on("error", () => undefined);
+    // BullMQ emits its own connection's failures here, again at each reconnect while Redis or
+    // Postgres is out of reach: the same message is told once per WORKER_ERROR_REPEAT_MS, with a count.
+    worker.on("error", (e: Error) => {
+      const now = Date.now();
+      if (e.message === lastWorkerError.message && now - lastWorkerError.atMs < WORKER_ERROR_REPEAT_MS) {
+        lastWorkerError.repeats++;
+        return;
+      }
+      options.onWorkerError?.(e, lastWorkerError.message === e.message ? lastWorkerError.repeats : 0);
+      Object.assign(lastWorkerError, { message: e.message, atMs: now, repeats: 0 });
+    });
     // Prometheus counters (observability/prometheus.ts): jobs/s is their rate.
     worker.on("completed", () => processMetrics().jobCompleted(kind));
     worker.on("failed", (job: Job | undefined, err: Error) => {

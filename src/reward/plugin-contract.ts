@@ -56,6 +56,7 @@ function show(value: unknown): string {
   try {
     json = JSON.stringify(value, (_k, v: unknown) => (typeof v === "number" && !Number.isFinite(v) ? String(v) : v)) ?? typeof value;
   } catch {
+    // Not JSON (a cycle, a BigInt inside): the value's type names it in the message instead.
     json = Object.prototype.toString.call(value);
   }
   return json.length > 120 ? `${json.slice(0, 120)}…` : json;

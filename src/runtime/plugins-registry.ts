@@ -4,6 +4,7 @@ import type { RunConfig } from "../config/run-config.ts";
 import type { Tokenizer } from "../data/tokenizer.ts";
 import type { RewardInput } from "./reward-scorer.ts";
 import { RlqError } from "../lib/errors.ts";
+import { ifMissing } from "../lib/if-missing.ts";
 import { getRewardFunction } from "../reward/index.ts";
 import { Tokenizer as ModelTokenizer } from "../model/tokenizer.ts";
 import { loadPromptData } from "../data/dataset.ts";
@@ -31,12 +32,8 @@ export async function tokenizerFor(config: RunConfig): Promise<Tokenizer> {
   if (!config.ref_load) throw new RlqError("config_invalid", "tokenizer: model needs ref_load (its tokenizer.json sits in or beside the checkpoint)");
   const candidates = [join(config.ref_load, "tokenizer.json"), join(dirname(config.ref_load), "tokenizer.json")];
   for (const file of candidates) {
-    let text: string;
-    try {
-      text = await readFile(file, "utf8");
-    } catch {
-      continue;
-    }
+    const text = await readFile(file, "utf8").catch(ifMissing(null));
+    if (text === null) continue;
     const t = new ModelTokenizer(JSON.parse(text));
     return {
       name: `model:${file}`,

@@ -9,7 +9,7 @@ import { runEval } from "../jobs/run-eval.ts";
 import { upsertEngineMetrics } from "../store/engine-metrics.ts";
 import { createJobStore } from "../store/job-batch.ts";
 import { coalesce } from "../lib/coalesce.ts";
-import { errorMessage } from "../lib/errors.ts";
+import { errorMessage, isBug } from "../lib/errors.ts";
 import type { RewardJob } from "../queue/payloads.ts";
 import { createEngineProvider, createTrainerProvider, type EmbeddedFactories } from "./engines.ts";
 import { loadEmbedded } from "./embedded.ts";
@@ -33,13 +33,17 @@ export async function startWorkers(
   const embedded = options.embedded === undefined ? await loadEmbedded() : options.embedded;
   const engines = createEngineProvider(db, embedded);
   const trainers = createTrainerProvider(embedded);
-  const stager = kinds.includes("train") ? createBatchStager(db) : null;
+  const stager = kinds.includes("train") ? createBatchStager(db, log) : null;
   const handles: WorkerHandle[] = [];
   // Concurrent jobs share statements and queue round trips (store/job-batch.ts).
   const store = createJobStore(db);
   const enqueueReward = coalesce<RewardJob, string>((jobs) => queues.enqueueMany("reward", jobs), { maxBatch: 256, maxInFlight: 2 });
-  const onError = (kind: QueueKind) => (e: unknown, jobId: string | undefined) =>
-    log.warn({ kind, jobId, err: e instanceof Error ? e.message : String(e) }, "job failed");
+  const onError = (kind: QueueKind) => (e: unknown, jobId: string | undefined) => {
+    if (isBug(e)) log.error({ kind, jobId, err: e }, "job failed with an error that is not an RlqError (a bug in rlq): not retried");
+    else log.warn({ kind, jobId, err: errorMessage(e) }, "job failed");
+  };
+  const onWorkerError = (kind: QueueKind) => (e: Error, repeats: number) =>
+    log.warn({ kind, err: e.message, repeats }, "queue worker error (BullMQ reconnects by itself)");
   const outageTimeoutMs = services.env.RLQ_OUTAGE_TIMEOUT_S * 1000;
   const onOutageWait = (kind: QueueKind) => (w: { jobId: string | undefined; waitedMs: number; retryInMs: number; error: unknown }) =>
     log.warn(
@@ -53,7 +57,13 @@ export async function startWorkers(
       },
       "job waiting out a Postgres or Redis outage (no attempt spent)",
     );
-  const hostOptions = (kind: QueueKind, concurrency: number) => ({ concurrency, onError: onError(kind), outageTimeoutMs, onOutageWait: onOutageWait(kind) });
+  const hostOptions = (kind: QueueKind, concurrency: number) => ({
+    concurrency,
+    onError: onError(kind),
+    onWorkerError: onWorkerError(kind),
+    outageTimeoutMs,
+    onOutageWait: onOutageWait(kind),
+  });
   for (const kind of kinds) {
     const concurrency = options.concurrency?.[kind] ?? defaultConcurrency[kind];
     if (kind === "rollout") {
@@ -68,6 +78,7 @@ export async function startWorkers(
                 store,
                 engineFor: (c, v) => engines.engineFor(c, v),
                 abortHints: (runId, wake) => db.notifications.subscribe("rlq_abort", runId, wake),
+                log,
                 onRoundComplete: async (j) => {
                   services.crashPoint("rollout.before_reward_enqueue");
                   await enqueueReward({ runId: j.runId, groupId: j.groupId, round: j.round, step: j.step });
@@ -137,11 +148,13 @@ export async function startWorkers(
   const publish = async () => {
     for (const m of engines.metrics()) await upsertEngineMetrics(db, m.runId, services.holder, m.snapshot);
   };
-  const telemetry = kinds.includes("rollout") ? setInterval(() => void publish().catch(() => undefined), 5000) : null;
+  // A missed publish leaves the last snapshot in place until the next one, 5 s later.
+  const publishLogged = () => publish().catch((e: unknown) => log.warn({ err: errorMessage(e) }, "engine telemetry not published (kept: the last snapshot)"));
+  const telemetry = kinds.includes("rollout") ? setInterval(() => void publishLogged(), 5000) : null;
   return {
     async close() {
       if (telemetry) clearInterval(telemetry);
-      await publish().catch(() => undefined);
+      await publishLogged();
       await Promise.all(handles.map((h) => h.close()));
       await engines.close();
       await trainers.close();

@@ -14,6 +14,7 @@ export async function readSelect<Row = Record<string, unknown>>(db: Db, text: st
     throw new RlqError("dashboard_bad_query", `dashboard query must be one SELECT statement, got: ${text.slice(0, 80)}`, { isRetriable: false });
   }
   const client = await db.pool.connect();
+  let broken: Error | undefined;
   try {
     await client.query("BEGIN READ ONLY");
     await client.query(`SET LOCAL statement_timeout = ${Math.max(1, Math.floor(timeoutMs))}`);
@@ -21,9 +22,11 @@ export async function readSelect<Row = Record<string, unknown>>(db: Db, text: st
     await client.query("COMMIT");
     return res.rows as Row[];
   } catch (e) {
-    await client.query("ROLLBACK").catch(() => undefined);
+    // A read-only transaction has nothing to undo: a ROLLBACK that fails finds the connection
+    // broken, which release() then drops from the pool; `e` says what failed.
+    await client.query("ROLLBACK").catch((rollbackError: Error) => (broken = rollbackError));
     throw e;
   } finally {
-    client.release();
+    client.release(broken);
   }
 }

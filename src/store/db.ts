@@ -25,12 +25,14 @@ export function createDb(url: string, options: { max?: number; applicationName?:
     application_name: options.applicationName ?? "rlq",
     ...(options.options === undefined ? {} : { options: options.options }),
   });
-  // An idle client losing its server (restart, 57P01) must not crash the process.
+  // An idle client losing its server (restart, 57P01) must not crash the process: it holds no
+  // work, pg-pool drops it, and the next checkout connects anew.
   pool.on("error", () => undefined);
   // Nor may a checked-out client between two queries (a transaction awaiting its caller): pg
   // emits that as an "error" event with no listener, which kills the process. The next query on
   // it fails instead, and the caller retries (docs/deploy.md, "Outages").
   pool.on("connect", (client) => {
+    // As above: the next query on this client fails and says why.
     client.on("error", () => undefined);
   });
   const db = drizzle(pool, { schema });

@@ -46,6 +46,7 @@ export async function tryAcquireLease(db: Db, runId: string, holder: string, wai
   client.on("error", () => undefined);
   await client.connect();
   let released = false;
+  // An end that fails finds the connection already broken: its backend, and the lock with it, is gone.
   const end = () => client.end().catch(() => undefined);
   try {
     if (!(await takeLock(client, runId, waitMs))) {

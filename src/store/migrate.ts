@@ -21,8 +21,11 @@ export async function migrateDb(db: Db): Promise<void> {
     client.release();
     await migrate(own.db, { migrationsFolder });
   } finally {
+    // The lock belongs to the pool's one session: if it cannot be had again or the unlock fails,
+    // own.close() ends the session, which releases the lock; the migration's own error is thrown.
     const c = await own.pool.connect().catch(() => null);
     if (c) {
+      // As above: the session's end releases the lock.
       await c.query("SELECT pg_advisory_unlock(727001)").catch(() => undefined);
       c.release();
     }

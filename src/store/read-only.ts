@@ -104,6 +104,7 @@ export async function streamReadOnlyQuery(url: string, text: string, options: Re
   const maxRows = options.maxRows ?? 1000;
   const batchRows = Math.max(1, Math.min(options.batchRows ?? 500, maxRows + 1));
   const client = new pg.Client({ connectionString: url, application_name: options.applicationName ?? "rlq-sql", statement_timeout: timeoutMs });
+  // A connection lost between two queries fails the next query, which is thrown: the event adds nothing.
   client.on("error", () => undefined);
   // The server cancels at the timeout; this only drops a connection that stopped answering.
   let timer: NodeJS.Timeout | undefined;
@@ -114,6 +115,7 @@ export async function streamReadOnlyQuery(url: string, text: string, options: Re
           `rlq sql: no answer from ${redactUrl(url)} ${Math.round(timeoutMs / 1000) + 5} s after the statement started; the connection was dropped`,
         ),
       );
+      // The rejection above reports it; an end that fails finds the connection already gone.
       void client.end().catch(() => undefined);
     }, timeoutMs + 5_000);
     timer.unref();
@@ -161,6 +163,7 @@ export async function streamReadOnlyQuery(url: string, text: string, options: Re
         rowCount += rows.length;
       }
     } finally {
+      // A read-only transaction: a cursor that cannot close leaves nothing, and the ROLLBACK below reports the connection's state.
       await cursor.close().catch(() => undefined);
     }
     await client.query("ROLLBACK");
@@ -172,6 +175,7 @@ export async function streamReadOnlyQuery(url: string, text: string, options: Re
     throw explain(e);
   } finally {
     clearTimeout(timer);
+    // Nothing was written and the answer is decided: an end that fails finds the connection already gone.
     await client.end().catch(() => undefined);
   }
 }

@@ -29,6 +29,7 @@ export async function loadRunState(db: Db, runId: string): Promise<{ state: RunS
     try {
       state = restoreRunState(runId, JSON.parse(row.state));
     } catch {
+      // A snapshot this build cannot restore is only a cache: an older one, or the fold of the whole decision log, gives the same state.
       state = null;
     }
     if (state !== null) break;

@@ -1,6 +1,7 @@
 import { readdir, rm } from "node:fs/promises";
 import { dirname, isAbsolute, join, resolve } from "node:path";
 import { effectiveMaxStaleness, type RunConfig } from "../config/run-config.ts";
+import { ifMissing } from "../lib/if-missing.ts";
 
 /**
  * save_interval as a retention policy for committed checkpoints (slime saves
@@ -26,7 +27,7 @@ export function isCheckpointKept(step: number, latestStep: number, c: RetentionC
 /** Delete the committed step directories under `root/runId` that save_interval does not keep. Returns the steps removed. */
 export async function pruneCommittedCheckpoints(root: string, runId: string, latestStep: number, c: RetentionConfig): Promise<number[]> {
   if (c.save_interval === null) return [];
-  const entries = await readdir(join(root, runId)).catch(() => [] as string[]);
+  const entries = await readdir(join(root, runId)).catch(ifMissing([] as string[]));
   const steps = entries.map((e) => /^step-(\d+)$/.exec(e)).flatMap((m) => (m ? [Number(m[1])] : []));
   const doomed = steps.filter((s) => s < latestStep && !isCheckpointKept(s, latestStep, c)).sort((a, b) => a - b);
   await Promise.all(doomed.map((s) => rm(join(root, runId, `step-${s}`), { recursive: true, force: true })));

@@ -4,6 +4,7 @@ import { mkdir, open, readdir, rename, rm, stat } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { RlqError } from "../lib/errors.ts";
 import { sha256File } from "../lib/hash.ts";
+import { ifMissing } from "../lib/if-missing.ts";
 
 /**
  * Moving a train step's inputs and outputs between hosts that share no
@@ -76,7 +77,7 @@ export async function advertisedAddress(trainerUrl: string, configured: string |
 
 /** name → sha256 of the checkpoint files present in `dir` (the worker's input checkpoint). */
 export async function localCheckpointFiles(dir: string): Promise<Record<string, string>> {
-  const present = new Set(await readdir(dir).catch(() => [] as string[]));
+  const present = new Set(await readdir(dir).catch(ifMissing([] as string[])));
   const out: Record<string, string> = {};
   for (const name of CHECKPOINT_FILES) if (present.has(name)) out[name] = await sha256File(join(dir, name));
   return out;
@@ -111,7 +112,7 @@ export async function downloadCheckpointFile(
     throw new RlqError("checkpoint_fetch_failed", `GET ${url}: ${(e as Error).message}`, { cause: e, isRetriable: true });
   }
   if (!res.ok || !res.body) {
-    const text = await res.text().catch(() => "");
+    const text = await res.text().catch((e: unknown) => `(no body: ${(e as Error).message})`);
     throw new RlqError("checkpoint_fetch_failed", `GET ${url}: HTTP ${res.status} ${text.slice(0, 200)}`, {
       isRetriable: res.status !== 401 && res.status !== 403,
     });

@@ -112,6 +112,34 @@ describe("remote trainer client: outages", () => {
     expect(waits.slice(0, -1).every((w) => typeof w === "number")).toBe(true);
   });
 
+  it("names a trainer's protocol error by the table's code; a code outside the protocol is trainer_error with the trainer's code in its message", async () => {
+    const running = { run_id: "r1", step: 0, attempt: "0", progress: { done: 0, total: 1, phase: "train" }, progress_seq: 1 };
+    const answers = [
+      { code: "oom", retryable: true, expected: "trainer_oom" },
+      { code: "bad_request", retryable: false, expected: "trainer_bad_request" },
+      { code: "cuda_graph_broke", retryable: true, expected: "trainer_error" },
+    ];
+    for (const a of answers) {
+      const port = await listen((req, res) => {
+        const failed = { ...running, state: "failed", error: { code: a.code, message: "as the trainer says", retryable: a.retryable } };
+        res
+          .writeHead(req.method === "POST" ? 202 : 200, { "content-type": "application/json" })
+          .end(JSON.stringify(req.method === "POST" ? { ...running, state: "running" } : failed));
+      });
+      const err = await createRemoteTrainer({ url: `http://127.0.0.1:${port}`, pollMs: 10 })
+        .trainStep(request({}), () => undefined, new AbortController().signal)
+        .catch((e: unknown) => e);
+      expect(err).toMatchObject({ code: a.expected, isRetriable: a.retryable });
+      expect((err as Error).message).toContain(`${a.code}: as the trainer says`);
+    }
+    // A non-2xx answer without the protocol's error body: named by its status.
+    const port = await listen((_req, res) => res.writeHead(503, { "content-type": "application/json" }).end(JSON.stringify({ detail: "warming up" })));
+    const err = await createRemoteTrainer({ url: `http://127.0.0.1:${port}` })
+      .trainStep(request({}), () => undefined, new AbortController().signal)
+      .catch((e: unknown) => e);
+    expect(err).toMatchObject({ code: "trainer_http_error", isRetriable: true });
+  });
+
   it("classifies errors by their cause's code", () => {
     const refused = new TypeError("fetch failed", { cause: Object.assign(new Error("connect ECONNREFUSED"), { code: "ECONNREFUSED" }) });
     expect(isTrainerOutage(refused)).toBe(true);

@@ -8,7 +8,7 @@ import { z } from "zod";
 import { encodeBatch } from "./batch-codec.ts";
 import { checkTrainerCapabilities, requiredCapabilities } from "./capabilities.ts";
 import { trainResultSchema, type Trainer, type TrainHooks, type TrainProgress, type TrainRequest, type TrainResult } from "./trainer.ts";
-import { RlqError } from "../lib/errors.ts";
+import { errorMessage, RlqError, trainerErrorCode } from "../lib/errors.ts";
 import { sleep } from "../lib/sleep.ts";
 import { backoffDelayMs, HttpNetworkError, isRetriableStatus, requestText, type HttpMethod, type TextAnswer } from "../lib/http-client.ts";
 import { advertisedAddress, bearerHeader, bearerMatches, downloadCheckpointFile, localCheckpointFiles } from "./checkpoint-transfer.ts";
@@ -133,8 +133,12 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
     }
     if (res.status < 200 || res.status >= 300) {
       const err = errorSchema.safeParse((parsed as { error?: unknown } | null)?.error);
-      const e = err.success ? err.data : { code: "http_error", message: text.slice(0, 300), retryable: isRetriableStatus(res.status) };
-      throw new RlqError(`trainer_${e.code}`, `trainer ${base}${path}: HTTP ${res.status} ${e.code}: ${e.message}`, { isRetriable: e.retryable });
+      if (!err.success)
+        throw new RlqError("trainer_http_error", `trainer ${base}${path}: HTTP ${res.status} without the protocol's error body: ${text.slice(0, 300)}`, {
+          isRetriable: isRetriableStatus(res.status),
+        });
+      const e = err.data;
+      throw new RlqError(trainerErrorCode(e.code), `trainer ${base}${path}: HTTP ${res.status} ${e.code}: ${e.message}`, { isRetriable: e.retryable });
     }
     return parsed;
   }
@@ -303,8 +307,15 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
         let lastSeq = -1;
         for (;;) {
           if (signal.aborted) {
-            await call("POST", `${stepPath}/cancel`, { attempt: String(req.attempt) }).catch(() => undefined);
-            throw new RlqError("train_cancelled", `train step ${req.step} attempt ${req.attempt} cancelled: ${String(signal.reason ?? "")}`, {
+            // A trainer not told of the cancel keeps the attempt running until the next attempt's
+            // start supersedes it there (docs/trainer-protocol.md): the failure goes into the error.
+            const untold = await call("POST", `${stepPath}/cancel`, { attempt: String(req.attempt) }).then(
+              () => null,
+              (e: unknown) => e,
+            );
+            const note = untold === null ? "" : `; the trainer was not told (${errorMessage(untold)}), the next attempt supersedes it there`;
+            throw new RlqError("train_cancelled", `train step ${req.step} attempt ${req.attempt} cancelled: ${String(signal.reason ?? "")}${note}`, {
+              ...(untold === null ? {} : { cause: untold }),
               isRetriable: true,
             });
           }
@@ -351,8 +362,11 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
             });
           }
           if (s.state === "failed" || s.state === "cancelled") {
-            const e = s.error ?? { code: s.state, message: `attempt ${s.attempt} ${s.state}`, retryable: true };
-            throw new RlqError(`trainer_${e.code}`, `trainer step ${req.step}: ${e.code}: ${e.message}`, { isRetriable: e.retryable });
+            // A cancel on the trainer's side (its own, or another client's) gives no error: the attempt is tried again.
+            if (!s.error && s.state === "cancelled")
+              throw new RlqError("train_cancelled", `trainer step ${req.step}: attempt ${s.attempt} cancelled on the trainer`, { isRetriable: true });
+            const e = s.error ?? { code: "none", message: `attempt ${s.attempt} failed with no error`, retryable: true };
+            throw new RlqError(trainerErrorCode(e.code), `trainer step ${req.step}: ${e.code}: ${e.message}`, { isRetriable: e.retryable });
           }
           await new Promise((r) => setTimeout(r, pollMs));
         }
@@ -365,6 +379,7 @@ export function createRemoteTrainer(options: RemoteTrainerOptions): Trainer {
         const h = (await call("GET", "/v1/health")) as { ok?: boolean };
         return h.ok === true;
       } catch {
+        // health() answers whether the trainer answers: any failure to ask is "no"; trainStep reports the reason.
         return false;
       }
     },

@@ -111,7 +111,11 @@ export async function runMetricSinks(deps: MetricSinkDeps, runId: string, signal
   if (wanted?.wanted !== true) return;
   let lock: Awaited<ReturnType<typeof tryAdvisoryLock>> = null;
   while (!signal.aborted && lock === null) {
-    lock = await tryAdvisoryLock(deps.db, `rlq-metric-sinks:${runId}`).catch(() => null);
+    lock = await tryAdvisoryLock(deps.db, `rlq-metric-sinks:${runId}`).catch((e: unknown) => {
+      // The points wait in Postgres: the lock is asked for again after intervalMs.
+      deps.log?.warn({ runId, err: (e as Error).message }, "metric sinks: cannot take the sink lock yet, will retry");
+      return null;
+    });
     if (lock === null) await sleep(intervalMs, signal);
   }
   if (lock === null) return;

@@ -1,7 +1,7 @@
 import type { Worker } from "node:worker_threads";
 import type { ModelConfig } from "../../model/config.ts";
 import { siblingModuleUrl, spawnModuleWorker } from "../../model/module-worker.ts";
-import { RlqError, type ErrorCode } from "../../lib/errors.ts";
+import { RlqError } from "../../lib/errors.ts";
 import { trainResultSchema, type Trainer, type TrainProgress, type TrainRequest, type TrainResult } from "../trainer.ts";
 import type { FromTrainerWorker, ToTrainerWorker, TrainerWorkerData } from "./trainer-worker.ts";
 
@@ -33,6 +33,7 @@ class WorkerTrainer implements EmbeddedTrainer {
 
   trainStep(request: TrainRequest, onProgress: (p: TrainProgress) => void, signal: AbortSignal): Promise<TrainResult> {
     const run = this.queue.then(() => this.runOne(request, onProgress, signal));
+    // The queue only orders the steps: a step's failure reaches its caller through `run`, and the next step starts either way.
     this.queue = run.catch(() => undefined);
     return run;
   }
@@ -74,7 +75,7 @@ class WorkerTrainer implements EmbeddedTrainer {
         cleanup();
         if (msg.type === "result") resolve(trainResultSchema.parse(msg.result));
         // The worker thread sends the code of an RlqError it caught (or its own), with its retriability.
-        else reject(new RlqError(msg.code as ErrorCode, msg.message, { isRetriable: msg.isRetriable }));
+        else reject(new RlqError(msg.code, msg.message, { isRetriable: msg.isRetriable }));
       };
       const onError = (err: Error): void => {
         cleanup();

@@ -13,6 +13,7 @@ import type { JaxModel } from "./jax-model.ts";
 import { learningRate } from "./lr-schedule.ts";
 import { lossAndGrad } from "./policy-objective.ts";
 import { optimizerStepPlan, parseTrainConfig } from "./train-config.ts";
+import { ifMissing } from "../../lib/if-missing.ts";
 
 /**
  * One train step of the embedded trainer (runs inside the trainer's worker
@@ -129,7 +130,7 @@ function maskedMeanAbsDiff(a: readonly Float64Array[], samples: readonly TrainSa
 
 export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDeps, onProgress: (p: TrainProgress) => void): Promise<TrainResult> {
   const resultPath = join(req.outputDir, RESULT_FILE);
-  const previous = await readFile(resultPath, "utf8").catch(() => null);
+  const previous = await readFile(resultPath, "utf8").catch(ifMissing(null));
   if (previous !== null) {
     // Idempotent per (run, step): this attempt directory already holds the finished step.
     const saved = JSON.parse(previous) as { runId: string; step: number; weightVersionIn: number; result: unknown };

@@ -3,7 +3,7 @@ import { ZodError } from "zod";
 import { readCheckpoint } from "../../model/checkpoint.ts";
 import type { ModelConfig } from "../../model/config.ts";
 import type { Weights } from "../../model/weights.ts";
-import { RlqError } from "../../lib/errors.ts";
+import { RlqError, type ErrorCode } from "../../lib/errors.ts";
 import type { TrainRequest, TrainResult, TrainProgress } from "../trainer.ts";
 import { createJaxModel, type JaxModel } from "./jax-model.ts";
 import { runEmbeddedTrainStep } from "./train-step.ts";
@@ -22,7 +22,7 @@ export type ToTrainerWorker = { type: "train"; id: number; request: TrainRequest
 export type FromTrainerWorker =
   | { type: "progress"; id: number; progress: TrainProgress }
   | { type: "result"; id: number; result: TrainResult }
-  | { type: "error"; id: number; code: string; message: string; isRetriable: boolean };
+  | { type: "error"; id: number; code: ErrorCode; message: string; isRetriable: boolean };
 
 if (!parentPort) throw new RlqError("invariant_violated", "trainer-worker must run in a worker thread");
 const port = parentPort;
@@ -57,7 +57,7 @@ port.on("message", (msg: ToTrainerWorker) => {
   train(msg.request, msg.id).then(
     (result) => port.postMessage({ type: "result", id: msg.id, result } satisfies FromTrainerWorker),
     (err: unknown) => {
-      const code = err instanceof RlqError ? err.code : err instanceof ZodError ? "trainer_config" : "trainer_failed";
+      const code = err instanceof RlqError ? err.code : err instanceof ZodError ? "trainer_config" : "trainer_internal";
       const isRetriable = err instanceof RlqError ? err.isRetriable : false;
       const message = err instanceof ZodError ? `invalid trainer config: ${err.message}` : err instanceof Error ? (err.stack ?? err.message) : String(err);
       port.postMessage({ type: "error", id: msg.id, code, message, isRetriable } satisfies FromTrainerWorker);
