@@ -199,10 +199,10 @@ describe("rlq config check", () => {
     const effective = parseYaml(r.stdout) as Record<string, unknown>;
     expect(effective).toMatchObject({ rollout_batch_size: 4, n_samples_per_prompt: 1, advantage_estimator: "grpo", eps_clip: 0.2, tokenizer: "bytes" });
     expect(r.stderr.trim().split("\n")).toEqual([
-      "warning: loss_mask_type has no effect here: accepted for slime's scripts; slime uses it only for SFT loss masks, and rlq's mask comes from generation",
-      "warning: kl_loss_coef has no effect here: needs use_kl_loss: true",
-      "warning: tis_clip has no effect here: needs use_tis: true (or get_mismatch_metrics: true)",
-      "warning: eval_top_p has no effect here: needs eval_interval (evals never run without it)",
+      "warning: loss_mask_type has no effect here: slime uses it only for SFT loss masks, and rlq's mask comes from generation (model tokens 1, tool tokens 0); no rlq setting makes it matter: remove it",
+      "warning: kl_loss_coef has no effect here: use_kl_loss is false: no KL loss term is computed; it takes effect with use_kl_loss: true",
+      "warning: tis_clip has no effect here: use_tis and get_mismatch_metrics are false: no importance weights are computed; it takes effect with use_tis: true (or get_mismatch_metrics: true)",
+      "warning: eval_top_p has no effect here: eval_interval is null, so evals never run; it takes effect with eval_interval: N (and eval_prompt_data)",
       `warning: weight_decay is left out: rlq's default is 0, slime's (Megatron's) is 0.01; write it to be sure which one you get`,
       `warning: label_key is left out: rlq's default is "label", slime's (Megatron's) is null; write it to be sure which one you get`,
     ]);
