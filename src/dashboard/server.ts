@@ -11,6 +11,7 @@ import type { RunContextCache } from "../runtime/run-context.ts";
 import { jobIds } from "../queue/payloads.ts";
 import { listRunsForDashboard, listSamples, loadRunOverview, loadSample } from "./queries.ts";
 import { mountBullBoard } from "./bull-board.ts";
+import { mountViewer } from "./viewer.ts";
 import { tokenMatches } from "./token.ts";
 import { assertTokenForHost, requireToken } from "./access.ts";
 import { isLoopbackHost } from "../lib/loopback.ts";
@@ -130,6 +131,7 @@ export async function startDashboard(options: DashboardOptions): Promise<Dashboa
       return { sample: { ...sample, response_pieces: pieces } };
     }),
   );
+  mountViewer(app, { readerDb, contexts: options.contexts });
   app.post(
     "/api/runs/:runId/:action",
     wrap(async (req, res) => {

@@ -110,6 +110,38 @@ window.rlqCharts = charts;
 let currentRun = null;
 let canControl = false;
 
+// Tick labels that read at every scale: a span under 1e-3 (the ~2e-7 train/rollout log-prob
+// mismatch) or from 1e6 up is written in scientific notation, never rounded to "0, 0".
+function tickLabel(v, magnitude) {
+  if (v === 0) return "0";
+  if (magnitude < 1e-3 || magnitude >= 1e6) return Number(v.toPrecision(3)).toExponential();
+  return String(Number(v.toPrecision(6)));
+}
+const axisValues = (_u, splits) => {
+  const magnitude = Math.max(...splits.map((v) => Math.abs(v)));
+  return splits.map((v) => tickLabel(v, magnitude));
+};
+// A constant series gets a range around its value (±10%, ±1 at zero), not uPlot's 0-100.
+function yRange(_u, min, max) {
+  if (min === null || max === null || !Number.isFinite(min) || !Number.isFinite(max)) return [0, 1];
+  if (min === max) {
+    const pad = min === 0 ? 1 : Math.abs(min) * 0.1;
+    return [min - pad, max + pad];
+  }
+  return uPlot.rangeNum(min, max, 0.1, true);
+}
+
+// Charts with nothing to draw (TIS/MIS when off, eval when never run) fold into one line under the grid.
+const emptyCharts = new Map();
+function foldEmpty(box, id, title, drawn) {
+  box.hidden = drawn === 0;
+  if (drawn === 0) emptyCharts.set(id, title);
+  else emptyCharts.delete(id);
+  const line = $("#charts-empty");
+  line.hidden = emptyCharts.size === 0;
+  line.textContent = `no data: ${[...emptyCharts.values()].join(", ")}`;
+}
+
 function drawChart(id, title, xs, seriesList) {
   let box = document.getElementById(`chart-${id}`);
   if (!box) {
@@ -121,6 +153,7 @@ function drawChart(id, title, xs, seriesList) {
   const drawn = seriesList.filter((s) => s.values.some((v) => v !== null)).length;
   box.dataset.points = String(xs.length);
   box.dataset.series = String(drawn);
+  foldEmpty(box, id, title, drawn);
   const key = `${id}:${seriesList.map((s) => s.label).join("|")}`;
   const existing = charts.get(id);
   if (existing && existing.key === key) {
@@ -131,13 +164,75 @@ function drawChart(id, title, xs, seriesList) {
   const opts = {
     width: 380,
     height: 180,
-    scales: { x: { time: false } },
-    axes: [{ label: "step" }, {}],
+    scales: { x: { time: false }, y: { range: yRange } },
+    axes: [{ label: "step" }, { values: axisValues, size: 64 }],
     series: [{ label: "step" }, ...seriesList.map((s, i) => ({ label: s.label, stroke: palette[i % palette.length], width: 1.5, spanGaps: true }))],
     legend: { live: false },
   };
   charts.set(id, { key, plot: new uPlot(opts, data, box) });
 }
+
+// The decision log as a timeline: one readable line per decision, its JSON one click away.
+const describers = {
+  "run.created": (p) => `run created: ${p.name}, ${p.datasetSize} prompts`,
+  "run.status": (p) => `status ${p.status}${p.reason ? ` (${p.reason})` : ""}`,
+  "run.amended": (p) => `config amended: ${Object.keys(p.changes ?? {}).join(", ")}`,
+  "step.started": (p) => `step ${p.step} started at version ${p.weightVersion}`,
+  "prompts.drawn": (p) => `${p.fresh?.length ?? 0} prompts drawn, ${p.fromBuffer?.length ?? 0} from the buffer`,
+  "group.dispatched": (p) => `group ${p.groupId} round ${p.round} sent at version ${p.weightVersion}`,
+  "group.filtered": (p) => `group ${p.groupId} ${p.keep ? "passes" : "fails"} the filter${p.reason ? `: ${p.reason}` : ""}`,
+  "group.outcome": (p) => `group ${p.groupId} ${p.outcome}${p.reason ? ` (${p.reason})` : ""}`,
+  "group.cut": (p) => `group ${p.groupId}: samples ${p.samples?.join(",")} cut (${p.reason}), round ${p.round}`,
+  "group.aborted": (p) => `group ${p.groupId} round ${p.round} aborted: ${p.reason}`,
+  "step.sealed": (p) => `step ${p.step} sealed: ${p.kept?.length ?? 0} groups kept, ${p.aborted?.length ?? 0} rounds aborted`,
+  "train.dispatched": (p) => `train step ${p.step} sent (version ${p.weightVersionIn} in)`,
+  "step.trained": (p) => `step ${p.step} trained → version ${p.weightVersionOut}`,
+  "weights.syncing": (p) => `engines to load version ${p.weightVersion} (${p.mode})`,
+  "weights.synced": (p) => `engines at version ${p.weightVersion}`,
+  "eval.dispatched": (p) => `eval at version ${p.weightVersion}`,
+  "eval.recorded": (p) => `eval of step ${p.step} recorded`,
+};
+const describe = (d) => {
+  const f = describers[d.kind];
+  if (f) return f(d.payload ?? {});
+  const text = JSON.stringify(d.payload);
+  return text.length > 80 ? `${text.slice(0, 80)}…` : text;
+};
+const kindClass = (kind) => `kind kind-${kind.split(".")[0]}`;
+
+// Decisions whose JSON is open: kept across the page's refreshes, which rebuild the rows.
+const openJson = new Set();
+/** Rows of a timeline table; also used by the rollout viewer (viewer.mjs) for a group's decisions. */
+function timelineRows(decisions) {
+  return decisions.map((d) => {
+    const tr = el("tr", { "data-seq": d.seq });
+    const json = el("pre", { class: "json" }, JSON.stringify(d.payload, null, 2));
+    json.hidden = !openJson.has(String(d.seq));
+    const toggle = el("button", { type: "button", class: "json-toggle" }, "JSON");
+    toggle.addEventListener("click", () => {
+      json.hidden = !json.hidden;
+      if (json.hidden) openJson.delete(String(d.seq));
+      else openJson.add(String(d.seq));
+    });
+    const what = el("td", {}, describe(d));
+    what.append(json);
+    const button = el("td");
+    button.append(toggle);
+    const at = d.created_at ? new Date(d.created_at).toLocaleTimeString() : "";
+    tr.append(el("td", {}, d.seq), el("td", {}, at), el("td", {}, fmt(d.lease_epoch)), el("td", { class: kindClass(d.kind) }, d.kind));
+    tr.append(el("td", {}, fmt(d.step ?? d.payload?.step)), el("td", {}, fmt(d.group_id)), what, button);
+    return tr;
+  });
+}
+window.rlqTimeline = (decisions, id) => {
+  const t = el("table", { id, class: "timeline" });
+  const head = el("tr");
+  for (const h of ["seq", "time", "epoch", "kind", "step", "group", "what", ""]) head.append(el("th", {}, h));
+  t.append(el("thead"), el("tbody"));
+  t.tHead.append(head);
+  t.tBodies[0].replaceChildren(...timelineRows(decisions));
+  return t;
+};
 
 function fillTable(sel, rows, cells, onClick) {
   const body = $(`${sel} tbody`);
@@ -262,14 +357,7 @@ async function showRun(runId) {
     e.latencyMs?.p95,
   ]);
   fillTable("#evals", o.evals, (e) => [e.step, e.dataset, e.weight_version, e.mean_reward, { text: JSON.stringify(e.pass_at_k) }]);
-  fillTable("#decisions", o.decisions, (d) => [
-    d.seq,
-    d.lease_epoch,
-    { text: d.kind },
-    d.step,
-    d.group_id,
-    { text: JSON.stringify(d.payload), cls: "payload" },
-  ]);
+  $("#decisions tbody").replaceChildren(...timelineRows(o.decisions));
 }
 
 async function showSamples(runId) {
@@ -322,12 +410,14 @@ async function showSample(runId, groupId, sampleIndex) {
 }
 
 async function refresh() {
-  const m = /#run=([^&]+)/.exec(location.hash);
-  currentRun = m ? decodeURIComponent(m[1]) : null;
-  $("#run-view").hidden = currentRun === null;
+  const params = new URLSearchParams(location.hash.slice(1));
+  currentRun = params.get("run");
+  // A rollout viewer page (viewer.mjs) replaces the run's charts; it refreshes on navigation only.
+  const isViewer = params.has("view");
+  $("#run-view").hidden = currentRun === null || isViewer;
   try {
     await showRuns();
-    if (currentRun) {
+    if (currentRun && !isViewer) {
       await showRun(currentRun);
       await showSamples(currentRun);
     }
