@@ -75,3 +75,53 @@ export function createOutageClock(timeoutMs: number, now: () => number = Date.no
     },
   };
 }
+
+/** A store that has not answered a probe for this long counts as failing (a Redis client queues commands while it reconnects, so they hang rather than fail). */
+export const PROBE_TIMEOUT_MS = 5_000;
+const PROBE_EVERY_MS = 2_000;
+
+export interface ServiceProbe {
+  /**
+   * Start a probe when none is in flight and the last began PROBE_EVERY_MS ago. Returns "ok" once
+   * a probe answered, the error of one that failed or has gone unanswered for PROBE_TIMEOUT_MS,
+   * and null while there is nothing new to say.
+   */
+  poll(): "ok" | { error: string } | null;
+}
+
+/**
+ * Probes a service that rlq up otherwise meets only inside calls that wait for it forever: the
+ * queue store (Redis, whose client holds commands until it reconnects; or BullMQ's Postgres
+ * backend). A controller blocked on it neither fails nor progresses, so without the probe an
+ * outage of the queue store never reaches the outage clock and rlq up never exits 75.
+ */
+export function createServiceProbe(call: () => Promise<unknown>, now: () => number = Date.now): ServiceProbe {
+  let inFlightSince: number | null = null;
+  let lastStartAt = -Infinity;
+  let settled: "ok" | { error: string } | null = null;
+  return {
+    poll() {
+      const t = now();
+      if (settled !== null) {
+        const s = settled;
+        settled = null;
+        return s;
+      }
+      if (inFlightSince !== null) return t - inFlightSince >= PROBE_TIMEOUT_MS ? { error: `no answer for ${Math.round((t - inFlightSince) / 1000)} s` } : null;
+      if (t - lastStartAt < PROBE_EVERY_MS) return null;
+      inFlightSince = t;
+      lastStartAt = t;
+      call().then(
+        () => {
+          settled = "ok";
+          inFlightSince = null;
+        },
+        (e: unknown) => {
+          settled = { error: (e as Error).message };
+          inFlightSince = null;
+        },
+      );
+      return null;
+    },
+  };
+}

@@ -3,7 +3,8 @@ import { runController, type ControllerExit } from "../controller/controller.ts"
 import { listRuns } from "../store/run-facts.ts";
 import { pendingRunRequests } from "../store/run-requests.ts";
 import { queueKinds, type QueueKind } from "../queue/payloads.ts";
-import { createOutageClock, isOutageError, OUTAGE_EXIT_CODE } from "./outage.ts";
+import { createOutageClock, createServiceProbe, isOutageError, OUTAGE_EXIT_CODE } from "./outage.ts";
+import { exitAfterFlush } from "./exit.ts";
 import { secretSource } from "../config/env.ts";
 import { runMetricSinks } from "../observability/metrics-export/metric-sinks.ts";
 import { processMetrics } from "../observability/prometheus.ts";
@@ -17,6 +18,9 @@ async function startUpWorkers(s: Services, kinds: readonly QueueKind[]): Promise
   return startWorkers(s, kinds);
 }
 
+/** How long rlq up closes its workers and controllers before an outage exit (75) is forced. */
+const OUTAGE_EXIT_GRACE_MS = 15_000;
+
 /** The reason `rlq run pause` records (controller.ts). */
 const OPERATOR_PAUSE = "paused by operator";
 
@@ -25,7 +29,8 @@ const OPERATOR_PAUSE = "paused by operator";
  * run) in one process. A run whose lease another process holds waits here
  * as standby. SIGTERM finishes active jobs and exits. A controller that
  * fails is started again; failures back to back for longer than
- * RLQ_OUTAGE_TIMEOUT_S exit with code 75 (cli/outage.ts).
+ * RLQ_OUTAGE_TIMEOUT_S, or a queue store that answers no probe for that long,
+ * exit with code 75 (cli/outage.ts) and the reason on stderr.
  */
 export async function runUp(
   s: Services,
@@ -40,6 +45,8 @@ export async function runUp(
   const failures: string[] = [];
   const stopAll = new AbortController();
   const outage = createOutageClock(s.env.RLQ_OUTAGE_TIMEOUT_S * 1000);
+  // Redis commands wait for a reconnect instead of failing: a Redis outage shows only here.
+  const queueProbe = createServiceProbe(() => s.queues.depths());
   /** A failed controller's run: not started again before this time. */
   const retryAt = new Map<string, number>();
   options.signal.addEventListener("abort", () => stopAll.abort(), { once: true });
@@ -120,16 +127,22 @@ export async function runUp(
       );
       if (options.runId) launch(options.runId);
       for (const r of options.runId ? [] : all) if (r.status === "running" || r.status === "paused") launch(r.id);
+      const probed = queueProbe.poll();
+      if (probed === "ok") outage.ok("(queue store)");
+      else if (probed) outage.failed("(queue store)", Date.now(), `the queue store (${s.queues.backend.kind}): ${probed.error}`);
       const expired = outage.expired();
       if (expired) {
         s.log.error(
           { run: expired.key, outageS: Math.round(expired.forMs / 1000), limitS: s.env.RLQ_OUTAGE_TIMEOUT_S, err: expired.error },
           `rlq up exits with code ${OUTAGE_EXIT_CODE}: ${expired.key} has failed for ${Math.round(expired.forMs / 1000)} s (RLQ_OUTAGE_TIMEOUT_S=${s.env.RLQ_OUTAGE_TIMEOUT_S}): ${expired.error}; a supervisor should start it again`,
         );
+        process.stderr.write(
+          `rlq up: exits with code ${OUTAGE_EXIT_CODE} (EX_TEMPFAIL): ${expired.key} has failed for ${Math.round(expired.forMs / 1000)} s, longer than RLQ_OUTAGE_TIMEOUT_S=${s.env.RLQ_OUTAGE_TIMEOUT_S}: ${expired.error}. Start rlq up again once Postgres and Redis answer: the run continues where it stopped\n`,
+        );
         code = OUTAGE_EXIT_CODE;
         break;
       }
-      await showProgress().catch(() => undefined);
+      await showProgress().catch((e: unknown) => s.log.debug({ err: (e as Error).message }, "progress display: reading the runs' steps failed"));
       if (options.exitWhenDone) {
         // A run paused for a fault waits for an operator: --exit-when-done says so and exits non-zero
         // (an operator's own pause keeps waiting for the resume).
@@ -151,6 +164,9 @@ export async function runUp(
     // empties (a Postgres still down), Node exits with it instead of a silent 0.
     if (code !== 0) process.exitCode = code;
     else if (failures.length > 0) process.exitCode = 1;
+    // With the service still down, closing can wait on it for ever (a queue close on a Redis that
+    // reconnects, a controller blocked on a command): the supervisor gets the exit code regardless.
+    if (code === OUTAGE_EXIT_CODE) setTimeout(() => void exitAfterFlush(code), OUTAGE_EXIT_GRACE_MS).unref();
     stopAll.abort();
     await Promise.all(active.values());
     await Promise.all(sinks.values());
