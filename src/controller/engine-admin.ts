@@ -2,7 +2,11 @@ import type { RunConfig } from "../config/run-config.ts";
 import { createEnginesFromConfig } from "../engines/from-config.ts";
 import { createWeightSync, type WeightSync } from "../engines/weight-sync.ts";
 import type { EnginePool } from "../engines/pool.ts";
-import { RlqError } from "../lib/errors.ts";
+import { initialLoader, nextLoaderMode, shouldSendLoad, type LoaderEvent, type LoaderMode } from "../core/weight-sync.ts";
+import { RlqError, errorMessage } from "../lib/errors.ts";
+import { createLogger } from "../observability/logger.ts";
+
+const log = createLogger("info", "rlq-engine-admin");
 
 /**
  * What the controller does to engines directly: weight sync. Remote engines
@@ -38,8 +42,8 @@ export interface EngineAdmin {
 
 export interface EngineAdminHooks {
   /**
-   * An early load (see `isEarlyLoad` below) ended on some engine, before the others': the rollout
-   * workers may send it the requests they hold for the new version (store/notify.ts `rlq_loaded`).
+   * An early load (see `Loader` below) ended on some engine, before the others': the rollout
+   * workers may send it the requests they hold for the new version (store/notify.ts `rlq_weights`).
    */
   onEngineLoaded?(version: number): void;
 }
@@ -63,75 +67,108 @@ export function createEngineAdmin(config: RunConfig, hooks: EngineAdminHooks = {
     }));
     return state;
   };
-  // A load that may start while this run's aborted requests are still ending (weight_sync disk,
-  // weight_update_mode abort): SGLang's update_weights_from_disk takes the model update lock's
-  // writer side (tokenizer_manager.py `model_update_lock.writer_lock`), which waits for every
-  // request in the server to end and holds new ones until the load is done, so no request spans two
-  // versions, and each answer's meta_info.weight_version names the version that generated it
-  // (rlq records that one per segment). So the load need not wait for the aborted rounds to land
-  // in Postgres: each engine starts it as soon as its own requests have ended, while the rollout
-  // workers record them. In drain mode the in-flight rounds finish on the old version, and a
-  // request retried after the load asked would not, so the load waits for them as before.
-  // On exclusive servers (engine.exclusive) the sync also ends every request on them itself, one
-  // abort_all per server (slime's abort_server_until_idle), instead of waiting for the rollout
-  // workers' one abort per request; the workers' aborts by id stay the fallback.
   if (config.weight_sync === "none") return frozenEngineAdmin(get, () => state !== null);
-  const isEarlyLoad = config.weight_sync === "disk" && config.weight_update_mode === "abort";
-  const isAbortAll = isEarlyLoad && e.kind === "sglang" && e.exclusive;
-  let started: { version: number; done: Promise<void> } | null = null;
-  // The version this process last loaded into every engine: asked again (a restarted controller's
-  // first tick of a sync it resumed, after `resyncEngines` loaded that version), nothing is sent. A
-  // second load would drain the requests already running on it, and an abort_all end them.
-  let loaded: number | null = null;
-  const begin = (version: number, uri: string): Promise<void> => {
-    if (started?.version !== version) {
-      const onEngineLoaded = isEarlyLoad && hooks.onEngineLoaded ? () => hooks.onEngineLoaded?.(version) : undefined;
-      const done = get().then(({ sync }) => sync.sync(version, uri, onEngineLoaded).then(() => undefined));
-      done.catch(() => undefined); // awaited by loadWeights, which reports the failure
-      started = { version, done };
+  return new Loader(config, get, () => state !== null, hooks);
+}
+
+/**
+ * The controller's one loader of remote engines (disk and trainer_push). Its mode is
+ * core/weight-sync.ts `LoaderMode`, written only by `move`.
+ *
+ * A load that may start while this run's aborted requests are still ending (weight_sync disk,
+ * weight_update_mode abort): SGLang's update_weights_from_disk takes the model update lock's
+ * writer side (tokenizer_manager.py `model_update_lock.writer_lock`), which waits for every
+ * request in the server to end and holds new ones until the load is done, so no request spans two
+ * versions, and each answer's meta_info.weight_version names the version that generated it (rlq
+ * records that one per segment). So the load need not wait for the aborted rounds to land in
+ * Postgres: each engine starts it as soon as its own requests have ended, while the rollout
+ * workers record them. In drain mode the in-flight rounds finish on the old version, and a
+ * request retried after the load asked would not, so the load waits for them.
+ * On exclusive servers (engine.exclusive) the sync also ends every request on them itself, one
+ * abort_all per server (slime's abort_server_until_idle), instead of waiting for the rollout
+ * workers' one abort per request; the workers' aborts by id stay the fallback.
+ */
+class Loader implements EngineAdmin {
+  readonly isEarlyDispatch: boolean;
+  private readonly isEarlyLoad: boolean;
+  private readonly isAbortAll: boolean;
+  private mode: LoaderMode = initialLoader;
+  /** The load in flight while `mode` is `loading` (its failure is reported by `loadWeights`). */
+  private inFlight: Promise<void> | null = null;
+
+  constructor(
+    config: RunConfig,
+    private readonly get: () => Promise<{ pool: EnginePool; sync: WeightSync }>,
+    private readonly isStarted: () => boolean,
+    private readonly hooks: EngineAdminHooks,
+  ) {
+    const e = config.engine;
+    this.isEarlyLoad = config.weight_sync === "disk" && config.weight_update_mode === "abort";
+    this.isAbortAll = this.isEarlyLoad && e.kind === "sglang" && e.exclusive;
+    this.isEarlyDispatch = this.isEarlyLoad && e.kind === "sglang";
+  }
+
+  private move(event: LoaderEvent): void {
+    this.mode = nextLoaderMode(this.mode, event);
+  }
+
+  /** The load of `version`: the one in flight, or a new one. */
+  private begin(version: number, uri: string): Promise<void> {
+    if (this.mode.kind === "loading" && this.mode.version === version && this.inFlight !== null) return this.inFlight;
+    const onEngineLoaded = this.isEarlyLoad && this.hooks.onEngineLoaded ? () => this.hooks.onEngineLoaded?.(version) : undefined;
+    const done = this.get().then(({ sync }) => sync.sync(version, uri, onEngineLoaded).then(() => undefined));
+    // Nothing lost: `loadWeights` awaits this promise and reports its failure.
+    done.catch(() => undefined);
+    this.move({ kind: "begin", version });
+    this.inFlight = done;
+    return done;
+  }
+
+  beginLoad(version: number, uri: string): void {
+    if (!this.isEarlyLoad || !shouldSendLoad(this.mode, version)) return;
+    // Sent before the load, on the same pool; a pool that failed to start is reported by the load.
+    if (this.isAbortAll)
+      void this.get()
+        .then(({ pool }) => pool.abortAll())
+        .catch((e: unknown) => log.warn({ version, err: errorMessage(e) }, "abort_all before a load failed; the rollout workers abort by id"));
+    void this.begin(version, uri);
+  }
+
+  async loadWeights(version: number, uri: string): Promise<void> {
+    // Loaded already, and not being loaded again: nothing to send or wait for.
+    if (this.mode.loaded === version && !(this.mode.kind === "loading" && this.mode.version === version)) return;
+    try {
+      await this.begin(version, uri);
+      this.move({ kind: "ended", version });
+    } catch (e) {
+      this.move({ kind: "failed", version });
+      throw e;
+    } finally {
+      this.inFlight = null;
     }
-    return started.done;
-  };
-  return {
-    isEarlyDispatch: isEarlyLoad && e.kind === "sglang",
-    beginLoad(version, uri) {
-      if (!isEarlyLoad || started?.version === version || loaded === version) return;
-      // Sent before the load, on the same pool; a pool that failed to start is reported by the load.
-      if (isAbortAll)
-        get()
-          .then(({ pool }) => pool.abortAll())
-          .catch(() => undefined);
-      void begin(version, uri);
-    },
-    async loadWeights(version, uri) {
-      if (loaded === version && started?.version !== version) return;
-      try {
-        await begin(version, uri);
-        loaded = version;
-      } finally {
-        started = null;
-      }
-    },
-    async resumeLoad(version, uri) {
-      const { pool } = await get();
-      await pool.checkHealth();
-      const live = pool.snapshot().engines.filter((m) => m.state !== "dead" && m.state !== "refused");
-      if (live.length > 0 && live.every((m) => m.weightVersion === version)) {
-        pool.setCurrentVersion(version);
-        loaded = version;
-        return;
-      }
-      await this.loadWeights(version, uri);
-    },
-    async reportedVersions() {
-      const { pool } = await get();
-      await pool.checkHealth();
-      return pool.snapshot().engines.flatMap((m) => (m.weightVersion === null ? [] : [m.weightVersion]));
-    },
-    async close() {
-      if (state) await (await state).pool.close();
-    },
-  };
+  }
+
+  async resumeLoad(version: number, uri: string): Promise<void> {
+    const { pool } = await this.get();
+    await pool.checkHealth();
+    const live = pool.snapshot().engines.filter((m) => m.state !== "dead" && m.state !== "refused");
+    if (live.length > 0 && live.every((m) => m.weightVersion === version)) {
+      pool.setCurrentVersion(version);
+      this.move({ kind: "found", version });
+      return;
+    }
+    await this.loadWeights(version, uri);
+  }
+
+  async reportedVersions(): Promise<number[]> {
+    const { pool } = await this.get();
+    await pool.checkHealth();
+    return pool.snapshot().engines.flatMap((m) => (m.weightVersion === null ? [] : [m.weightVersion]));
+  }
+
+  async close(): Promise<void> {
+    if (this.isStarted()) await (await this.get()).pool.close();
+  }
 }
 
 /**

@@ -210,9 +210,10 @@ export function nextLoaderMode(mode: LoaderMode, event: LoaderEvent): LoaderMode
 
 /** Whether a load of `version` must be sent (false: it is in flight, or every engine has it). */
 export function shouldSendLoad(mode: LoaderMode, version: number): boolean {
+  if (mode.loaded === version) return false;
   switch (mode.kind) {
     case "idle":
-      return mode.loaded !== version;
+      return true;
     case "loading":
       return mode.version !== version;
     default:

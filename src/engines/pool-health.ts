@@ -1,172 +1,200 @@
-import type { EnginePoolOptions, Member, PoolLog } from "./pool-types.ts";
+/**
+ * @file The pool's health monitor: /health_generate on every engine each `healthIntervalMs`, then
+ * admission (its version, its log-prob probe once per incarnation, and, when it is behind a
+ * checkpoint the pool loaded, that checkpoint). An engine is `starting` until its first good check
+ * and is not declared dead during `warmupGraceMs` after the pool starts. Every mode change goes
+ * through PoolState (pool-state.ts), whose transitions core/weight-sync.ts defines.
+ */
+import type { PoolState } from "./pool-state.ts";
+import type { EnginePoolOptions, Member } from "./pool-types.ts";
+import { isSyncBusy } from "../core/weight-sync.ts";
 import { RlqError, errorMessage } from "../lib/errors.ts";
 
-/**
- * The pool's view that health checks read and change: the pool owns the
- * state (pool.ts); these accessors keep one copy of it.
- */
-export interface PoolHealthContext {
-  options: EnginePoolOptions;
-  log: PoolLog;
-  now: () => number;
+export interface HealthSettings {
+  healthIntervalMs: number;
   healthTimeoutMs: number;
   busyLimitMs: number;
   probeInput: readonly number[];
-  current(): number | null;
-  /** The checkpoint the pool last loaded (re-admitted engines load it), if any. */
-  reload(): { version: number; uri: string } | null;
-  isPaused(): boolean;
-  isClosed(): boolean;
-  startedAtMs(): number | null;
-  learnVersion(v: number): void;
-  markDead(m: Member, reason: string): void;
-  wakeWaiters(): void;
 }
 
-/**
- * One member's health check and admission: /health_generate, then its
- * version, its log-prob probe (once per incarnation) and, when it is behind
- * a checkpoint the pool loaded, that checkpoint.
- */
-export function createMemberChecker(ctx: PoolHealthContext): (m: Member) => Promise<void> {
-  const { options, log, now } = ctx;
+export class HealthMonitor {
+  private timer: NodeJS.Timeout | null = null;
+  private round: Promise<void> | null = null;
 
-  async function admit(m: Member): Promise<void> {
-    // The server answers: read its version, check it once per incarnation, load current weights if behind.
-    const v = await m.engine.weightVersion();
-    m.version = v;
-    if (m.probe === null && options.logprobCheck !== "off") {
-      try {
-        await m.engine.checkServer();
-        m.probe = await m.engine.probeLogProbs(ctx.probeInput);
-        if (m.probe.isTemperatureScaled === null || m.probe.isBeforeTruncation === null) {
-          log.warn({ engine: m.engine.id, probe: m.probe }, "engine log-prob probe was inconclusive; accepting the engine");
-        }
-      } catch (e) {
-        if (e instanceof RlqError && !e.isRetriable) {
-          m.state = "refused";
-          m.metrics.lastError = e.message;
-          log.warn({ engine: m.engine.id, err: e.message }, "engine refused");
-          return;
-        }
-        throw e;
-      }
-    }
-    const before = ctx.current();
-    if (before === null || v > before) ctx.learnVersion(v);
-    const current = ctx.current();
-    if (v === current) {
-      if (m.state !== "healthy") log.info({ engine: m.engine.id, version: v }, "engine admitted");
-      m.state = "healthy";
-      m.consecutiveErrors = 0;
-      ctx.wakeWaiters();
-      return;
-    }
-    m.state = "stale";
-    const reload = ctx.reload();
-    if (reload !== null && reload.version === current && m.engine.canLoadWeights) {
-      m.state = "loading";
-      log.info({ engine: m.engine.id, from: v, to: reload.version }, "loading current weights into a re-admitted engine");
-      try {
-        await m.engine.loadWeights(reload.version, reload.uri);
-        m.version = reload.version;
-        m.state = "healthy";
-        m.consecutiveErrors = 0;
-        log.info({ engine: m.engine.id, version: m.version }, "engine admitted");
-        ctx.wakeWaiters();
-      } catch (e) {
-        m.state = "stale";
-        m.metrics.lastError = errorMessage(e);
-        log.warn({ engine: m.engine.id, err: errorMessage(e) }, "loading current weights failed; will retry");
-      }
-    }
+  constructor(
+    private readonly pool: PoolState,
+    private readonly options: EnginePoolOptions,
+    private readonly settings: HealthSettings,
+  ) {}
+
+  /** Starts the monitor on first use (a pool nobody asks for anything checks nothing). */
+  ensureStarted(): void {
+    const pool = this.pool;
+    if (pool.startedAtMs !== null || pool.isClosed) return;
+    pool.startedAtMs = pool.now();
+    void this.runRound();
+    this.timer = setInterval(() => void this.runRound(), this.settings.healthIntervalMs);
+    this.timer.unref();
   }
 
-  const isInGrace = () => {
-    const started = ctx.startedAtMs();
-    return started !== null && now() - started < (options.warmupGraceMs ?? 300_000);
-  };
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+  }
 
-  return async function checkMember(m: Member): Promise<void> {
-    if (m.isChecking || m.state === "refused" || m.state === "loading" || ctx.isClosed()) return;
+  /** One health round over every member; a round already running is joined, not doubled. */
+  runRound(): Promise<void> {
+    this.round ??= Promise.all(this.pool.members.map((m) => this.check(m))).then(() => {
+      this.round = null;
+    });
+    return this.round;
+  }
+
+  private isInGrace(): boolean {
+    const started = this.pool.startedAtMs;
+    return started !== null && this.pool.now() - started < (this.options.warmupGraceMs ?? 300_000);
+  }
+
+  async check(m: Member): Promise<void> {
+    const pool = this.pool;
+    if (m.isChecking || m.mode === "refused" || m.mode === "loading" || pool.isClosed) return;
     m.isChecking = true;
     try {
-      const ok = await m.engine.health(ctx.healthTimeoutMs);
-      if (ctx.isClosed()) return;
-      if (!ok) {
-        if (m.state === "starting" && isInGrace()) return;
-        // SGLang's /health_generate blocks, then answers 503, while weights load or generation is
-        // paused (http_server.py health_generate; slime pauses its health monitor around updates).
-        // A server that answers 503 but still reports its version is busy, not dead; so is any
-        // engine while this pool holds admission for a trainer push.
-        const isBusy = m.engine.lastHealthFailure?.() === "busy";
-        if (isBusy || ctx.isPaused()) {
-          m.busySinceMs ??= now();
-          m.metrics.busyChecks++;
-          if (now() - m.busySinceMs < ctx.busyLimitMs) return;
-          ctx.markDead(m, `busy (health_generate 503) for more than ${ctx.busyLimitMs} ms`);
-          return;
-        }
-        ctx.markDead(m, "health_generate failed or timed out");
-        return;
-      }
+      const ok = await m.engine.health(this.settings.healthTimeoutMs);
+      if (pool.isClosed) return;
+      if (!ok) return this.failed(m);
       m.busySinceMs = null;
-      const current = ctx.current();
-      if (m.state === "healthy" && m.version === current) {
+      if (m.mode === "healthy" && m.version === pool.current) {
         // Cheap path: still fine. The version is re-read so an engine restarted between checks is caught.
         const v = await m.engine.weightVersion();
         if (v === m.version) return;
         m.version = v;
-        const latest = ctx.current();
-        if (latest !== null && v < latest) m.state = "stale";
+        const latest = pool.current;
+        if (latest !== null && v < latest) pool.setEngineMode(m, { kind: "behind" });
       }
-      await admit(m);
+      await this.admit(m);
     } catch (e) {
-      if (!(m.state === "starting" && isInGrace())) ctx.markDead(m, errorMessage(e));
+      if (!(m.mode === "starting" && this.isInGrace())) pool.markDead(m, errorMessage(e));
     } finally {
       m.isChecking = false;
     }
-  };
-}
+  }
 
-/**
- * After a weight sync done by another process (the controller loaded every engine, then dispatched
- * jobs at the new version): one GET of each stale engine's version, and the engine takes requests
- * the moment it reports the current one. A full health round (/health_generate, then the version
- * twice) took 40-470 ms across 64 simulated engines while the jobs it held started
- * (bench/cluster-sim.ts, sync with partial rollouts). An engine whose version cannot be read, or
- * that is not stale, gets the full check (`checkMember`).
- *
- * `loadedOnly`: the controller says some engines finished loading while others may still be loading
- * (store/notify.ts `rlq_loaded`). Only stale engines are read, and one still on the old version is
- * left as it is: SGLang's /health_generate would wait behind its load (http_server.py
- * health_generate), so a full check of it tells nothing and costs a request. SGLang answers the
- * version without the model update lock, so the read does not wait for a load.
- */
-export function createVersionRefresher(
-  ctx: Pick<PoolHealthContext, "current" | "isClosed"> & {
-    ensureStarted(): void;
-    /** Wake as many queued requests as the engine has free slots, of those that may go to it. */
-    wakeFor(m: Member): void;
-  },
-  checkMember: (m: Member) => Promise<void>,
-): (members: readonly Member[], loadedOnly?: boolean) => Promise<void> {
-  async function refresh(m: Member, loadedOnly: boolean): Promise<void> {
-    if (m.state === "healthy" && m.version === ctx.current()) return;
-    if (m.state !== "stale" || ctx.isClosed()) return loadedOnly ? undefined : checkMember(m);
-    // Read even while a health check of this engine runs: one started during the load waits behind
-    // it (/health_generate) and would admit the engine only when it answers, up to a second later.
-    const v = await m.engine.weightVersion().catch(() => null);
-    if (v !== null && v === ctx.current() && m.state === "stale") {
-      m.version = v;
-      m.state = "healthy";
-      ctx.wakeFor(m);
+  /**
+   * A failed /health_generate. SGLang's blocks, then answers 503, while weights load or generation
+   * is paused (http_server.py health_generate; slime pauses its health monitor around updates). A
+   * server that answers 503 but still reports its version is busy, not dead; so is any engine while
+   * this pool's router is in a sync (held, or awaiting the loads).
+   */
+  private failed(m: Member): void {
+    const pool = this.pool;
+    if (m.mode === "starting" && this.isInGrace()) return;
+    const isBusy = m.engine.lastHealthFailure?.() === "busy";
+    if (isBusy || isSyncBusy(pool.router)) {
+      m.busySinceMs ??= pool.now();
+      m.metrics.busyChecks++;
+      if (pool.now() - m.busySinceMs < this.settings.busyLimitMs) return;
+      pool.markDead(m, `busy (health_generate 503) for more than ${this.settings.busyLimitMs} ms`);
       return;
     }
-    if (!loadedOnly) return checkMember(m);
+    pool.markDead(m, "health_generate failed or timed out");
   }
-  return async (members, loadedOnly = false) => {
-    ctx.ensureStarted();
-    await Promise.all(members.map((m) => refresh(m, loadedOnly)));
-  };
+
+  /** The server answers: read its version, check it once per incarnation, load current weights if behind. */
+  private async admit(m: Member): Promise<void> {
+    const pool = this.pool;
+    const v = await m.engine.weightVersion();
+    m.version = v;
+    if (m.probe === null && this.options.logprobCheck !== "off" && !(await this.probe(m))) return;
+    pool.moveRouter({ kind: "reported", version: v });
+    const current = pool.current;
+    if (v === current) {
+      if (m.mode !== "healthy") pool.log.info({ engine: m.engine.id, version: v }, "engine admitted");
+      pool.setEngineMode(m, { kind: "admitted" });
+      m.consecutiveErrors = 0;
+      pool.queue.wakeAll();
+      return;
+    }
+    pool.setEngineMode(m, { kind: "behind" });
+    const reload = pool.lastLoad;
+    if (reload !== null && reload.version === current && m.engine.canLoadWeights) await this.reload(m, reload);
+  }
+
+  /** The log-prob probe; false: the engine is refused (its semantics do not match the run's). */
+  private async probe(m: Member): Promise<boolean> {
+    try {
+      await m.engine.checkServer();
+      m.probe = await m.engine.probeLogProbs(this.settings.probeInput);
+      if (m.probe.isTemperatureScaled === null || m.probe.isBeforeTruncation === null) {
+        this.pool.log.warn({ engine: m.engine.id, probe: m.probe }, "engine log-prob probe was inconclusive; accepting the engine");
+      }
+      return true;
+    } catch (e) {
+      if (!(e instanceof RlqError) || e.isRetriable) throw e;
+      this.pool.setEngineMode(m, { kind: "refused" });
+      m.metrics.lastError = e.message;
+      this.pool.log.warn({ engine: m.engine.id, err: e.message }, "engine refused");
+      return false;
+    }
+  }
+
+  /** A re-admitted engine behind the checkpoint this pool loaded last: load it, then take requests. */
+  private async reload(m: Member, reload: { version: number; uri: string }): Promise<void> {
+    const pool = this.pool;
+    pool.setEngineMode(m, { kind: "loadStarted" });
+    pool.log.info({ engine: m.engine.id, from: m.version, to: reload.version }, "loading current weights into a re-admitted engine");
+    try {
+      await m.engine.loadWeights(reload.version, reload.uri);
+      m.version = reload.version;
+      pool.setEngineMode(m, { kind: "loadEnded" });
+      m.consecutiveErrors = 0;
+      pool.log.info({ engine: m.engine.id, version: m.version }, "engine admitted");
+      pool.queue.wakeAll();
+    } catch (e) {
+      pool.setEngineMode(m, { kind: "loadFailed" });
+      m.metrics.lastError = errorMessage(e);
+      pool.log.warn({ engine: m.engine.id, err: errorMessage(e) }, "loading current weights failed; will retry");
+    }
+  }
+
+  /**
+   * After a weight sync done by another process (the controller loaded every engine, then
+   * dispatched jobs at the new version): one GET of each stale engine's version, and the engine
+   * takes requests the moment it reports the current one. A full health round (/health_generate,
+   * then the version twice) took 40-470 ms across 64 simulated engines while the jobs it held
+   * started (bench/cluster-sim.ts, sync with partial rollouts). An engine whose version cannot be
+   * read, or that is not stale, gets the full check.
+   *
+   * `loadedOnly`: the log says a sync is loading (some engines may have finished, others not).
+   * Only stale engines are read, and one still on the old version is left as it is: SGLang's
+   * /health_generate would wait behind its load (http_server.py health_generate), so a full check
+   * of it tells nothing and costs a request. SGLang answers the version without the model update
+   * lock, so the read does not wait for a load.
+   */
+  async refresh(loadedOnly = false): Promise<void> {
+    this.ensureStarted();
+    await Promise.all(this.pool.members.map((m) => this.refreshOne(m, loadedOnly)));
+  }
+
+  private async refreshOne(m: Member, loadedOnly: boolean): Promise<void> {
+    const pool = this.pool;
+    if (m.mode === "healthy" && m.version === pool.current) return;
+    if (m.mode !== "stale" || pool.isClosed) return loadedOnly ? undefined : this.check(m);
+    // Read even while a health check of this engine runs: one started during the load waits behind
+    // it (/health_generate) and would admit the engine only when it answers, up to a second later.
+    let v: number | null = null;
+    try {
+      v = await m.engine.weightVersion();
+    } catch (e) {
+      // Nothing lost: an engine whose version cannot be read stays stale and gets the full check below.
+      pool.log.info({ engine: m.engine.id, err: errorMessage(e) }, "engine version read failed during a refresh");
+    }
+    if (v !== null && v === pool.current && m.mode === "stale") {
+      m.version = v;
+      pool.setEngineMode(m, { kind: "admitted" });
+      pool.wakeForSlot(m, pool.limit - m.inflight.size - m.reserved);
+      return;
+    }
+    if (!loadedOnly) return this.check(m);
+  }
 }

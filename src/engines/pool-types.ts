@@ -2,9 +2,12 @@ import type { Engine } from "./engine.ts";
 import type { EngineMetrics, EngineMetricsSnapshot } from "./metrics.ts";
 import type { LogprobProbe } from "./logprob-check.ts";
 import type { PartialOutput, RemoteEngine } from "./remote.ts";
+import type { EngineMode, RouterEvent, RouterMode } from "../core/weight-sync.ts";
 
-/** The engine pool's public types (pool.ts) and the member records its parts share. */
-export type MemberState = "starting" | "healthy" | "stale" | "loading" | "dead" | "refused";
+/** @file The engine pool's public types (pool.ts) and the member records its parts share. */
+
+/** An engine's mode in a pool: defined, with its transitions, in core/weight-sync.ts. */
+export type MemberState = EngineMode;
 
 export interface PoolLog {
   info(obj: object, msg: string): void;
@@ -60,17 +63,16 @@ export interface EnginePool extends Engine {
   awaitVersion(version: number, timeoutMs: number): Promise<{ engines: string[] }>;
   /** End every request on every live engine that can (SGLang abort_all); errors are logged, not thrown. */
   abortAll(): Promise<void>;
-  /** New requests wait (in-flight ones continue) until resumeAdmission. */
+  /** New requests wait (in-flight ones continue) until resumeAdmission: the router's `hold` until `resume`. */
   pauseAdmission(): void;
   resumeAdmission(): void;
   /**
-   * The engines are loading the current version (a sync that dispatched early): requests wait for
-   * them without the `noEngineWaitMs` deadline, and a health check that fails meanwhile counts as
-   * busy, as while admission is paused. Cleared by the caller once the sync has ended.
+   * Move this pool's router (core/weight-sync.ts `RouterMode`): the rollout workers' engine
+   * provider feeds it what the decision log says and the versions jobs ask for
+   * (runtime/engines.ts). Returns the mode after the event.
    */
-  setAwaitingLoad(isAwaiting: boolean): void;
-  /** Whether `setAwaitingLoad(true)` holds (the one record of it). */
-  isAwaitingLoad(): boolean;
+  route(event: RouterEvent): RouterMode;
+  routerMode(): RouterMode;
   /** Resolves once at least one engine is routable (or rejects after `timeoutMs`). */
   awaitReady(timeoutMs: number): Promise<void>;
   /** Run one health round now (tests and the controller use it; the monitor runs them on its own). */
@@ -100,7 +102,8 @@ export interface Inflight {
 
 export interface Member {
   engine: RemoteEngine;
-  state: MemberState;
+  /** Written only by PoolState.setEngineMode (pool-state.ts). */
+  mode: EngineMode;
   version: number | null;
   probe: LogprobProbe | null;
   inflight: Map<string, Inflight>;

@@ -37,7 +37,11 @@ export interface WeightSync {
   readonly mode: WeightSyncMode;
   /** `onEngineLoaded` (disk): hears of each engine as its own load ends, before the others'. */
   sync(version: number, checkpointUri: string | null, onEngineLoaded?: (engineId: string) => void): Promise<WeightSyncReport>;
-  /** trainer_push: hold new requests in this process until the next sync resolves. */
+  /**
+   * trainer_push: hold new requests in this process's pool until the next sync resolves (the
+   * router's `hold` until `resume`). The controller's loader does not call it: its pool serves no
+   * requests; the rollout workers' pools hold through the log instead (runtime/engines.ts).
+   */
   beginPush(): void;
   snapshot(): PoolSnapshot;
   close(): Promise<void>;

@@ -8,7 +8,9 @@ import type { EnginePool } from "../engines/pool.ts";
 import type { Trainer } from "../trainer/trainer.ts";
 import { createRemoteTrainerFor, ensureCheckpointHere } from "./trainer-access.ts";
 import type { RunContext } from "./run-context.ts";
-import { RlqError } from "../lib/errors.ts";
+import { RlqError, errorMessage } from "../lib/errors.ts";
+import { createLogger, type Logger } from "../observability/logger.ts";
+import type { RouterMode } from "../core/weight-sync.ts";
 
 /**
  * Engine and trainer per run, in a worker process. Remote engines are
@@ -27,160 +29,164 @@ export interface EmbeddedFactories {
   createTrainer(ctx: RunContext): Promise<Trainer>;
 }
 
-export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null) {
-  const engines = new Map<string, Promise<Engine>>();
-  const pools = new Map<string, EnginePool>();
-  const versions = new Map<string, number>();
-  const locks = new Map<string, Promise<void>>();
-  const unsubscribes: Array<() => void> = [];
-  /** Per run: the version a sync in progress loads, while this process's pool holds new requests. */
-  const holding = new Map<string, number>();
-  /** Stop holding once the pool has reached the version the sync loads. */
-  const release = (runId: string, pool: EnginePool, version: number) => {
-    const target = holding.get(runId);
-    if (target === undefined || version < target) return;
-    holding.delete(runId);
-    pool.resumeAdmission();
-  };
+/**
+ * One run's router in a rollout worker process: it feeds the run's engine pool's router
+ * (core/weight-sync.ts `RouterMode`, written by engines/pool-state.ts) the two things that move it
+ * from here: what the decision log says at each "the log advanced" hint (store/notify.ts
+ * `rlq_weights`), and the version each job asks for. Forward only: a hint read late never moves
+ * the pool back; the jobs' own versions stay the authority.
+ */
+class RunRouter {
+  /** One refresh of loading engines at a time; hints during one make one more. */
+  private refreshing: { again: boolean } | null = null;
+
+  constructor(
+    private readonly db: Db,
+    private readonly runId: string,
+    readonly pool: EnginePool,
+    private readonly log: Logger,
+  ) {}
+
   /**
-   * The controller's load ended on some engines (store/notify.ts `rlq_loaded`): if this pool routes
-   * to the new version already (jobs at it came during the sync, controller/async-pipeline.ts), its
-   * stale engines' versions are read and those that report it take the held requests at once. One
-   * read at a time per pool; hints during one make one more.
+   * The log advanced (weights.syncing or weights.synced recorded, or the controller's loads ended on
+   * some engines). During an abort-mode sync every round in flight is being aborted and the
+   * engines are loading (controller/engine-admin.ts `beginLoad`), so the pool holds new requests
+   * until the sync's version. Without it, the slots the aborts freed went to requests of rounds
+   * whose abort this process had not yet applied; each reached an engine whose load was waiting,
+   * was held there, ran on the new weights after the load, and its round landed only at the next
+   * abort resend (~5 such requests a sync at 64 simulated engines, docs/performance.md "Session
+   * 19"). The pool holds at once, before the jobs' abort watchers free any slot, then reads the
+   * log: a hint that finds no abort-mode sync (a synced one, one replayed after a reconnect) lets
+   * go again. A held request that a job aborts ends at once.
    */
-  const refreshing = new Map<EnginePool, { again: boolean }>();
-  const learnLoaded = (pool: EnginePool) => {
-    const running = refreshing.get(pool);
-    if (running) {
-      running.again = true;
+  async onLogAdvanced(): Promise<void> {
+    const pool = this.pool;
+    const isNew = pool.routerMode().kind === "open";
+    if (isNew) pool.route({ kind: "hold", until: Number.MAX_SAFE_INTEGER });
+    let read: [number | null, number | null];
+    try {
+      read = await Promise.all([loadAbortingSyncTarget(this.db, this.runId), loadRunWeightVersion(this.db, this.runId)]);
+    } catch (e) {
+      if (isNew) pool.route({ kind: "resume" });
+      throw e;
+    }
+    const before = pool.routerMode();
+    this.follow(before, pool.route({ kind: "logRead", target: read[0], version: read[1] }));
+  }
+
+  /**
+   * A job at `version`: the run's version of record (the controller synced the engines, or began
+   * loading them, before dispatching): route only to engines serving it. Their versions are read
+   * now, not at the next health round, and not awaited: each engine takes this process's requests
+   * as soon as it reports the version (the pool wakes them), not once all have. Never back while
+   * the engines load a sync's version (the router's `awaitingLoad`): a job of the old version that
+   * started just before its round's abort was recorded must not mark the loaded engines stale.
+   */
+  onJob(version: number): void {
+    const before = this.pool.routerMode();
+    if (before.version === version) return;
+    this.follow(before, this.pool.route({ kind: "pinned", version }));
+  }
+
+  /** After the router moved: read the engines that may now serve its version. */
+  private follow(before: RouterMode, after: RouterMode): void {
+    if (after.kind !== "open") {
+      // A sync in progress: only engines that finished loading are read; a full check would wait
+      // behind a load (pool-health.ts `refresh`).
+      this.refreshLoading();
+      return;
+    }
+    // The sync has ended (every engine loaded), or the router moved: one still stale gets the full check.
+    if (before.kind !== "open" || before.version !== after.version) {
+      void this.pool
+        .refreshVersions()
+        .catch((e: unknown) => this.log.warn({ runId: this.runId, err: errorMessage(e) }, "engine version refresh failed; the health monitor retries"));
+    }
+  }
+
+  private refreshLoading(): void {
+    if (this.refreshing) {
+      this.refreshing.again = true;
       return;
     }
     const state = { again: false };
-    refreshing.set(pool, state);
+    this.refreshing = state;
     void (async () => {
       do {
         state.again = false;
-        await pool.refreshLoaded().catch(() => undefined);
+        await this.pool
+          .refreshLoaded()
+          .catch((e: unknown) =>
+            this.log.warn({ runId: this.runId, err: errorMessage(e) }, "reading loaded engines' versions failed; the health monitor retries"),
+          );
       } while (state.again);
-      refreshing.delete(pool);
+      this.refreshing = null;
     })();
+  }
+}
+
+export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null, log: Logger = createLogger("info", "rlq-engines")) {
+  const engines = new Map<string, Promise<Engine>>();
+  const routers = new Map<string, RunRouter>();
+  /** Embedded engines only: the version each run's engine in this process has loaded. */
+  const embeddedVersions = new Map<string, number>();
+  const locks = new Map<string, Promise<void>>();
+  const unsubscribes: Array<() => void> = [];
+  const createPool = async (ctx: RunContext): Promise<Engine> => {
+    const e = ctx.config.engine;
+    if (e.kind === "embedded") throw new RlqError("config_invalid", "engine.kind 'embedded' has no pool");
+    const pool = await createEnginesFromConfig(e, ctx.config, { fencedVersion: async () => routers.get(ctx.runId)?.pool.currentVersion() ?? 0 });
+    const router = new RunRouter(db, ctx.runId, pool, log);
+    routers.set(ctx.runId, router);
+    const onHint = () =>
+      void router
+        .onLogAdvanced()
+        .catch((err: unknown) =>
+          log.warn({ runId: ctx.runId, err: errorMessage(err) }, "reading the weight sync from the log failed; the next hint or job retries"),
+        );
+    unsubscribes.push(db.notifications.subscribe("rlq_weights", ctx.runId, onHint));
+    return pool;
   };
-  /** Route `runId`'s pool to `version` and ask its engines for theirs (each takes requests once it reports it). */
-  const moveTo = (runId: string, pool: EnginePool, version: number) => {
-    // Moved by a job dispatched during the sync (controller/async-pipeline.ts): the engines are
-    // still loading, so each is read once now and again at each `rlq_loaded`; a full check would
-    // wait behind its load.
-    const isLoading = holding.has(runId);
-    versions.set(runId, version);
-    pool.setCurrentVersion(version);
-    release(runId, pool, version);
-    if (isLoading) {
-      // Until the sync ends (learnSynced): the pool moved to a sync's version while the engines load it.
-      pool.setAwaitingLoad(true);
-      learnLoaded(pool);
-    } else void pool.refreshVersions().catch(() => undefined);
-  };
-  /**
-   * The controller recorded weights.syncing with mode abort (store/notify.ts `rlq_syncing`): every
-   * round in flight is being aborted and the engines are loading (controller/engine-admin.ts
-   * beginLoad), so the pool holds new requests until the sync's version. Without it, the slots the
-   * aborts freed went to requests of rounds whose abort this process had not yet applied; each
-   * reached an engine whose load was waiting, was held there, ran on the new weights after the load,
-   * and its round landed only at the next abort resend (~5 such requests a sync at 64 simulated
-   * engines, docs/performance.md "Session 19"). The pool holds at once, before the jobs' abort
-   * watchers free any slot, then checks the log: a hint replayed after a reconnect outside a sync
-   * lets go again. A held request that a job aborts ends at once.
-   */
-  const learnSyncing = async (runId: string, pool: EnginePool) => {
-    const isNew = !holding.has(runId);
-    if (isNew) {
-      holding.set(runId, Number.MAX_SAFE_INTEGER);
-      pool.pauseAdmission();
-    }
-    let target: number | null = null;
-    try {
-      target = await loadAbortingSyncTarget(db, runId);
-    } finally {
-      const current = pool.currentVersion();
-      if (target === null || (current !== null && current >= target)) {
-        if (isNew) release(runId, pool, Number.MAX_SAFE_INTEGER);
-      } else holding.set(runId, target);
-    }
-  };
-  /**
-   * The controller recorded weights.synced (store/notify.ts `rlq_synced`): the pool learns the run's
-   * version now, while the next step's jobs are still being fetched from the queue (at 64 engines
-   * that fetch took 60-90 ms of the sync bubble, bench/cluster-sim.ts). Forward only: a hint read
-   * late never moves the pool back; the jobs' own versions stay the authority (engineFor).
-   */
-  const learnSynced = async (runId: string, pool: EnginePool) => {
-    const version = await loadRunWeightVersion(db, runId);
-    const current = pool.currentVersion();
-    if (version !== null && (current === null || version > current)) moveTo(runId, pool, version);
-    else if (version !== null) release(runId, pool, version);
-    if (version !== null && (current === null || version >= current) && pool.isAwaitingLoad()) {
-      // The sync has ended: every engine has loaded, so one still stale (its `rlq_loaded` hint
-      // lost, its read failed) gets the full check.
-      pool.setAwaitingLoad(false);
-      void pool.refreshVersions().catch(() => undefined);
-    }
+  /** Embedded engine: one load at a time; concurrent jobs for the same version wait for it. */
+  const loadEmbedded = async (ctx: RunContext, engine: Engine, version: number): Promise<void> => {
+    const prev = locks.get(ctx.runId) ?? Promise.resolve();
+    const next = prev.then(async () => {
+      if (embeddedVersions.get(ctx.runId) === version) return;
+      const uri = await checkpointForVersion(db, ctx, version);
+      if (uri) await engine.loadWeights(version, await ensureCheckpointHere(db, ctx, version, uri));
+      embeddedVersions.set(ctx.runId, version);
+    });
+    // Nothing lost: the failure is thrown to this job by `await next`; the chain only orders loads.
+    locks.set(
+      ctx.runId,
+      next.catch(() => undefined),
+    );
+    await next;
   };
   return {
     async engineFor(ctx: RunContext, version: number): Promise<Engine> {
       const e = ctx.config.engine;
       let p = engines.get(ctx.runId);
       if (!p) {
-        if (e.kind === "sglang" || e.kind === "openai") {
-          p = createEnginesFromConfig(e, ctx.config, { fencedVersion: async () => versions.get(ctx.runId) ?? 0 }).then((pool) => {
-            pools.set(ctx.runId, pool);
-            unsubscribes.push(db.notifications.subscribe("rlq_synced", ctx.runId, () => void learnSynced(ctx.runId, pool).catch(() => undefined)));
-            unsubscribes.push(db.notifications.subscribe("rlq_syncing", ctx.runId, () => void learnSyncing(ctx.runId, pool).catch(() => undefined)));
-            unsubscribes.push(db.notifications.subscribe("rlq_loaded", ctx.runId, () => learnLoaded(pool)));
-            return pool;
-          });
-        } else if (embedded) p = embedded.createEngine(ctx);
+        if (e.kind === "sglang" || e.kind === "openai") p = createPool(ctx);
+        else if (embedded) p = embedded.createEngine(ctx);
         else throw new RlqError("config_invalid", "engine.kind 'embedded' is not available in this build");
         engines.set(ctx.runId, p);
       }
       const engine = await p;
-      const pool = pools.get(ctx.runId);
-      if (pool) {
-        // The job's version is the run's version of record (the controller synced the engines, or
-        // began loading them, before dispatching): route only to engines serving it. Learn their
-        // versions now, not at the next health round. Not awaited: each engine takes this process's
-        // requests as soon as it reports the version (the pool wakes them), not once all have.
-        // Never back while the engines load a sync's version: a job of the old version that started
-        // just before its round's abort was recorded must not mark the loaded engines stale (its
-        // requests go to the new version's engines and are recorded with it).
-        const current = pool.currentVersion();
-        const isBack = current !== null && version < current && pool.isAwaitingLoad();
-        if (!isBack) versions.set(ctx.runId, version);
-        if (current !== version && !isBack) moveTo(ctx.runId, pool, version);
-      }
-      if (e.kind === "embedded" && versions.get(ctx.runId) !== version) {
-        // One load at a time; concurrent jobs for the same version wait for it.
-        const prev = locks.get(ctx.runId) ?? Promise.resolve();
-        const next = prev.then(async () => {
-          if (versions.get(ctx.runId) === version) return;
-          const uri = await checkpointForVersion(db, ctx, version);
-          if (uri) await engine.loadWeights(version, await ensureCheckpointHere(db, ctx, version, uri));
-          versions.set(ctx.runId, version);
-        });
-        locks.set(
-          ctx.runId,
-          next.catch(() => undefined),
-        );
-        await next;
-      }
+      routers.get(ctx.runId)?.onJob(version);
+      if (e.kind === "embedded" && embeddedVersions.get(ctx.runId) !== version) await loadEmbedded(ctx, engine, version);
       return engine;
     },
     /** Per-engine metrics of this process's pools (requests, tokens/s, errors, latency percentiles), by run. */
     metrics() {
-      return [...pools].map(([runId, pool]) => ({ runId, snapshot: pool.snapshot() }));
+      return [...routers].map(([runId, router]) => ({ runId, snapshot: router.pool.snapshot() }));
     },
     async close() {
       for (const unsubscribe of unsubscribes.splice(0)) unsubscribe();
-      for (const p of engines.values()) await (await p).close().catch(() => undefined);
+      for (const [runId, p] of engines) {
+        await (await p).close().catch((err: unknown) => log.warn({ runId, err: errorMessage(err) }, "closing a run's engine failed"));
+      }
     },
   };
 }
@@ -200,6 +206,7 @@ export function createTrainerProvider(embedded: EmbeddedFactories | null) {
       return p;
     },
     async close() {
+      // Nothing lost: the process is shutting down and a trainer client holds no state of the run.
       for (const p of trainers.values()) await (await p).close().catch(() => undefined);
     },
   };

@@ -10,31 +10,40 @@ import { sql } from "drizzle-orm";
  * pooler in transaction mode that drops LISTEN) costs latency, never
  * correctness.
  *
- * Six channels, payload the run id:
+ * Four channels, payload the run id:
  * - `rlq_facts`: a round, rewards, a train step or eval results landed (the
  *   controller waits on it between ticks);
  * - `rlq_abort`: the controller committed decisions that abort rounds (a
  *   step's seal, a weight sync's `group.aborted`); rollout jobs watching those
  *   rounds look at once instead of at their next abort poll;
- * - `rlq_syncing`: the controller recorded `weights.syncing` with mode abort: a
- *   rollout worker's engine pool holds new requests until `weights.synced`
- *   (every round in flight is being aborted; runtime/engines.ts);
- * - `rlq_loaded`: during an abort-mode sync, the controller's load of the new
- *   version ended on one or more engines: a rollout worker's engine pool reads
- *   its stale engines' versions and sends the requests it holds for the new
- *   version to those that report it (runtime/engines.ts), instead of waiting for
- *   every load and `weights.synced`;
- * - `rlq_synced`: the controller recorded `weights.synced` (every engine
- *   loaded a new version): a rollout worker's engine pool reads the run's
- *   version and asks its engines for theirs while the step's jobs are still
- *   on their way (runtime/engines.ts);
+ * - `rlq_weights`: the weight sync's part of the log advanced (`weights.syncing`
+ *   or `weights.synced` recorded, or the controller's load of a sync's version
+ *   ended on some engines): a rollout worker's router reads the log and moves
+ *   (runtime/engines.ts `RunRouter`, core/weight-sync.ts `RouterMode`);
  * - `rlq_kept`: the controller kept groups for a step's batch: the train
  *   worker reads them before the seal (jobs/batch-stager.ts).
+ *
+ * `rlq_syncing`, `rlq_loaded` and `rlq_synced` are older names of
+ * `rlq_weights` (`channelName`): a sender or subscriber that still uses one
+ * uses `rlq_weights`.
  *
  * NOTIFY is transactional: sent inside a transaction it is delivered at
  * commit, so a woken waiter always finds the fact.
  */
-export type Channel = "rlq_facts" | "rlq_abort" | "rlq_syncing" | "rlq_loaded" | "rlq_synced" | "rlq_kept";
+export type Channel = "rlq_facts" | "rlq_abort" | "rlq_weights" | "rlq_kept" | WeightChannelAlias;
+type WeightChannelAlias = "rlq_syncing" | "rlq_loaded" | "rlq_synced";
+
+/** The channel LISTENed and NOTIFYed for `channel`: the weight sync's older names are one channel. */
+export function channelName(channel: Channel): "rlq_facts" | "rlq_abort" | "rlq_weights" | "rlq_kept" {
+  switch (channel) {
+    case "rlq_syncing":
+    case "rlq_loaded":
+    case "rlq_synced":
+      return "rlq_weights";
+    default:
+      return channel;
+  }
+}
 
 export interface Notifications {
   /** `onWake` runs on every notification for `runId` on `channel`, and whenever notifications may have been missed (reconnect). */
@@ -46,7 +55,8 @@ export interface Notifications {
 export async function notifyRuns(pool: pg.Pool, channel: Channel, runIds: Iterable<string>): Promise<void> {
   const ids = [...new Set(runIds)];
   if (ids.length === 0) return;
-  await pool.query(`SELECT pg_notify($1, r) FROM unnest($2::text[]) AS r`, [channel, ids]).catch(() => undefined);
+  // Nothing lost: a hint; every waiter still polls the facts on its interval.
+  await pool.query(`SELECT pg_notify($1, r) FROM unnest($2::text[]) AS r`, [channelName(channel), ids]).catch(() => undefined);
 }
 
 /** A hint for one run, sent at most once per event-loop turn however often it is asked for in that turn (many engines' loads ending together). */
@@ -64,7 +74,7 @@ export function coalescedNotifier(pool: pg.Pool, channel: Channel, runId: string
 
 /** NOTIFY inside a transaction: delivered when it commits, never if it rolls back. */
 export async function notifyInTx(tx: Database, channel: Channel, runId: string): Promise<void> {
-  await tx.execute(sql`SELECT pg_notify(${channel}, ${runId})`);
+  await tx.execute(sql`SELECT pg_notify(${channelName(channel)}, ${runId})`);
 }
 
 export interface NotificationOptions {
@@ -107,6 +117,7 @@ export function createNotifications(url: string, options: NotificationOptions = 
     if (client !== c) return;
     client = null;
     listening.clear();
+    // Nothing lost: the connection is being dropped; its notifications are replaced by wakeAll below.
     c.end().catch(() => undefined);
     wakeAll();
     scheduleReconnect();
@@ -125,11 +136,13 @@ export function createNotifications(url: string, options: NotificationOptions = 
       try {
         await c.connect();
       } catch {
+        // Nothing lost: no connection means no notifications; the reconnect wakes every subscriber.
         c.end().catch(() => undefined);
         scheduleReconnect();
         return;
       }
       if (closed) {
+        // Nothing lost: closed while connecting; nobody listens any more.
         await c.end().catch(() => undefined);
         return;
       }
@@ -160,7 +173,7 @@ export function createNotifications(url: string, options: NotificationOptions = 
 
   return {
     subscribe(channel, runId, onWake) {
-      const key = `${channel}\0${runId}`;
+      const key = `${channelName(channel)}\0${runId}`;
       let set = subs.get(key);
       if (!set) subs.set(key, (set = new Set()));
       const cb = () => onWake();
@@ -176,10 +189,11 @@ export function createNotifications(url: string, options: NotificationOptions = 
       if (retryTimer) clearTimeout(retryTimer);
       retryTimer = null;
       subs.clear();
+      // Nothing lost: closing; a failed connect or end leaves nothing to deliver.
       if (connecting) await connecting.catch(() => undefined);
       const c = client;
       client = null;
-      if (c) await c.end().catch(() => undefined);
+      if (c) await c.end().catch(() => undefined); // closing, as above
     },
   };
 }
