@@ -419,12 +419,14 @@
       }
       if (ticket !== rendering) return;
       root.dataset.view = view ?? "";
-      // What a test or a screenshot waits for: the view of this exact link is drawn.
+      // What a test or a screenshot waits for: the view of this exact link is drawn (renders counts them).
       root.dataset.hash = hash;
+      root.dataset.renders = String(Number(root.dataset.renders ?? 0) + 1);
       root.dataset.error = "";
     } catch (e) {
       root.dataset.error = String(e.message ?? e);
       root.dataset.hash = hash;
+      root.dataset.renders = String(Number(root.dataset.renders ?? 0) + 1);
       root.replaceChildren(el("p", { class: "error" }, `viewer: ${e.message ?? e}`));
       root.hidden = false;
     }

@@ -1,0 +1,210 @@
+import { join } from "node:path";
+import { mkdirSync } from "node:fs";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { chromium, type Browser, type Page } from "playwright-core";
+import { createDemoWorld, type DemoWorld } from "../helpers/demo-runs.ts";
+import { repoRoot, runCommand, spawnRlq, waitFor, type Proc } from "../helpers/processes.ts";
+import { chromiumArgs, ensureChromium } from "../helpers/chromium.ts";
+
+/**
+ * The rollout viewer in headless Chromium on a real demo run (examples/demo.yaml, slime's
+ * nonzero-std filter on, so some groups are filtered and some discarded as surplus): from the
+ * runs list to a step, a group and a sample, each table checked against rollout_history; the
+ * token colouring switched; the samples filtered by reward; the SQL panel opened and its
+ * `rlq sql` command run through bash as shown, giving the rows on the page; two steps compared.
+ * Every view is reached by clicking and then reloaded from its URL alone. Screenshots go to
+ * test-artifacts/viewer/.
+ */
+const browserCheck = await ensureChromium();
+if (!browserCheck.path) throw new Error(`the viewer test needs chromium (apt-get install -y chromium): ${browserCheck.reason}`);
+const artifacts = join(repoRoot, "test-artifacts", "viewer");
+
+/**
+ * Does `act` (a click, a selection) and waits until the viewer has drawn the hash it led to: one
+ * more render than before, of the page's current hash. Fails with the viewer's error if it had one.
+ */
+async function drawnAfter(page: Page, act: () => Promise<unknown>): Promise<void> {
+  const renders = () => page.evaluate(() => Number(document.querySelector<HTMLElement>("#viewer")?.dataset.renders ?? 0));
+  const before = await renders();
+  await act();
+  await page.waitForFunction((n) => {
+    const v = document.querySelector<HTMLElement>("#viewer");
+    return Number(v?.dataset.renders ?? 0) > n && v?.dataset.hash === location.hash;
+  }, before);
+  const error = await page.evaluate(() => document.querySelector<HTMLElement>("#viewer")?.dataset.error);
+  expect(error ?? "", `viewer error at ${page.url()}`).toBe("");
+}
+
+const attrs = (page: Page, sel: string, name: string) => page.locator(sel).evaluateAll((els, n) => els.map((e) => e.getAttribute(n)), name);
+
+describe("rollout viewer in headless Chromium", () => {
+  let world: DemoWorld;
+  let browser: Browser;
+  let dashboard: Proc;
+  let url: string;
+  let runId: string;
+
+  beforeAll(async () => {
+    mkdirSync(artifacts, { recursive: true });
+    world = await createDemoWorld("viewer");
+    runId = await world.start(
+      [
+        "num_rollout=3",
+        "rollout_batch_size=8",
+        "n_samples_per_prompt=4",
+        "over_sampling_batch_size=12",
+        "dynamic_sampling_filter_path=check_reward_nonzero_std",
+      ],
+      "viewer-demo",
+    );
+    await world.driveAll();
+    dashboard = spawnRlq(["dashboard", "--port", "0"], world.env);
+    url = await waitFor("the dashboard's address", async () => /dashboard listening (http:\/\/\S+)/.exec(dashboard.output())?.[1] ?? null, 120_000, 100);
+    browser = await chromium.launch({ executablePath: browserCheck.path, headless: true, args: chromiumArgs });
+  }, 400_000);
+
+  afterAll(async () => {
+    dashboard?.kill("SIGKILL");
+    await dashboard?.exited;
+    await browser?.close();
+    await world?.close();
+  });
+
+  it("clicks from the runs list to a step, a group and a sample, colours, filters, shows its SQL and compares two steps", { timeout: 300_000 }, async () => {
+    const q = async <T = Record<string, unknown>>(text: string, params: unknown[] = []) => (await world.db.pool.query(text, params)).rows as T[];
+    const page = await browser.newPage({ viewport: { width: 1300, height: 1000 } });
+    const pageErrors: string[] = [];
+    page.on("pageerror", (e) => pageErrors.push(e.message));
+
+    // Runs list → the run: its steps, newest first, with the groups each kept and filtered.
+    await page.goto(`${url}/`);
+    await drawnAfter(page, () => page.locator(`#runs tr[data-run="${runId}"]`).click());
+    await page.waitForSelector("#v-steps tbody tr");
+    const steps = await q<{ step: number; kept: number; filtered: number; discarded: number }>(
+      `SELECT step, count(DISTINCT group_id) FILTER (WHERE outcome = 'kept')::int AS kept,
+              count(DISTINCT group_id) FILTER (WHERE outcome = 'filtered')::int AS filtered,
+              count(DISTINCT group_id) FILTER (WHERE outcome = 'discarded')::int AS discarded
+         FROM rollout_history WHERE run_id = $1 GROUP BY step ORDER BY step DESC`,
+      [runId],
+    );
+    expect((await attrs(page, "#v-steps tbody tr", "data-step")).map(Number)).toEqual(steps.map((s) => s.step));
+    const stepCells = await page
+      .locator("#v-steps tbody tr")
+      .evaluateAll((rows) => rows.map((r) => [...r.querySelectorAll("td")].slice(2, 5).map((td) => Number(td.textContent))));
+    expect(stepCells).toEqual(steps.map((s) => [s.kept, s.filtered, s.discarded]));
+    await page.screenshot({ path: join(artifacts, "run.png"), fullPage: true });
+
+    // A step (one with a filtered group when the demo made one): its groups, with the filter's reasons.
+    const step = steps.find((s) => s.filtered > 0)?.step ?? (steps[0] as { step: number }).step;
+    await drawnAfter(page, () => page.locator(`#v-steps tr[data-step="${step}"]`).click());
+    expect(page.url()).toContain(`view=step&step=${step}`);
+    const groups = await q<{ group_id: string; outcome: string; reason: string | null }>(
+      "SELECT group_id, min(outcome) AS outcome, min(outcome_reason) AS reason FROM rollout_history WHERE run_id = $1 AND step = $2 GROUP BY group_id ORDER BY group_id",
+      [runId, step],
+    );
+    expect(await attrs(page, "#v-groups tbody tr", "data-group")).toEqual(groups.map((g) => String(g.group_id)));
+    expect(await attrs(page, "#v-groups tbody tr", "data-outcome")).toEqual(groups.map((g) => g.outcome));
+    const reasons = await page.locator("#v-groups tbody tr td:nth-child(3)").allTextContents();
+    expect(reasons).toEqual(groups.map((g) => g.reason ?? ""));
+    await page.screenshot({ path: join(artifacts, "step.png"), fullPage: true });
+
+    // A group: its samples only.
+    const group = Number((groups[0] as { group_id: string }).group_id);
+    await drawnAfter(page, () => page.locator(`#v-groups tr[data-group="${group}"]`).click());
+    const groupSamples = await q<{ sample_index: number }>(
+      "SELECT sample_index FROM rollout_history WHERE run_id = $1 AND group_id = $2 ORDER BY sample_index",
+      [runId, group],
+    );
+    expect(await attrs(page, "#v-samples tbody tr", "data-sample")).toEqual(groupSamples.map((s) => `${group}/${s.sample_index}`));
+
+    // A sample: every response token, coloured by the version that sampled it.
+    await drawnAfter(page, () => page.locator(`#v-samples tr[data-sample="${group}/0"]`).click());
+    await page.waitForSelector(`#v-title[data-loaded="${group}/0"]`);
+    const [fact] = await q<{ response_length: number; token_versions: number[]; loss_mask: number[]; rollout_log_probs: number[]; reward: number }>(
+      "SELECT response_length, token_versions, loss_mask, rollout_log_probs, reward FROM rollout_history WHERE run_id = $1 AND group_id = $2 AND sample_index = 0",
+      [runId, group],
+    );
+    if (!fact) throw new Error(`no sample ${group}/0 in rollout_history`);
+    const spans = page.locator("#v-tokens span");
+    expect(await spans.count()).toBe(fact.response_length);
+    expect((await attrs(page, "#v-tokens span", "data-version")).map(Number)).toEqual(fact.token_versions);
+    expect(await page.locator("#v-tokens").getAttribute("data-colour")).toBe("version");
+    expect(await page.locator("#v-segments tbody tr").count()).toBeGreaterThan(0);
+    const backgrounds = () => spans.evaluateAll((els) => els.map((e) => (e as HTMLElement).style.background));
+    const byVersion = await backgrounds();
+
+    // Switch the colouring: the loss mask (every demo token is trained: one colour), then the rollout log-prob.
+    await drawnAfter(page, () => page.locator("#v-colour").selectOption("mask"));
+    await page.waitForSelector('#v-tokens[data-colour="mask"]');
+    expect(page.url()).toContain("colour=mask");
+    const byMask = await backgrounds();
+    expect(new Set(byMask).size).toBe(new Set(fact.loss_mask).size);
+    expect((await attrs(page, "#v-tokens span", "data-mask")).map(Number)).toEqual(fact.loss_mask);
+    await drawnAfter(page, () => page.locator("#v-colour").selectOption("logprob"));
+    await page.waitForSelector('#v-tokens[data-colour="logprob"]');
+    expect((await attrs(page, "#v-tokens span", "data-logprob")).map(Number)).toEqual(fact.rollout_log_probs);
+    expect(await backgrounds()).not.toEqual(byVersion);
+    await page.screenshot({ path: join(artifacts, "sample.png"), fullPage: true });
+
+    // The link alone brings the same view back.
+    await page.reload();
+    await page.waitForFunction(() => document.querySelector<HTMLElement>("#viewer")?.dataset.hash === location.hash);
+    expect(await page.locator("#v-tokens").getAttribute("data-colour")).toBe("logprob");
+
+    // Back to the step, filter by reward: only samples with reward >= 0.5, as many as SQL finds.
+    await drawnAfter(page, () => page.locator(".crumbs a", { hasText: `step ${step}` }).click());
+    await page.locator('#v-filter input[name="rmin"]').fill("0.5");
+    await drawnAfter(page, () => page.locator("#v-apply").click());
+    expect(page.url()).toContain("rmin=0.5");
+    const rewarded = await q<{ group_id: string; sample_index: number }>(
+      "SELECT group_id, sample_index FROM rollout_history WHERE run_id = $1 AND step = $2 AND reward >= 0.5 ORDER BY group_id, sample_index LIMIT 50",
+      [runId, step],
+    );
+    expect(rewarded.length).toBeGreaterThan(0);
+    const shown = await attrs(page, "#v-samples tbody tr", "data-sample");
+    expect(shown).toEqual(rewarded.map((r) => `${r.group_id}/${r.sample_index}`));
+    expect((await attrs(page, "#v-samples tbody tr", "data-reward")).every((r) => Number(r) >= 0.5)).toBe(true);
+
+    // Open the SQL: the samples statement, run as shown through `rlq sql`, gives the rows on the page.
+    await page.locator("#v-sql summary").click();
+    await page.waitForSelector("#v-sql[open]");
+    await page.waitForFunction(() => location.hash.includes("sql=1"));
+    const command = (await page.locator('#v-sql pre[data-name="samples"]').textContent()) ?? "";
+    expect(command).toMatch(/^rlq sql "SELECT /);
+    expect(command).toContain("h.reward >= 0.5");
+    const ran = await runCommand("bash", ["-c", `rlq() { "${process.execPath}" bin/rlq.js "$@"; }; ${command} --json`], {
+      cwd: repoRoot,
+      env: { ...process.env, ...world.env },
+      timeoutMs: 120_000,
+    });
+    expect(ran.status, ran.stderr).toBe(0);
+    const viaCli = JSON.parse(ran.stdout) as Array<{ group_id: string | number; sample_index: number }>;
+    expect(viaCli.map((r) => `${r.group_id}/${r.sample_index}`)).toEqual(shown);
+    await page.screenshot({ path: join(artifacts, "filter-sql.png"), fullPage: true });
+
+    // Compare two steps from the run page: side by side, each step's numbers as SQL has them.
+    await drawnAfter(page, () => page.locator(".crumbs a", { hasText: runId }).click());
+    const [a, b] = [steps.at(-1)?.step ?? 0, steps[0]?.step ?? 0];
+    await page.locator('#v-compare-form input[name="a"]').fill(String(a));
+    await page.locator('#v-compare-form input[name="b"]').fill(String(b));
+    await drawnAfter(page, () => page.locator('#v-compare-form button[type="submit"]').click());
+    expect(page.url()).toContain(`view=compare&a=${a}&b=${b}`);
+    const means = await q<{ step: number; mean: number }>(
+      "SELECT step, avg(reward)::float8 AS mean FROM rollout_history WHERE run_id = $1 AND step = ANY($2::int[]) GROUP BY step",
+      [runId, [a, b]],
+    );
+    const meanRow = await page
+      .locator("#v-compare tbody tr", { has: page.locator("td", { hasText: /^mean_reward$/ }) })
+      .locator("td")
+      .allTextContents();
+    const meanOf = (s: number) => means.find((m) => m.step === s)?.mean as number;
+    expect(Number(meanRow[1])).toBeCloseTo(meanOf(a), 2);
+    expect(Number(meanRow[2])).toBeCloseTo(meanOf(b), 2);
+    for (const s of [a, b]) {
+      const n = await q<{ n: number }>("SELECT count(DISTINCT group_id)::int AS n FROM rollout_history WHERE run_id = $1 AND step = $2", [runId, s]);
+      expect(await page.locator(`#v-groups-${s} tbody tr`).count()).toBe(n[0]?.n);
+    }
+    await page.screenshot({ path: join(artifacts, "compare.png"), fullPage: true });
+    expect(pageErrors).toEqual([]);
+  });
+});
