@@ -60,6 +60,9 @@ const renamed: Record<string, { key: string; value?: unknown; note: string }> = 
   sglang_router_request_timeout_secs: { key: "engine.request_timeout_s", note: "the timeout of one generate request" },
   rollout_external_engine_addrs: { key: "engine.urls", note: "rlq always talks to external engines" },
   wandb_key: { key: "wandb_key", note: "a reference to the key ({env: NAME}), never the key itself" },
+  sglang_api_key: { key: "engine.api_key", note: "rlq sends it ({env: NAME}); start the SGLang server with the same --api-key" },
+  sglang_admin_api_key: { key: "engine.admin_api_key", note: "rlq sends it on admin routes ({env: NAME}); start the server with the same --admin-api-key" },
+  router_api_key: { key: "engine.router_api_key", note: "rlq sends it to the router ({env: NAME}); start the router with the same --api-key" },
 };
 
 /** Differences in how rlq reads a key it shares with slime. */
@@ -120,11 +123,11 @@ const unsupported: Record<string, { why: string; instead: string }> = {
   data_pad_size_multiplier: notBufferServer,
   eval_function_path: U("evals use the run's rollout", "rollout_function_path (it also plans evals)"),
   eval_config: U("slime's eval YAML (per-dataset overrides) is not read", "write eval_prompt_data {name: path} and the eval_* keys"),
-  eval_tool_key: U("evals read the run's tool_key", "tool_key"),
-  eval_max_prompt_len: U("evals use rollout_max_prompt_len", "rollout_max_prompt_len"),
+  eval_tool_key: U("rlq has no per-eval tool key", "keep the eval set's tools under the run's tool_key"),
+  eval_max_prompt_len: U("rlq has no per-eval prompt-length bound", "rollout_max_prompt_len (the rollout's bound)"),
   eval_min_new_tokens: U("no min_new_tokens sampling parameter", "remove it"),
-  eval_max_context_len: U("evals use rollout_max_context_len", "rollout_max_context_len"),
-  eval_reward_key: U("evals use reward_key", "reward_key"),
+  eval_max_context_len: U("rlq has no per-eval context bound", "rollout_max_context_len (the rollout's bound)"),
+  eval_reward_key: U("rlq has no per-eval reward key", "reward_key (the rollout's)"),
   rollout_skip_special_tokens: U("rlq decodes token ids itself (the tokenizer from hf_checkpoint)", "remove it"),
   rollout_stop: U("stop strings are not supported", "rollout_stop_token_ids"),
   load_debug_rollout_data: U("rollouts are not loaded from files", "rlq retrain RUN --step S replays a recorded step's batch into the trainer"),

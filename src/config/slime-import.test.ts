@@ -89,6 +89,11 @@ describe("import-slime: W&B, placement, and what validation: ok means", () => {
     expect(text).not.toContain("abc123secret");
     expect(text).toMatch(/--wandb-key \(the key itself, not shown\)/);
     expect(importSlimeArgs([...core, "--use-wandb", "--wandb-mode", "disabled"]).config.use_wandb).toBe(false);
+    // The server's keys become the engine's references: rlq sends them, the server you start checks them.
+    const keys = importSlimeArgs([...core, "--sglang-api-key", "${SGL_KEY}", "--sglang-admin-api-key", "literal-admin-secret"]);
+    expect(keys.config.engine).toMatchObject({ api_key: { env: "SGL_KEY" }, admin_api_key: { env: "SGLANG_ADMIN_API_KEY" } });
+    expect(keys.report.isOk, formatImportReport(keys.report)).toBe(true);
+    expect(formatImportReport(keys.report)).not.toContain("literal-admin-secret");
   });
 
   it("placement flags are named with what they change: colocated GPUs become separate ones", () => {

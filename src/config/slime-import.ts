@@ -45,6 +45,13 @@ function tisFunctionFor(path: string): "vanilla" | "icepop" | "mis" | null {
 }
 
 const hasExpansion = (v: string) => /\$\{?[A-Za-z_(]/.test(v);
+/** Keys a script may hold in clear, and the environment variable rlq reads instead. */
+const secretFallback: Record<string, string> = {
+  wandb_key: "WANDB_API_KEY",
+  sglang_api_key: "SGLANG_API_KEY",
+  sglang_admin_api_key: "SGLANG_ADMIN_API_KEY",
+  router_api_key: "SGLANG_ROUTER_API_KEY",
+};
 /** `${NAME}` or `$NAME`: a shell reference to one environment variable. */
 const envReference = /^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$/;
 
@@ -91,7 +98,7 @@ function flagsOf(args: readonly string[]): Setting[] {
     words,
     key: flagToKey(flag),
     shown:
-      flagToKey(flag) === "wandb_key" && words.length > 0 && !envReference.test(words[0] as string)
+      secretFallback[flagToKey(flag)] !== undefined && words.length > 0 && !envReference.test(words[0] as string)
         ? `${flag} (the key itself, not shown)`
         : words.length === 0
           ? flag
@@ -120,7 +127,7 @@ function customConfigSettings(path: string, text: string | null): Setting[] | st
     key,
     words: wordsOf(value),
     typed: { value },
-    shown: `${key}: ${key === "wandb_key" && typeof value === "string" && !envReference.test(value) ? "(the key itself, not shown)" : JSON.stringify(value)} (from ${path})`,
+    shown: `${key}: ${secretFallback[key] !== undefined && typeof value === "string" && !envReference.test(value) ? "(the key itself, not shown)" : JSON.stringify(value)} (from ${path})`,
   }));
 }
 
@@ -270,11 +277,16 @@ function applyRenamed(s: ImportState, st: Setting, target: string, fixed: unknow
         return;
       }
       break;
-    case "wandb_key": {
+    case "wandb_key":
+    case "sglang_api_key":
+    case "sglang_admin_api_key":
+    case "router_api_key": {
+      const fallback = secretFallback[key] as string;
       const ref = envReference.exec(words[0] ?? "");
-      value = { env: ref?.[1] ?? "WANDB_API_KEY" };
+      value = { env: ref?.[1] ?? fallback };
       if (ref === null)
-        s.report.added.push({ key: "wandb_key", value, why: "the script holds the key itself, which a run config never does: export it as WANDB_API_KEY" });
+        s.report.added.push({ key: target, value, why: `the script holds the key itself, which a run config never does: export it as ${fallback}` });
+      if (target.startsWith("engine.")) s.engine[target.slice(7)] = value;
       break;
     }
     case "sglang_router_ip":
@@ -306,7 +318,7 @@ function finishEngine(s: ImportState, options: ImportOptions): void {
     kind: "sglang",
     ...(urls !== null ? { urls } : router !== null ? { router_url: router } : { urls: [options.engineUrl ?? "http://127.0.0.1:30000"] }),
   };
-  if (s.engine.request_timeout_s !== undefined) engine.request_timeout_s = s.engine.request_timeout_s;
+  for (const k of ["request_timeout_s", "api_key", "admin_api_key", "router_api_key"]) if (s.engine[k] !== undefined) engine[k] = s.engine[k];
   s.config.engine = engine;
   if (urls === null && router === null)
     s.report.added.push({
