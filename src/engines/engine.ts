@@ -62,6 +62,12 @@ export const generateResultSchema = z
     /** The weight version that produced every token of this call. */
     weightVersion: z.number().int().nonnegative(),
     engineId: z.string(),
+    /**
+     * Why a "stop" stopped when it was not an end-of-sequence or stop token: "repetition" where vLLM's
+     * repetition_detection found the output repeating itself (v1/core/sched/utils.py check_stop,
+     * finish_reason "repetition"). The sample is complete, like any stop; the reason is recorded.
+     */
+    stopReason: z.literal("repetition").optional(),
   })
   .refine((r) => r.tokenIds.length === r.logProbs.length, {
     message: "tokenIds and logProbs must have the same length",

@@ -42,12 +42,28 @@ export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: 
     const adminApiKey = readOptionalSecret(engine.admin_api_key, "engine.admin_api_key", env);
     const routerKey = readOptionalSecret(engine.router_api_key, "engine.router_api_key", env) ?? apiKey;
     const make = (url: string) =>
-      createSglangServer({ url, requestTimeoutMs: timeoutMs, isStreaming: engine.stream, isBatchingGroups: engine.batch_group, apiKey, adminApiKey });
+      createSglangServer({
+        url,
+        requestTimeoutMs: timeoutMs,
+        isStreaming: engine.stream,
+        isBatchingGroups: engine.batch_group,
+        apiKey,
+        adminApiKey,
+        weightSync: keys.weight_sync,
+      });
     const urls = [...engine.urls];
     const routerUrl = engine.router_url;
-    if (routerUrl !== null) for (const u of await listRouterWorkers(routerUrl, { apiKey: routerKey })) if (!urls.includes(u)) urls.push(u);
+    // A worker left out (not SGLang, not a regular HTTP worker) is logged once per URL, not at every refresh.
+    const skipped = new Set<string>();
+    const onSkipped = (url: string, reason: string) => {
+      if (skipped.has(url)) return;
+      skipped.add(url);
+      log.warn({ router: routerUrl, worker: url, reason }, "router worker left out");
+    };
+    const list = (root: string) => listRouterWorkers(root, { apiKey: routerKey, onSkipped });
+    if (routerUrl !== null) for (const u of await list(routerUrl)) if (!urls.includes(u)) urls.push(u);
     members = urls.map(make);
-    if (routerUrl !== null && engine.router_refresh_s > 0) refresh = async () => (await listRouterWorkers(routerUrl, { apiKey: routerKey })).map(make);
+    if (routerUrl !== null && engine.router_refresh_s > 0) refresh = async () => (await list(routerUrl)).map(make);
   } else {
     if (keys.weight_sync === "trainer_push") {
       // The trainer pushes nothing into vLLM yet (its /init_weight_transfer_engine and

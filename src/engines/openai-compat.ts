@@ -19,9 +19,15 @@ import { requestText } from "../lib/http-client.ts";
  * (the stop text stays, like SGLang's no_stop_trim), streamed so that tokens
  * received before a failure are kept.
  *
- * vLLM's default server has no abort-by-id endpoint: closing the connection
- * aborts the request server-side (vllm/v1/engine/output_processor.py
- * abort_requests), so the pool cancels locally and keeps the streamed tokens.
+ * Aborts: vLLM 0.32.0 started with VLLM_SERVER_DEV_MODE=1 has POST /abort_requests
+ * {request_ids} (vllm/entrypoints/rl/online/api_router.py; it has no /v1/requests/{id}/cancel,
+ * only /v1/responses/{id}/cancel for the Responses API), which ends the request on the server for
+ * certain; the adapter uses it where GET /is_paused answers (checked at admission). Without dev
+ * mode, closing the connection is the abort (vllm/v1/engine/output_processor.py abort_requests,
+ * once the server notices the disconnect), so the pool cancels locally and keeps the streamed tokens.
+ *
+ * Context length: /v1/models' max_model_len is read at admission and max_tokens clamped to what
+ * the input leaves (maxTokensFor below); an input that leaves nothing fails its sample.
  *
  * Refusals (test/integration/real-vllm.test.ts shows each on the real server):
  * vLLM checks a request before it generates and answers 400 with
@@ -48,7 +54,8 @@ import { requestText } from "../lib/http-client.ts";
  * weights) leaves its tokens of unknown version, and they are dropped (the
  * request comes back aborted and empty; the rollout continues the sample). These
  * routes are outside /v1, so vLLM's --api-key does not guard them
- * (vllm/entrypoints/serve/middleware/authenticate.py): keep the port private.
+ * (vllm/entrypoints/serve/middleware/authenticate.py GUARDED_PREFIX: /v1, /v2, /inference,
+ * /cohere): keep the port private. rlq sends its key on every call all the same.
  *
  * Without `loadsWeights` versions are fenced by rlq: the server does not know
  * rlq's weight versions; `versionSource` reads the version of record (the run's
@@ -82,12 +89,21 @@ export type CompletionChoice = z.infer<typeof completionChoiceSchema>;
 /** vllm/entrypoints/serve/engine/protocol.py ErrorResponse, as a stream event or a body. */
 const errorEventSchema = z.object({ error: z.object({ message: z.string(), code: z.number().int().optional() }).passthrough() });
 
-/** An error vLLM sent inside a 200 stream: 4xx the request's fault, else the server's (retriable, from scratch). */
+/**
+ * An error vLLM sent inside a 200 stream. 4xx: the request's fault. 5xx: the server's, and
+ * retryable as vLLM means it: a generation whose engine output says finish_reason "error" (a
+ * request-level internal error such as a failed KV load, v1/engine/__init__.py FinishReason.ERROR,
+ * "always converted to 500") becomes GenerationError, 500 (generate/base/serving.py
+ * _raise_if_error), and RetryableRequestError is 503 (vllm/exceptions.py); either is sent as this
+ * event (completion/serving.py completion_stream_generator). An HTTP 5xx answer is what the pool
+ * treats it as: the tokens streamed before it are kept as a resumable partial, else the request is
+ * retried, on another engine first.
+ */
 function streamedError(event: z.infer<typeof errorEventSchema>, where: string): RlqError {
   const status = event.error.code ?? 500;
   const message = `${where}: the server failed the request with status ${status}: ${event.error.message}`;
   if (status >= 400 && status < 500) return new EngineRequestError(message);
-  return new RlqError("engine_server_abort", message, { isRetriable: true });
+  return new EngineHttpError("engine_http_error", message, { isRetriable: true, status });
 }
 
 /** A refusal before generation (HTTP 400/413/422) is the request's fault; other statuses keep their own meaning. */
@@ -100,8 +116,18 @@ function refusal(e: unknown, where: string): unknown {
 
 export type VllmLogprobsMode = "raw_logprobs" | "processed_logprobs";
 
-/** Fold one choice (a streamed delta, or the whole answer) into `partial`; returns its finish reason, if any. */
-export function applyCompletionChoice(partial: PartialOutput, choice: CompletionChoice, where: string): "stop" | "length" | "abort" | null {
+/** What a choice's finish_reason says, in rlq's terms; "repetition" is a stop whose reason is recorded. */
+export type CompletionFinish = "stop" | "length" | "abort" | "repetition";
+
+/**
+ * Fold one choice (a streamed delta, or the whole answer) into `partial`; returns its finish reason,
+ * if any. vLLM's reasons are v1/engine/__init__.py FINISH_REASON_STRINGS: "repetition" ends a sample
+ * whose output repeats itself (the request's repetition_detection, v1/core/sched/utils.py
+ * check_stop): the sample is complete, as at a stop. "error" never reaches a completions client
+ * from vLLM (it is turned into a 500 error event first); from another server it is read as vLLM
+ * means it, a retryable server error after the tokens so far.
+ */
+export function applyCompletionChoice(partial: PartialOutput, choice: CompletionChoice, where: string): CompletionFinish | null {
   const lps = choice.logprobs?.token_logprobs ?? [];
   let ids = choice.token_ids ?? null;
   if (ids === null) {
@@ -127,7 +153,12 @@ export function applyCompletionChoice(partial: PartialOutput, choice: Completion
   }
   const fr = choice.finish_reason ?? null;
   if (fr === null) return null;
-  if (fr === "stop" || fr === "length" || fr === "abort") return fr;
+  if (fr === "stop" || fr === "length" || fr === "abort" || fr === "repetition") return fr;
+  if (fr === "error")
+    throw new EngineHttpError("engine_http_error", `${where}: finish_reason "error" (a request-level server error) after ${partial.tokenIds.length} token(s)`, {
+      isRetriable: true,
+      status: 500,
+    });
   throw new RlqError("engine_bad_response", `${where}: unknown finish_reason ${JSON.stringify(fr)}`, { isRetriable: true });
 }
 
@@ -148,6 +179,20 @@ export interface OpenAiCompatOptions {
   /** weight_sync disk: rlq loads checkpoints through vLLM's RL endpoints and reads versions from /weight_info. */
   loadsWeights?: boolean;
   loadTimeoutMs?: number;
+  /**
+   * vLLM's repetition_detection sent with every request (sampling_params.py
+   * RepetitionDetectionParams): a sample whose output repeats an n-gram of max_pattern_size tokens
+   * at most min_count times in a row ends there, finish_reason "repetition", a complete sample
+   * (GenerateResult.stopReason). Default: not sent (vLLM's default: off).
+   */
+  repetitionDetection?: RepetitionDetection;
+}
+
+/** vllm/sampling_params.py RepetitionDetectionParams (min_pattern_size 0 means 1; min_count >= 2). */
+export interface RepetitionDetection {
+  max_pattern_size: number;
+  min_pattern_size?: number;
+  min_count: number;
 }
 
 export interface OpenAiCompatEngine extends RemoteEngine {
@@ -161,6 +206,10 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
   const mode = options.logprobsMode ?? "raw_logprobs";
   let version = options.initialVersion ?? 0;
   const headers = bearer(options.apiKey);
+  /** /v1/models' max_model_len for the served model, read at admission (checkServer); null until then. */
+  let maxModelLen: number | null = null;
+  /** Whether the dev-mode RL routes answer (GET /is_paused), read at admission: they hold the abort by id. */
+  let hasDevRoutes = false;
   /** GET /weight_info: "default" (nothing loaded since start) is version 0; else the version a load named. */
   const serverVersion = async (): Promise<number> => {
     const res = (await callJson("GET", `${url}/weight_info`, undefined, { timeoutMs: adminMs, headers })) as { weight_version?: unknown };
@@ -174,6 +223,16 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
     return n;
   };
   const readVersion = async () => (options.loadsWeights ? await serverVersion() : options.versionSource ? await options.versionSource() : version);
+  /** GET /is_paused (rl/online/api_router.py): 200 in dev mode; FastAPI's 404 without it. */
+  const answersDevRoutes = async (): Promise<boolean> => {
+    try {
+      await callJson("GET", `${url}/is_paused`, undefined, { timeoutMs: adminMs, headers });
+      return true;
+    } catch (e) {
+      if (e instanceof EngineHttpError && e.status === 404) return false;
+      throw e;
+    }
+  };
   const admin = async (path: string, payload: unknown, timeoutMs = adminMs) => callJson("POST", `${url}${path}`, payload, { timeoutMs, headers });
 
   function body(req: GenerateRequest, isStream: boolean, overrides: Record<string, unknown> = {}) {
@@ -192,6 +251,7 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
       skip_special_tokens: s.skipSpecialTokens ?? false,
       spaces_between_special_tokens: false,
       ...(s.ignoreEos ? { ignore_eos: true } : {}),
+      ...(options.repetitionDetection ? { repetition_detection: options.repetitionDetection } : {}),
       logprobs: 1,
       return_tokens_as_token_ids: true,
       return_token_ids: true,
@@ -202,18 +262,40 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
     };
   }
 
+  /**
+   * The max_tokens to send. vLLM refuses max_tokens over max_model_len outright (400, param
+   * max_tokens: renderers/params.py TokenizeParams), yet clamps a smaller one to what is left after
+   * the prompt (serve/utils/api_utils.py get_max_tokens), so rlq clamps both alike: the sample
+   * generates to the end of the context and finishes "length" (truncated). An input that leaves no
+   * room at all is refused here, naming the numbers, as the server would (400 "maximum context
+   * length"); the sample fails with that reason and the engine is not blamed.
+   */
+  function maxTokensFor(req: GenerateRequest, where: string): number {
+    const wanted = req.sampling.maxNewTokens;
+    if (maxModelLen === null) return wanted;
+    const room = maxModelLen - req.inputIds.length;
+    if (room < 1)
+      throw new EngineRequestError(
+        `${where}: the input is ${req.inputIds.length} tokens (prompt and response so far) and vLLM serves ${options.model} with max_model_len ${maxModelLen}, ` +
+          "which leaves no room for a generated token: start vLLM with a larger --max-model-len, or shorten the prompts (rollout_max_prompt_len) " +
+          "or the context (rollout_max_context_len)",
+      );
+    return Math.min(wanted, room);
+  }
+
   async function generateWith(request: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult> {
     const req = generateRequestSchema.parse(request);
     const where = `${url}/v1/completions (request ${req.requestId})`;
+    const maxTokens = maxTokensFor(req, where);
     // The version is read before generating: the fence guarantees it does not change under a
     // request, and where vLLM loads weights itself it is read again after (below).
     const v = await readVersion();
     hooks.partial.weightVersion = v;
-    let finish: "stop" | "length" | "abort" | null = null;
+    let finish: CompletionFinish | null = null;
     try {
       await postStream(
         `${url}/v1/completions`,
-        body(req, true),
+        body(req, true, { max_tokens: maxTokens }),
         { timeoutMs: options.requestTimeoutMs, signal: hooks.signal, headers: bearer(options.apiKey) },
         (payload) => {
           if (typeof payload === "object" && payload !== null && "error" in payload) {
@@ -243,24 +325,52 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
       hooks.partial.logProbs.length = 0;
       return abortedResult(hooks.partial, url, v);
     }
-    return { tokenIds: [...hooks.partial.tokenIds], logProbs: [...hooks.partial.logProbs], finishReason: finish, weightVersion: v, engineId: url };
+    const ended = finish as CompletionFinish;
+    return {
+      tokenIds: [...hooks.partial.tokenIds],
+      logProbs: [...hooks.partial.logProbs],
+      finishReason: ended === "repetition" ? "stop" : ended,
+      ...(ended === "repetition" ? { stopReason: "repetition" as const } : {}),
+      weightVersion: v,
+      engineId: url,
+    };
   }
 
   return {
     kind: "openai",
     id: url,
     url,
-    canAbortById: false,
+    /**
+     * True where the dev-mode routes answer: POST /abort_requests ends the request on the server for
+     * certain. Otherwise closing the connection is the only abort, and vLLM acts on it only once it
+     * notices the disconnect (a loaded server was seen finishing the request first).
+     */
+    get canAbortById() {
+      return hasDevRoutes;
+    },
     canLoadWeights: options.loadsWeights === true,
     generate: (request) => generateWith(request, { partial: emptyPartial() }),
     generateWith,
-    // Closing the connection is vLLM's abort; the pool does that (canAbortById = false).
-    async abort() {},
+    async abort(requestIds) {
+      // Without the dev routes the pool closes the connection instead (canAbortById false). An empty
+      // list is never sent: /abort_requests with no ids aborts every request on the server.
+      if (!hasDevRoutes || requestIds.length === 0) return;
+      // vllm/entrypoints/rl/online/api_router.py abort_requests takes external ids, which
+      // completion/serving.py makes "cmpl-<request_id>-<prompt index>" (one prompt: index 0). The
+      // route is outside --api-key's prefixes; the key goes with it all the same.
+      await callJson(
+        "POST",
+        `${url}/abort_requests`,
+        { request_ids: requestIds.map((id) => `cmpl-${id}-0`) },
+        { timeoutMs: adminMs, headers, lane: "control" },
+      );
+    },
     async health(timeoutMs = adminMs) {
       try {
         const res = await requestText("GET", `${url}/health`, undefined, { timeoutMs, headers: bearer(options.apiKey) });
         return res.status >= 200 && res.status < 300;
       } catch {
+        // No answer is the check's answer: the pool counts it and logs the engine's death.
         return false;
       }
     },
@@ -315,14 +425,19 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
         }
       }
       const res = (await callJson("GET", `${url}/v1/models`, undefined, { timeoutMs: adminMs, headers: bearer(options.apiKey) })) as {
-        data?: Array<{ id?: string }>;
+        data?: Array<{ id?: string; max_model_len?: unknown }>;
       };
       const ids = (res.data ?? []).map((m) => m.id);
-      if (!ids.includes(options.model)) {
+      const served = (res.data ?? []).find((m) => m.id === options.model);
+      if (served === undefined) {
         throw new RlqError("engine_model_missing", `${url} serves ${JSON.stringify(ids)}, not the configured model ${JSON.stringify(options.model)}`, {
           isRetriable: false,
         });
       }
+      // vllm/entrypoints/openai/models/protocol.py ModelCard.max_model_len (after KV-cache fitting).
+      const len = served.max_model_len;
+      maxModelLen = typeof len === "number" && Number.isSafeInteger(len) && len > 0 ? len : null;
+      hasDevRoutes = await answersDevRoutes();
     },
     async probeLogProbs(inputIds): Promise<LogprobProbe> {
       const run = async (temperature: number) => {
@@ -374,7 +489,7 @@ export async function refuseTiedReload(modelDir: string | null, source: string):
   try {
     cfg = JSON.parse(text) as typeof cfg;
   } catch {
-    return;
+    return; // not JSON: the engine and the trainer refuse the directory, naming the file
   }
   if (cfg.tie_word_embeddings === true || cfg.text_config?.tie_word_embeddings === true)
     throw new RlqError(

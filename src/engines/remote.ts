@@ -15,6 +15,11 @@ export interface PartialOutput {
   logProbs: number[];
   /** The version the server reported for this request, once it has said. */
   weightVersion: number | null;
+  /**
+   * Set when the output was cut at a weight-version boundary (SGLang's weight_versions spans): the
+   * tokens kept are the first version's, and a stream must stop there (the request is aborted).
+   */
+  isVersionCut?: boolean;
 }
 
 export function emptyPartial(): PartialOutput {

@@ -144,8 +144,10 @@ export function tokenVersionSpans(raw: unknown, numTokens: number, where: string
  *
  * meta_info.weight_versions (where the server gives per-token versions): the
  * answer is cut at the first version boundary and returned as an abort at
- * that point, so one segment holds one version; the rollout continues the
- * sample from there.
+ * that point, so one segment holds one version, the one that sampled its
+ * tokens (never the newer `weight_version` a delta event carries); the rollout
+ * continues the sample from there. `isVersionCut` tells the caller that an
+ * abort came from such a cut, not from the server.
  */
 export function applySglangMeta(partial: PartialOutput, meta: SglangMetaInfo, where: string): "stop" | "length" | "abort" | null {
   const lps = meta.output_token_logprobs ?? [];
@@ -168,13 +170,17 @@ export function applySglangMeta(partial: PartialOutput, meta: SglangMetaInfo, wh
     if (status >= 400 && status < 500) throw new EngineRequestError(`${where}: the server aborted the request with status ${status}: ${message}`);
     throw new RlqError("engine_server_abort", `${where}: the server aborted the request with status ${status}: ${message}`, { isRetriable: true });
   }
-  const spans = isDelta ? null : tokenVersionSpans(meta.weight_versions, partial.tokenIds.length, where);
+  // Spans index the whole output, also in a delta event (newest tokenizer_manager.py slices only the
+  // log-prob keys for --incremental-streaming-output, so a delta carries every span so far and the
+  // newest weight_version): `partial` holds the whole output by now, so they apply to it alike.
+  const spans = tokenVersionSpans(meta.weight_versions, partial.tokenIds.length, where);
   if (spans !== null && spans.length > 0) {
     const first = spans[0] as { version: number; start: number; end: number };
     partial.weightVersion = first.version;
     if (spans.length > 1 && first.end < partial.tokenIds.length) {
       partial.tokenIds.length = first.end;
       partial.logProbs.length = first.end;
+      partial.isVersionCut = true;
       return "abort";
     }
   }

@@ -80,6 +80,11 @@ export interface SglangServerOptions {
   apiKey?: string;
   /** The server's --admin-api-key: sent on the admin routes (abort, weight loads) instead of apiKey. */
   adminApiKey?: string;
+  /**
+   * The run's weight_sync (default disk): what admission asks of the server. disk and trainer_push
+   * need the Python frontend's weight routes; trainer_push also needs --dp-size 1 or DP attention.
+   */
+  weightSync?: "disk" | "trainer_push" | "none";
 }
 
 /**
@@ -143,6 +148,8 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
   let versionEndpoint: (typeof VERSION_ENDPOINTS)[number] | null = null;
   let healthFailure: "busy" | "down" = "down";
   let seedHonoured: boolean | null = null;
+  /** /server_info `frontend` is "rust" (SGLANG_RUST_SERVER): no /abort_request, so the pool closes connections instead. */
+  let isRustFrontend = false;
 
   function samplingParams(s: GenerateRequest["sampling"]): Record<string, unknown> {
     return {
@@ -174,7 +181,11 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
       // stopped): one segment holds one version, so it ends at the last event of the old one.
       throw new VersionChanged();
     }
-    return applySglangMeta(partial, meta, where);
+    const finish = applySglangMeta(partial, meta, where);
+    // Cut at a version boundary mid-stream (spans): the tokens past it belong to the next segment,
+    // and later delta events would be appended to a cut output, so the stream stops here.
+    if (partial.isVersionCut === true && (meta.finish_reason === null || meta.finish_reason === undefined)) throw new VersionChanged();
+    return finish;
   }
 
   /** The result once the answer is in (or the request was cancelled locally). */
@@ -209,6 +220,9 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
     } catch (e) {
       if (isLocalCancel(e, hooks.signal)) return abortedResult(partial, url, lastVersion);
       if (e instanceof VersionChanged) {
+        // Nothing is lost if this abort fails: the stream is closed already, and SGLang aborts a
+        // request whose client went away 2 s later (tokenizer_manager.py create_abort_task); the
+        // abort by id only frees the slot sooner. The tokens kept are in `partial`.
         await engine.abort([req.requestId]).catch(() => undefined);
         return abortedResult(partial, url, lastVersion);
       }
@@ -258,8 +272,12 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
     kind: "sglang",
     id: url,
     url,
-    canAbortById: true,
-    canLoadWeights: true,
+    get canAbortById() {
+      return !isRustFrontend;
+    },
+    get canLoadWeights() {
+      return !isRustFrontend;
+    },
     get seedHonoured() {
       return seedHonoured;
     },
@@ -362,15 +380,65 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
     },
     async checkServer() {
       await checkSglangModel(url, adminMs, headers);
-      // /server_info, or /get_server_info on servers without it; no answer leaves the seed question open (null).
-      const info = (await getFirstServed(url, ["/server_info", "/get_server_info"], { timeoutMs: adminMs, headers }).catch(() => null)) as {
-        enable_deterministic_inference?: unknown;
-      } | null;
+      // /server_info, or /get_server_info on servers without it. A server that answers neither
+      // leaves the seed question open (null) and the frontend and DP checks below unasked: 0.5.x
+      // builds without them run the Python frontend, and their pushes are checked by the push.
+      const info = (await getFirstServed(url, ["/server_info", "/get_server_info"], { timeoutMs: adminMs, headers }).catch((e: unknown) => {
+        if (e instanceof EngineHttpError && e.status === 404) return null;
+        throw e;
+      })) as ServerInfo | null;
       seedHonoured = info === null ? null : info.enable_deterministic_inference === true;
+      isRustFrontend = info?.frontend === "rust";
+      refuseUnfit(url, info, options.weightSync ?? "disk");
     },
     async close() {},
   };
   return engine;
+}
+
+/** The /server_info fields admission reads (the resolved server args, plus `frontend` on newest SGLang). */
+interface ServerInfo {
+  enable_deterministic_inference?: unknown;
+  frontend?: unknown;
+  dp_size?: unknown;
+  enable_dp_attention?: unknown;
+}
+
+/**
+ * Refuse a server the run's weight sync cannot drive, naming why:
+ * - The Rust frontend (`SGLANG_RUST_SERVER`; /server_info `frontend: "rust"`,
+ *   rust/sglang-server/src/api_server/http/info.rs at 96510958) serves /generate, the info and
+ *   health routes and the OpenAI ones only (http/app.rs at c847139d `router`): no /abort_request,
+ *   /update_weights_from_*, /init_weights_update_group or /pause_generation, and its /generate
+ *   answers carry no weight_version (generate.proto GenerateMetaInfo at 09d9c399). rlq could neither
+ *   load nor push a version into it nor learn which version made a token: refused unless the run
+ *   keeps its weights (weight_sync none).
+ * - A push (init_weights_update_group, update_weights_from_distributed, update_weights_from_tensor)
+ *   asserts `dp_size == 1 or enable_dp_attention` (managers/tokenizer_control_mixin.py at 00a2ca2e):
+ *   with --dp-size > 1 and no DP attention each sync is an HTTP 500. update_weights_from_disk has
+ *   no such assertion, so weight_sync disk is not refused.
+ */
+function refuseUnfit(url: string, info: ServerInfo | null, weightSync: "disk" | "trainer_push" | "none"): void {
+  if (info === null) return;
+  if (info.frontend === "rust" && weightSync !== "none")
+    throw new RlqError(
+      "engine_cannot_load",
+      `SGLang ${url} runs the Rust frontend (/server_info frontend "rust", SGLANG_RUST_SERVER), which has no /abort_request, weight-update ` +
+        `(/update_weights_from_disk, /update_weights_from_distributed, /update_weights_from_tensor) or /pause_generation route and puts no ` +
+        `weight_version in its answers, so weight_sync ${weightSync} cannot load versions into it or tell which version made a token: ` +
+        "start the server without SGLANG_RUST_SERVER (the Python frontend), or use weight_sync: none",
+      { isRetriable: false },
+    );
+  const dpSize = typeof info.dp_size === "number" ? info.dp_size : 1;
+  if (weightSync === "trainer_push" && dpSize > 1 && info.enable_dp_attention !== true)
+    throw new RlqError(
+      "engine_cannot_load",
+      `SGLang ${url} runs --dp-size ${dpSize} without --enable-dp-attention, and SGLang's push routes (init_weights_update_group, ` +
+        "update_weights_from_distributed, update_weights_from_tensor) assert dp_size == 1 or DP attention (tokenizer_control_mixin.py), " +
+        "so every trainer_push would fail with HTTP 500: start one server per data-parallel rank (--dp-size 1), add --enable-dp-attention, " +
+        "or use weight_sync: disk",
+      { isRetriable: false },
+    );
 }
 
 /** meta_info.output_top_logprobs[0]: [[logprob, token_id, text], ...] for the first output position. */

@@ -8,6 +8,12 @@
  *     unknown 404 WORKER_NOT_FOUND) → 202 {status: "accepted", worker_id, message} (delete_worker).
  * Not re-read in the source (kept from the earlier reading): the `url@rank` form of dp-aware workers
  * and which routes the auth middleware leaves open.
+ * Each worker carries runtime_type (sglang | vllm | trtllm | external; lightseekorg/smg
+ * crates/protocols/src/worker.rs at 73da68ca): --vllm-workers lists vLLM servers behind the gateway.
+ * Keys (lightseekorg/smg model_gateway/src/server.rs `apply_control_plane_auth`, middleware/auth.rs at
+ * c5573dda): /workers is a control-plane route that takes the shared --api-key only; with
+ * --tenant-keys and no --api-key it is denied to every caller (deny_all_middleware); a refusal is
+ * an empty 401. Tenant keys open only the data plane, which this fake does not serve.
  * Like the real router it lists what it knows, not what a client can use:
  * - a data-parallel-aware worker (dp_size > 1) is listed once per rank as `url@rank`;
  * - prefill/decode workers (worker_type prefill | decode) and gRPC workers are listed too;
@@ -16,7 +22,7 @@
  * rlq routes to the workers itself, so this fake does not proxy /generate.
  *
  *   tsx test/fakes/fake-sglang-router.ts --port 0 --workers http://127.0.0.1:1,127.0.0.1:2
- *     [--dp-workers URL,...] [--prefill-workers URL,...] [--api-key KEY]
+ *     [--dp-workers URL,...] [--prefill-workers URL,...] [--vllm-workers URL,...] [--api-key KEY] [--tenant-keys K,...]
  * prints "listening <port>" on stdout.
  */
 import { randomUUID } from "node:crypto";
@@ -32,6 +38,8 @@ const { values } = parseArgs({
     "dp-workers": { type: "string", default: "" },
     "prefill-workers": { type: "string", default: "" },
     "api-key": { type: "string" },
+    "vllm-workers": { type: "string", default: "" },
+    "tenant-keys": { type: "string", default: "" },
   },
 });
 interface Worker {
@@ -42,23 +50,36 @@ interface Worker {
   connection_mode: string;
   is_healthy: boolean;
   load: number;
+  runtime_type: string;
 }
 const workers: Worker[] = [];
-function add(url: string, type = "regular", dpSize = 1): void {
+function add(url: string, type = "regular", dpSize = 1, runtime = "sglang"): void {
   const urls = dpSize > 1 ? Array.from({ length: dpSize }, (_, r) => `${url}@${r}`) : [url];
   for (const u of urls)
-    workers.push({ id: randomUUID(), url: u, model_id: "fake/model", worker_type: type, connection_mode: "http", is_healthy: true, load: 0 });
+    workers.push({
+      id: randomUUID(),
+      url: u,
+      model_id: "fake/model",
+      worker_type: type,
+      connection_mode: "http",
+      is_healthy: true,
+      load: 0,
+      runtime_type: runtime,
+    });
 }
 const list = (s: string) => s.split(",").filter((u) => u.length > 0);
 for (const u of list(values.workers)) add(u);
 for (const u of list(values["dp-workers"])) add(u, "regular", 2);
 for (const u of list(values["prefill-workers"])) add(u, "prefill");
+for (const u of list(values["vllm-workers"])) add(u, "regular", 1, "vllm");
+const hasTenantKeys = list(values["tenant-keys"]).length > 0;
 
 const server = createServer((req, res) => {
   void (async () => {
     const url = req.url ?? "/";
+    if (url !== "/health" && values["api-key"] === undefined && hasTenantKeys) return void res.writeHead(401).end();
     if (url !== "/health" && values["api-key"] !== undefined && req.headers.authorization !== `Bearer ${values["api-key"]}`) {
-      return sendJson(res, 401, { error: "Unauthorized" });
+      return void res.writeHead(401).end();
     }
     const count = (type: string) => workers.filter((w) => w.worker_type === type).length;
     if (req.method === "GET" && url === "/workers")
@@ -70,7 +91,12 @@ const server = createServer((req, res) => {
     if (req.method === "POST" && url === "/workers") {
       const b = await readJson(req);
       const workerUrl = typeof b.url === "string" ? b.url : "";
-      add(workerUrl, typeof b.worker_type === "string" ? b.worker_type : "regular", Number(b.dp_size ?? 1));
+      add(
+        workerUrl,
+        typeof b.worker_type === "string" ? b.worker_type : "regular",
+        Number(b.dp_size ?? 1),
+        typeof b.runtime_type === "string" ? b.runtime_type : "sglang",
+      );
       const id = workers[workers.length - 1]?.id ?? "";
       res.setHeader("location", `/workers/${id}`);
       return sendJson(res, 202, {

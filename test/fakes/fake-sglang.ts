@@ -96,6 +96,20 @@
  *   removed" on every call (counted in stats.deprecatedCalls); /get_weight_version is gone (404).
  *   --api-layout 0.5 serves 0.5.x's instead (http_server.py at 0025436e): /get_weight_version,
  *   /get_model_info and /get_server_info, each with weight_version; /model_info and /server_info 404.
+ *   /server_info carries dp_size and enable_dp_attention (server args) on every layout.
+ * - --frontend rust: the embedded Rust server (SGLANG_RUST_SERVER; managers/rust_server.py at
+ *   02398cf1) in front of the same model: routes /generate, /health, /health_generate,
+ *   /server_info ("frontend": "rust", rust/sglang-server/src/api_server/http/info.rs at 96510958),
+ *   /model_info, /get_model_info and /v1/* (http/app.rs `router` at c847139d); every other route,
+ *   /abort_request, the weight updates, pause, continue and flush included, is its fallback's empty
+ *   404; /generate answers carry no weight_version, weight_versions or cached_tokens
+ *   (generate.proto GenerateMetaInfo at 09d9c399). Its API-key layer (app.rs `serve`,
+ *   ApiKeyAuthLayer) is held to the same key rule as the Python frontend's NORMAL routes.
+ * - --dp-size N (N > 1) without --enable-dp-attention: /init_weights_update_group,
+ *   /update_weights_from_distributed and /update_weights_from_tensor fail their assertion
+ *   `dp_size == 1 or enable_dp_attention` (managers/tokenizer_control_mixin.py at 00a2ca2e), an
+ *   unhandled AssertionError: HTTP 500 "Internal Server Error" in plain text (stats.dpAssertions).
+ *   update_weights_from_disk has no such assertion.
  *   --weight-versions-spans adds meta_info.weight_versions = [{version, start, end}] and sets
  *   weight_version to the last span's (utils/weight_versions.py add_weight_versions_to_meta_info):
  *   a request that outlived an update (one paused in place) reports where the version changed.
@@ -135,6 +149,7 @@
  *     [--health-block-ms 20000] [--health-poll-ms 1000] [--tp-size 1]
  *     [--disconnect-abort-delay-ms 2000] [--fault MODE] [--fault-after-tokens N] [--fault-version V]
  *     [--model full|instant]   (instant: fake-lm.ts instantToken, for throughput benches)
+ *     [--frontend python|rust] [--dp-size 1] [--enable-dp-attention]
  * prints "listening <port>" on stdout.
  */
 import { createServer, type IncomingMessage } from "node:http";
@@ -171,6 +186,9 @@ const { values } = parseArgs({
     "fault-after-tokens": { type: "string", default: "0" },
     "fault-version": { type: "string", default: "0" },
     "fault-count": { type: "string", default: "-1" },
+    frontend: { type: "string", default: "python" },
+    "dp-size": { type: "string", default: "1" },
+    "enable-dp-attention": { type: "boolean", default: false },
   },
 });
 if (values.model !== "full" && values.model !== "instant") throw new Error(`--model: expected full or instant, got ${values.model}`);
@@ -193,7 +211,11 @@ Object.assign(opts, {
   tpSize: Number(values["tp-size"]),
   disconnectAbortDelayMs: Number(values["disconnect-abort-delay-ms"]),
   isInstant: values.model === "instant",
+  isRustFrontend: values.frontend === "rust",
+  dpSize: Number(values["dp-size"]),
+  isDpAttention: values["enable-dp-attention"] === true,
 });
+if (values.frontend !== "python" && values.frontend !== "rust") throw new Error(`--frontend: expected python or rust, got ${values.frontend}`);
 st.weightVersion = Number(values["weight-version"]);
 st.fault = {
   mode: values.fault as FaultMode,
@@ -216,6 +238,21 @@ const ADMIN_OPTIONAL_PATHS = new Set([
   "/update_weights_from_distributed",
   "/update_weights_from_tensor",
 ]);
+
+/** The routes of the embedded Rust server (rust/sglang-server/src/api_server/http/app.rs `router` at c847139d). */
+const RUST_ROUTES = new Set([
+  "/generate",
+  "/health",
+  "/health_generate",
+  "/server_info",
+  "/get_model_info",
+  "/model_info",
+  "/v1/models",
+  "/v1/completions",
+  "/v1/chat/completions",
+]);
+/** The routes that assert dp_size == 1 or DP attention (managers/tokenizer_control_mixin.py at 00a2ca2e). */
+const PUSH_PATHS = new Set(["/init_weights_update_group", "/update_weights_from_distributed", "/update_weights_from_tensor"]);
 
 /** utils/auth.py decide_request_auth (the header documents the rule); /_fault and /stats are the fake's own. */
 function isAuthorized(req: IncomingMessage, path: string): boolean {
@@ -242,6 +279,15 @@ const server = createServer((req, res) => {
         return send(res, 401, { error: "Unauthorized" });
       }
       if (req.method === "POST" && url === "/generate") return await generate(await readJson(req), res);
+      // The Rust frontend serves /generate, /health*, /server_info, /model_info, /get_model_info and
+      // /v1/* only (app.rs `router` at c847139d); anything else is its fallback's empty 404.
+      if (opts.isRustFrontend && !RUST_ROUTES.has(url) && url !== "/_fault" && url !== "/stats") return void res.writeHead(404).end();
+      // tokenizer_control_mixin.py at 00a2ca2e: the three push routes assert `dp_size == 1 or
+      // enable_dp_attention`; the AssertionError escapes the handler, and Starlette answers 500 in plain text.
+      if (PUSH_PATHS.has(url) && opts.dpSize > 1 && !opts.isDpAttention) {
+        stats.dpAssertions++;
+        return void res.writeHead(500, { "content-type": "text/plain; charset=utf-8" }).end("Internal Server Error");
+      }
       if (req.method === "POST" && url === "/abort_request") {
         const b = await readJson(req);
         stats.abortRequests++;
@@ -351,7 +397,9 @@ const server = createServer((req, res) => {
           stream_interval: opts.streamInterval,
           version: "fake-sglang",
           internal_states: [{}],
-          ...(opts.isOldLayout ? {} : { frontend: "python" }),
+          dp_size: opts.dpSize,
+          enable_dp_attention: opts.isDpAttention,
+          ...(opts.isOldLayout ? {} : { frontend: opts.isRustFrontend ? "rust" : "python" }),
         });
       }
       if (url === "/v1/loads") return send(res, 200, { loads: [{ dp_rank: 0, num_running_reqs: live.size, num_waiting_reqs: 0 }] });

@@ -8,7 +8,8 @@
  *
  * POST /v1/completions with `prompt` as token ids, `logprobs`, `return_tokens_as_token_ids`
  * (tokens read "token_id:<id>"), `return_token_ids` (choices carry `token_ids`), stop_token_ids,
- * ignore_eos, seed, top_k; `stream: true` sends one chunk per token and `data: [DONE]`. A client
+ * ignore_eos, seed, top_k, repetition_detection (finish_reason "repetition"); `stream: true` sends
+ * one chunk per token and `data: [DONE]`. A client
  * that disconnects aborts its request (vLLM's default server has no abort-by-id endpoint; dev mode
  * adds POST /abort_requests, not faked). GET /v1/models, /health, /metrics (the gauges and counters
  * of vLLM's that tests wait on), /stats (fake only: requests live now and the fewest tokens any of
@@ -48,7 +49,7 @@ const fault = { mode: "none", afterTokens: 0 };
 /** Tokens generated so far by each live request (the /stats endpoint). */
 const live = new Set<{ tokens: number }>();
 /** vllm/v1/metrics/loggers.py PrometheusStatLogger: the series tests read. */
-const metrics = { generationTokens: 0, success: { stop: 0, length: 0, abort: 0, error: 0 } };
+const metrics = { generationTokens: 0, success: { stop: 0, length: 0, abort: 0, error: 0, repetition: 0 } };
 let created = 0;
 
 /**
@@ -75,6 +76,25 @@ function logprobsOf(ids: number[], lps: number[], tops: Array<Array<[number, num
     tokens: ids.map((t) => `token_id:${t}`),
     top_logprobs: ids.map((t, i) => Object.fromEntries([...(tops[i] ?? []).map(([lp, id]) => [`token_id:${id}`, lp]), [`token_id:${t}`, lps[i]]])),
   };
+}
+
+/**
+ * vllm/v1/core/sched/utils.py check_sequence_repetition and _has_repeating_pattern: the output
+ * ends with a pattern of min..max_pattern_size tokens repeated min_count times in a row.
+ */
+function isRepeating(ids: number[], p: { max_pattern_size?: unknown; min_pattern_size?: unknown; min_count?: unknown }): boolean {
+  const maxSize = Number(p.max_pattern_size ?? 0);
+  const minSize = Math.max(1, Number(p.min_pattern_size ?? 0));
+  const minCount = Number(p.min_count ?? 0);
+  if (maxSize <= 0 || minCount < 2 || minSize > maxSize) return false;
+  for (let len = minSize; len <= maxSize; len++) {
+    if (len * minCount > ids.length) return false;
+    let isMatch = true;
+    for (let n = 1; n <= len && isMatch; n++)
+      for (let m = 1; m < minCount && isMatch; m++) if (ids[ids.length - (len * m + n)] !== ids[ids.length - n]) isMatch = false;
+    if (isMatch) return true;
+  }
+  return false;
 }
 
 interface Turn {
@@ -196,7 +216,8 @@ async function completions(b: Record<string, unknown>, res: ServerResponse): Pro
   });
   const out: Turn = { ids: [], lps: [], tops: [] };
   let finish = "length";
-  let stopReason: number | null = null;
+  let stopReason: number | string | null = null;
+  const repetition = typeof b.repetition_detection === "object" && b.repetition_detection !== null ? (b.repetition_detection as Record<string, unknown>) : null;
   let prev = prompt[prompt.length - 1] ?? 0;
   let sent = 0;
   if (isStream) res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8" });
@@ -261,9 +282,16 @@ async function completions(b: Record<string, unknown>, res: ServerResponse): Pro
       stopReason = token;
       break;
     }
+    // check_stop, after the stop and length checks: a detected repetition ends the request with
+    // finish_reason "repetition" and stop_reason "repetition_detected".
+    if (repetition !== null && i + 1 < maxTokens && isRepeating(out.ids, repetition)) {
+      finish = "repetition";
+      stopReason = "repetition_detected";
+      break;
+    }
     if (isStream && i + 1 < maxTokens) res.write(chunk(null));
   }
-  metrics.success[finish as "stop" | "length"]++;
+  metrics.success[finish as "stop" | "length" | "repetition"]++;
   if (isStream) {
     res.write(chunk(finish));
     res.end("data: [DONE]\n\n");

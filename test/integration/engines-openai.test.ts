@@ -97,15 +97,25 @@ describe("OpenAI-compatible adapter (vLLM)", () => {
     await waitFor("dead", () => p.engineStates()[f.url] === "dead");
   });
 
-  it("an error event inside the stream (vLLM's generation error, HTTP 200) fails the request as the server's fault, retriable, with its message", async () => {
+  it("an error event inside the stream (vLLM's finish_reason error, sent as a 500 in the HTTP 200 stream) is a retryable server error: tokens so far kept, else retried", async () => {
+    // v1/engine/__init__.py FinishReason.ERROR: "retryable request-level internal error ... always
+    // converted to 500" (generate/base/serving.py _raise_if_error); the request is not at fault.
     const f = await fake(["--stop-prob", "0.000001"]);
     await setFault(f.url, { mode: "stream_error", afterTokens: 3 });
     const e = createOpenAiCompatEngine({ url: f.url, model: "fake/model", requestTimeoutMs: 10_000 });
     await expect(e.generate(request("se-1", { maxNewTokens: 50 }))).rejects.toMatchObject({
-      code: "engine_server_abort",
+      code: "engine_http_error",
       isRetriable: true,
+      status: 500,
       message: expect.stringMatching(/status 500: Internal server error/),
     });
+    // Through the pool: the 2 tokens streamed before the error come back as a resumable partial.
+    const p = pool([f.url]);
+    await p.awaitReady(10_000);
+    const r = await p.generate(request("se-2", { maxNewTokens: 50, seed: 4 }));
+    expect(r.finishReason).toBe("abort");
+    expect(r.tokenIds.length).toBe(2);
+    expect(p.snapshot().engines[0]).toMatchObject({ requestErrors: 0 });
   });
 
   it("versions are fenced by rlq: trainer_push records the reported version", async () => {

@@ -9,12 +9,16 @@ import { createEnginesFromConfig } from "../../src/engines/from-config.ts";
 import { engineRuntimeDefaults, sglangEngineConfigSchema } from "../../src/engines/config-schema.ts";
 import type { PoolLog } from "../../src/engines/pool.ts";
 import { readSglangAnswer } from "../../src/engines/sglang-answer.ts";
-import { fakeStats, request, setFault } from "../fakes/fake-engine-control.ts";
+import { fakeStats, pushInPlace, request, setFault, startFake } from "../fakes/fake-engine-control.ts";
+import { listRouterWorkers } from "../../src/engines/sglang-router.ts";
 
 /**
- * rlq against SGLang at its newest (issue 39, points 1-3), through the fake SGLang, which follows
- * python/sglang/srt/utils/auth.py (the admin key tier) and entrypoints/http_server.py (the info
- * routes, the streamed error events); test/fakes/fake-sglang.ts cites each rule.
+ * rlq against SGLang at its newest (issue 39, points 1-7), through the fake SGLang, which follows
+ * python/sglang/srt/utils/auth.py (the admin key tier), entrypoints/http_server.py (the info
+ * routes, the streamed error events), the Rust frontend (rust/sglang-server), the push routes' DP
+ * assertion (managers/tokenizer_control_mixin.py) and the incremental stream's spans, and through
+ * the fake gateway (lightseekorg/smg: runtime_type, the control plane's keys);
+ * test/fakes/fake-sglang.ts and fake-sglang-router.ts cite each rule.
  */
 const h = engineHarness("sglang");
 const USER = "user-key-39";
@@ -180,5 +184,113 @@ describe("streamed error events {message, type, code, retryable} (http_server.py
     expect(read({ message: "m", code: 500 })).toEqual({ code: "engine_http_error", isRetriable: true });
     expect(read({ message: "m", code: 500, retryable: false })).toEqual({ code: "engine_request_rejected", isRetriable: false });
     expect(read({ message: "m" })).toEqual({ code: "engine_request_rejected", isRetriable: false });
+  });
+});
+
+describe("incremental streaming across an in-place update (tokenizer_manager.py slices only the log-prob keys)", () => {
+  it("a delta event carries every span and the new weight_version: the segment keeps the version that sampled it, cut at the boundary", async () => {
+    const f = await h.fake(["--token-delay-ms", "4", "--stop-prob", "0", "--weight-versions-spans", "--incremental-streaming-output"]);
+    const e = createSglangServer({ url: f.url, requestTimeoutMs: 10_000, isStreaming: true });
+    const pending = e.generate(request("inc-span", { maxNewTokens: 300, stopTokenIds: [], seed: 9 }));
+    await waitFor("tokens flowing", async () => (await fakeStats(f.url)).tokensGenerated >= 10);
+    await pushInPlace(f.url, 5);
+    const r = await pending;
+    expect(r).toMatchObject({ finishReason: "abort", weightVersion: 0 });
+    expect(r.tokenIds.length).toBeGreaterThanOrEqual(10);
+    expect(r.tokenIds.length).toBeLessThan(300);
+    // Every kept token is version 0's: the same seed on a server that never moved gives the same tokens.
+    const g = await h.fake(["--stop-prob", "0"]);
+    const ref = await createSglangServer({ url: g.url, requestTimeoutMs: 10_000 }).generate(
+      request("inc-ref", { maxNewTokens: r.tokenIds.length, stopTokenIds: [], seed: 9 }),
+    );
+    expect(ref.tokenIds).toEqual(r.tokenIds);
+    // The stream stopped at the boundary and the request was aborted on the server.
+    await waitFor("the request ended on the server", async () => (await fakeStats(f.url)).live === 0);
+    expect((await fakeStats(f.url)).abortRequests).toBeGreaterThanOrEqual(1);
+  });
+});
+
+describe("the Rust frontend (SGLANG_RUST_SERVER; /server_info frontend rust)", () => {
+  it("is refused at admission for a run that loads or pushes weights, naming why; with weight_sync none it serves and its requests are cancelled by closing", async () => {
+    const f = await h.fake(["--frontend", "rust", "--token-delay-ms", "5", "--stop-prob", "0"]);
+    expect((await fetch(`${f.url}/abort_request`, { method: "POST", body: "{}" })).status).toBe(404);
+    expect(((await (await fetch(`${f.url}/server_info`)).json()) as { frontend: string }).frontend).toBe("rust");
+    for (const weightSync of ["disk", "trainer_push"] as const) {
+      const e = createSglangServer({ url: f.url, requestTimeoutMs: 10_000, weightSync });
+      await expect(e.checkServer()).rejects.toMatchObject({
+        code: "engine_cannot_load",
+        isRetriable: false,
+        message: expect.stringMatching(
+          new RegExp(`runs the Rust frontend .*SGLANG_RUST_SERVER.*no /abort_request.*weight_sync ${weightSync}.*weight_sync: none`),
+        ),
+      });
+    }
+    const frozen = createSglangServer({ url: f.url, requestTimeoutMs: 10_000, weightSync: "none" });
+    const p = h.pool([frozen], { healthTimeoutMs: 2_000 });
+    await p.awaitReady(10_000);
+    expect(frozen.canAbortById).toBe(false);
+    expect(await p.generate(request("rust-1", { maxNewTokens: 4 }))).toMatchObject({ finishReason: "length", weightVersion: 0 });
+    const running = p.generate(request("rust-2", { maxNewTokens: 5_000 }));
+    await waitFor("the request generating", async () => (await fakeStats(f.url)).live === 1);
+    await p.abort(["rust-2"]);
+    expect((await running).finishReason).toBe("abort");
+    expect((await fakeStats(f.url)).abortRequests).toBe(0);
+  });
+});
+
+describe("--dp-size > 1 without DP attention (tokenizer_control_mixin.py: the push routes assert dp_size == 1 or enable_dp_attention)", () => {
+  it("trainer_push is refused at admission naming the flags; disk loads are not; with DP attention pushes are admitted", async () => {
+    const f = await h.fake(["--dp-size", "2"]);
+    // The fake's push answers as SGLang's does: the AssertionError is an HTTP 500.
+    const group = { master_address: "127.0.0.1", master_port: 1, rank_offset: 1, world_size: 2, group_name: "g" };
+    const pushed = await fetch(`${f.url}/init_weights_update_group`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(group),
+    });
+    expect({ status: pushed.status, text: await pushed.text() }).toEqual({ status: 500, text: "Internal Server Error" });
+    await expect(createSglangServer({ url: f.url, requestTimeoutMs: 10_000, weightSync: "trainer_push" }).checkServer()).rejects.toMatchObject({
+      code: "engine_cannot_load",
+      isRetriable: false,
+      message: expect.stringMatching(/--dp-size 2 without --enable-dp-attention.*HTTP 500.*--dp-size 1.*--enable-dp-attention.*weight_sync: disk/),
+    });
+    await expect(createSglangServer({ url: f.url, requestTimeoutMs: 10_000, weightSync: "disk" }).checkServer()).resolves.toBeUndefined();
+    const g = await h.fake(["--dp-size", "2", "--enable-dp-attention"]);
+    await expect(createSglangServer({ url: g.url, requestTimeoutMs: 10_000, weightSync: "trainer_push" }).checkServer()).resolves.toBeUndefined();
+  });
+});
+
+describe("gateway discovery (lightseekorg/smg: runtime_type, control-plane keys)", () => {
+  it("only SGLang workers are driven; vLLM workers behind the gateway are left out and logged", async () => {
+    const a = await h.fake();
+    const v = await h.fake();
+    const router = h.track(await startFake("sglang-router", ["--workers", a.url, "--vllm-workers", v.url]));
+    const skipped: string[] = [];
+    expect(await listRouterWorkers(router.url, { onSkipped: (url, why) => skipped.push(`${url}: ${why}`) })).toEqual([a.url]);
+    expect(skipped).toEqual([`${v.url}: runtime_type vllm: not an SGLang server (configure it as its own engine, e.g. engine.kind openai for vLLM)`]);
+    const lines: string[] = [];
+    const log: PoolLog = { info: () => undefined, warn: (o, m) => lines.push(`${m} ${JSON.stringify(o)}`) };
+    const p = h.trackPool(
+      await createEnginesFromConfig(
+        sglangEngineConfigSchema.parse({ kind: "sglang", router_url: router.url, router_refresh_s: 0 }),
+        engineRuntimeDefaults({ rollout_health_check_interval: 0.2, rollout_health_check_timeout: 2 }),
+        { log },
+      ),
+    );
+    expect(Object.keys(p.engineStates())).toEqual([a.url]);
+    expect(lines.some((l) => l.startsWith("router worker left out") && l.includes(v.url) && l.includes("runtime_type vllm"))).toBe(true);
+  });
+
+  it("a gateway with per-tenant keys denies /workers: the error names engine.router_api_key and the gateway's shared --api-key", async () => {
+    const a = await h.fake();
+    const tenants = h.track(await startFake("sglang-router", ["--workers", a.url, "--tenant-keys", "team-red,team-blue"]));
+    await expect(listRouterWorkers(tenants.url, { apiKey: "team-red" })).rejects.toMatchObject({
+      code: "engine_unauthorized",
+      isRetriable: false,
+      message: expect.stringMatching(/\/workers: HTTP 401: .*never a per-tenant key.*set engine\.router_api_key to the gateway's shared --api-key/),
+    });
+    const shared = h.track(await startFake("sglang-router", ["--workers", a.url, "--tenant-keys", "team-red", "--api-key", "admin-1"]));
+    await expect(listRouterWorkers(shared.url, { apiKey: "team-red" })).rejects.toMatchObject({ code: "engine_unauthorized" });
+    expect(await listRouterWorkers(shared.url, { apiKey: "admin-1" })).toEqual([a.url]);
   });
 });

@@ -135,7 +135,6 @@ async function cutMidStream(
   seed: number,
   run: (id: string) => { result: Promise<GenerateResult>; tokens: () => number },
   cut: (id: string) => Promise<void>,
-  isServerAbortCertain = true,
 ) {
   // Earlier requests (a pool's admission probe, the last test's) counted first: the server's
   // stats record a finished request as it stops running.
@@ -153,7 +152,7 @@ async function cutMidStream(
   if (r.finishReason !== "abort") return null;
   // Aborted server-side: nothing runs, and no request ended by itself.
   await waitFor(`nothing running on ${t.name}`, async () => (await metrics(t)).running === 0);
-  if (isServerAbortCertain) expect((await metrics(t)).finished).toBe(before.finished);
+  expect((await metrics(t)).finished).toBe(before.finished);
   return r;
 }
 
@@ -316,17 +315,26 @@ describe("the real vLLM server, and the fake held to it", () => {
       expect({ status: r.status, finish: choice?.finish_reason, n: choice?.token_ids.length }, t.name).toEqual({ status: 200, finish: "length", n: 4 });
     }
 
-    // Through rlq: the sample's request fails once with vLLM's reason; the engine stays healthy.
+    // Through rlq: a 400 fails the sample's request once with vLLM's reason (an engine used without
+    // admission, which has not read max_model_len); the engine stays healthy.
     for (const t of targets) {
+      await expect(engine(t).generate(request(`long0-${t.name}`, { inputIds: longPrompt(MAX_MODEL_LEN + 5), stopTokenIds: [] })), t.name).rejects.toMatchObject(
+        {
+          code: "engine_request_rejected",
+          isRetriable: false,
+          message: expect.stringMatching(
+            new RegExp(
+              `HTTP 400: This model's maximum context length is ${MAX_MODEL_LEN} tokens\\. However, your prompt contains ${MAX_MODEL_LEN + 5} input tokens`,
+            ),
+          ),
+        },
+      );
+      // Admitted (max_model_len read): refused before it is sent, naming the numbers.
       const p = await poolOf(t);
       await expect(p.generate(request(`long-${t.name}`, { inputIds: longPrompt(MAX_MODEL_LEN + 5), stopTokenIds: [] })), t.name).rejects.toMatchObject({
         code: "engine_request_rejected",
         isRetriable: false,
-        message: expect.stringMatching(
-          new RegExp(
-            `HTTP 400: This model's maximum context length is ${MAX_MODEL_LEN} tokens\\. However, your prompt contains ${MAX_MODEL_LEN + 5} input tokens`,
-          ),
-        ),
+        message: expect.stringMatching(new RegExp(`the input is ${MAX_MODEL_LEN + 5} tokens .*max_model_len ${MAX_MODEL_LEN}`)),
       });
       const [snap] = p.snapshot().engines;
       expect(snap, t.name).toMatchObject({ state: "healthy", errors: 0, deaths: 0, requestErrors: 1 });
@@ -346,11 +354,10 @@ describe("the real vLLM server, and the fake held to it", () => {
     }
   });
 
-  // A disconnect is an abort only once vLLM notices it: quiet, the request is aborted within a few
-  // tokens; on a loaded 2-core machine the real server was seen running it to max_tokens (counted as
-  // finished by length) before it noticed. So this checks what holds either way; the abort by id
-  // below (dev mode) is the one that ends a request on the server for certain.
-  it("a client that disconnects mid-stream: rlq keeps the streamed tokens, and the server stops running the request", async () => {
+  // The pool's abort: by id through the dev routes on the real server (startVllm runs dev mode), by
+  // closing the connection on the fake (the default server, which has no such route). Either way
+  // the request ends on the server without finishing by itself.
+  it("the pool aborts mid-stream: rlq keeps the streamed tokens, and the server stops running the request", async () => {
     for (const t of targets) {
       // The pool's engine, tapped so the test sees the request's partial output as it streams.
       let streaming: PartialOutput | null = null;
@@ -375,7 +382,6 @@ describe("the real vLLM server, and the fake held to it", () => {
             return { result, tokens: () => streaming?.tokenIds.length ?? 0 };
           },
           (id) => p.abort([id]),
-          t.name === "fake",
         );
       }
       expect(r, `${t.name}: every try finished before the cut`).not.toBeNull();
@@ -384,11 +390,14 @@ describe("the real vLLM server, and the fake held to it", () => {
     }
   });
 
-  it("dev mode (VLLM_SERVER_DEV_MODE=1): POST /abort_requests ends a stream by id with finish_reason abort", async () => {
+  it("dev mode (VLLM_SERVER_DEV_MODE=1): rlq's abort ends the request on the server by the id rlq set (POST /abort_requests)", async () => {
     // entrypoints/rl/online/api_router.py abort_requests, registered only in dev mode and outside
-    // /v1, so --api-key does not guard it. The id is the engine's: "cmpl-<request_id>-<index>".
+    // /v1, so --api-key does not guard it; the adapter finds it at admission (GET /is_paused). The
+    // engine is called directly, its connection held open: only the abort by id can end the request.
     const t = targets.find((x) => x.name === "vllm") as Target;
     const e = engine(t);
+    await e.checkServer();
+    expect(e.canAbortById).toBe(true);
     let r: GenerateResult | null = null;
     for (let seed = 1; r === null && seed <= 6; seed++) {
       r = await cutMidStream(
@@ -401,14 +410,79 @@ describe("the real vLLM server, and the fake held to it", () => {
           });
           return { result, tokens: () => partial.tokenIds.length };
         },
-        async (id) => {
-          const res = await raw(t, "/abort_requests", { request_ids: [`cmpl-${id}-0`] }, {});
-          expect(res).toMatchObject({ status: 200, json: { status: "aborted", aborted: 1 } });
-        },
+        (id) => e.abort([id]),
       );
     }
     expect(r?.tokenIds.length).toBeGreaterThan(0);
-    // The default server (the fake stands for it) has no such route.
-    expect((await raw(targets[1] as Target, "/abort_requests", { request_ids: ["x"] }, {})).status).toBe(404);
+    // The default server (the fake stands for it) has neither route: the pool closes the connection instead.
+    const fake = targets[1] as Target;
+    expect((await raw(fake, "/abort_requests", { request_ids: ["x"] }, {})).status).toBe(404);
+    const onFake = engine(fake);
+    await onFake.checkServer();
+    expect(onFake.canAbortById).toBe(false);
+  });
+
+  it("max_model_len is read at admission: max_tokens over what is left is clamped (vLLM refuses it past max_model_len), and an input that leaves no room fails its sample naming both numbers", async () => {
+    for (const t of targets) {
+      const p = await poolOf(t);
+      // vLLM alone: max_tokens over max_model_len is a 400 even where the prompt leaves room.
+      const refused = await raw(t, "/v1/completions", rlqBody(longPrompt(MAX_MODEL_LEN - 4), { max_tokens: MAX_MODEL_LEN + 1, ignore_eos: true }));
+      expect(refused.status, t.name).toBe(400);
+      // Through rlq: the budget is clamped to the 4 positions left; the sample is truncated, not failed.
+      const clamped = await p.generate(
+        request(`clamp-${t.name}`, { inputIds: longPrompt(MAX_MODEL_LEN - 4), stopTokenIds: [], maxNewTokens: MAX_MODEL_LEN + 1, ignoreEos: true }),
+      );
+      expect({ finish: clamped.finishReason, n: clamped.tokenIds.length }, t.name).toEqual({ finish: "length", n: 4 });
+      await expect(p.generate(request(`full-${t.name}`, { inputIds: longPrompt(MAX_MODEL_LEN), stopTokenIds: [] })), t.name).rejects.toMatchObject({
+        code: "engine_request_rejected",
+        isRetriable: false,
+        message: expect.stringMatching(new RegExp(`the input is ${MAX_MODEL_LEN} tokens .* max_model_len ${MAX_MODEL_LEN}, which leaves no room`)),
+      });
+      expect(p.snapshot().engines[0], t.name).toMatchObject({ state: "healthy", errors: 0, deaths: 0, requestErrors: 1 });
+    }
+  });
+
+  it("finish_reason repetition (repetition_detection): a complete sample, stop with its reason, never retried or counted against the engine", async () => {
+    const detection = { max_pattern_size: 3, min_count: 2 };
+    for (const t of targets) {
+      const e = createOpenAiCompatEngine({ url: t.url, model: MODEL, requestTimeoutMs: 60_000, apiKey: KEY, repetitionDetection: detection });
+      const p = h.pool([e], { healthTimeoutMs: 10_000 });
+      await p.awaitReady(60_000);
+      let r: GenerateResult | null = null;
+      let seed = 0;
+      while (r?.stopReason === undefined && seed < 8) {
+        seed++;
+        r = await p.generate(request(`rep-${t.name}-${seed}`, { inputIds: t.prompt, stopTokenIds: [], maxNewTokens: 400, seed, ignoreEos: true }));
+      }
+      expect(r, `${t.name}: no seed repeated itself within 400 tokens`).toMatchObject({ finishReason: "stop", stopReason: "repetition" });
+      const got = r as GenerateResult;
+      checkTokens(got);
+      expect(got.tokenIds.length, t.name).toBeLessThan(400);
+      // The same request raw: vLLM's own reason (v1/core/sched/utils.py check_stop).
+      const same = await raw(t, "/v1/completions", rlqBody(t.prompt, { max_tokens: 400, seed, ignore_eos: true, repetition_detection: detection }));
+      expect((same.json?.choices as Array<Record<string, unknown>>)[0], t.name).toMatchObject({
+        finish_reason: "repetition",
+        stop_reason: "repetition_detected",
+        token_ids: got.tokenIds,
+      });
+      expect(p.snapshot().engines[0], t.name).toMatchObject({ state: "healthy", errors: 0, requestErrors: 0 });
+    }
+  });
+
+  it("--api-key guards /v1 only: rlq loads weights through the dev routes of a keyed server, and reads the version back", async () => {
+    const t = targets.find((x) => x.name === "vllm") as Target;
+    // serve/middleware/authenticate.py GUARDED_PREFIX (/v1, /v2, /inference, /cohere): the dev
+    // routes answer without a key, /v1 does not.
+    expect((await raw(t, "/weight_info", undefined, {})).status).toBe(200);
+    expect((await raw(t, "/is_paused", undefined, {})).json).toEqual({ is_paused: false });
+    expect((await raw(t, "/v1/models", undefined, {})).status).toBe(401);
+    const model = await fixtureModel(python);
+    const e = createOpenAiCompatEngine({ url: t.url, model: MODEL, requestTimeoutMs: 60_000, apiKey: KEY, loadsWeights: true });
+    await e.checkServer();
+    await e.loadWeights(7, `file://${model}`);
+    expect(await e.weightVersion()).toBe(7);
+    expect((await raw(t, "/weight_info", undefined, {})).json).toEqual({ weight_version: "7" });
+    const after = await e.generate(request("after-load", { inputIds: t.prompt, stopTokenIds: [], seed: 3 }));
+    expect(after.weightVersion).toBe(7);
   });
 });

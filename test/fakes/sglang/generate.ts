@@ -200,6 +200,17 @@ export function metaInfo(rid: string, promptTokens: number, g: Generated, finish
     // tokenizer_manager.py _handle_abort_req: the scheduler dropped it from the waiting queue.
     return { id: rid, finish_reason: { type: "abort", message: "Abort before prefill" }, prompt_tokens: 0, completion_tokens: 0 };
   }
+  // The Rust frontend's frame (generate.proto GenerateMetaInfo at 09d9c399) has no weight_version,
+  // weight_versions or cached_tokens.
+  if (opts.isRustFrontend)
+    return {
+      id: rid,
+      output_token_logprobs: from === 0 ? g.out : g.out.slice(from),
+      ...(g.top.length > 0 ? { output_top_logprobs: from === 0 ? g.top : g.top.slice(from) } : {}),
+      finish_reason: finishReason(finish),
+      prompt_tokens: promptTokens,
+      completion_tokens: g.out.length,
+    };
   const spans = opts.hasSpans ? spansOf(g.versions) : null;
   return {
     id: rid,

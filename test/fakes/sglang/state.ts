@@ -27,6 +27,11 @@ export const opts = {
   tpSize: 1,
   disconnectAbortDelayMs: 2000,
   isInstant: false,
+  /** --frontend rust: the embedded Rust server's routes and frames (fake-sglang.ts documents them). */
+  isRustFrontend: false,
+  /** --dp-size / --enable-dp-attention: the push routes assert dp_size == 1 or DP attention. */
+  dpSize: 1,
+  isDpAttention: false,
 };
 
 export type FaultMode = "none" | "5xx" | "hang" | "abort_mid" | "error_abort" | "error_event" | "reset" | "die" | "stale_version";
@@ -74,6 +79,8 @@ export const stats = {
   adminRefused: 0,
   /** Calls to /get_model_info and /get_server_info, which the newest server logs as "will be removed". */
   deprecatedCalls: 0,
+  /** Push calls refused by the dp_size assertion (--dp-size > 1 without DP attention). */
+  dpAssertions: 0,
   bytesSent: 0,
   /** Tokens decoded so far, all requests: tests wait on it instead of sleeping. */
   tokensGenerated: 0,
