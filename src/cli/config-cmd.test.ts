@@ -1,4 +1,4 @@
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parse as parseYaml } from "yaml";
@@ -158,6 +158,29 @@ describe("rlq config import-slime on slime's launch scripts (fixtures in slime 6
     expect(r.stderr).toMatch(/--wandb-project x {2}-> {2}wandb_project: x/);
     expect(r.stderr).toMatch(/left as written \(1\): expand these before rlq run start\n {2}prompt_data: \$\{DATA_DIR\}\/train.jsonl/);
     expect(r.stderr).toMatch(/lr_decay_style: linear {2}\(Megatron's default \(rlq's is constant\)\)/);
+  });
+
+  it("--custom-config-path next to the script is read, and its settings land in the YAML as if given as flags", async () => {
+    const dir = join(tmp, "with-custom");
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, "custom.yaml"), "eps_clip_high: 0.28\nuse_kl_loss: true\nkl_loss_coef: 0.01\nrollout_temperature: 0.7\n");
+    const script = join(dir, "run.sh");
+    writeFileSync(
+      script,
+      [
+        "ARGS=(",
+        "  --prompt-data /d.jsonl --rollout-batch-size 4 --num-rollout 2 --rollout-max-response-len 64",
+        "  --rm-type math --hf-checkpoint /m --rollout-temperature 1.0",
+        "  --custom-config-path custom.yaml",
+        ")",
+        "python3 train.py ${ARGS[@]}",
+      ].join("\n"),
+    );
+    const r = await rlqConfig(["import-slime", script]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(parseYaml(r.stdout)).toMatchObject({ eps_clip_high: 0.28, use_kl_loss: true, kl_loss_coef: 0.01, rollout_temperature: 0.7 });
+    expect(r.stderr).toMatch(/^read --custom-config-path custom.yaml: 4 setting\(s\)/m);
+    expect(r.stderr).toMatch(/^validation: ok$/m);
   });
 
   it("a script whose result does not validate exits 2 and says why", async () => {
