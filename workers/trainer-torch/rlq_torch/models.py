@@ -10,13 +10,13 @@
 Both give ``named_params()`` (checkpoint name, fp32 master parameter) in a fixed order,
 ``hidden_states(ids)`` ([B, T, d] after the final norm) and ``logits(hidden)``.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import shutil
 from collections import OrderedDict
-from typing import Dict, List, Optional, Tuple
 from urllib.parse import unquote, urlparse
 
 import torch
@@ -31,7 +31,16 @@ HF_INDEX_FILE = "model.safetensors.index.json"
 HF_FORMAT = "rlq-hf-v1"
 OPTIMIZER_FORMAT = "rlq-adamw-v1"
 # Files of a HF model directory that are weights (never copied into an output directory).
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
+_WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".h5",
+    ".msgpack",
+    ".gguf",
+)
 SAVE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _SKIP_FILES = {HF_INDEX_FILE, "pytorch_model.bin.index.json", "train-result.json"}
 
@@ -50,22 +59,31 @@ def path_from_uri(uri: str) -> str:
 def hf_available() -> bool:
     try:
         import transformers  # noqa: F401
+
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure to import means: not available here
         return False
 
 
 class EmbeddedPolicy:
     kind = "embedded"
 
-    def __init__(self, config: Dict, weights: Dict[str, torch.Tensor], device: torch.device, config_text: Optional[str] = None):
+    def __init__(
+        self,
+        config: dict,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        config_text: str | None = None,
+    ):
         self.config = gpt.parse_model_config(config)
         self.config_text = config_text or gpt.config_json(self.config)
         self.module = gpt.RlqGpt(self.config, weights).to(device)
         self.device = device
-        self.checkpointing = False  # gradient checkpointing (recompute each block in the backward)
+        self.checkpointing = (
+            False  # gradient checkpointing (recompute each block in the backward)
+        )
 
-    def packing_unsupported(self) -> Optional[str]:
+    def packing_unsupported(self) -> str | None:
         """Packed rows: causal_attention masks by segment and positions restart per sequence (gpt.py)."""
         return None
 
@@ -80,32 +98,67 @@ class EmbeddedPolicy:
     def max_positions(self) -> int:
         return self.config["context_length"]
 
-    def named_params(self) -> List[Tuple[str, nn.Parameter]]:
+    def named_params(self) -> list[tuple[str, nn.Parameter]]:
         return self.module.canonical
 
-    def hidden_states(self, ids: torch.Tensor, positions: Optional[torch.Tensor] = None, segments: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self.module.hidden_states(ids, positions, segments, checkpointing=self.checkpointing)
+    def hidden_states(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.module.hidden_states(
+            ids, positions, segments, checkpointing=self.checkpointing
+        )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.module.logits(hidden)
 
-    def describe(self) -> Dict:
+    def describe(self) -> dict:
         return {"kind": "embedded", "config": self.config}
 
-    def save(self, out_dir: str, version: int, run_id: str, step: int, dtype: Optional[str] = None) -> Dict[str, torch.Tensor]:
-        """weights.safetensors in rlq's layout (always F32: ``dtype`` is for HF output); returns the fp32 masters the optimizer file must hold (none: they are the weights)."""
-        meta = {"format": gpt.MODEL_FORMAT, "version": str(version), "run": run_id, "step": str(step), "config": self.config_text}
-        write_safetensors(os.path.join(out_dir, WEIGHTS_FILE), [(n, p.detach()) for n, p in self.named_params()], meta)
+    def save(
+        self,
+        out_dir: str,
+        version: int,
+        run_id: str,
+        step: int,
+        dtype: str | None = None,
+        extra_meta: dict[str, str] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """weights.safetensors in rlq's layout (always F32: ``dtype`` is for HF output); returns the fp32 masters the optimizer file must hold (none: they are the weights).
+
+        ``extra_meta``: more metadata (trainer_checkpoint.py's marker); without it the file is byte-identical to rlq's writer's."""
+        meta = {
+            "format": gpt.MODEL_FORMAT,
+            "version": str(version),
+            "run": run_id,
+            "step": str(step),
+            "config": self.config_text,
+            **(extra_meta or {}),
+        }
+        write_safetensors(
+            os.path.join(out_dir, WEIGHTS_FILE),
+            [(n, p.detach()) for n, p in self.named_params()],
+            meta,
+        )
         return {}
 
-    def load_masters(self, masters: Dict[str, torch.Tensor]) -> None:
+    def load_masters(self, masters: dict[str, torch.Tensor]) -> None:
         pass
 
 
 # Attention implementations for which transformers (masking_utils, modeling_flash_attention_utils) finds the sequences
 # of a packed row from position_ids restarting at 0, when no attention_mask and no cache are passed: a
 # block-diagonal causal mask for sdpa / eager / flex, varlen kernels for flash attention.
-PACKING_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "flash_attention_4")
+PACKING_ATTENTION = (
+    "sdpa",
+    "eager",
+    "flex_attention",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flash_attention_4",
+)
 # The probe's two sequences (token ids, reduced modulo the vocabulary), packed as one row against the second alone.
 _PROBE = ([3, 1, 4, 1, 5, 9, 2], [6, 5, 3, 5])
 # A packed row's hidden states may differ from the sequence alone by float rounding only (fp32, no autocast);
@@ -118,7 +171,13 @@ class HFPolicy:
 
     kind = "hf"
 
-    def __init__(self, model: nn.Module, device: torch.device, save_dtype: torch.dtype, source_dir: Optional[str]):
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        save_dtype: torch.dtype,
+        source_dir: str | None,
+    ):
         self.module = model.to(device)
         self.module.train()
         self.device = device
@@ -134,14 +193,16 @@ class HFPolicy:
 
     @property
     def max_positions(self) -> int:
-        return int(getattr(self.module.config, "max_position_embeddings", 1 << 30) or (1 << 30))
+        return int(
+            getattr(self.module.config, "max_position_embeddings", 1 << 30) or (1 << 30)
+        )
 
     @property
-    def _params(self) -> List[Tuple[str, nn.Parameter]]:
+    def _params(self) -> list[tuple[str, nn.Parameter]]:
         """Read from the module on every call (FSDP2 swaps its parameters between shards and whole ones; fsdp.py)."""
         return list(self.module.named_parameters())
 
-    def named_params(self) -> List[Tuple[str, nn.Parameter]]:
+    def named_params(self) -> list[tuple[str, nn.Parameter]]:
         return self._params
 
     def set_gradient_checkpointing(self, on: bool) -> None:
@@ -150,7 +211,12 @@ class HFPolicy:
         elif getattr(self.module, "is_gradient_checkpointing", False):
             self.module.gradient_checkpointing_disable()
 
-    def hidden_states(self, ids: torch.Tensor, positions: Optional[torch.Tensor] = None, segments: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def hidden_states(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """[B, T, d] after the final norm. A packed row ([1, T]) passes ``positions`` (restarting at 0 for each
         sequence) as position_ids and no attention_mask: transformers then masks attention to stay within each
         sequence (PACKING_ATTENTION); ``segments`` are implied by the positions."""
@@ -161,7 +227,7 @@ class HFPolicy:
             out = base(input_ids=ids, position_ids=positions, use_cache=False)
         return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
-    def packing_unsupported(self) -> Optional[str]:
+    def packing_unsupported(self) -> str | None:
         """None when packed rows give each sequence exactly what it gives alone, else why not (checked once per model).
 
         The attention implementation must be one transformers packs (PACKING_ATTENTION), and a probe must
@@ -173,7 +239,7 @@ class HFPolicy:
             self._packing_unsupported = (self._probe_packing(),)
         return self._packing_unsupported[0]
 
-    def _probe_packing(self) -> Optional[str]:
+    def _probe_packing(self) -> str | None:
         cfg = self.module.config
         impl = getattr(cfg, "_attn_implementation", None)
         what = f"{cfg.model_type} with attention implementation {impl!r}"
@@ -186,17 +252,28 @@ class HFPolicy:
         try:
             with torch.no_grad():
                 ids = torch.tensor([a + b], dtype=torch.long, device=dev)
-                pos = torch.tensor([list(range(len(a))) + list(range(len(b)))], dtype=torch.long, device=dev)
-                packed = self.hidden_states(ids, pos)[0, len(a):].float()
-                alone = self.hidden_states(torch.tensor([b], dtype=torch.long, device=dev))[0].float()
-        except (TypeError, ValueError) as e:  # e.g. a model whose forward takes no position_ids
+                pos = torch.tensor(
+                    [list(range(len(a))) + list(range(len(b)))],
+                    dtype=torch.long,
+                    device=dev,
+                )
+                packed = self.hidden_states(ids, pos)[0, len(a) :].float()
+                alone = self.hidden_states(
+                    torch.tensor([b], dtype=torch.long, device=dev)
+                )[0].float()
+        except (
+            TypeError,
+            ValueError,
+        ) as e:  # e.g. a model whose forward takes no position_ids
             return f"{what}: a packed forward fails ({type(e).__name__}: {e})"
         finally:
             self.module.train(was_training)
         diff = float((packed - alone).abs().max() / alone.abs().max().clamp_min(1e-30))
         if not diff <= PACKING_PROBE_TOLERANCE:
-            return (f"{what}: a sequence packed after another does not give what it gives alone (max relative difference {diff:.3g}), "
-                    "so its attention mask or state crosses sequences")
+            return (
+                f"{what}: a sequence packed after another does not give what it gives alone (max relative difference {diff:.3g}), "
+                "so its attention mask or state crosses sequences"
+            )
         return None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -207,11 +284,23 @@ class HFPolicy:
             z = torch.tanh(z / self._softcap) * self._softcap
         return z
 
-    def describe(self) -> Dict:
-        return {"kind": "hf", "model_type": self.module.config.model_type, "source": self.source_dir}
+    def describe(self) -> dict:
+        return {
+            "kind": "hf",
+            "model_type": self.module.config.model_type,
+            "source": self.source_dir,
+        }
 
-    def save(self, out_dir: str, version: int, run_id: str, step: int, dtype: Optional[str] = None) -> Dict[str, torch.Tensor]:
-        """A HF model directory SGLang's update_weights_from_disk loads:
+    def save(
+        self,
+        out_dir: str,
+        version: int,
+        run_id: str,
+        step: int,
+        dtype: str | None = None,
+        extra_meta: dict[str, str] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """A HF model directory SGLang's update_weights_from_disk loads (``extra_meta``: more weights-file metadata):
 
         - ``weights.safetensors``: every parameter under its HF name, in the model's dtype
           (config.json's ``dtype`` / ``torch_dtype``), metadata ``format: pt`` plus rlq's version/run/step;
@@ -226,18 +315,38 @@ class HFPolicy:
         if dtype is not None:
             self.save_dtype = SAVE_DTYPES[dtype]
         tensors = [(n, p.detach().to(self.save_dtype)) for n, p in self._params]
-        meta = {"format": "pt", "rlq_format": HF_FORMAT, "version": str(version), "run": run_id, "step": str(step)}
+        meta = {
+            "format": "pt",
+            "rlq_format": HF_FORMAT,
+            "version": str(version),
+            "run": run_id,
+            "step": str(step),
+            **(extra_meta or {}),
+        }
         write_safetensors(os.path.join(out_dir, WEIGHTS_FILE), tensors, meta)
         total = sum(t.numel() * t.element_size() for _, t in tensors)
-        index = {"metadata": {"total_size": total}, "weight_map": OrderedDict((n, WEIGHTS_FILE) for n, _ in tensors)}
-        _write_text(os.path.join(out_dir, HF_INDEX_FILE), json.dumps(index, indent=2) + "\n")
+        index = {
+            "metadata": {"total_size": total},
+            "weight_map": OrderedDict((n, WEIGHTS_FILE) for n, _ in tensors),
+        }
+        _write_text(
+            os.path.join(out_dir, HF_INDEX_FILE), json.dumps(index, indent=2) + "\n"
+        )
         copied = set()
         if self.source_dir and os.path.isdir(self.source_dir):
             for name in sorted(os.listdir(self.source_dir)):
                 src = os.path.join(self.source_dir, name)
-                if not os.path.isfile(src) or name in _SKIP_FILES or name.endswith(_WEIGHT_SUFFIXES) or ".tmp-" in name:
+                if (
+                    not os.path.isfile(src)
+                    or name in _SKIP_FILES
+                    or name.endswith(_WEIGHT_SUFFIXES)
+                    or ".tmp-" in name
+                ):
                     continue
-                if name.startswith(("optimizer.", "optimizer-")) or os.path.getsize(src) > 64 << 20:
+                if (
+                    name.startswith(("optimizer.", "optimizer-"))
+                    or os.path.getsize(src) > 64 << 20
+                ):
                     continue
                 _copy_atomic(src, os.path.join(out_dir, name))
                 copied.add(name)
@@ -249,21 +358,30 @@ class HFPolicy:
                 cfg = json.loads(self.module.config.to_json_string())
             if dtype is not None:
                 # Both names: transformers 5 reads `dtype` first (and writes only it), readers on transformers 4 read `torch_dtype`.
-                name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[self.save_dtype]
+                name = {
+                    torch.bfloat16: "bfloat16",
+                    torch.float16: "float16",
+                    torch.float32: "float32",
+                }[self.save_dtype]
                 cfg["dtype"] = cfg["torch_dtype"] = name
-            _write_text(os.path.join(out_dir, "config.json"), json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+            _write_text(
+                os.path.join(out_dir, "config.json"),
+                json.dumps(cfg, indent=2, sort_keys=True) + "\n",
+            )
         if self.save_dtype == torch.float32:
             return {}
         return OrderedDict((n, p.detach()) for n, p in self._params)
 
-    def load_masters(self, masters: Dict[str, torch.Tensor]) -> None:
+    def load_masters(self, masters: dict[str, torch.Tensor]) -> None:
         from .fsdp import local
 
         with torch.no_grad():
             for n, p in self._params:
                 m = masters.get(n)
                 if m is not None:
-                    p = local(p)  # FSDP: this rank's shard, as the masters file holds it
+                    p = local(
+                        p
+                    )  # FSDP: this rank's shard, as the masters file holds it
                     p.copy_(m.to(p.device, torch.float32))
 
 
@@ -281,7 +399,9 @@ def _copy_atomic(src: str, dst: str) -> None:
 
 
 def _dtype_from_config(cfg) -> torch.dtype:
-    d = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)  # transformers 5 names it dtype (torch_dtype warns), 4 torch_dtype
+    d = getattr(cfg, "dtype", None) or getattr(
+        cfg, "torch_dtype", None
+    )  # transformers 5 names it dtype (torch_dtype warns), 4 torch_dtype
     if isinstance(d, str):
         d = getattr(torch, d, None)
     return d if isinstance(d, torch.dtype) and d.is_floating_point else torch.float32
@@ -289,26 +409,43 @@ def _dtype_from_config(cfg) -> torch.dtype:
 
 def load_hf_dir(path: str, device: torch.device) -> HFPolicy:
     if not hf_available():
-        raise CheckpointError(f"{path} is a Hugging Face model directory but transformers is not importable here")
+        raise CheckpointError(
+            f"{path} is a Hugging Face model directory but transformers is not importable here"
+        )
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.from_pretrained(path, local_files_only=True)
     save_dtype = _dtype_from_config(cfg)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, local_files_only=True
+    )
     return HFPolicy(model, device, save_dtype, path)
 
 
-def hf_from_config(config: Dict, device: torch.device, seed: int) -> HFPolicy:
-    """A randomly initialised HF model from a config dict (benchmarks and tests)."""
+def hf_from_config(
+    config: dict,
+    device: torch.device,
+    seed: int,
+    attn_implementation: str | None = None,
+) -> HFPolicy:
+    """A randomly initialised HF model from a config dict (benchmarks and tests), saved in the config's dtype.
+
+    The dtype is read before the model is built: from_config(dtype=float32) sets the config's dtype to float32."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.for_model(**config)
+    save_dtype = _dtype_from_config(cfg)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    return HFPolicy(model, device, _dtype_from_config(cfg), None)
+    kw = (
+        {}
+        if attn_implementation is None
+        else {"attn_implementation": attn_implementation}
+    )
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, **kw)
+    return HFPolicy(model, device, save_dtype, None)
 
 
-def checkpoint_kind(uri_or_path: str) -> Tuple[str, str]:
+def checkpoint_kind(uri_or_path: str) -> tuple[str, str]:
     """(kind, directory): kind ∈ embedded | hf; raises CheckpointError when nothing loadable is there."""
     path = path_from_uri(uri_or_path)
     if os.path.isfile(path):
@@ -319,26 +456,36 @@ def checkpoint_kind(uri_or_path: str) -> Tuple[str, str]:
     if os.path.isfile(weights):
         try:
             meta = read_metadata(weights)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise CheckpointError(f"checkpoint {weights}: unreadable ({e})") from e
         if meta.get("format") == gpt.MODEL_FORMAT:
             return "embedded", path
-        if meta.get("rlq_format") == HF_FORMAT or os.path.isfile(os.path.join(path, "config.json")):
+        if meta.get("rlq_format") == HF_FORMAT or os.path.isfile(
+            os.path.join(path, "config.json")
+        ):
             return "hf", path
-        raise CheckpointError(f"checkpoint {weights}: metadata.format is {meta.get('format')!r}, expected {gpt.MODEL_FORMAT}")
+        raise CheckpointError(
+            f"checkpoint {weights}: metadata.format is {meta.get('format')!r}, expected {gpt.MODEL_FORMAT}"
+        )
     if os.path.isfile(os.path.join(path, "config.json")):
         return "hf", path
-    raise CheckpointError(f"checkpoint {uri_or_path}: neither {WEIGHTS_FILE} nor a Hugging Face config.json")
+    raise CheckpointError(
+        f"checkpoint {uri_or_path}: neither {WEIGHTS_FILE} nor a Hugging Face config.json"
+    )
 
 
-def checkpoint_version(kind: str, path: str) -> Optional[int]:
+def checkpoint_version(kind: str, path: str) -> int | None:
     """The weight version recorded in the checkpoint's metadata (None: not recorded, e.g. a HF base model)."""
     weights = os.path.join(path, WEIGHTS_FILE)
     if not os.path.isfile(weights):
         return None
     meta = read_metadata(weights)
     v = meta.get("version")
-    return int(v) if v is not None and v.lstrip("-").isdigit() else (0 if kind == "embedded" else None)
+    return (
+        int(v)
+        if v is not None and v.lstrip("-").isdigit()
+        else (0 if kind == "embedded" else None)
+    )
 
 
 def load_policy(uri_or_path: str, device: torch.device):
@@ -349,64 +496,100 @@ def load_policy(uri_or_path: str, device: torch.device):
             meta, tensors = read_safetensors(os.path.join(path, WEIGHTS_FILE))
             if "config" not in meta:
                 raise CheckpointError(f"{path}: metadata.config is missing")
-            return EmbeddedPolicy(json.loads(meta["config"]), tensors, device, meta["config"])
+            return EmbeddedPolicy(
+                json.loads(meta["config"]), tensors, device, meta["config"]
+            )
         return load_hf_dir(path, device)
     except CheckpointError:
         raise
-    except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"checkpoint {uri_or_path}: {type(e).__name__}: {e}") from e
+    except Exception as e:
+        raise CheckpointError(
+            f"checkpoint {uri_or_path}: {type(e).__name__}: {e}"
+        ) from e
 
 
 def shard_file(rank: int, world: int) -> str:
     return f"optimizer-{rank + 1:05d}-of-{world:05d}.safetensors"
 
 
-def optimizer_files(path: str) -> List[str]:
+def optimizer_files(path: str) -> list[str]:
     """optimizer.safetensors, or the complete set of shards optimizer-KKKKK-of-NNNNN.safetensors written by N ranks."""
     one = os.path.join(path, OPTIMIZER_FILE)
     if os.path.isfile(one):
         return [one]
-    shards = sorted(n for n in os.listdir(path) if n.startswith("optimizer-") and n.endswith(".safetensors") and "-of-" in n)
+    shards = sorted(
+        n
+        for n in os.listdir(path)
+        if n.startswith("optimizer-") and n.endswith(".safetensors") and "-of-" in n
+    )
     if not shards:
         return []
     try:
         world = int(shards[0].split("-of-")[1].split(".")[0])
     except ValueError as e:
-        raise CheckpointError(f"{path}: unreadable optimizer shard name {shards[0]}") from e
+        raise CheckpointError(
+            f"{path}: unreadable optimizer shard name {shards[0]}"
+        ) from e
     want = [shard_file(r, world) for r in range(world)]
     if shards != want:
-        raise CheckpointError(f"{path}: optimizer shards {shards} are not the complete set of {world} ({want})")
+        raise CheckpointError(
+            f"{path}: optimizer shards {shards} are not the complete set of {world} ({want})"
+        )
     return [os.path.join(path, n) for n in want]
 
 
-def read_optimizer(path: str, names: List[str], shard: Optional[Tuple[int, int]] = None, sharding: str = "zero1"):
+def read_optimizer(
+    path: str,
+    names: list[str],
+    shard: tuple[int, int] | None = None,
+    sharding: str = "zero1",
+):
     """(iteration, {name: (exp_avg, exp_avg_sq)}, masters) from the optimizer state beside the weights, or None (warm start).
 
     Sharded state (written by N ranks) is read shard by shard; ``shard=(rank, world)`` with the same
     world size reads only this rank's own shard (the partition is a function of the model and N).
     ``sharding="fsdp"``: each shard holds this rank's flat pieces of every parameter (fsdp.py), only
-    readable by a group of the same size and mode."""
+    readable by a group of the same size and mode. A directory whose weights say their optimizer state is a
+    torch.distributed.checkpoint (trainer_checkpoint.py) is read from that, one rank only."""
+    from . import trainer_checkpoint
+
+    weights = os.path.join(path, WEIGHTS_FILE)
+    if trainer_checkpoint.has_dcp(
+        path, read_metadata(weights) if os.path.isfile(weights) else {}
+    ):
+        if shard is not None and shard[1] > 1:
+            raise CheckpointError(
+                f"{path}: its optimizer state is a one-rank {trainer_checkpoint.DCP_DIR} checkpoint; "
+                f"a group of {shard[1]} ranks resumes from optimizer.safetensors or its shards only"
+            )
+        return trainer_checkpoint.read(path, names)
     files = optimizer_files(path)
     if not files:
         return None
     if sharding in ("fsdp", "fsdp2") and (shard is None or len(files) != shard[1]):
-        raise CheckpointError(f"{path}: {len(files)} optimizer file(s); a --sharding {sharding} group of {shard[1] if shard else 1} ranks resumes "
-                              "only from the shards of a group of its own size")
+        raise CheckpointError(
+            f"{path}: {len(files)} optimizer file(s); a --sharding {sharding} group of {shard[1] if shard else 1} ranks resumes "
+            "only from the shards of a group of its own size"
+        )
     if shard is not None and len(files) == shard[1] > 1:
         files = [files[shard[0]]]
-    tensors: Dict[str, torch.Tensor] = {}
-    meta: Dict[str, str] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    meta: dict[str, str] = {}
     for f in files:
         try:
             m, ts = read_safetensors(f)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise CheckpointError(f"{f}: unreadable ({e})") from e
         if m.get("format") != OPTIMIZER_FORMAT:
             raise CheckpointError(f"{f}: metadata.format is not {OPTIMIZER_FORMAT}")
         if m.get("sharding", "zero1") != sharding:
-            raise CheckpointError(f"{f}: optimizer state written by a --sharding {m.get('sharding', 'zero1')} trainer; this one shards {sharding}")
+            raise CheckpointError(
+                f"{f}: optimizer state written by a --sharding {m.get('sharding', 'zero1')} trainer; this one shards {sharding}"
+            )
         if meta and m.get("iteration") != meta.get("iteration"):
-            raise CheckpointError(f"{f}: iteration {m.get('iteration')} differs from the other shards' {meta.get('iteration')}")
+            raise CheckpointError(
+                f"{f}: iteration {m.get('iteration')} differs from the other shards' {meta.get('iteration')}"
+            )
         meta = m
         tensors.update(ts)
     f = files[0]
@@ -416,13 +599,24 @@ def read_optimizer(path: str, names: List[str], shard: Optional[Tuple[int, int]]
         if m is None or v is None:
             raise CheckpointError(f"{f}: moments for {n} missing")
         moments[n] = (m, v)
-    masters = {n[len("master."):]: t for n, t in tensors.items() if n.startswith("master.")}
+    masters = {
+        n[len("master.") :]: t for n, t in tensors.items() if n.startswith("master.")
+    }
     return int(meta.get("iteration", "0")), moments, masters
 
 
-def write_optimizer(out_dir: str, params: List[Tuple[str, nn.Parameter]], moments: Dict[str, Tuple[torch.Tensor, torch.Tensor]], iteration: int,
-                    version: int, run_id: str, step: int, masters: Dict[str, torch.Tensor], shard: Optional[Tuple[int, int]] = None,
-                    sharding: Optional[str] = None) -> None:
+def write_optimizer(
+    out_dir: str,
+    params: list[tuple[str, nn.Parameter]],
+    moments: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    iteration: int,
+    version: int,
+    run_id: str,
+    step: int,
+    masters: dict[str, torch.Tensor],
+    shard: tuple[int, int] | None = None,
+    sharding: str | None = None,
+) -> None:
     """optimizer.safetensors; with ``shard=(rank, world)`` this rank's part, optimizer-KKKKK-of-NNNNN.safetensors."""
     tensors = []
     for n, _ in params:
@@ -431,9 +625,21 @@ def write_optimizer(out_dir: str, params: List[Tuple[str, nn.Parameter]], moment
         tensors.append((f"exp_avg_sq.{n}", v))
     for n, t in masters.items():
         tensors.append((f"master.{n}", t))
-    meta = {"format": OPTIMIZER_FORMAT, "iteration": str(iteration), "version": str(version), "run": run_id, "step": str(step)}
+    meta = {
+        "format": OPTIMIZER_FORMAT,
+        "iteration": str(iteration),
+        "version": str(version),
+        "run": run_id,
+        "step": str(step),
+    }
     if shard is not None:
         meta.update({"shard": str(shard[0]), "num_shards": str(shard[1])})
-    if sharding is not None:  # only fsdp's flat shards say so: zero1 files stay byte-identical to earlier ones
+    if (
+        sharding is not None
+    ):  # only fsdp's flat shards say so: zero1 files stay byte-identical to earlier ones
         meta["sharding"] = sharding
-    write_safetensors(os.path.join(out_dir, OPTIMIZER_FILE if shard is None else shard_file(*shard)), tensors, meta)
+    write_safetensors(
+        os.path.join(out_dir, OPTIMIZER_FILE if shard is None else shard_file(*shard)),
+        tensors,
+        meta,
+    )
