@@ -308,6 +308,11 @@ function placementNote(key: string): string {
 const megatronPattern =
   /^(tensor_model_parallel|pipeline_model_parallel|context_parallel|expert_|sequence_parallel|recompute_|attention_|hidden_dropout|moe_|num_layers|num_experts|hidden_size|ffn_hidden_size|num_attention_heads|group_query_attention|num_query_groups|kv_channels|qk_layernorm|swiglu|normalization|norm_epsilon|rotary_|use_rotary|disable_bias_linear|vocab_size|untie_embeddings|position_embedding|make_vocab_size|bf16|fp16|fp8|accumulate_allreduce|optimizer_|overlap_|use_precision_aware|use_distributed_optimizer|transformer_impl|megatron_|custom_megatron_|calculate_per_token_loss_|use_flash_attn|max_position_embeddings|seq_length|tokenizer_type|add_qkv_bias|kv_lora_rank|q_lora_rank|qk_head_dim|qk_pos_emb_head_dim|v_head_dim|multi_latent_attention|mtp_|enable_mtp|mscale|spec$|no_masked_softmax_fusion|no_rope_fusion|no_gradient_accumulation_fusion|post_mlp_layernorm|post_self_attn_layernorm|apply_layernorm_1p|init_method_std)/;
 
+/** A Megatron model-shape, parallelism, kernel or precision flag (which slime does not declare). */
+export function isMegatronShapeFlag(key: string): boolean {
+  return megatronPattern.test(key);
+}
+
 /**
  * The disposition of slime's flag `key` (snake_case, no dashes). `rlqKeys`
  * are the run config's own keys. A flag the table does not know is

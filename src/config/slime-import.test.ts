@@ -51,7 +51,7 @@ describe("import-slime: --custom-config-path", () => {
 
   it("a YAML's settings get the same dispositions as flags: unsupported ones lead the report, off ones are rlq's behaviour, custom-function arguments are named", () => {
     const files: Record<string, string> = {
-      "c.yaml": stringify({ use_routing_replay: true, use_rollout_entropy: false, my_reward_threshold: 0.5, colocate: true }),
+      "c.yaml": stringify({ use_routing_replay: true, use_rollout_entropy: false, my_reward_threshold: 0.5, colocate: true, num_layers: 2 }),
     };
     const { report } = importSlimeArgs([...core, "--custom-config-path", "c.yaml"], { readFile: (p) => files[p] ?? null });
     expect(report.isOk).toBe(false);
@@ -59,6 +59,7 @@ describe("import-slime: --custom-config-path", () => {
     expect(report.unsupported[1]?.why).toMatch(/an argument for your custom functions/);
     expect(report.renamed).toContainEqual(expect.objectContaining({ flag: "use_rollout_entropy: false (from c.yaml)", key: "(off)" }));
     expect(report.dropped.placement?.map((p) => p.flag)).toEqual(["colocate: true (from c.yaml)"]);
+    expect(report.dropped.megatron?.map((p) => p.flag)).toEqual(["num_layers: 2 (from c.yaml)"]);
     expect(formatImportReport(report)).toMatch(/^DROPPED, changes what the run does \(2\)/);
   });
 

@@ -1,6 +1,14 @@
 import { parse as parseYaml, stringify } from "yaml";
 import { ConfigError, parseRunConfig, runConfigSchema } from "./run-config.ts";
-import { classifySlimeFlag, declaredDisposition, dropGroupTitles, flagToKey, slimeBuiltinDefaults, type DropGroup } from "./slime-flags.ts";
+import {
+  classifySlimeFlag,
+  declaredDisposition,
+  dropGroupTitles,
+  flagToKey,
+  isMegatronShapeFlag,
+  slimeBuiltinDefaults,
+  type DropGroup,
+} from "./slime-flags.ts";
 
 /**
  * slime's train.py argv → an rlq run config and a report that names every
@@ -216,7 +224,9 @@ function applySetting(s: ImportState, st: Setting): void {
     s.report.renamed.push({ flag: shown, key: "(built in)", value: null, note: "slime's default implementation, which is rlq's own" });
     return;
   }
-  const d = st.typed !== undefined && declaredDisposition(key, rlqKeys) === null ? null : classifySlimeFlag(key, rlqKeys);
+  // A YAML key that is none of slime's arguments nor Megatron's is an argument for the user's custom functions.
+  const isCustomArg = st.typed !== undefined && declaredDisposition(key, rlqKeys) === null && !isMegatronShapeFlag(key);
+  const d = isCustomArg ? null : classifySlimeFlag(key, rlqKeys);
   if (d === null) {
     s.report.unsupported.push({
       flag: shown,
