@@ -51,6 +51,10 @@ describe("the error-code table", () => {
     const doc = readFileSync(new URL("../../docs/trainer-protocol.md", import.meta.url), "utf8");
     const documented = [...doc.matchAll(/^\| ([a-z_]+) \| \d{3} \| (?:yes|no) \|/gm)].map((m) => m[1]);
     expect(documented.sort()).toEqual(Object.keys(TRAINER_PROTOCOL_CODES).sort());
+    // The torch trainer's own table of the codes it answers with (workers/trainer-torch/protocol.py).
+    const protocolPy = readFileSync(new URL("../../workers/trainer-torch/protocol.py", import.meta.url), "utf8");
+    const httpStatus = /^HTTP_STATUS = \{([^}]*)\}/m.exec(protocolPy)?.[1] ?? "";
+    expect([...httpStatus.matchAll(/"([a-z_]+)":/g)].map((m) => m[1]).sort()).toEqual(Object.keys(TRAINER_PROTOCOL_CODES).sort());
   });
 
   it("docs/errors.md has a row for every code, with the table's retriability", () => {

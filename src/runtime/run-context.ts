@@ -52,6 +52,7 @@ export function createRunContextCache(db: Db, options: { resolveRmType?: RmTypeR
       let hit = cache.get(runId);
       if (!hit) {
         hit = build(runId);
+        // A failed build is not kept: its caller gets the rejection through `hit`, and the next get builds again.
         hit.catch(() => cache.delete(runId));
         cache.set(runId, hit);
       }
