@@ -66,6 +66,20 @@ export const openAiEngineConfigSchema = z
     /** The servers' --api-key, from the environment or a file: {env: NAME} | {file: PATH}. Only the reference is stored. */
     api_key: secretRefSchema.optional(),
     logprob_check: z.enum(["probe", "off"]).default("probe"),
+    /**
+     * vLLM's repetition_detection, sent with every request (vllm/sampling_params.py
+     * RepetitionDetectionParams): a sample whose output ends in an n-gram of min_pattern_size..
+     * max_pattern_size tokens repeated min_count times in a row stops there (finish_reason
+     * "repetition"), a complete sample whose stop reason is recorded. Unset: off, vLLM's default.
+     */
+    repetition_detection: z
+      .object({
+        max_pattern_size: z.number().int().positive(),
+        min_pattern_size: z.number().int().nonnegative().default(0),
+        min_count: z.number().int().min(2),
+      })
+      .strict()
+      .optional(),
   })
   .strict();
 

@@ -87,6 +87,7 @@ export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: 
         versionSource: keys.weight_sync === "disk" ? undefined : deps.fencedVersion,
         loadsWeights: keys.weight_sync === "disk",
         apiKey,
+        ...(engine.repetition_detection ? { repetitionDetection: engine.repetition_detection } : {}),
       }),
     );
   }

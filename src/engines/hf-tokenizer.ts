@@ -35,6 +35,16 @@ export interface HfTokenizer extends Tokenizer {
   encodeChat(messages: readonly ChatMessage[], options?: { addGenerationPrompt?: boolean; tools?: unknown[] }): number[];
 }
 
+/** The file's text, or null when it does not exist (a model without that file); any other failure is thrown. */
+async function readOptionalText(path: string): Promise<string | null> {
+  try {
+    return await readFile(path, "utf8");
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ENOENT") return null;
+    throw e;
+  }
+}
+
 async function readJson(path: string): Promise<Record<string, unknown> | null> {
   let text: string;
   try {
@@ -75,7 +85,7 @@ export async function loadHfTokenizer(dir: string): Promise<HfTokenizer> {
     const named = fromConfig as Array<{ name?: string; template?: string }>;
     template = (named.find((t) => t.name === "default") ?? named[0])?.template ?? null;
   }
-  if (template === null) template = await readFile(join(dir, "chat_template.jinja"), "utf8").catch(() => null);
+  if (template === null) template = await readOptionalText(join(dir, "chat_template.jinja"));
   if (template === null) {
     const t = (await readJson(join(dir, "chat_template.json")))?.chat_template;
     if (typeof t === "string") template = t;

@@ -220,10 +220,10 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
     } catch (e) {
       if (isLocalCancel(e, hooks.signal)) return abortedResult(partial, url, lastVersion);
       if (e instanceof VersionChanged) {
-        // Nothing is lost if this abort fails: the stream is closed already, and SGLang aborts a
-        // request whose client went away 2 s later (tokenizer_manager.py create_abort_task); the
-        // abort by id only frees the slot sooner. The tokens kept are in `partial`.
-        await engine.abort([req.requestId]).catch(() => undefined);
+        // The abort by id only frees the server's slot sooner: the tokens kept are in `partial`, and
+        // SGLang aborts a request whose client went away 2 s later (tokenizer_manager.py create_abort_task).
+        await engine.abort([req.requestId]).catch(() => undefined); // nothing lost: the stream is closed already
+
         return abortedResult(partial, url, lastVersion);
       }
       throw generateHttpError(e, where);
@@ -315,6 +315,7 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
             : "down";
         return false;
       } catch {
+        // No answer is the check's answer ("down"): the pool counts it and logs the engine's death.
         healthFailure = "down";
         return false;
       }
