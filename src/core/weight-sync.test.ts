@@ -1,7 +1,9 @@
 import { describe, expect, it } from "vitest";
 import type { LoggedDecision } from "./decisions.ts";
 import {
+  abortingSyncTarget,
   foldRunSync,
+  loadKeepsRequests,
   initialLoader,
   initialRouter,
   isAdmitting,
@@ -26,6 +28,18 @@ describe("run sync (from the log)", () => {
     expect(foldRunSync(log).mode).toEqual({ kind: "synced", version: 1, checkpointUri: "u" });
     expect(() => foldRunSync([log[0] as LoggedDecision, d(1, "weights.syncing", { step: 1, weightVersion: 2, mode: "abort" })])).toThrow(/still in progress/);
     expect(() => foldRunSync([log[0] as LoggedDecision, d(1, "weights.synced", { step: 0, weightVersion: 2, checkpointUri: "u" })])).toThrow(/loads version 1/);
+  });
+});
+
+describe("in_place", () => {
+  it("a sync in place holds no router and pauses each engine around its load, keeping its requests", () => {
+    // weights.syncing's schema (core/decisions.ts) does not take in_place yet: the machine does.
+    const log = [d(0, "weights.syncing", { step: 0, weightVersion: 1, mode: "in_place" })];
+    const { mode } = foldRunSync(log);
+    expect(mode).toMatchObject({ kind: "syncing", strategy: "in_place", to: 1 });
+    expect(abortingSyncTarget(mode)).toBeNull();
+    expect(loadKeepsRequests("in_place")).toBe(true);
+    expect(loadKeepsRequests("abort") || loadKeepsRequests("drain")).toBe(false);
   });
 });
 

@@ -22,8 +22,17 @@ import type { LoggedDecision } from "./decisions.ts";
  * Adding a mode or an event without handling it everywhere fails `tsc` (`unreachable`).
  */
 
-/** How the rounds in flight end before the engines load new weights (run config weight_update_mode). */
-export type SyncStrategy = "abort" | "drain";
+/**
+ * What happens to the rounds in flight when the engines load new weights (run config
+ * weight_update_mode):
+ * - `abort`: they are aborted (`group.aborted`) and continue as new rounds at the new version;
+ * - `drain`: they finish on the old version first, then the engines load;
+ * - `in_place`: each engine pauses generation keeping its requests and their caches (SGLang
+ *   pause_generation mode "in_place", vLLM `/pause?mode=keep`), loads, and continues: the requests
+ *   go on at the new version and their tokens' versions split at the boundary (rlq records spans).
+ *   Nothing is aborted or drained, and no router holds: a request waits only for its engine's load.
+ */
+export type SyncStrategy = "abort" | "drain" | "in_place";
 
 function unreachable(x: never, what: string): never {
   throw new RlqError("invariant_violated", `weight sync: unhandled ${what} ${JSON.stringify(x)}`);
@@ -94,7 +103,11 @@ export function runServingVersion(mode: RunSyncMode): number {
   }
 }
 
-/** The version a rollout worker holds new requests for: the target of an abort-mode sync in progress, else null. */
+/**
+ * The version a rollout worker holds new requests for: the target of an abort-mode sync in
+ * progress, else null (drain: the old version serves until the load; in_place: the engines keep
+ * their requests through the load, so nothing is held).
+ */
 export function abortingSyncTarget(mode: RunSyncMode): number | null {
   return mode.kind === "syncing" && mode.strategy === "abort" ? mode.to : null;
 }
@@ -184,6 +197,19 @@ export function isLive(mode: EngineMode): boolean {
  * - `loading`: a load of `version` is in flight; asking for it again waits for that one.
  */
 export type LoaderMode = { kind: "idle"; loaded: number | null } | { kind: "loading"; version: number; loaded: number | null };
+
+/** How the loader sends a load to one engine for `strategy`: in_place pauses it around the load, keeping its requests. */
+export function loadKeepsRequests(strategy: SyncStrategy): boolean {
+  switch (strategy) {
+    case "abort":
+    case "drain":
+      return false;
+    case "in_place":
+      return true;
+    default:
+      return unreachable(strategy, "sync strategy");
+  }
+}
 
 export type LoaderEvent =
   | { kind: "begin"; version: number }

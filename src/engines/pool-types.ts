@@ -54,8 +54,12 @@ export interface PoolSnapshot {
 }
 
 export interface EnginePool extends Engine {
-  /** Load a checkpoint into every live engine; `onEngineLoaded` hears of each engine as its load ends. */
-  loadWeights(version: number, checkpointUri: string, onEngineLoaded?: (engineId: string) => void): Promise<void>;
+  /**
+   * Load a checkpoint into every live engine; `onEngineLoaded` hears of each engine as its load
+   * ends. `keepRequests` (weight_update_mode in_place): each engine is paused around its load
+   * keeping its requests (`InPlacePause`), which then go on at the new version.
+   */
+  loadWeights(version: number, checkpointUri: string, onEngineLoaded?: (engineId: string) => void, options?: { keepRequests?: boolean }): Promise<void>;
   /** Route only to engines on `version` from now on (trainer_push: after the trainer reports it). */
   setCurrentVersion(version: number): void;
   currentVersion(): number | null;
@@ -89,6 +93,26 @@ export interface EnginePool extends Engine {
   addMembers(engines: readonly RemoteEngine[]): void;
   snapshot(): PoolSnapshot;
   engineStates(): Record<string, MemberState>;
+}
+
+/**
+ * What the pool needs from an engine adapter for weight_update_mode in_place (core/weight-sync.ts
+ * `SyncStrategy`). An adapter that has these methods can be loaded in place; one without is
+ * refused by name at the load.
+ */
+export interface InPlacePause {
+  /**
+   * Stop scheduling, keeping every running request and its KV cache, and resolve once the engine
+   * is paused (SGLang POST /pause_generation {"mode": "in_place"}; vLLM POST /pause?mode=keep).
+   */
+  pauseInPlace(): Promise<void>;
+  /** Continue the requests `pauseInPlace` kept, at the weights loaded meanwhile (SGLang /continue_generation; vLLM /resume). */
+  resumeInPlace(): Promise<void>;
+}
+
+export function canPauseInPlace(engine: RemoteEngine): engine is RemoteEngine & InPlacePause {
+  const e = engine as RemoteEngine & Partial<InPlacePause>;
+  return typeof e.pauseInPlace === "function" && typeof e.resumeInPlace === "function";
 }
 
 export interface Inflight {

@@ -5,7 +5,8 @@
  * (pool-state.ts), as core/weight-sync.ts defines them.
  */
 import type { PoolState } from "./pool-state.ts";
-import type { Member } from "./pool-types.ts";
+import { canPauseInPlace, type InPlacePause, type Member } from "./pool-types.ts";
+import type { RemoteEngine } from "./remote.ts";
 import { isLive } from "../core/weight-sync.ts";
 import { RlqError, errorMessage } from "../lib/errors.ts";
 
@@ -14,15 +15,34 @@ export function setCurrentVersion(pool: PoolState, version: number): void {
   pool.moveRouter({ kind: "pinned", version });
 }
 
-/** Load a checkpoint into every live engine that can load; `onEngineLoaded` hears of each as its own load ends. */
-export async function loadWeights(pool: PoolState, version: number, uri: string, onEngineLoaded?: (engineId: string) => void): Promise<void> {
-  pool.recordLoad(version, uri);
+/**
+ * Load a checkpoint into every live engine that can load; `onEngineLoaded` hears of each as its own
+ * load ends. `keepRequests` (weight_update_mode in_place): each engine is paused around its load
+ * keeping its requests, and an engine that cannot pause so is refused by name before any load.
+ */
+export async function loadWeights(
+  pool: PoolState,
+  version: number,
+  uri: string,
+  onEngineLoaded?: (engineId: string) => void,
+  options: { keepRequests?: boolean } = {},
+): Promise<void> {
   const live = pool.members.filter((m) => isLive(m.mode) && m.engine.canLoadWeights);
+  const isInPlace = options.keepRequests === true;
+  const cannot = isInPlace ? live.filter((m) => !canPauseInPlace(m.engine)).map((m) => m.engine.id) : [];
+  if (cannot.length > 0) {
+    throw new RlqError(
+      "engine_cannot_load",
+      `weight_update_mode in_place: engine(s) ${cannot.join(", ")} cannot pause keeping their requests (no in-place pause in their adapter); use weight_update_mode abort or drain`,
+      { isRetriable: false },
+    );
+  }
+  pool.recordLoad(version, uri);
   const results = await Promise.allSettled(
     live.map(async (m) => {
       pool.setEngineMode(m, { kind: "loadStarted" });
       try {
-        await m.engine.loadWeights(version, uri);
+        await (isInPlace && canPauseInPlace(m.engine) ? loadInPlace(m.engine, version, uri) : m.engine.loadWeights(version, uri));
       } catch (e) {
         pool.setEngineMode(m, { kind: "loadFailed" });
         throw e;
@@ -41,6 +61,16 @@ export async function loadWeights(pool: PoolState, version: number, uri: string,
       cause: first,
       isRetriable: !(first instanceof RlqError) || first.isRetriable,
     });
+  }
+}
+
+/** Pause keeping the requests, load, continue: the requests go on at `version` (their tokens' versions split there). */
+async function loadInPlace(engine: RemoteEngine & InPlacePause, version: number, uri: string): Promise<void> {
+  await engine.pauseInPlace();
+  try {
+    await engine.loadWeights(version, uri);
+  } finally {
+    await engine.resumeInPlace();
   }
 }
 

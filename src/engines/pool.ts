@@ -55,9 +55,9 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
       health.ensureStarted();
       return isAnyRoutable();
     },
-    loadWeights(version, uri, onEngineLoaded) {
+    loadWeights(version, uri, onEngineLoaded, loadOptions) {
       health.ensureStarted();
-      return loadWeights(state, version, uri, onEngineLoaded);
+      return loadWeights(state, version, uri, onEngineLoaded, loadOptions);
     },
     setCurrentVersion: (version) => setCurrentVersion(state, version),
     awaitVersion(version, timeoutMs) {

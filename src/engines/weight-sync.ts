@@ -1,4 +1,5 @@
 import type { EnginePool, PoolSnapshot } from "./pool.ts";
+import { loadKeepsRequests, type SyncStrategy } from "../core/weight-sync.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /**
@@ -47,7 +48,15 @@ export interface WeightSync {
   close(): Promise<void>;
 }
 
-export function createWeightSync(pool: EnginePool, options: { mode: WeightSyncMode; pushTimeoutMs?: number; now?: () => number }): WeightSync {
+export interface WeightSyncOptions {
+  mode: WeightSyncMode;
+  /** weight_update_mode: `in_place` loads each engine paused keeping its requests (core/weight-sync.ts `SyncStrategy`). Default abort. */
+  updateMode?: SyncStrategy;
+  pushTimeoutMs?: number;
+  now?: () => number;
+}
+
+export function createWeightSync(pool: EnginePool, options: WeightSyncOptions): WeightSync {
   const now = options.now ?? (() => Date.now());
   const report = (version: number, t0: number): WeightSyncReport => {
     const states = pool.snapshot().engines;
@@ -66,7 +75,7 @@ export function createWeightSync(pool: EnginePool, options: { mode: WeightSyncMo
       if (options.mode === "none") return report(version, t0);
       if (options.mode === "disk") {
         if (checkpointUri === null) throw new RlqError("version_unavailable", `weight sync (disk): version ${version} has no checkpoint URI`);
-        await pool.loadWeights(version, checkpointUri, onEngineLoaded);
+        await pool.loadWeights(version, checkpointUri, onEngineLoaded, { keepRequests: loadKeepsRequests(options.updateMode ?? "abort") });
       } else {
         try {
           await pool.awaitVersion(version, options.pushTimeoutMs ?? 600_000);
