@@ -14,6 +14,7 @@
  * Needs root (the own Postgres runs as the postgres user), Postgres 15 binaries and redis-server
  * (test/helpers/own-services.ts). The services on 127.0.0.1:5432/6379 are never touched.
  */
+import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { register } from "node:module";
 import { tmpdir } from "node:os";
@@ -77,6 +78,9 @@ const timeoutS = Math.ceil(Math.max(lengths.maxMs, lengths.longShare > 0 ? lengt
 const log = (line: string) => process.stdout.write(`${new Date().toISOString()} ${line}\n`);
 log(`fault-outages: seed ${seed} (replay with --seed ${seed}); ${runs} runs x ${perRun} outages; RLQ_OUTAGE_TIMEOUT_S ${timeoutS}`);
 
+// The code under test: a copy outside git (run from an archive of a commit) names it in RLQ_FAULT_CODE_COMMIT.
+const head = spawnSync("git", ["rev-parse", "HEAD"], { encoding: "utf8" });
+const codeCommit = process.env.RLQ_FAULT_CODE_COMMIT ?? (head.status === 0 ? head.stdout.trim() : null);
 const dir = mkdtempSync(join(tmpdir(), "rlq-fault-outages-"));
 const world = await fs.createFaultWorld(dir, { trainerStepMs: 1500, loadDelayMs: 1500 });
 const started = new Date().toISOString();
@@ -90,6 +94,7 @@ function writeReport(done: boolean): void {
     script: "scripts/fault-outages.ts",
     command: `npx tsx scripts/fault-outages.ts ${process.argv.slice(2).join(" ")}`.trim(),
     seed,
+    codeCommit,
     started,
     finished: done ? new Date().toISOString() : null,
     lengthDistribution: {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { createOutageClock, isOutageError } from "./outage.ts";
+import { createOutageClock, createServiceProbe, isOutageError, PROBE_TIMEOUT_MS } from "./outage.ts";
 import { RlqError } from "../lib/errors.ts";
 
 describe("rlq up's outage clock", () => {
@@ -45,5 +45,40 @@ describe("isOutageError", () => {
     expect(isOutageError(new RlqError("lease_lost", "run x: this controller no longer holds the run's lease"))).toBe(true);
     expect(isOutageError(new RlqError("run_not_found", "run x does not exist"))).toBe(false);
     expect(isOutageError(Object.assign(new Error('relation "runs" does not exist'), { code: "42P01" }))).toBe(false);
+  });
+});
+
+describe("rlq up's probe of the queue store", () => {
+  it("says ok once a probe answers, fails one that throws, and fails one unanswered for PROBE_TIMEOUT_MS (a Redis client holding commands)", async () => {
+    let t = 0;
+    let answer: (() => void) | null = null;
+    let mode: "hang" | "throw" | "ok" = "ok";
+    const probe = createServiceProbe(
+      () => {
+        if (mode === "throw") return Promise.reject(new Error("ECONNREFUSED"));
+        if (mode === "hang") return new Promise<void>((r) => (answer = r));
+        return Promise.resolve();
+      },
+      () => t,
+    );
+    const settle = () => new Promise((r) => setImmediate(r));
+    expect(probe.poll()).toBeNull(); // started
+    await settle();
+    expect(probe.poll()).toBe("ok");
+    t += 2000;
+    mode = "throw";
+    expect(probe.poll()).toBeNull();
+    await settle();
+    expect(probe.poll()).toEqual({ error: "ECONNREFUSED" });
+    t += 2000;
+    mode = "hang";
+    expect(probe.poll()).toBeNull();
+    t += PROBE_TIMEOUT_MS - 1;
+    expect(probe.poll()).toBeNull(); // one probe in flight at a time, not yet overdue
+    t += 1;
+    expect(probe.poll()).toEqual({ error: "no answer for 5 s" });
+    (answer as unknown as () => void)();
+    await settle();
+    expect(probe.poll()).toBe("ok");
   });
 });

@@ -57,7 +57,7 @@ describe.skipIf(skip !== null)("Postgres and Redis outages under rlq up", () => 
   afterAll(async () => {
     engine?.kill("SIGTERM");
     trainer?.kill("SIGTERM");
-    await db?.close().catch(() => undefined);
+    await db?.close().catch(() => undefined); // the test is over: a pool whose server went down may fail to close, nothing is left to read
     await pgs?.stop("SIGINT");
     await redis?.stop("SIGTERM");
     if (dir) rmSync(dir, { recursive: true, force: true });

@@ -23,7 +23,7 @@ describe.skipIf(skip !== null)("a short random outage schedule", () => {
   let w: FaultWorld;
   beforeAll(async () => {
     dir = mkdtempSync(join(tmpdir(), "rlq-fault-short-"));
-    w = await createFaultWorld(join(dir, "world"), { trainerStepMs: 1000, loadDelayMs: 1000 });
+    w = await createFaultWorld(dir, { trainerStepMs: 1000, loadDelayMs: 1000 });
   });
   afterAll(async () => {
     await w?.close();

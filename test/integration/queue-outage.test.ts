@@ -40,7 +40,7 @@ describe.skipIf(skip !== null)("queue store outages under rlq up", () => {
   const log = (line: string) => console.log(line);
   beforeAll(async () => {
     dir = mkdtempSync(join(tmpdir(), "rlq-queue-outage-"));
-    w = await createFaultWorld(join(dir, "world"), { trainerStepMs: 1500, loadDelayMs: 500 });
+    w = await createFaultWorld(dir, { trainerStepMs: 1500, loadDelayMs: 500 });
   });
   afterAll(async () => {
     await w?.close();
@@ -58,7 +58,7 @@ describe.skipIf(skip !== null)("queue store outages under rlq up", () => {
     expect(r.outages[0]?.outcome).toBe("ridden out");
     expect(r.upExits).toEqual([0]);
     expectExact(r);
-  });
+  }, 420_000);
 
   it("Redis down past RLQ_OUTAGE_TIMEOUT_S: rlq up exits 75 saying why on stderr; a new rlq up finishes exactly", async () => {
     const r = await runPastTimeout(
@@ -70,7 +70,7 @@ describe.skipIf(skip !== null)("queue store outages under rlq up", () => {
     expect(r.upExits, r.upOutputTail).toEqual([75, 0]);
     expect(r.stderrReason).toMatch(/exits with code 75 .*\(queue store\) has failed for \d+ s, longer than RLQ_OUTAGE_TIMEOUT_S=8: the queue store \(redis\)/);
     expectExact(r);
-  });
+  }, 420_000);
 
   it("BullMQ's Postgres backend: Postgres down 30 s in a train step is ridden out; past the timeout, exit 75 and a clean finish", async () => {
     const ridden = await runWithOutages(
@@ -91,5 +91,5 @@ describe.skipIf(skip !== null)("queue store outages under rlq up", () => {
     expect(past.upExits, past.upOutputTail).toEqual([75, 0]);
     expect(past.stderrReason).toMatch(/exits with code 75 .*longer than RLQ_OUTAGE_TIMEOUT_S=8/);
     expectExact(past);
-  });
+  }, 600_000);
 });

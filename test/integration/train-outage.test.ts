@@ -54,7 +54,7 @@ describe.skipIf(skip !== null)("a Postgres outage during a train step", () => {
   afterAll(async () => {
     engine?.kill("SIGTERM");
     trainer?.kill("SIGTERM");
-    await db?.close().catch(() => undefined);
+    await db?.close().catch(() => undefined); // the test is over: a pool whose server went down may fail to close, nothing is left to read
     await pgs?.stop("SIGINT");
     if (dir) rmSync(dir, { recursive: true, force: true });
   });
