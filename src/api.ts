@@ -18,6 +18,7 @@ import { createByteTokenizer } from "./data/tokenizer.ts";
 import { loadRunDataset, tokenizerFor } from "./runtime/plugins-registry.ts";
 import { fingerprintPlugins, pluginKeys } from "./controller/fingerprints.ts";
 import type { Queues } from "./queue/queues.ts";
+import type { QueueWatchReport } from "./queue/queue-watch.ts";
 import { jobIds } from "./queue/payloads.ts";
 import { RlqError } from "./lib/errors.ts";
 
@@ -113,6 +114,11 @@ export interface RunStatusReport {
    * trainer: unreachable for 42 s").
    */
   trainJob: { step: number; state: string; attemptsMade: number; phase: string | null } | null;
+  /**
+   * When queues were given: queues paused now, and what the queue watch saw since the run was
+   * created (a pause it resumed, an emptied queue, this run's jobs it added back; queue/queue-watch.ts).
+   */
+  queueWatch: QueueWatchReport | null;
   /** Latest eval per dataset: step, weight version, mean reward, pass@k. */
   evals: Array<{ dataset: string; step: number; weightVersion: number; meanReward: number; passAtK: Record<string, number> }>;
   /** Engine-pool metrics as last published by each rollout worker process. */
@@ -164,6 +170,7 @@ async function buildRunStatus(db: Db, runId: string, queues?: Queues): Promise<R
     lastMetrics: Object.fromEntries(rows.map((r) => [r.key, r.value])),
     queues: queues ? await queues.depths() : null,
     trainJob: queues ? await trainJobReport(queues, runId, steps.length) : null,
+    queueWatch: queues ? await queues.watch.report({ runId, since: row.createdAt }) : null,
     evals: latestEvals(await loadEvalResults(db, runId)),
     engines: (await loadEngineMetrics(db, runId)).flatMap((m) =>
       ((m.snapshot as { engines?: EngineMetricsSnapshot[] }).engines ?? []).map((e) => ({

@@ -1,4 +1,5 @@
 import type { RunStatusReport } from "../api.ts";
+import { describeQueueEvent } from "../queue/queue-watch.ts";
 
 export function formatStatus(r: RunStatusReport): string {
   const lines = [
@@ -40,6 +41,7 @@ export function formatStatus(r: RunStatusReport): string {
       `  engine ${e.engineId} (${e.worker}): ${e.state} v${e.weightVersion ?? "?"} requests ${e.requests} errors ${e.errors} aborted ${e.aborted} ${e.tokensPerSecond.toFixed(0)} tok/s latency ${lat}${engineNotes(e)}`,
     );
   }
+  lines.push(...queueWatchLines(r.queueWatch));
   if (r.queues) {
     lines.push("  queues:");
     for (const [q, c] of Object.entries(r.queues)) {
@@ -51,6 +53,27 @@ export function formatStatus(r: RunStatusReport): string {
     }
   }
   return lines.join("\n") + "\n";
+}
+
+/**
+ * The queue watch's findings (queue/queue-watch.ts): a queue paused now stalls every run on it, so
+ * it leads; then what was seen and repaired since the run started, newest first.
+ */
+function queueWatchLines(w: RunStatusReport["queueWatch"]): string[] {
+  if (w === null) return [];
+  const lines: string[] = [];
+  for (const p of w.pausedNow) {
+    lines.push(
+      p.byOperator
+        ? `  QUEUE PAUSED:    ${p.queue} was paused by an operator in Bull Board: its jobs wait until it is resumed there`
+        : `  QUEUE PAUSED:    ${p.queue} is paused, not by rlq: its jobs wait; a running controller (rlq up) resumes it within seconds`,
+    );
+  }
+  if (w.events.length > 0) {
+    lines.push("  queue watch:     (what was done to the queues outside rlq, and rlq's repair)");
+    for (const e of w.events) lines.push(`    ${describeQueueEvent(e)}`);
+  }
+  return lines;
 }
 
 /** What an engine's metrics add when it matters: requests it refused, busy health checks, seeds it ignores, deaths. */

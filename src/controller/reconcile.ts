@@ -2,7 +2,7 @@ import { RlqError } from "../lib/errors.ts";
 import { loadRoundStatuses } from "../store/rollout-facts.ts";
 import { loadTrainStep } from "../store/train-facts.ts";
 import { loadEvalResults } from "../store/eval-facts.ts";
-import type { JobInfo } from "../queue/queues.ts";
+import { queueName, type JobInfo } from "../queue/queues.ts";
 import { jobIds, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "../queue/payloads.ts";
 import { isAsync } from "../core/run-state.ts";
 import type { ControllerHost } from "./host.ts";
@@ -15,10 +15,27 @@ import { enqueueJob, jobFor, rewardJobFor, type Job } from "./jobs.ts";
  * the run paused). Runs at start, every few seconds, whenever the queue's
  * sentinel vanished, and on resume (`isResume`: failures are retried).
  * The jobs are the ones their decisions call for (`jobFor`).
+ *
+ * It first lets the queue watch look at the queues (queue/queue-watch.ts: a queue paused behind
+ * rlq's back is resumed, an emptied one noticed), and it reports the jobs it added back because
+ * they were not in their queue, so that `rlq run status` and the dashboard say what was lost.
  */
 export async function reconcile(h: ControllerHost, isResume: boolean): Promise<void> {
   const s = h.state;
   if (s.status !== "running") return;
+  await h.deps.queues.watch.check(h.deps.log);
+  const readded = new Map<QueueKind, string[]>();
+  const ensure = async (job: Job, hasFact: () => Promise<boolean>, known?: JobInfo) => {
+    if (await ensureJob(h, job, isResume, hasFact, known)) readded.set(job.kind, [...(readded.get(job.kind) ?? []), jobIdOf(job)]);
+  };
+  await reconcileJobs(h, isResume, ensure);
+  for (const [kind, ids] of readded) await h.deps.queues.watch.recordJobsMissing(h.deps.log, s.runId, queueName(kind), ids);
+}
+
+type Ensure = (job: Job, hasFact: () => Promise<boolean>, known?: JobInfo) => Promise<void>;
+
+async function reconcileJobs(h: ControllerHost, isResume: boolean, ensure: Ensure): Promise<void> {
+  const s = h.state;
   const { db } = h.deps;
   const n = s.config.n_samples_per_prompt;
   const async = isAsync(s);
@@ -50,20 +67,20 @@ export async function reconcile(h: ControllerHost, isResume: boolean): Promise<v
     for (let i = 0; i < expected.length; i += INFO_LOOKUPS_AT_ONCE) {
       const chunk = expected.slice(i, i + INFO_LOOKUPS_AT_ONCE);
       const infos = await Promise.all(chunk.map((e) => h.deps.queues.info(e.job.kind, jobIdOf(e.job))));
-      for (const [j, e] of chunk.entries()) await ensureJob(h, e.job, isResume, e.hasFact, infos[j]);
+      for (const [j, e] of chunk.entries()) await ensure(e.job, e.hasFact, infos[j]);
     }
   }
   const pendingEval = s.pendingEval;
   const hasEval = async () => pendingEval !== null && (await loadEvalResults(db, s.runId, pendingEval.step)).length > 0;
   if (pendingEval && !(await hasEval())) {
     const job = jobFor(s.runId, s.config, { kind: "eval.dispatched", payload: pendingEval });
-    if (job) await ensureJob(h, job, isResume, hasEval);
+    if (job) await ensure(job, hasEval);
   }
   const training = async ? s.training : s.phase === "train" ? s.step : null;
   const hasTrained = async () => training !== null && (await loadTrainStep(db, s.runId, training)) !== null;
   if (training !== null && !(await hasTrained())) {
     const job = jobFor(s.runId, s.config, { kind: "train.dispatched", payload: { step: training, weightVersionIn: s.trainedVersion } });
-    if (job) await ensureJob(h, job, isResume, hasTrained);
+    if (job) await ensure(job, hasTrained);
   }
 }
 
@@ -77,14 +94,15 @@ const jobIdOf = (job: Job): string => (jobIds[job.kind] as (d: JobData<QueueKind
  * state, `known` when the caller looked it up already). `hasFact` is read
  * again before a job is added or re-run: a job that finished between the
  * caller's fact check and this look at the queue is done, not lost.
+ * True when the job was not in its queue (or in no list of it) and was added back.
  */
-async function ensureJob(h: ControllerHost, job: Job, isResume: boolean, hasFact: () => Promise<boolean>, known?: JobInfo): Promise<void> {
+async function ensureJob(h: ControllerHost, job: Job, isResume: boolean, hasFact: () => Promise<boolean>, known?: JobInfo): Promise<boolean> {
   const q = h.deps.queues;
   const id = jobIdOf(job);
   const info = known ?? (await q.info(job.kind, id));
   const action = reconcileAction(job.kind, info, isResume);
   if (action === "add" || action === "replace") {
-    if (await hasFact()) return;
+    if (await hasFact()) return false;
     if (action === "replace") {
       h.deps.log.warn(
         { runId: job.data.runId, kind: job.kind, jobId: id, state: info.state },
@@ -93,11 +111,13 @@ async function ensureJob(h: ControllerHost, job: Job, isResume: boolean, hasFact
       await q.remove(job.kind, id);
     }
     await enqueueJob(q, job);
+    return true;
   } else if (action === "pause") {
     await h.pause(`${job.kind} job ${id} failed after ${info.attemptsMade} attempt(s): ${info.failedReason ?? "unknown error"}`);
   } else if (action === "retry") {
     await q.retry(job.kind, id);
   }
+  return false;
 }
 
 /**

@@ -4,6 +4,9 @@ import { BullMQAdapter } from "@bull-board/api/bullMQAdapter";
 import { ExpressAdapter } from "@bull-board/express";
 import type { QueueBackend } from "../queue/backend.ts";
 import { openBoardQueues } from "../queue/board-queues.ts";
+import { queueKinds } from "../queue/payloads.ts";
+import type { QueueWatch } from "../queue/queue-watch.ts";
+import { queueName } from "../queue/queues.ts";
 import { tokenMatches } from "./token.ts";
 
 /**
@@ -26,6 +29,11 @@ import { tokenMatches } from "./token.ts";
  * "resume all" (they skip read-only queues), which reads as accepted. Behind
  * the method check the read-only board is a second guard: a route that changed
  * a queue on GET in a later bull-board would still meet its refusal.
+ *
+ * A change made with the token is recorded for the queue watch (queue/queue-watch.ts): a pause
+ * made here is an operator's and stays (flagged), where a pause from anywhere else is resumed.
+ * `GET <basePath>/api/rlq-watch` answers the watch's report (queues paused now, recent events)
+ * for the dashboard's banner; like every read here, it needs no token on loopback.
  */
 export function mountBullBoard(
   backend: QueueBackend,
@@ -38,7 +46,14 @@ export function mountBullBoard(
   const token = options.token;
   return {
     router(req, res, next) {
-      if (writable && token !== undefined && tokenMatches(token, req.header("authorization"))) return writable(req, res, next);
+      if (req.method === "GET" && req.path === "/api/rlq-watch") {
+        board.watch.report({ limit: 20 }).then((queueWatch) => res.json({ queueWatch }), next);
+        return;
+      }
+      if (writable && token !== undefined && tokenMatches(token, req.header("authorization"))) {
+        if (req.method !== "GET" && req.method !== "HEAD") recordWhenDone(board.watch, req, res);
+        return writable(req, res, next);
+      }
       if (req.method === "GET" || req.method === "HEAD") return readOnly(req, res, next);
       if (!writable) {
         res.status(403).json({
@@ -58,6 +73,37 @@ export function mountBullBoard(
     },
     close: () => board.close(),
   };
+}
+
+/**
+ * Record a change an operator made with the token once Bull Board answered it with success: a
+ * pause or resume (one queue, or all) by queue, any other change by its route.
+ */
+function recordWhenDone(watch: QueueWatch, req: Request, res: Response): void {
+  const path = req.path;
+  res.on("finish", () => {
+    if (res.statusCode >= 300) return;
+    const m = /^\/api\/queues(?:\/([^/]+))?\/(pause|resume)$/.exec(path);
+    const records: Array<[string, "operator_pause" | "operator_resume" | "operator_change", string]> = [];
+    if (m) {
+      const kind = m[2] === "pause" ? "operator_pause" : "operator_resume";
+      for (const queue of m[1] === undefined ? queueKinds.map(queueName) : [decodeURIComponent(m[1])]) {
+        records.push([queue, kind, `${queue} ${m[2] === "pause" ? "paused" : "resumed"} by an operator in Bull Board (with the dashboard token)`]);
+      }
+    } else {
+      const queue = /^\/api\/queues\/([^/]+)/.exec(path)?.[1];
+      records.push([
+        queue === undefined ? "*" : decodeURIComponent(queue),
+        "operator_change",
+        `${req.method} ${path} by an operator in Bull Board (with the dashboard token)`,
+      ]);
+    }
+    for (const [queue, kind, detail] of records) {
+      watch.recordOperatorChange(queue, kind, detail).catch((e: unknown) => {
+        process.stderr.write(`rlq dashboard: could not record the Bull Board change '${detail}' for the queue watch: ${(e as Error).message}\n`);
+      });
+    }
+  });
 }
 
 function boardRouter(queues: ReturnType<typeof openBoardQueues>["queues"], backend: QueueBackend, basePath: string, isReadOnly: boolean): Router {

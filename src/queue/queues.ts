@@ -1,6 +1,7 @@
 import type { Queue } from "bullmq";
 import type { QueueBackend } from "./backend.ts";
 import { jobIds, queueKinds, type JobData, type QueueKind } from "./payloads.ts";
+import { QueueWatch } from "./queue-watch.ts";
 
 /**
  * Producers and inspectors for rlq's queues. `enqueue` is idempotent: a job
@@ -31,6 +32,8 @@ export interface Queues {
   depths(): Promise<Record<QueueKind, Record<string, number>>>;
   /** A job the controller plants and checks: if it vanishes, the queue state was lost. */
   ensureSentinel(name: string): Promise<boolean>;
+  /** What was done to the queues behind rlq's back, and its repair (queue-watch.ts). */
+  readonly watch: QueueWatch;
   close(): Promise<void>;
 }
 
@@ -38,19 +41,33 @@ export function queueName(kind: QueueKind | "sentinel"): string {
   return `rlq-${kind}`;
 }
 
+/**
+ * A Queue object for `name` as rlq opens them: skipMetasUpdate, as only the queue watch writes a
+ * queue's meta (queue-watch.ts: a meta that vanishes is how it tells an obliteration). Its "error"
+ * events are connection errors that also reject the call that met them, where the caller handles
+ * them: the event would only repeat it.
+ */
+export function openQueue(backend: QueueBackend, name: string): Queue {
+  const q = new backend.Queue(name, { connection: backend.connection, ...backend.baseOptions, skipMetasUpdate: true });
+  // A connection error also rejects the call that met it, whose caller handles it.
+  q.on("error", () => undefined);
+  return q;
+}
+
 const defaultAttempts: Record<QueueKind, number> = { rollout: 8, reward: 8, train: 3, eval: 5 };
 
 export function createQueues(backend: QueueBackend): Queues {
   const queues = new Map<string, Queue>();
-  const get = (kind: QueueKind | "sentinel"): Queue => {
-    let q = queues.get(kind);
+  const byName = (name: string): Queue => {
+    let q = queues.get(name);
     if (!q) {
-      q = new backend.Queue(queueName(kind), { connection: backend.connection, ...backend.baseOptions });
-      q.on("error", () => undefined);
-      queues.set(kind, q);
+      q = openQueue(backend, name);
+      queues.set(name, q);
     }
     return q;
   };
+  const get = (kind: QueueKind | "sentinel"): Queue => byName(queueName(kind));
+  const watch = new QueueWatch(backend, byName);
   const idFor = <K extends QueueKind>(kind: K, data: JobData<K>): string => (jobIds[kind] as (d: JobData<K>) => string)(data);
 
   const jobOptions = (kind: QueueKind, id: string, options: { attempts?: number }) => ({
@@ -91,7 +108,14 @@ export function createQueues(backend: QueueBackend): Queues {
     },
     async remove(kind, jobId) {
       const job = await get(kind).getJob(jobId);
-      if (job) await job.remove().catch(() => undefined);
+      if (!job) return;
+      try {
+        await job.remove();
+      } catch (e) {
+        // A job a worker holds (active, locked) cannot be removed: the caller's add is then a
+        // no-op, and its next reconcile looks again once the worker let go.
+        if (!/locked/i.test((e as Error).message)) throw e;
+      }
     },
     async depths() {
       const out = {} as Record<QueueKind, Record<string, number>>;
@@ -108,7 +132,10 @@ export function createQueues(backend: QueueBackend): Queues {
       await q.add("sentinel", {}, { jobId: id, delay: 10 * 365 * 24 * 3600 * 1000 });
       return false;
     },
+    watch,
     async close() {
+      // A Queue whose connection is already gone (Redis down at shutdown) has nothing left to
+      // close, and the process lets go of it either way: nothing is lost.
       await Promise.all([...queues.values()].map((q) => q.close().catch(() => undefined)));
       queues.clear();
     },

@@ -409,6 +409,29 @@ async function showSample(runId, groupId, sampleIndex) {
   $("#sample-detail").dataset.loaded = `${groupId}/${sampleIndex}`;
 }
 
+/**
+ * The queue banner: queues paused now and what the queue watch saw in the last hour
+ * (queue/queue-watch.ts, served by Bull Board's mount at /queues/api/rlq-watch), on every view.
+ */
+async function showQueueBanner() {
+  const { queueWatch } = await getJson("/queues/api/rlq-watch");
+  const recent = queueWatch.events.filter((e) => Date.parse(e.at) > Date.now() - 3600_000 && !e.kind.startsWith("operator_"));
+  const lines = [
+    ...queueWatch.pausedNow.map((p) =>
+      p.byOperator
+        ? `${p.queue} is paused by an operator (Bull Board): its jobs wait until it is resumed`
+        : `${p.queue} is paused, not by rlq: its jobs wait (rlq up resumes it)`,
+    ),
+    ...recent.map((e) => `${new Date(e.at).toLocaleTimeString()} ${e.detail}`),
+  ];
+  const banner = $("#queue-banner");
+  banner.replaceChildren(...lines.map((l) => el("div", {}, l)));
+  banner.hidden = lines.length === 0;
+  banner.className = queueWatch.pausedNow.length > 0 ? "banner alert" : "banner";
+  banner.dataset.paused = queueWatch.pausedNow.map((p) => p.queue).join(",");
+  banner.dataset.events = String(recent.length);
+}
+
 async function refresh() {
   const params = new URLSearchParams(location.hash.slice(1));
   currentRun = params.get("run");
@@ -416,6 +439,7 @@ async function refresh() {
   const isViewer = params.has("view");
   $("#run-view").hidden = currentRun === null || isViewer;
   try {
+    await showQueueBanner();
     await showRuns();
     if (currentRun && !isViewer) {
       await showRun(currentRun);
