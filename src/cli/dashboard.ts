@@ -54,12 +54,14 @@ export async function startProcessExtras(
       process.stderr.write(`dashboard listening ${d.url}\n`);
     }
   } catch (e) {
-    for (const c of closers.reverse()) await c().catch(() => undefined);
+    for (const c of closers.reverse()) {
+      await c().catch((closeError: unknown) => s.log.warn({ err: (closeError as Error).message }, "closing what had started after a failed start"));
+    }
     throw e;
   }
   return {
     async close() {
-      for (const c of closers.reverse()) await c().catch(() => undefined);
+      for (const c of closers.reverse()) await c().catch((e: unknown) => s.log.warn({ err: (e as Error).message }, "closing the dashboard or /metrics"));
       closers.length = 0;
     },
   };

@@ -49,6 +49,8 @@ export async function runDemo(sets: readonly string[], options: { configPath?: s
         progress.redraw();
       }
     };
+    // A missed redraw (the database busy or briefly away) is drawn by the next tick, and the
+    // show() after the run prints every step left: nothing is lost.
     const timer = setInterval(() => void show().catch(() => undefined), 500);
     try {
       await runUp(s, { runId, exitWhenDone: true, signal: ac.signal, progress });
