@@ -183,7 +183,11 @@ export const runConfigSchema = z
         message:
           "engine.kind openai (vLLM) with weight_sync: trainer_push: rlq does not push weights into vLLM yet; " +
           "set weight_sync: disk (rlq loads each checkpoint through vLLM's RL endpoints: start vLLM with VLLM_SERVER_DEV_MODE=1 " +
-          "on a filesystem it shares with the trainer) or weight_sync: none (the engines keep their initial weights, version 0)",
+          "on a filesystem it shares with the trainer) or weight_sync: none (the engines keep their initial weights, version 0). " +
+          "vLLM 0.32.0 takes pushed weights only through its weight transfer (/init_weight_transfer_engine, /update_weights), whose " +
+          "backends (nccl, sparse_nccl, nccl_m2n, ipc, sharded_rdt, modelexpress: vllm/distributed/weight_transfer/factory.py) all need " +
+          "CUDA, so a CPU vLLM cannot take a push; on GPUs the nccl path is the torch trainer's VllmNcclPusher " +
+          "(workers/trainer-torch/rlq_torch/weight_push.py), which the trainer server does not start for a run yet",
       });
     }
     if (c.weight_sync === "none" && c.train_async) {

@@ -66,13 +66,14 @@ export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: 
     if (routerUrl !== null && engine.router_refresh_s > 0) refresh = async () => (await list(routerUrl)).map(make);
   } else {
     if (keys.weight_sync === "trainer_push") {
-      // The trainer pushes nothing into vLLM yet (its /init_weight_transfer_engine and
-      // /update_weights path is the engines issue); run-config refuses it first, this guards callers
-      // that build a pool from parts.
+      // run-config refuses it first (its message names the fix); this guards callers that build a
+      // pool from parts. vLLM 0.32.0's weight transfer backends all need CUDA
+      // (vllm/distributed/weight_transfer/factory.py); the GPU path is weight_push.py VllmNcclPusher.
       throw new RlqError(
         "config_invalid",
-        "weight_sync: trainer_push is not supported with engine.kind 'openai' (vLLM): the trainer does not push into vLLM yet. " +
-          "Use weight_sync: disk (rlq loads each checkpoint through vLLM's RL endpoints) or none",
+        "weight_sync: trainer_push with engine.kind 'openai' (vLLM): vLLM 0.32.0's weight transfer (/init_weight_transfer_engine, /update_weights) " +
+          "has no backend that runs on CPU (nccl, ipc and the others need CUDA), and the trainer server does not start the GPU pusher " +
+          "(rlq_torch/weight_push.py VllmNcclPusher) for a run yet. Use weight_sync: disk (rlq loads each checkpoint through vLLM's RL endpoints) or none",
         { isRetriable: false },
       );
     }

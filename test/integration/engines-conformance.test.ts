@@ -293,7 +293,7 @@ describe("SGLang as it is", () => {
     expect((await fakeStats(f.url)).duplicates).toBe(0);
   });
 
-  it("13. vLLM with trainer_push is refused: the trainer does not push into vLLM yet", async () => {
+  it("13. vLLM with trainer_push is refused, naming why (vLLM 0.32.0's weight transfer has no CPU backend; the GPU pusher is not started for runs)", async () => {
     await expect(
       createEnginesFromConfig(
         openAiEngineConfigSchema.parse({ kind: "openai", urls: ["http://127.0.0.1:9"], model: "m" }),
@@ -301,7 +301,9 @@ describe("SGLang as it is", () => {
       ),
     ).rejects.toMatchObject({
       code: "config_invalid",
-      message: expect.stringMatching(/trainer_push is not supported with engine.kind 'openai'.*Use weight_sync: disk/),
+      message: expect.stringMatching(
+        /trainer_push with engine.kind 'openai' \(vLLM\): .*\/init_weight_transfer_engine.*no backend that runs on CPU.*VllmNcclPusher.*Use weight_sync: disk/,
+      ),
     });
   });
 

@@ -1,4 +1,5 @@
-"""Push trained weights into SGLang servers (rlq's weight_sync: trainer_push).
+"""Push trained weights into SGLang servers (rlq's weight_sync: trainer_push), and into vLLM on GPUs
+(VllmNcclPusher below: vLLM 0.32.0's weight transfer has no backend that runs on CPU, VLLM_CPU_REFUSAL).
 
 What SGLang expects, read from its http_server.py and io_struct.py
 (InitWeightsUpdateGroupReqInput, UpdateWeightsFromDistributedReqInput,
@@ -32,6 +33,7 @@ only once every tensor has landed. A failed call raises PushError (the step's we
 are committed on disk anyway: rlq's controller then falls back to reading the version
 the engines report, and the run pauses if they never report it).
 """
+
 from __future__ import annotations
 
 import base64
@@ -42,7 +44,8 @@ import json
 import threading
 import time
 import urllib.parse
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -53,7 +56,7 @@ class PushError(RuntimeError):
 
     code = "weight_push_failed"
 
-    def __init__(self, message: str, status: Optional[int] = None) -> None:
+    def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
 
@@ -77,14 +80,24 @@ def dtype_name(dtype: torch.dtype) -> str:
     return DTYPE_NAMES[dtype]
 
 
-def post(url: str, body: Dict[str, Any], api_key: Optional[str], timeout_s: float, sent: Optional[threading.Event] = None) -> Dict[str, Any]:
+def post(
+    url: str,
+    body: dict[str, Any],
+    api_key: str | None,
+    timeout_s: float,
+    sent: threading.Event | None = None,
+) -> dict[str, Any]:
     """POST JSON; `sent` is set once the request is on the wire (before the answer is awaited)."""
     u = urllib.parse.urlsplit(url)
     data = json.dumps(body).encode()
     headers = {"content-type": "application/json", "content-length": str(len(data))}
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
-    conn_type = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    conn_type = (
+        http.client.HTTPSConnection
+        if u.scheme == "https"
+        else http.client.HTTPConnection
+    )
     conn = conn_type(u.hostname, u.port, timeout=timeout_s)
     try:
         try:
@@ -99,9 +112,11 @@ def post(url: str, body: Dict[str, Any], api_key: Optional[str], timeout_s: floa
     finally:
         conn.close()
     if res.status in (401, 403):
-        raise PushError(f"POST {url}: HTTP {res.status}: {text[:200]}: the engine refused the push's key: an SGLang started with --admin-api-key "
-                        "takes only that key on its weight-update routes; name its environment variable with --push-admin-api-key-env",
-                        res.status)
+        raise PushError(
+            f"POST {url}: HTTP {res.status}: {text[:200]}: the engine refused the push's key: an SGLang started with --admin-api-key "
+            "takes only that key on its weight-update routes; name its environment variable with --push-admin-api-key-env",
+            res.status,
+        )
     if res.status < 200 or res.status >= 300:
         raise PushError(f"POST {url}: HTTP {res.status}: {text[:300]}", res.status)
     try:
@@ -114,7 +129,13 @@ def post(url: str, body: Dict[str, Any], api_key: Optional[str], timeout_s: floa
     return out if isinstance(out, dict) else {"answer": out}
 
 
-def flush_cache(url: str, api_key: Optional[str], timeout_s: float, tries: int = 60, wait_s: float = 1.0) -> None:
+def flush_cache(
+    url: str,
+    api_key: str | None,
+    timeout_s: float,
+    tries: int = 60,
+    wait_s: float = 1.0,
+) -> None:
     """POST /flush_cache until it takes: SGLang answers HTTP 400 (plain text) while requests are
     still running (http_server.py flush_cache; scheduler.py flush_cache refuses when the queues
     are not empty), and slime's sglang_engine.py flush_cache retries it (60 times, 1 s apart)."""
@@ -128,24 +149,29 @@ def flush_cache(url: str, api_key: Optional[str], timeout_s: float, tries: int =
         time.sleep(wait_s)
 
 
-def _in_threads(calls: Sequence[Tuple[str, Dict[str, Any]]], api_key: Optional[str], timeout_s: float) -> List[Any]:
+def _in_threads(
+    calls: Sequence[tuple[str, dict[str, Any]]], api_key: str | None, timeout_s: float
+) -> list[Any]:
     """POST to every engine at once and return once every request is on the wire.
 
     The calls that join a process group or receive a broadcast answer only after this
     process has done its part, and torch's rendezvous may hold the GIL while it waits
     (torch 1.13's TCPStore does): the requests must be out before that starts.
     """
-    results: List[Any] = [None] * len(calls)
+    results: list[Any] = [None] * len(calls)
     sent = [threading.Event() for _ in calls]
 
-    def run(i: int, url: str, body: Dict[str, Any]) -> None:
+    def run(i: int, url: str, body: dict[str, Any]) -> None:
         try:
             results[i] = post(url, body, api_key, timeout_s, sent[i])
         except BaseException as e:  # noqa: BLE001 - re-raised by _join
             results[i] = e
             sent[i].set()
 
-    threads = [threading.Thread(target=run, args=(i, u, b), daemon=True) for i, (u, b) in enumerate(calls)]
+    threads = [
+        threading.Thread(target=run, args=(i, u, b), daemon=True)
+        for i, (u, b) in enumerate(calls)
+    ]
     for t in threads:
         t.start()
     for e in sent:
@@ -153,7 +179,7 @@ def _in_threads(calls: Sequence[Tuple[str, Dict[str, Any]]], api_key: Optional[s
     return [threads, results]
 
 
-def _join(started: List[Any]) -> List[Dict[str, Any]]:
+def _join(started: list[Any]) -> list[dict[str, Any]]:
     threads, results = started
     for t in threads:
         t.join()
@@ -163,8 +189,15 @@ def _join(started: List[Any]) -> List[Dict[str, Any]]:
     return results
 
 
-def init_push_group(backend: str, master_address: str, master_port: int, world_size: int, rank: int, group_name: str,
-                    timeout: datetime.timedelta):
+def init_push_group(
+    backend: str,
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    rank: int,
+    group_name: str,
+    timeout: datetime.timedelta,
+):
     """A process group of its own (not the default one), built the way SGLang's init_custom_process_group
     (python/sglang/srt/utils.py) and slime's init_process_group (slime/utils/distributed_utils.py) build it:
     the store a tcp:// rendezvous makes (rank 0 hosts a TCPStore), under PrefixStore(group_name), then torch's
@@ -175,14 +208,45 @@ def init_push_group(backend: str, master_address: str, master_port: int, world_s
     which nobody hosts at the push port, and rank 0 and the engines would wait for each other until the timeout."""
     import torch.distributed.distributed_c10d as c10d
     from torch.distributed import TCPStore
-    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper
+    from torch.distributed.distributed_c10d import (
+        Backend,
+        PrefixStore,
+        _new_process_group_helper,
+    )
 
-    store = PrefixStore(group_name, TCPStore(master_address, master_port, world_size, rank == 0, timeout, multi_tenant=True))
-    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2] if x.isdigit())
-    options = {"backend_options" if version >= (2, 6) else "pg_options": None}  # renamed in torch 2.6
-    made = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name, timeout=timeout, **options)
-    group = made[0] if isinstance(made, tuple) else made  # torch >= 2.1 answers (group, store)
-    ranks = c10d._world.pg_group_ranks if hasattr(c10d, "_world") else c10d._pg_group_ranks  # torch >= 2.0 | 1.13
+    store = PrefixStore(
+        group_name,
+        TCPStore(
+            master_address,
+            master_port,
+            world_size,
+            rank == 0,
+            timeout,
+            multi_tenant=True,
+        ),
+    )
+    version = tuple(
+        int(x) for x in torch.__version__.split("+")[0].split(".")[:2] if x.isdigit()
+    )
+    options = {
+        "backend_options" if version >= (2, 6) else "pg_options": None
+    }  # renamed in torch 2.6
+    made = _new_process_group_helper(
+        world_size,
+        rank,
+        [],
+        Backend(backend),
+        store,
+        group_name=group_name,
+        timeout=timeout,
+        **options,
+    )
+    group = (
+        made[0] if isinstance(made, tuple) else made
+    )  # torch >= 2.1 answers (group, store)
+    ranks = (
+        c10d._world.pg_group_ranks if hasattr(c10d, "_world") else c10d._pg_group_ranks
+    )  # torch >= 2.0 | 1.13
     ranks[group] = {i: i for i in range(world_size)}
     return group
 
@@ -193,15 +257,27 @@ class DistributedPusher:
     Works in a process that has no process group (server.py with one rank) and in rank 0 of the
     trainer's training group (``--nproc N``, dist_worker.py): the push group is never the default one."""
 
-    def __init__(self, engines: Sequence[str], *, master_address: str, master_port: int, engine_world_sizes: Optional[Sequence[int]] = None,
-                 backend: str = "nccl", group_name: str = "rlq-weight-push", api_key: Optional[str] = None, timeout_s: float = 600.0,
-                 bucket_bytes: int = 512 << 20):
+    def __init__(
+        self,
+        engines: Sequence[str],
+        *,
+        master_address: str,
+        master_port: int,
+        engine_world_sizes: Sequence[int] | None = None,
+        backend: str = "nccl",
+        group_name: str = "rlq-weight-push",
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        bucket_bytes: int = 512 << 20,
+    ):
         if not engines:
             raise PushError("no engine to push to")
         self.engines = [u.rstrip("/") for u in engines]
         self.sizes = list(engine_world_sizes or [1] * len(self.engines))
         if len(self.sizes) != len(self.engines):
-            raise PushError(f"engine_world_sizes has {len(self.sizes)} entries for {len(self.engines)} engines")
+            raise PushError(
+                f"engine_world_sizes has {len(self.sizes)} entries for {len(self.engines)} engines"
+            )
         self.master_address = master_address
         self.master_port = master_port
         self.backend = backend
@@ -217,29 +293,63 @@ class DistributedPusher:
         calls = []
         offset = 1
         for url, size in zip(self.engines, self.sizes):
-            calls.append((f"{url}/init_weights_update_group", {
-                "master_address": self.master_address, "master_port": self.master_port, "rank_offset": offset,
-                "world_size": self.world_size, "group_name": self.group_name, "backend": self.backend,
-            }))
+            calls.append(
+                (
+                    f"{url}/init_weights_update_group",
+                    {
+                        "master_address": self.master_address,
+                        "master_port": self.master_port,
+                        "rank_offset": offset,
+                        "world_size": self.world_size,
+                        "group_name": self.group_name,
+                        "backend": self.backend,
+                    },
+                )
+            )
             offset += size
         started = _in_threads(calls, self.api_key, self.timeout_s)
         if any(isinstance(r, BaseException) for r in started[1]):
             _join(started)  # an engine refused or is unreachable: no group to wait for
-        self.group = init_push_group(self.backend, self.master_address, self.master_port, self.world_size, 0, self.group_name,
-                                     datetime.timedelta(seconds=self.timeout_s))
+        self.group = init_push_group(
+            self.backend,
+            self.master_address,
+            self.master_port,
+            self.world_size,
+            0,
+            self.group_name,
+            datetime.timedelta(seconds=self.timeout_s),
+        )
         _join(started)
 
-    def _all(self, path: str, body: Dict[str, Any]) -> None:
-        _join(_in_threads([(f"{u}{path}", body) for u in self.engines], self.api_key, self.timeout_s))
+    def _all(self, path: str, body: dict[str, Any]) -> None:
+        _join(
+            _in_threads(
+                [(f"{u}{path}", body) for u in self.engines],
+                self.api_key,
+                self.timeout_s,
+            )
+        )
 
-    def push(self, named_tensors: Iterable[Tuple[str, torch.Tensor]], version: int) -> Dict[str, Any]:
+    def push(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> dict[str, Any]:
         """pause -> flush -> buckets of update_weights_from_distributed + broadcast -> continue (always)."""
         if self.group is None:
             self.connect()
         # gloo (CPU) has no bfloat16 broadcast ("Invalid scalar type" in torch 1.13): bf16 goes as
         # float32, exactly (the engine's load_weights copies it into its bf16 parameter).
-        items = [(n, (t.detach().float() if self.backend == "gloo" and t.dtype == torch.bfloat16 else t.detach()).contiguous()) for n, t in named_tensors]
-        buckets: List[List[Tuple[str, torch.Tensor]]] = [[]]
+        items = [
+            (
+                n,
+                (
+                    t.detach().float()
+                    if self.backend == "gloo" and t.dtype == torch.bfloat16
+                    else t.detach()
+                ).contiguous(),
+            )
+            for n, t in named_tensors
+        ]
+        buckets: list[list[tuple[str, torch.Tensor]]] = [[]]
         size = 0
         for n, t in items:
             nbytes = t.numel() * t.element_size()
@@ -262,13 +372,25 @@ class DistributedPusher:
                     "flush_cache": is_last,
                     **({"weight_version": str(version)} if is_last else {}),
                 }
-                started = _in_threads([(f"{u}/update_weights_from_distributed", body) for u in self.engines], self.api_key, self.timeout_s)
+                started = _in_threads(
+                    [
+                        (f"{u}/update_weights_from_distributed", body)
+                        for u in self.engines
+                    ],
+                    self.api_key,
+                    self.timeout_s,
+                )
                 for _, t in bucket:
                     dist.broadcast(t, src=0, group=self.group)
                 _join(started)
         finally:
             self._all("/continue_generation", {})
-        return {"version": version, "tensors": len(items), "buckets": len(buckets), "engines": list(self.engines)}
+        return {
+            "version": version,
+            "tensors": len(items),
+            "buckets": len(buckets),
+            "engines": list(self.engines),
+        }
 
     def close(self) -> None:
         if self.group is not None:
@@ -276,7 +398,7 @@ class DistributedPusher:
         self.group = None
 
 
-def serialize_named_tensors(named_tensors: Sequence[Tuple[str, torch.Tensor]]) -> str:
+def serialize_named_tensors(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> str:
     """SGLang's MultiprocessingSerializer.serialize(obj, output_str=True): ForkingPickler, then base64.
 
     CPU tensors travel as shared memory the receiver maps by name (torch's file_system
@@ -293,8 +415,15 @@ def serialize_named_tensors(named_tensors: Sequence[Tuple[str, torch.Tensor]]) -
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def push_from_tensor(engine: str, named_tensors: Sequence[Tuple[str, torch.Tensor]], version: int, *, tp_size: int = 1,
-                     api_key: Optional[str] = None, timeout_s: float = 600.0) -> Dict[str, Any]:
+def push_from_tensor(
+    engine: str,
+    named_tensors: Sequence[tuple[str, torch.Tensor]],
+    version: int,
+    *,
+    tp_size: int = 1,
+    api_key: str | None = None,
+    timeout_s: float = 600.0,
+) -> dict[str, Any]:
     """Same host: pause -> flush -> update_weights_from_tensor -> continue, as slime's update_weight_from_tensor."""
     url = engine.rstrip("/")
     keep = [(n, t.detach().contiguous()) for n, t in named_tensors]
@@ -302,9 +431,17 @@ def push_from_tensor(engine: str, named_tensors: Sequence[Tuple[str, torch.Tenso
     post(f"{url}/pause_generation", {}, api_key, timeout_s)
     try:
         flush_cache(f"{url}/flush_cache", api_key, timeout_s)
-        post(f"{url}/update_weights_from_tensor", {
-            "serialized_named_tensors": [blob] * tp_size, "load_format": None, "flush_cache": True, "weight_version": str(version),
-        }, api_key, timeout_s)
+        post(
+            f"{url}/update_weights_from_tensor",
+            {
+                "serialized_named_tensors": [blob] * tp_size,
+                "load_format": None,
+                "flush_cache": True,
+                "weight_version": str(version),
+            },
+            api_key,
+            timeout_s,
+        )
     finally:
         post(f"{url}/continue_generation", {}, api_key, timeout_s)
     del keep
@@ -316,49 +453,269 @@ class TensorPusher:
     engine in turn, inside pause/continue (push_from_tensor), as slime's update_weight_from_tensor
     does for colocated engines. Nothing to connect and no process group."""
 
-    def __init__(self, engines: Sequence[str], *, tp_size: int = 1, api_key: Optional[str] = None, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        engines: Sequence[str],
+        *,
+        tp_size: int = 1,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
         self.engines = [u.rstrip("/") for u in engines]
         self.tp_size = tp_size
         self.api_key = api_key
         self.timeout_s = timeout_s
 
-    def push(self, named_tensors: Iterable[Tuple[str, torch.Tensor]], version: int) -> Dict[str, Any]:
+    def push(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> dict[str, Any]:
         items = list(named_tensors)
         for url in self.engines:
-            push_from_tensor(url, items, version, tp_size=self.tp_size, api_key=self.api_key, timeout_s=self.timeout_s)
-        return {"version": version, "tensors": len(items), "engines": list(self.engines), "via": "tensor"}
+            push_from_tensor(
+                url,
+                items,
+                version,
+                tp_size=self.tp_size,
+                api_key=self.api_key,
+                timeout_s=self.timeout_s,
+            )
+        return {
+            "version": version,
+            "tensors": len(items),
+            "engines": list(self.engines),
+            "via": "tensor",
+        }
 
     def close(self) -> None:
         pass
 
 
-def push_api_key(args: Any, environ: Mapping[str, str]) -> Optional[str]:
+# vLLM 0.32.0 (vllm/distributed/weight_transfer/factory.py): the weight transfer backends it
+# registers, and why none of them runs where no GPU is: nccl, sparse_nccl and nccl_m2n broadcast
+# through PyNcclCommunicator (CUDA), ipc passes CUDA IPC handles, sharded_rdt pulls over Ray RDT with
+# NIXL-registered memory, modelexpress goes through an external service. The workers build the
+# engine only when vLLM is started with --weight-transfer-config (v1/worker/gpu_worker.py
+# load_model), which the CPU worker inherits.
+VLLM_CPU_REFUSAL = (
+    "vLLM 0.32.0 has no weight transfer backend that runs on CPU: its backends are nccl, sparse_nccl, nccl_m2n "
+    "(PyNcclCommunicator, CUDA), ipc (CUDA IPC handles), sharded_rdt (Ray RDT + NIXL) and modelexpress "
+    "(vllm/distributed/weight_transfer/factory.py), so /init_weight_transfer_engine and /update_weights cannot "
+    "move weights between CPU processes; on GPUs start vLLM with VLLM_SERVER_DEV_MODE=1 and "
+    '--weight-transfer-config \'{"backend": "nccl"}\' and push with VllmNcclPusher, or use weight_sync: disk'
+)
+
+
+class VllmSyncClient:
+    """vLLM's VLLMWeightSyncClient protocol (vllm/distributed/weight_transfer/base.py) over rlq's
+    `post`, so the calls carry the key (vLLM's own HTTPVLLMWeightSyncClient sends none) and
+    /finish_weight_update carries rlq's version (NCCLTrainerWeightTransferEngine.send_weights calls
+    it without one). The routes are vllm/entrypoints/rl/online/api_router.py's (dev mode)."""
+
+    def __init__(self, url: str, api_key: str | None, timeout_s: float) -> None:
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.version: str | None = None
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return post(f"{self.url}{path}", body, self.api_key, self.timeout_s)
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._post("/init_weight_transfer_engine", {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self._post("/start_weight_update", {})
+
+    def update_weights(self, update_info: Any) -> None:
+        self._post("/update_weights", {"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._post(
+            "/finish_weight_update",
+            {
+                "weight_version": weight_version
+                if weight_version is not None
+                else self.version
+            },
+        )
+
+
+def get_json(url: str, api_key: str | None, timeout_s: float) -> dict[str, Any]:
+    u = urllib.parse.urlsplit(url)
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    conn_type = (
+        http.client.HTTPSConnection
+        if u.scheme == "https"
+        else http.client.HTTPConnection
+    )
+    conn = conn_type(u.hostname, u.port, timeout=timeout_s)
+    try:
+        conn.request(
+            "GET", f"{u.path}?{u.query}" if u.query else u.path, headers=headers
+        )
+        res = conn.getresponse()
+        text = res.read().decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException) as e:
+        raise PushError(f"GET {url}: {e}") from e
+    finally:
+        conn.close()
+    if res.status >= 300:
+        raise PushError(
+            f"GET {url}: HTTP {res.status}: {text[:500]}", status=res.status
+        )
+    return json.loads(text)
+
+
+class VllmNcclPusher:
+    """trainer_push into vLLM 0.32.0 on GPUs, through vLLM's own trainer-side NCCL engine
+    (vllm/distributed/weight_transfer/nccl_engine.py NCCLTrainerWeightTransferEngine): one NCCL group
+    per engine, this process its rank 0 and the engine's workers ranks 1..N (N from GET
+    /get_world_size). Per version and engine: POST /pause?mode=abort (in-flight requests end with
+    their tokens, which rlq continues; new ones wait), /start_weight_update, /update_weights while
+    this process broadcasts (packed buffers), /finish_weight_update {weight_version}, POST /resume
+    (always), then GET /weight_info must read the version back.
+
+    Needs CUDA here and on the engines (VLLM_CPU_REFUSAL says why); not exercised on the CPU-only
+    machines this project tests on: run test_weight_push_vllm.py on a GPU box with vLLM's CUDA build."""
+
+    def __init__(
+        self,
+        engines: Sequence[str],
+        *,
+        master_address: str,
+        master_port: int,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
+        if not engines:
+            raise PushError("no engine to push to")
+        self.clients = [VllmSyncClient(u, api_key, timeout_s) for u in engines]
+        self.master_address = master_address
+        self.master_port = master_port
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.transfers: list[Any] = []
+
+    def connect(self, source: Any) -> None:
+        if not torch.cuda.is_available():
+            raise PushError(VLLM_CPU_REFUSAL)
+        try:
+            from vllm.distributed.weight_transfer.factory import (
+                WeightTransferTrainerFactory,
+            )
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+        except ImportError as e:
+            raise PushError(
+                f"trainer_push into vLLM uses vLLM's trainer-side weight transfer: install vLLM's CUDA build in the trainer's environment ({e})"
+            ) from e
+        for i, client in enumerate(self.clients):
+            workers = int(
+                get_json(f"{client.url}/get_world_size", self.api_key, self.timeout_s)[
+                    "world_size"
+                ]
+            )
+            info = NCCLTrainerInitInfo(
+                master_address=self.master_address,
+                master_port=self.master_port + i,
+                world_size=1 + workers,
+                rank=0,
+            )
+            self.transfers.append(
+                WeightTransferTrainerFactory.trainer_init(
+                    info, client=client, source=source
+                )
+            )
+
+    def push(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> dict[str, Any]:
+        items = [(n, t.detach().contiguous()) for n, t in named_tensors]
+        source = _named_source(items)
+        if not self.transfers:
+            self.connect(source)
+        for client, transfer in zip(self.clients, self.transfers):
+            client.version = str(version)
+            transfer.source = source
+            post(f"{client.url}/pause?mode=abort", {}, self.api_key, self.timeout_s)
+            try:
+                transfer.send_weights()
+            finally:
+                post(f"{client.url}/resume", {}, self.api_key, self.timeout_s)
+            now = get_json(
+                f"{client.url}/weight_info", self.api_key, self.timeout_s
+            ).get("weight_version")
+            if now != str(version):
+                raise PushError(
+                    f"{client.url}: pushed version {version} but /weight_info reports {now!r}"
+                )
+        return {
+            "version": version,
+            "tensors": len(items),
+            "engines": [c.url for c in self.clients],
+            "via": "vllm-nccl",
+        }
+
+    def close(self) -> None:
+        for transfer in self.transfers:
+            transfer.shutdown()
+        self.transfers = []
+
+
+def _named_source(items: Sequence[tuple[str, torch.Tensor]]) -> Any:
+    """vLLM's WeightSource over tensors this process holds whole (metadata and iteration agree)."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    class NamedSource(WeightSource):
+        def metadata(self) -> list[Any]:
+            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in items]
+
+        def __iter__(self):
+            return iter(items)
+
+    return NamedSource()
+
+
+def push_api_key(args: Any, environ: Mapping[str, str]) -> str | None:
     """The key the pusher sends: the engines' --admin-api-key (--push-admin-api-key-env names its
     variable) where they have one, else their --api-key (--push-api-key-env; unset: no key). Only
     the variables' names travel on command lines."""
     admin = getattr(args, "push_admin_api_key_env", None)
     if admin:
         if not environ.get(admin):
-            raise PushError(f"--push-admin-api-key-env {admin}: the environment variable is not set")
+            raise PushError(
+                f"--push-admin-api-key-env {admin}: the environment variable is not set"
+            )
         return environ[admin]
     plain = getattr(args, "push_api_key_env", None)
     return environ.get(plain) if plain else None
 
 
-def pusher_from_args(args: Any, api_key: Optional[str]) -> Optional[Any]:
+def pusher_from_args(args: Any, api_key: str | None) -> Any | None:
     """The trainer server's --push-* flags; None when no engine is named. --push-via tensor: the
     engines share this host (update_weights_from_tensor); distributed (default): a process group."""
     engines = [u for u in (getattr(args, "push_engines", None) or "").split(",") if u]
     if not engines:
         return None
     if getattr(args, "push_via", "distributed") == "tensor":
-        return TensorPusher(engines, tp_size=int(getattr(args, "push_tp_size", 1) or 1), api_key=api_key)
-    return DistributedPusher(engines, master_address=args.push_master_address, master_port=args.push_master_port,
-                             backend=args.push_backend, api_key=api_key)
+        return TensorPusher(
+            engines, tp_size=int(getattr(args, "push_tp_size", 1) or 1), api_key=api_key
+        )
+    return DistributedPusher(
+        engines,
+        master_address=args.push_master_address,
+        master_port=args.push_master_port,
+        backend=args.push_backend,
+        api_key=api_key,
+    )
 
 
-def push_held(pusher: Any, trainer: Any, version: int, log: Any = print,
-              named: Optional[Sequence[Tuple[str, torch.Tensor]]] = None) -> Dict[str, Any]:
+def push_held(
+    pusher: Any,
+    trainer: Any,
+    version: int,
+    log: Any = print,
+    named: Sequence[tuple[str, torch.Tensor]] | None = None,
+) -> dict[str, Any]:
     """The trainer server's hook after a step: push the weights it holds as `version`.
 
     A failed push does not fail the committed step (its checkpoint is on disk): it is logged and
@@ -369,13 +726,25 @@ def push_held(pusher: Any, trainer: Any, version: int, log: Any = print,
     if held is None or held.version != version:
         return {"error": f"the trainer holds no weights of version {version} to push"}
     try:
-        if named is None:  # replicated weights: this process holds them whole (with FSDP the caller gathers them)
+        if (
+            named is None
+        ):  # replicated weights: this process holds them whole (with FSDP the caller gathers them)
             policy = held.policy
-            named = policy.named_params() if hasattr(policy, "named_params") else policy.module.named_parameters()
+            named = (
+                policy.named_params()
+                if hasattr(policy, "named_params")
+                else policy.module.named_parameters()
+            )
         out = pusher.push(named, version)
         # The distributed pusher sends buckets; the tensor pusher one serialized blob per engine (no buckets).
-        how = f"in {out['buckets']} bucket(s)" if "buckets" in out else f"via {out.get('via', 'tensor')}"
-        log(f"pushed version {version}: {out['tensors']} tensors {how} to {', '.join(out['engines'])}")
+        how = (
+            f"in {out['buckets']} bucket(s)"
+            if "buckets" in out
+            else f"via {out.get('via', 'tensor')}"
+        )
+        log(
+            f"pushed version {version}: {out['tensors']} tensors {how} to {', '.join(out['engines'])}"
+        )
         return out
     except PushError as e:
         log(f"weight push of version {version} failed: {e}")
