@@ -1,7 +1,7 @@
 import type { RunConfig } from "../config/run-config.ts";
 import { createEnginesFromConfig } from "../engines/from-config.ts";
 import { createWeightSync, type WeightSync } from "../engines/weight-sync.ts";
-import type { EnginePool } from "../engines/pool.ts";
+import type { LoaderPool } from "../engines/pool-types.ts";
 import { initialLoader, nextLoaderMode, shouldSendLoad, type LoaderEvent, type LoaderMode } from "../core/weight-sync.ts";
 import { RlqError, errorMessage } from "../lib/errors.ts";
 import { createLogger } from "../observability/logger.ts";
@@ -59,7 +59,7 @@ export function createEngineAdmin(config: RunConfig, hooks: EngineAdminHooks = {
       reportedVersions: async () => [],
       close: async () => undefined,
     };
-  let state: Promise<{ pool: EnginePool; sync: WeightSync }> | null = null;
+  let state: Promise<{ pool: LoaderPool; sync: WeightSync }> | null = null;
   const get = () => {
     state ??= createEnginesFromConfig(e, config).then((pool) => ({
       pool,
@@ -98,7 +98,7 @@ class Loader implements EngineAdmin {
 
   constructor(
     config: RunConfig,
-    private readonly get: () => Promise<{ pool: EnginePool; sync: WeightSync }>,
+    private readonly get: () => Promise<{ pool: LoaderPool; sync: WeightSync }>,
     private readonly isStarted: () => boolean,
     private readonly hooks: EngineAdminHooks,
   ) {
@@ -175,7 +175,7 @@ class Loader implements EngineAdmin {
  * weight_sync none: the engines serve the weights they started with, version 0, for the whole run.
  * Nothing is ever loaded; the controller's "load version 0" at start routes the pool to it.
  */
-function frozenEngineAdmin(get: () => Promise<{ pool: EnginePool }>, isStarted: () => boolean): EngineAdmin {
+function frozenEngineAdmin(get: () => Promise<{ pool: LoaderPool }>, isStarted: () => boolean): EngineAdmin {
   const atZero = async (version: number) => {
     if (version !== 0)
       throw new RlqError("engine_cannot_load", `weight_sync: none keeps the engines at version 0, but version ${version} was to be loaded`, {

@@ -53,7 +53,11 @@ export interface PoolSnapshot {
   engines: EngineMetricsSnapshot[];
 }
 
-export interface EnginePool extends Engine {
+/**
+ * The pool as the controller's loader uses it (controller/engine-admin.ts, engines/weight-sync.ts):
+ * loads, pushes awaited, the version pinned. It sends no requests of the run.
+ */
+export interface LoaderPool {
   /**
    * Load a checkpoint into every live engine; `onEngineLoaded` hears of each engine as its load
    * ends. `keepRequests` (weight_update_mode in_place): each engine is paused around its load
@@ -62,7 +66,6 @@ export interface EnginePool extends Engine {
   loadWeights(version: number, checkpointUri: string, onEngineLoaded?: (engineId: string) => void, options?: { keepRequests?: boolean }): Promise<void>;
   /** Route only to engines on `version` from now on (trainer_push: after the trainer reports it). */
   setCurrentVersion(version: number): void;
-  currentVersion(): number | null;
   /** Resolves when every live engine reports `version`; engines that die meanwhile are left out. */
   awaitVersion(version: number, timeoutMs: number): Promise<{ engines: string[] }>;
   /** End every request on every live engine that can (SGLang abort_all); errors are logged, not thrown. */
@@ -70,6 +73,18 @@ export interface EnginePool extends Engine {
   /** New requests wait (in-flight ones continue) until resumeAdmission: the router's `hold` until `resume`. */
   pauseAdmission(): void;
   resumeAdmission(): void;
+  /** Run one health round now (tests and the controller use it; the monitor runs them on its own). */
+  checkHealth(): Promise<void>;
+  snapshot(): PoolSnapshot;
+  close(): Promise<void>;
+}
+
+/**
+ * The pool as a rollout worker uses it (runtime/engines.ts): an Engine whose requests its router
+ * sends to engines on one version.
+ */
+export interface RequestPool extends Engine {
+  currentVersion(): number | null;
   /**
    * Move this pool's router (core/weight-sync.ts `RouterMode`): the rollout workers' engine
    * provider feeds it what the decision log says and the versions jobs ask for
@@ -79,20 +94,25 @@ export interface EnginePool extends Engine {
   routerMode(): RouterMode;
   /** Resolves once at least one engine is routable (or rejects after `timeoutMs`). */
   awaitReady(timeoutMs: number): Promise<void>;
-  /** Run one health round now (tests and the controller use it; the monitor runs them on its own). */
-  checkHealth(): Promise<void>;
   /** After a weight sync elsewhere: each stale engine's version read once; a match is routed to at once (pool-health.ts). */
   refreshVersions(): Promise<void>;
   /**
-   * Another process reported engines done loading the current version: each stale engine's version
-   * is read once, and one that reports it is routed to at once; the others stay stale, unchecked
-   * (a full check would block on their load). See pool-health.ts `createVersionRefresher`.
+   * The log says a sync is loading: each stale engine's version is read once, and one that reports
+   * the router's version is routed to at once; the others stay stale, unchecked (a full check would
+   * block on their load). See pool-health.ts `HealthMonitor.refresh`.
    */
   refreshLoaded(): Promise<void>;
   /** Engines found later (an SGLang router's refreshed worker list); ones already here are ignored. */
   addMembers(engines: readonly RemoteEngine[]): void;
   snapshot(): PoolSnapshot;
   engineStates(): Record<string, MemberState>;
+}
+
+/** One pool object serves both roles; each user is typed by the role it plays. */
+export interface EnginePool extends LoaderPool, RequestPool {
+  loadWeights: LoaderPool["loadWeights"];
+  snapshot(): PoolSnapshot;
+  close(): Promise<void>;
 }
 
 /**

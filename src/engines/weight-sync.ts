@@ -1,4 +1,4 @@
-import type { EnginePool, PoolSnapshot } from "./pool.ts";
+import type { LoaderPool, PoolSnapshot } from "./pool-types.ts";
 import { loadKeepsRequests, type SyncStrategy } from "../core/weight-sync.ts";
 import { RlqError } from "../lib/errors.ts";
 
@@ -56,7 +56,7 @@ export interface WeightSyncOptions {
   now?: () => number;
 }
 
-export function createWeightSync(pool: EnginePool, options: WeightSyncOptions): WeightSync {
+export function createWeightSync(pool: LoaderPool, options: WeightSyncOptions): WeightSync {
   const now = options.now ?? (() => Date.now());
   const report = (version: number, t0: number): WeightSyncReport => {
     const states = pool.snapshot().engines;

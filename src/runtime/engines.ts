@@ -4,7 +4,7 @@ import { loadTrainStep } from "../store/train-facts.ts";
 import { loadAbortingSyncTarget, loadRunWeightVersion } from "../store/run-facts.ts";
 import type { Engine } from "../engines/engine.ts";
 import { createEnginesFromConfig } from "../engines/from-config.ts";
-import type { EnginePool } from "../engines/pool.ts";
+import type { RequestPool } from "../engines/pool-types.ts";
 import type { Trainer } from "../trainer/trainer.ts";
 import { createRemoteTrainerFor, ensureCheckpointHere } from "./trainer-access.ts";
 import type { RunContext } from "./run-context.ts";
@@ -43,7 +43,7 @@ class RunRouter {
   constructor(
     private readonly db: Db,
     private readonly runId: string,
-    readonly pool: EnginePool,
+    readonly pool: RequestPool,
     private readonly log: Logger,
   ) {}
 
