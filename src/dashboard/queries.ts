@@ -34,12 +34,18 @@ export const sql = {
            max(response_length) AS response_length_max,
            sum(response_length) AS response_tokens
          FROM rollout_history WHERE run_id = $1 GROUP BY step ORDER BY step`,
-  /** Throughput between consecutive commits; the first step's interval starts at the run's creation. */
+  /**
+   * Throughput between consecutive commits; the first step's interval starts at the run's creation.
+   * The trained tokens come from one grouped pass over the run's history: a subquery per step would read
+   * the whole run once per step (no index has trained_step), quadratic in the run's length.
+   */
   trainSteps: `SELECT t.step, t.num_samples, t.num_tokens, t.attempt, t.weight_version_in, t.weight_version_out, t.committed_at,
            extract(epoch FROM t.committed_at - coalesce(lag(t.committed_at) OVER (ORDER BY t.step), r.created_at)) AS seconds,
-           (SELECT sum(h.response_length) FROM rollout_history h WHERE h.run_id = t.run_id AND h.trained_step = t.step) AS response_tokens,
+           tok.response_tokens,
            extract(epoch FROM t.committed_at - d.created_at) AS train_seconds
          FROM train_steps t JOIN runs r ON r.id = t.run_id
+         LEFT JOIN (SELECT trained_step, sum(response_length) AS response_tokens FROM rollout_history
+                     WHERE run_id = $1 AND trained_step IS NOT NULL GROUP BY trained_step) tok ON tok.trained_step = t.step
          LEFT JOIN decisions d ON d.run_id = t.run_id AND d.kind = 'train.dispatched' AND d.step = t.step
          WHERE t.run_id = $1 ORDER BY t.step`,
   staleness: `SELECT staleness, count(*) AS samples FROM staleness WHERE run_id = $1 AND staleness IS NOT NULL GROUP BY 1 ORDER BY 1`,
