@@ -287,7 +287,24 @@ def run_case(
             }
             sync(dev)
             t0 = time.perf_counter()
-            r = trainer.train_step(req, batch, t, o, lambda *a: None, lambda: None)
+            try:
+                r = trainer.train_step(req, batch, t, o, lambda *a: None, lambda: None)
+            except Exception as e:
+                if trainer.checkpoint_format != "dcp" or isinstance(
+                    e, torch.cuda.OutOfMemoryError
+                ):
+                    raise
+                # One run must settle it: a DCP save that fails on this machine falls back to the files, and says so.
+                traceback.print_exc()
+                res["dcp_error"] = f"{type(e).__name__}: {str(e)[:1000]}"
+                trainer.checkpoint_format = "safetensors"
+                trainer.async_ckpt = type(trainer.async_ckpt)()
+                # The step again from the weights as they are (a bench measures time, not these numbers).
+                trainer.held = Held(
+                    policy, {}, 0, step, os.path.realpath(M.path_from_uri(uri))
+                )
+                r = trainer.train_step(req, batch, t, o, lambda *a: None, lambda: None)
+            res["trainer_checkpoint"] = trainer.checkpoint_format
             sync(dev)
             wall = time.perf_counter() - t0
             prev, uri = M.path_from_uri(uri), r["checkpoint_uri"]
@@ -316,7 +333,10 @@ def run_case(
             step += 1
         res["complete"] = "stopped" not in res
     finally:
-        trainer.async_ckpt.wait()  # the last step's optimizer state, before its directory goes
+        try:
+            trainer.async_ckpt.wait()  # the last step's optimizer state, before its directory goes
+        except Exception as e:  # noqa: BLE001 - recorded; the case's measurements stand
+            res["dcp_error"] = f"{type(e).__name__}: {str(e)[:1000]}"
         trainer.held = None
         trainer = policy = None
         shutil.rmtree(tmp, ignore_errors=True)

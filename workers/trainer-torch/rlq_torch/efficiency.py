@@ -73,16 +73,17 @@ def model_shape(policy) -> dict[str, int]:
         }
     cfg = policy.module.config
     cfg = getattr(cfg, "get_text_config", lambda: cfg)()
-    heads = int(cfg.num_attention_heads)
-    head_dim = getattr(cfg, "head_dim", None) or int(cfg.hidden_size) // heads
     params = sum(
         p.numel() for p in policy.module.parameters()
     )  # parameters() yields a tied tensor once
-    return {
-        "params": int(params),
-        "layers": int(cfg.num_hidden_layers),
-        "d_attn": heads * int(head_dim),
-    }
+    heads = int(
+        getattr(cfg, "num_attention_heads", 0) or 0
+    )  # 0: no attention (a state-space model): no T² term
+    head_dim = getattr(cfg, "head_dim", None) or (
+        int(cfg.hidden_size) // heads if heads else 0
+    )
+    layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    return {"params": int(params), "layers": layers, "d_attn": heads * int(head_dim)}
 
 
 def model_flops(

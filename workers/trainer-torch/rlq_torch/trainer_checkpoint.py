@@ -48,7 +48,7 @@ class AsyncCheckpoints:
     def _staging(self, on_cuda: bool):
         """DCP's stager, kept across saves: on cuda it copies into pinned host buffers it reuses for the same tensors
         (the moments and masters are the same tensors every step), synchronously, so the step may change them after."""
-        if self._stager is None:
+        if not self._stager:
             from torch.distributed.checkpoint.staging import (
                 DefaultStager,
                 StagingOptions,
@@ -85,10 +85,23 @@ class AsyncCheckpoints:
             state[f"master.{n}"] = t
         path = os.path.join(out_dir, DCP_DIR)
         on_cuda = any(t.is_cuda for t in state.values())
-        fut = dcp.async_save(
-            state, checkpoint_id=path, no_dist=True, async_stager=self._staging(on_cuda)
-        )
-        self._pending = (path, fut)
+        if self._stager is not False:
+            try:
+                fut = dcp.async_save(
+                    state,
+                    checkpoint_id=path,
+                    no_dist=True,
+                    async_stager=self._staging(on_cuda),
+                )
+                self._pending = (path, fut)
+                return
+            except Exception as e:  # noqa: BLE001 - staging runs here, before any write: DCP's default stager still can
+                warnings.warn(
+                    f"DCP's pinned-memory stager failed ({type(e).__name__}: {e}); staging to pageable memory from now on",
+                    stacklevel=2,
+                )
+                self._stager = False
+        self._pending = (path, dcp.async_save(state, checkpoint_id=path, no_dist=True))
 
 
 def has_dcp(path: str, weights_meta) -> bool:

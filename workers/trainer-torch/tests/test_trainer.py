@@ -136,8 +136,10 @@ class TrainStepTest(unittest.TestCase):
             _, one = read_safetensors(f"{self.dir}/one/{f}")
             _, rows = read_safetensors(f"{self.dir}/rows/{f}")
             for n in one:
+                # Adam's first step divides by √v: where a gradient is near zero, the summation order's rounding
+                # moves the update by up to ~1% of lr (1e-3 here), as in the micro-batch test below.
                 torch.testing.assert_close(
-                    rows[n], one[n], rtol=1e-5, atol=1e-6, msg=f"{f} {n}"
+                    rows[n], one[n], rtol=1e-5, atol=1e-5, msg=f"{f} {n}"
                 )
 
     def test_resuming_from_files_reproduces_the_held_weights(self):
