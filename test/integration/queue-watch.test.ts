@@ -1,9 +1,14 @@
+import { chromium } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runStatus } from "../../src/api.ts";
 import { formatStatus } from "../../src/cli/format-status.ts";
 import { readEnv } from "../../src/config/env.ts";
 import { createQueueBackend, type QueueBackend } from "../../src/queue/backend.ts";
 import { createQueues, type Queues } from "../../src/queue/queues.ts";
+import { startDashboard } from "../../src/dashboard/server.ts";
+import { createRunContextCache } from "../../src/runtime/run-context.ts";
+import { createDb } from "../../src/store/db.ts";
+import { chromiumArgs, ensureChromium } from "../helpers/chromium.ts";
 import { spawnRlq, waitFor, type Proc } from "../helpers/processes.ts";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 
@@ -12,8 +17,11 @@ import { createWorld, type World } from "../helpers/run-fixture.ts";
  * or obliterated behind rlq's back, with BullMQ's own Queue from the test, is seen, reported in
  * `rlq run status` (the report and its text) and repaired, and the run completes by itself.
  * Each change lands after the run's first train step: the rest of the run needs new rollout jobs,
- * so it completes only if rlq resumes the queue and adds the lost jobs back.
+ * so it completes only if rlq resumes the queue and adds the lost jobs back. The dashboard shows
+ * a paused queue in a banner (headless Chromium), and tells an operator's pause made in Bull Board
+ * with the token, which the watch leaves paused, from one made behind rlq's back.
  */
+const TOKEN = "queue-watch-test-token-0123456789";
 describe("the queue watch", () => {
   let w: World;
   let backend: QueueBackend;
@@ -73,7 +81,7 @@ describe("the queue watch", () => {
     const { runId, report } = await runWith(
       async () => {
         // Obliterate while rollout jobs wait in the queue: those jobs never ran, so their facts are missing.
-        await waitFor("rollout jobs waiting", async () => (await rollout.getJobCounts("waiting")).waiting > 0, 60_000, 20);
+        await waitFor("rollout jobs waiting", async () => ((await rollout.getJobCounts("waiting")).waiting ?? 0) > 0, 60_000, 20);
         await rollout.obliterate({ force: true });
       },
       (r) => {
@@ -85,5 +93,43 @@ describe("the queue watch", () => {
     expect(missing).toMatchObject({ runId, action: "re_added" });
     expect(formatStatus(report)).toMatch(/emptied \(meta restored\): rlq-rollout lost its state/);
     expect(formatStatus(report)).toMatch(/jobs missing \(jobs added back\): \d+ job\(s\) of run /);
+  });
+
+  it("the dashboard's banner shows a paused queue, and an operator's pause in Bull Board is left paused", async () => {
+    const browserCheck = await ensureChromium();
+    if (browserCheck.path === null) throw new Error(`the banner test needs Chromium: ${browserCheck.reason ?? "apt-get install -y chromium"}`);
+    const readerDb = createDb(w.env.DATABASE_URL as string, { max: 2 });
+    const dashboard = await startDashboard({ db: w.db, readerDb, queues, backend, contexts: createRunContextCache(w.db), port: 0, token: TOKEN });
+    const browser = await chromium.launch({ executablePath: browserCheck.path, headless: true, args: chromiumArgs });
+    const train = new backend.Queue("rlq-train", { connection: backend.connection, ...backend.baseOptions });
+    try {
+      // Behind rlq's back, with no controller running to resume it.
+      await train.pause();
+      const watchApi = async () =>
+        ((await (await fetch(`${dashboard.url}/queues/api/rlq-watch`)).json()) as { queueWatch: { pausedNow: Array<{ queue: string; byOperator: boolean }> } })
+          .queueWatch;
+      expect((await watchApi()).pausedNow).toEqual([{ queue: "rlq-train", byOperator: false }]);
+      const page = await browser.newPage();
+      await page.goto(dashboard.url);
+      await page.waitForSelector("#queue-banner[data-paused='rlq-train']", { state: "visible" });
+      expect(await page.textContent("#queue-banner")).toContain("rlq-train is paused, not by rlq");
+
+      // An operator's pause through Bull Board with the token: recorded, flagged, and not resumed by the watch.
+      const board = (action: string) =>
+        fetch(`${dashboard.url}/queues/api/queues/rlq-train/${action}`, { method: "PUT", headers: { authorization: `Bearer ${TOKEN}` } });
+      expect((await board("resume")).status).toBe(200);
+      expect((await board("pause")).status).toBe(200);
+      await waitFor("the operator's pause to be recorded", async () => (await watchApi()).pausedNow[0]?.byOperator === true, 30_000, 100);
+      await queues.watch.check({ warn: () => undefined });
+      expect(await train.isPaused()).toBe(true);
+      await page.locator("#queue-banner", { hasText: "rlq-train is paused by an operator" }).waitFor({ timeout: 30_000 });
+      expect((await board("resume")).status).toBe(200);
+      await page.waitForSelector("#queue-banner[data-paused='']", { state: "attached" });
+    } finally {
+      await train.close();
+      await browser.close();
+      await dashboard.close();
+      await readerDb.close();
+    }
   });
 });
