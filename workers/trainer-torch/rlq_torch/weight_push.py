@@ -692,10 +692,18 @@ def push_api_key(args: Any, environ: Mapping[str, str]) -> str | None:
 
 def pusher_from_args(args: Any, api_key: str | None) -> Any | None:
     """The trainer server's --push-* flags; None when no engine is named. --push-via tensor: the
-    engines share this host (update_weights_from_tensor); distributed (default): a process group."""
+    engines share this host (update_weights_from_tensor); distributed (default): a process group;
+    vllm-nccl: vLLM servers on GPUs (VllmNcclPusher)."""
     engines = [u for u in (getattr(args, "push_engines", None) or "").split(",") if u]
     if not engines:
         return None
+    if getattr(args, "push_via", "distributed") == "vllm-nccl":
+        return VllmNcclPusher(
+            engines,
+            master_address=args.push_master_address,
+            master_port=args.push_master_port,
+            api_key=api_key,
+        )
     if getattr(args, "push_via", "distributed") == "tensor":
         return TensorPusher(
             engines, tp_size=int(getattr(args, "push_tp_size", 1) or 1), api_key=api_key

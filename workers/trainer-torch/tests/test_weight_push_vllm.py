@@ -6,13 +6,19 @@ The transfer end to end needs vLLM's CUDA build and a GPU server: this file is t
 
 import socket
 import unittest
+from types import SimpleNamespace
 
 from helpers import require
 
 require("torch")
 
 import torch
-from rlq_torch.weight_push import VLLM_CPU_REFUSAL, PushError, VllmNcclPusher
+from rlq_torch.weight_push import (
+    VLLM_CPU_REFUSAL,
+    PushError,
+    VllmNcclPusher,
+    pusher_from_args,
+)
 
 
 def closed_port() -> int:
@@ -43,6 +49,20 @@ class VllmPushGateTest(unittest.TestCase):
             ):
                 self.assertIn(backend, VLLM_CPU_REFUSAL)
             self.assertIn("weight_sync: disk", VLLM_CPU_REFUSAL)
+
+    def test_the_server_flags_pick_it(self) -> None:
+        args = SimpleNamespace(
+            push_engines="http://127.0.0.1:1,http://127.0.0.1:2",
+            push_via="vllm-nccl",
+            push_master_address="127.0.0.1",
+            push_master_port=29700,
+        )
+        pusher = pusher_from_args(args, "k")
+        self.assertIsInstance(pusher, VllmNcclPusher)
+        self.assertEqual(
+            [c.url for c in pusher.clients],
+            ["http://127.0.0.1:1", "http://127.0.0.1:2"],
+        )
 
     def test_no_engine(self) -> None:
         with self.assertRaises(PushError):
