@@ -17,11 +17,13 @@ import { createTestDatabase, redisUrl } from "../helpers/services.ts";
  * without the token, and with a wrong one, and the queues read back through BullMQ are exactly as
  * before; reads answer as they do without a token. With the token, add, retry (one job and all
  * failed), remove, clean, empty, pause, resume (one queue and all) and obliterate change the
- * queues as Bull Board says they do.
+ * queues as Bull Board says they do. Both queue backends: Redis, and BullMQ's Postgres backend
+ * (the demo's, with no REDIS_URL). A change made with the token is recorded for the queue watch
+ * (queue/queue-watch.ts), one record per queue it touched; the refused ones record nothing.
  */
 const TOKEN = "board-test-token-0123456789abcdef";
 
-describe("Bull Board behind the dashboard token", () => {
+describe.each(["redis", "postgres"] as const)("Bull Board behind the dashboard token (%s queues)", (queueBackend) => {
   let database: Awaited<ReturnType<typeof createTestDatabase>>;
   let db: Db;
   let readerDb: Db;
@@ -33,8 +35,11 @@ describe("Bull Board behind the dashboard token", () => {
 
   beforeAll(async () => {
     database = await createTestDatabase("rlq_boardauth");
-    const prefix = `tboardauth${Date.now().toString(36)}`;
-    backend = createQueueBackend(readEnv({ DATABASE_URL: database.url, REDIS_URL: redisUrl, RLQ_QUEUE_PREFIX: prefix }), database.url);
+    const prefix = `tboardauth${queueBackend[0]}${Date.now().toString(36)}`;
+    backend = createQueueBackend(
+      readEnv({ DATABASE_URL: database.url, ...(queueBackend === "redis" ? { REDIS_URL: redisUrl } : {}), RLQ_QUEUE_PREFIX: prefix }),
+      database.url,
+    );
     queues = createQueues(backend);
     db = createDb(database.url, { max: 2 });
     readerDb = createDb(database.readerUrl, { max: 2 });
@@ -45,6 +50,7 @@ describe("Bull Board behind the dashboard token", () => {
     await dashboard?.close();
     await Promise.all(Object.values(q ?? {}).map((x) => x.obliterate({ force: true }).then(() => x.close())));
     await queues?.close();
+    await backend?.wipe(); // the queue watch's record too
     await db?.close();
     await readerDb?.close();
     await database?.drop();
@@ -140,6 +146,7 @@ describe("Bull Board behind the dashboard token", () => {
       }
     }
     expect(await snapshot()).toEqual(before);
+    expect(await queues.watch.events()).toEqual([]);
 
     // Reads answer without the token, from the read-only board.
     const read = (await (await board("GET", "/api/queues?activeQueue=rlq-train&status=waiting")).json()) as {
@@ -200,6 +207,30 @@ describe("Bull Board behind the dashboard token", () => {
     await ok("PUT", "/api/queues/rlq-rollout/obliterate", { force: true });
     expect(await rollout.getJob("r1")).toBeUndefined();
     expect(await rollout.isPaused()).toBe(false); // its meta key went with it
+    // Each change made with the token is on the queue watch's record, as the operator's.
+    const isObliterate = (e: { kind: string; detail: string }) => e.kind === "operator_change" && e.detail.startsWith("PUT /api/queues/rlq-rollout/obliterate");
+    const recorded = await waitFor(
+      "the board's changes on the watch's record",
+      async () => {
+        const events = await queues.watch.events();
+        return events.filter((e) => e.kind === "operator_pause").length === 6 && events.some(isObliterate) ? events : null;
+      },
+      30_000,
+      100,
+    );
+    expect(recorded.every((e) => e.action === "recorded" && e.runId === null)).toBe(true);
+    expect(
+      recorded
+        .filter((e) => e.kind === "operator_pause")
+        .map((e) => e.queue)
+        .sort(),
+    ).toEqual(["rlq-eval", "rlq-reward", "rlq-rollout", "rlq-rollout", "rlq-train", "rlq-train"].sort());
+    expect(
+      recorded
+        .filter((e) => e.kind === "operator_resume")
+        .map((e) => e.queue)
+        .sort(),
+    ).toEqual(["rlq-eval", "rlq-reward", "rlq-reward", "rlq-rollout", "rlq-train", "rlq-train"].sort());
   });
 
   it("a dashboard started without a token refuses changes with 403 and says how to allow them", async () => {
