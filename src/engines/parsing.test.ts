@@ -109,4 +109,20 @@ describe("OpenAI-compatible completions", () => {
     expect(() => applyCompletionChoice(emptyPartial(), { token_ids: [1], logprobs: { tokens: ["x"], token_logprobs: [null] } }, "t")).toThrow(/no log-prob/);
     expect(applyCompletionChoice(emptyPartial(), { token_ids: [], logprobs: { tokens: [], token_logprobs: [] }, finish_reason: "length" }, "t")).toBe("length");
   });
+
+  it("vLLM's finish reasons: repetition is a stop of its own; error is a retryable 500 after the tokens so far; anything else is a bad answer", () => {
+    const p = emptyPartial();
+    expect(applyCompletionChoice(p, { token_ids: [5], logprobs: { tokens: ["x"], token_logprobs: [-0.5] }, finish_reason: "repetition" }, "t")).toBe(
+      "repetition",
+    );
+    expect(p.tokenIds).toEqual([5]);
+    const q = emptyPartial();
+    expect(() => applyCompletionChoice(q, { token_ids: [7], logprobs: { tokens: ["y"], token_logprobs: [-0.1] }, finish_reason: "error" }, "t")).toThrow(
+      expect.objectContaining({ code: "engine_http_error", isRetriable: true, status: 500 }),
+    );
+    expect(q.tokenIds).toEqual([7]); // kept: the pool returns them as a resumable partial
+    expect(() =>
+      applyCompletionChoice(emptyPartial(), { token_ids: [], logprobs: { tokens: [], token_logprobs: [] }, finish_reason: "tool_calls" }, "t"),
+    ).toThrow(expect.objectContaining({ code: "engine_bad_response" }));
+  });
 });
