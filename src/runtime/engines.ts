@@ -157,10 +157,8 @@ export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null,
       embeddedVersions.set(ctx.runId, version);
     });
     // Nothing lost: the failure is thrown to this job by `await next`; the chain only orders loads.
-    locks.set(
-      ctx.runId,
-      next.catch(() => undefined),
-    );
+    const ordered = next.catch(() => undefined);
+    locks.set(ctx.runId, ordered);
     await next;
   };
   return {
