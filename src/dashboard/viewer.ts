@@ -98,7 +98,10 @@ export const samplesQuery = z.object({
   limit: optInt.pipe(z.number().int().min(1).max(500).optional()),
 });
 
-export function sampleFilterOf(q: z.infer<typeof samplesQuery>): SampleFilter {
+/** A page's query as parsed; every key may be left out. */
+type Query<S extends z.ZodTypeAny> = Partial<z.infer<S>>;
+
+export function sampleFilterOf(q: Query<typeof samplesQuery>): SampleFilter {
   const after = q.after?.split(":").map(Number) as [number, number] | undefined;
   return {
     step: q.step,
@@ -135,10 +138,10 @@ function ids<T extends Record<string, unknown>>(rows: T[], keys: readonly string
 }
 
 export interface ViewerPages {
-  steps(runId: string, q: z.infer<typeof stepsQuery>): Promise<Record<string, unknown>>;
+  steps(runId: string, q: Query<typeof stepsQuery>): Promise<Record<string, unknown>>;
   step(runId: string, step: number): Promise<Record<string, unknown>>;
-  groups(runId: string, step: number, q: z.infer<typeof groupsQuery>): Promise<Record<string, unknown>>;
-  samples(runId: string, q: z.infer<typeof samplesQuery>): Promise<Record<string, unknown>>;
+  groups(runId: string, step: number, q: Query<typeof groupsQuery>): Promise<Record<string, unknown>>;
+  samples(runId: string, q: Query<typeof samplesQuery>): Promise<Record<string, unknown>>;
   sample(runId: string, groupId: number, sampleIndex: number): Promise<Record<string, unknown>>;
 }
 

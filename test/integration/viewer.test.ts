@@ -24,14 +24,13 @@ const artifacts = join(repoRoot, "test-artifacts", "viewer");
  * more render than before, of the page's current hash. Fails with the viewer's error if it had one.
  */
 async function drawnAfter(page: Page, act: () => Promise<unknown>): Promise<void> {
-  const renders = () => page.evaluate(() => Number(document.querySelector<HTMLElement>("#viewer")?.dataset.renders ?? 0));
-  const before = await renders();
+  // Browser-side expressions as strings: this file is compiled without the DOM's types.
+  const before = await page.evaluate<number>("Number(document.querySelector('#viewer')?.dataset.renders ?? 0)");
   await act();
-  await page.waitForFunction((n) => {
-    const v = document.querySelector<HTMLElement>("#viewer");
-    return Number(v?.dataset.renders ?? 0) > n && v?.dataset.hash === location.hash;
-  }, before);
-  const error = await page.evaluate(() => document.querySelector<HTMLElement>("#viewer")?.dataset.error);
+  await page.waitForFunction(
+    `Number(document.querySelector('#viewer')?.dataset.renders ?? 0) > ${before} && document.querySelector('#viewer')?.dataset.hash === location.hash`,
+  );
+  const error = await page.evaluate<string | undefined>("document.querySelector('#viewer')?.dataset.error");
   expect(error ?? "", `viewer error at ${page.url()}`).toBe("");
 }
 
@@ -130,7 +129,7 @@ describe("rollout viewer in headless Chromium", () => {
     expect((await attrs(page, "#v-tokens span", "data-version")).map(Number)).toEqual(fact.token_versions);
     expect(await page.locator("#v-tokens").getAttribute("data-colour")).toBe("version");
     expect(await page.locator("#v-segments tbody tr").count()).toBeGreaterThan(0);
-    const backgrounds = () => spans.evaluateAll((els) => els.map((e) => (e as HTMLElement).style.background));
+    const backgrounds = () => spans.evaluateAll((els) => els.map((e) => e.getAttribute("style")));
     const byVersion = await backgrounds();
 
     // Switch the colouring: the loss mask (every demo token is trained: one colour), then the rollout log-prob.
@@ -148,7 +147,7 @@ describe("rollout viewer in headless Chromium", () => {
 
     // The link alone brings the same view back.
     await page.reload();
-    await page.waitForFunction(() => document.querySelector<HTMLElement>("#viewer")?.dataset.hash === location.hash);
+    await page.waitForFunction("document.querySelector('#viewer')?.dataset.hash === location.hash");
     expect(await page.locator("#v-tokens").getAttribute("data-colour")).toBe("logprob");
 
     // Back to the step, filter by reward: only samples with reward >= 0.5, as many as SQL finds.
@@ -168,7 +167,7 @@ describe("rollout viewer in headless Chromium", () => {
     // Open the SQL: the samples statement, run as shown through `rlq sql`, gives the rows on the page.
     await page.locator("#v-sql summary").click();
     await page.waitForSelector("#v-sql[open]");
-    await page.waitForFunction(() => location.hash.includes("sql=1"));
+    await page.waitForFunction("location.hash.includes('sql=1')");
     const command = (await page.locator('#v-sql pre[data-name="samples"]').textContent()) ?? "";
     expect(command).toMatch(/^rlq sql "SELECT /);
     expect(command).toContain("h.reward >= 0.5");
