@@ -434,4 +434,13 @@
 
   window.addEventListener("hashchange", () => void render());
   void render();
+  // The run page's newest steps follow a live run; a paged-back list, a viewer page and a compare
+  // form being filled in stay as they are.
+  setInterval(() => {
+    const st = state();
+    if (!st.get("run") || st.has("view") || st.has("before") || document.hidden) return;
+    const form = $("#v-compare-form");
+    if (form && [...form.elements].some((e) => e.value || e === document.activeElement)) return;
+    void render();
+  }, 10_000);
 })();
