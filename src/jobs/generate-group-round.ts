@@ -39,6 +39,28 @@ export interface RolloutDeps {
   log?: { warn(obj: object, msg: string): void };
 }
 
+/**
+ * The watcher's look at whether the round was aborted. A failed look answers false and is asked
+ * again at the next poll; the first failure of a streak is told, and the count when a look answers
+ * again (a database outage would otherwise log every poll of every rollout job).
+ */
+function abortCheck(deps: RolloutDeps, job: RolloutJob): () => Promise<boolean> {
+  const where = { runId: job.runId, groupId: job.groupId, round: job.round };
+  let failedChecks = 0;
+  return () =>
+    deps.store.isRoundAborted(job).then(
+      (v) => {
+        if (failedChecks > 0) deps.log?.warn({ ...where, failedChecks }, "rollout: abort check answers again");
+        failedChecks = 0;
+        return v;
+      },
+      (e: unknown) => {
+        if (failedChecks++ === 0) deps.log?.warn({ ...where, err: errorMessage(e) }, "rollout: abort check failed (asked again at each poll)");
+        return false;
+      },
+    );
+}
+
 export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job: RolloutJob, jobId: string): Promise<void> {
   const { store } = deps;
   const { runId, groupId, round, step } = job;
@@ -63,18 +85,14 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
   // and when the controller commits an abort for this run (a seal, a sync).
   const waker = createWaker();
   const stopHints = watching && deps.abortHints ? deps.abortHints(runId, waker.wake) : () => undefined;
+  const isRoundAborted = abortCheck(deps, job);
   const watcher = (async () => {
     while (watching) {
       await waker.wait(deps.abortPollMs ?? 250);
       waker.clear();
       if (!watching) break;
-      // A failed check is asked again at the next wake-up; after a failed abort the requests run to
-      // their own end and the round is still written as aborted (wasAborted).
-      const isAborted = await store.isRoundAborted(job).catch((e: unknown) => {
-        deps.log?.warn({ runId, groupId, round, err: errorMessage(e) }, "rollout: abort check failed (asked again)");
-        return false;
-      });
-      if (isAborted) {
+      // After a failed abort the requests run to their own end and the round is still written as aborted (wasAborted).
+      if (await isRoundAborted()) {
         wasAborted = true;
         watching = false;
         if (engine)
