@@ -261,7 +261,7 @@ export interface OutageRecord extends PlannedOutage {
     | "no progress after the outage"
     | "past the timeout: rlq up exited 75"
     | "past the timeout: rlq up did not exit 75";
-  /** Seconds from the restart to the run's next decision (null: it ended or did not move). */
+  /** Seconds from the restart to the run's first decision after it (null: it ended or did not move). */
   progressAfterS: number | null;
   /** "waiting out a Postgres or Redis outage" lines rlq up logged during this outage. */
   jobWaitsLogged: number;
@@ -340,13 +340,16 @@ async function applyOutage(
     controllerRestartsLogged: count(during, /starting it again/g),
   };
   if (exitCode() !== null) return { ...rec, outcome: "rlq up exited during the outage" };
-  // The run moves on by itself: a decision after the restart, or it completes.
+  // The run moves on by itself: a decision after the restart, or it completes. (During a Redis
+  // outage the controller may still commit to Postgres: the log's length at the restart counts.)
+  const atRestart = await readProgress(w.db, runId);
   for (const deadline = Date.now() + 240_000; Date.now() < deadline; await sleep(200)) {
     const p = await readProgress(w.db, runId).catch((e: unknown) => {
       log(`  ${spec.name}: reading progress after the restart: ${(e as Error).message}`);
       return null;
     });
-    if (p && (p.maxSeq > before.maxSeq || p.status !== "running")) return { ...rec, outcome: "ridden out", progressAfterS: (Date.now() - restartedAt) / 1000 };
+    if (p && (p.maxSeq > atRestart.maxSeq || p.status !== "running"))
+      return { ...rec, outcome: "ridden out", progressAfterS: (Date.now() - restartedAt) / 1000 };
     if (exitCode() !== null && exitCode() !== 0) return { ...rec, outcome: "rlq up exited during the outage" };
   }
   return { ...rec, outcome: "no progress after the outage" };
