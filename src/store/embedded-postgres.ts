@@ -107,7 +107,9 @@ export function recordedPort(home: string): number | null {
   const file = join(home, "pg.json");
   if (!existsSync(file)) return null;
   try {
-    const port = Number((JSON.parse(readFileSync(file, "utf8")) as { port?: unknown }).port);
+    const rec = JSON.parse(readFileSync(file, "utf8")) as { port?: unknown; url?: unknown };
+    // A pg.json written before ports were recorded holds only the url.
+    const port = Number(rec.port ?? (typeof rec.url === "string" ? new URL(rec.url).port : NaN));
     return Number.isInteger(port) && port > 0 ? port : null;
   } catch {
     // A torn or hand-edited pg.json: the server is looked for at the other ports, and pg.json is rewritten when one starts.
