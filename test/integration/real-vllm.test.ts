@@ -485,4 +485,17 @@ describe("the real vLLM server, and the fake held to it", () => {
     const after = await e.generate(request("after-load", { inputIds: t.prompt, stopTokenIds: [], seed: 3 }));
     expect(after.weightVersion).toBe(7);
   });
+
+  it("trainer_push has no way in on the CPU build: /init_weight_transfer_engine answers that no weight transfer is configured", async () => {
+    // The dev route exists (entrypoints/rl/online/api_router.py), but the worker builds a transfer
+    // engine only with --weight-transfer-config (v1/worker/gpu_worker.py load_model,
+    // _check_weight_transfer_engine), and every backend that flag can name needs CUDA
+    // (distributed/weight_transfer/factory.py): docs/engines.md, rlq_torch/weight_push.py VLLM_CPU_REFUSAL.
+    const t = targets.find((x) => x.name === "vllm") as Target;
+    const init = await raw(t, "/init_weight_transfer_engine", { init_info: { master_address: "127.0.0.1", master_port: 1, rank_offset: 1, world_size: 2 } });
+    expect(init.status, init.text).toBeGreaterThanOrEqual(400);
+    expect(init.text).toMatch(/Weight transfer not configured|Internal Server Error/);
+    // The server goes on serving.
+    expect((await engine(t).generate(request("after-init", { inputIds: t.prompt, stopTokenIds: [], seed: 3 }))).tokenIds.length).toBeGreaterThan(0);
+  });
 });
