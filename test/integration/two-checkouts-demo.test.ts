@@ -118,6 +118,9 @@ describe("two checkouts run the demo at once", () => {
       const r = rewards(d.out());
       expect(r, d.out()).toHaveLength(STEPS);
       expect(mean(r.slice(-3)), `rewards ${r.join(" ")}`).toBeGreaterThan(mean(r.slice(0, 3)));
+      console.info(
+        `demo in ${d === demoA ? "checkout-a" : "checkout-b"}: mean reward, first 3 steps ${mean(r.slice(0, 3)).toFixed(3)} -> last 3 ${mean(r.slice(-3)).toFixed(3)}`,
+      );
     }
     // Each checkout's database holds its own run and nothing else.
     const runOf = (d: Demo) => /^run (\S+):/m.exec(d.out())?.[1];
