@@ -218,6 +218,14 @@ def pick_attention(device: torch.device) -> tuple:
     )
 
 
+def several_per_row(lengths, train_cfg) -> bool:
+    """Whether packing puts more than one sample in a row of max_tokens_per_gpu tokens."""
+    row = train_cfg.get("max_tokens_per_gpu") or 0
+    return bool(train_cfg.get("use_dynamic_batch_size")) and any(
+        (p + r) * 2 <= row for p, r in lengths
+    )
+
+
 def sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -251,6 +259,12 @@ def run_case(
     }
     doc["results"].append(res)
     trainer = TorchTrainer(str(dev), checkpoint_format=args.trainer_checkpoint)
+    if attn == "sdpa" and dev.type == "cuda" and several_per_row(lengths, train_cfg):
+        # sdpa takes packed rows as a dense block-diagonal mask, which sends it to its math kernel: the Qwen3 shape's
+        # 16k rows ran out of 80 GB that way (bench/results/trainer-torch-gpu-bench-h100-sdpa.json). flex_attention
+        # masks them by block (25.1k tokens/s without the save in trainer-torch-gpu-bench-h100-flex-shm-probe.json);
+        # with one sample per row sdpa's causal flash kernel is the faster (24.1k against 19.4k).
+        attn = "flex_attention"
     policy = M.hf_from_config(model_cfg, dev, 1, attn_implementation=attn)
     res["attention"] = policy.module.config._attn_implementation
     res["parameters"] = int(sum(p.numel() for p in policy.module.parameters()))
@@ -417,6 +431,11 @@ def main() -> None:
         help="the trainer's own checkpoint, as server.py's flag: dcp saves it asynchronously (the GPU setting)",
     )
     ap.add_argument(
+        "--attention",
+        default=None,
+        help="the model's attn_implementation for every case (default: flash attention where it imports, else sdpa)",
+    )
+    ap.add_argument(
         "--scratch",
         default=None,
         help="where the steps' checkpoints go (default: the system's temporary directory)",
@@ -433,6 +452,8 @@ def main() -> None:
     else:
         torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     attn, why = pick_attention(dev)
+    if args.attention is not None:
+        attn, why = args.attention, "--attention"
     import transformers
 
     os.makedirs(args.out, exist_ok=True)

@@ -85,11 +85,12 @@ class AsyncCheckpoints:
             state[f"master.{n}"] = t
         path = os.path.join(out_dir, DCP_DIR)
         on_cuda = any(t.is_cuda for t in state.values())
+        writer = _writer(path)
         if self._stager is not False:
             try:
                 fut = dcp.async_save(
                     state,
-                    checkpoint_id=path,
+                    storage_writer=writer,
                     no_dist=True,
                     async_stager=self._staging(on_cuda),
                 )
@@ -101,7 +102,21 @@ class AsyncCheckpoints:
                     stacklevel=2,
                 )
                 self._stager = False
-        self._pending = (path, dcp.async_save(state, checkpoint_id=path, no_dist=True))
+        self._pending = (
+            path,
+            dcp.async_save(state, storage_writer=_writer(path), no_dist=True),
+        )
+
+
+def _writer(path: str):
+    """DCP's file writer with one file and one thread per share of the state: its default, one thread, writes the
+    7 GB of a 0.6B model's state at a fraction of the disk's rate (an H100 box measured ~1.4 GB/s for its disk and
+    5 s per save single-threaded, into memory as onto disk), and the next step's save waits for it."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    return FileSystemWriter(
+        path, sync_files=True, thread_count=max(1, min(8, os.cpu_count() or 1))
+    )
 
 
 def has_dcp(path: str, weights_meta) -> bool:
