@@ -47,12 +47,15 @@ export async function runUp(
   const outage = createOutageClock(s.env.RLQ_OUTAGE_TIMEOUT_S * 1000);
   // Redis commands wait for a reconnect instead of failing: a Redis outage shows only here.
   const queueProbe = createServiceProbe(() => s.queues.depths());
+  /** When each run's controller (the one in `active`) was started. */
+  const launchedAt = new Map<string, number>();
   /** A failed controller's run: not started again before this time. */
   const retryAt = new Map<string, number>();
   options.signal.addEventListener("abort", () => stopAll.abort(), { once: true });
   const launch = (runId: string) => {
     if (active.has(runId) || finished.has(runId) || (retryAt.get(runId) ?? 0) > Date.now()) return;
     const startedAt = Date.now();
+    launchedAt.set(runId, startedAt);
     const p = runController(
       {
         db: s.db,
@@ -118,6 +121,13 @@ export async function runUp(
       const all = await listRuns(s.db).then(
         (rs) => {
           outage.ok("(run list)");
+          // A controller that ran through a read Postgres answered is past its outage: its clock
+          // stops here, not when it exits (a run that outlives the bound after one outage, or
+          // meets a second outage seconds after the first, is not one long outage).
+          for (const [runId, at] of launchedAt) if (at <= listedAt && active.has(runId)) outage.ok(runId);
+          // Postgres answers: a controller backing off from an outage starts again within a second,
+          // not after a back-off that could outlast the bound while nothing is down.
+          for (const [runId, at] of retryAt) retryAt.set(runId, Math.min(at, Date.now() + 1000));
           return rs;
         },
         (e: unknown) => {

@@ -72,6 +72,26 @@ describe.skipIf(skip !== null)("queue store outages under rlq up", () => {
     expectExact(r);
   }, 420_000);
 
+  it("two Postgres outages 12 s apart, each shorter than RLQ_OUTAGE_TIMEOUT_S and together longer, are two outages: the run completes", async () => {
+    // The fault script's seed 1297705536 met this: 154 s down, 12 s up, 29 s down under a 300 s
+    // bound, and rlq up exited 75 counting the two as one outage of 301 s.
+    const r = await runWithOutages(
+      w,
+      { name: "pgtwice", mode: "sync", queue: "redis", numRollout: 4, outageTimeoutS: 15 },
+      [
+        outage({ service: "postgres", lengthMs: 8000, gapMs: 5000, phase: "controller-commit" }),
+        outage({ service: "postgres", lengthMs: 8000, gapMs: 12_000, phase: "controller-commit" }),
+      ],
+      log,
+    );
+    expect(
+      r.outages.map((o) => o.outcome),
+      `${JSON.stringify(r.outages)}\n${r.upOutputTail}`,
+    ).toEqual(["ridden out", "ridden out"]);
+    expect(r.upExits, r.upOutputTail).toEqual([0]);
+    expectExact(r);
+  }, 420_000);
+
   it("BullMQ's Postgres backend: Postgres down 30 s in a train step is ridden out; past the timeout, exit 75 and a clean finish", async () => {
     const ridden = await runWithOutages(
       w,
