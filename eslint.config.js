@@ -59,6 +59,8 @@ export default tseslint.config(
       "bin/**",
       "workers/trainer-torch/**",
       "eslint.config.js",
+      ".dependency-cruiser.cjs",
+      "test-artifacts/**",
       "**/*.mjs",
     ],
   },

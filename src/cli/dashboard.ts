@@ -2,8 +2,8 @@ import type { Services } from "../runtime/services.ts";
 import { startMetricsServer, processMetrics } from "../observability/prometheus.ts";
 import { ConfigError } from "../config/run-config.ts";
 import { createDb } from "../store/db.ts";
-import { readDashboardToken } from "../dashboard/token.ts";
-import { assertTokenForHost } from "../dashboard/access.ts";
+import { readDashboardToken } from "../http-access/token.ts";
+import { assertTokenForHost } from "../http-access/access.ts";
 
 function parsePort(flag: string, value: string): number {
   const port = Number(value);

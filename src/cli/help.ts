@@ -12,9 +12,9 @@ const details: Record<string, string> = {
   config: `  rlq config import-slime SCRIPT.sh [-o run.yaml]   a slime launch script (bash arrays, continuation
                                                     lines, sourced model files) to an rlq run config
   rlq config import-slime --flag value ... [-o run.yaml]   the same from train.py's flags
-      The YAML goes to stdout (or -o FILE); the report (mapped, renamed, dropped by group,
-      unsupported and why, written by rlq, validation) goes to stderr. Exit 2 if the result
-      does not validate.
+      The YAML goes to stdout (or -o FILE); the report (what changes the run first, mapped,
+      renamed, placement, dropped by group with why, written by rlq, validation) goes to stderr.
+      Exit 2 unless the result validates and nothing that changes what the run does was dropped.
   rlq config check FILE [--set key=value]... [--json]
       Validate, print the effective config (every default filled in), and warn of keys that
       change nothing with this config and of slime defaults that rlq does not share.`,

@@ -123,7 +123,7 @@ export async function main(argv: string[]): Promise<number> {
       if (concurrency !== undefined && (!Number.isInteger(concurrency) || concurrency <= 0))
         throw new ConfigError(`--concurrency ${values.concurrency}: expected a positive integer`);
       const { signal } = waitForSignal();
-      const [{ startProcessExtras }, { defaultConcurrency, startWorkers }] = await Promise.all([import("./dashboard.ts"), import("../runtime/workers.ts")]);
+      const [{ startProcessExtras }, { defaultConcurrency, startWorkers }] = await Promise.all([import("./dashboard.ts"), import("../jobs/workers.ts")]);
       return withServices(`rlq-worker-${kinds.join("-")}`, async (s) => {
         const extras = await startProcessExtras(s, { dashboardPort: null });
         signal.addEventListener("abort", () => void extras.close(), { once: true });

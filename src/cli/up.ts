@@ -14,7 +14,7 @@ import { readSelect } from "../store/dashboard-read.ts";
 /** This process's workers; a controller-only `rlq up --workers ''` does not load the job processors. */
 async function startUpWorkers(s: Services, kinds: readonly QueueKind[]): Promise<{ close(): Promise<void> }> {
   if (kinds.length === 0) return { close: async () => undefined };
-  const { startWorkers } = await import("../runtime/workers.ts");
+  const { startWorkers } = await import("../jobs/workers.ts");
   return startWorkers(s, kinds);
 }
 

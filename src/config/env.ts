@@ -41,7 +41,7 @@ const envSchema = z.object({
   /**
    * Where the dashboard and /metrics listen (`--host` overrides it); default 127.0.0.1. Beyond
    * loopback every request needs the dashboard token, and without one they refuse to start
-   * (dashboard/access.ts).
+   * (http-access/access.ts).
    */
   RLQ_DASHBOARD_HOST: z.preprocess((v) => (v === "" ? undefined : v), z.string().default("127.0.0.1")),
   /** Serve Prometheus /metrics on this port (at RLQ_DASHBOARD_HOST) from `rlq up`, `rlq worker` and `rlq dashboard`. */

@@ -159,7 +159,7 @@ export const runConfigSchema = z
     trainer_unreachable_timeout_s: z.number().positive().default(300),
     /**
      * Asynchronous mode (slime's train_async): generation keeps going while steps
-     * train, under admission control (DESIGN §1). max_staleness defaults to 1 here
+     * train, under admission control (docs/architecture.md "Asynchronous mode"). max_staleness defaults to 1 here
      * (slime's one-step-off pipeline).
      */
     train_async: z.boolean().default(false),

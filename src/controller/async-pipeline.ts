@@ -7,7 +7,7 @@ import { decideReady, dispatchRounds, drawAndDispatch, inflightRounds, landedRou
 import { awaitEval, completeRun, dispatchEval, dispatchTrain, isEvalDue, isFirstEvalDue, recordTrained, syncEngines } from "./step-blocks.ts";
 
 /**
- * Asynchronous mode (train_async, DESIGN §1): generation, training and weight
+ * Asynchronous mode (train_async, docs/architecture.md "Asynchronous mode"): generation, training and weight
  * sync overlap. Each tick runs four independent parts, each a few decisions:
  * collect, train, sync, admission. The rules are pure (core/pipeline.ts,
  * core/decide-groups.ts); this file reads the facts they need.
@@ -25,7 +25,7 @@ export async function tickAsync(h: ControllerHost): Promise<boolean> {
   // requests queue ahead of the new groups'. Drawn first, the new groups took the engines' slots
   // and the resumed long tails waited behind them; the groups in flight then held half the
   // unfinished samples, and at 64 engines with max_staleness 4 the engines ran short of requests
-  // late in every step (bench/cluster-sim.ts; docs/performance.md "Session 15").
+  // late in every step (bench/cluster-sim.ts; docs/performance.md, "Cluster scale").
   if (wasSyncing && s.syncing === null) progressed = (await collectAsync(h)) || progressed;
   if (s.status === "running" && s.syncing === null) progressed = (await admitAsync(h)) || progressed;
   return progressed;
@@ -107,9 +107,9 @@ async function syncAsync(h: ControllerHost): Promise<boolean> {
  * is continued at the new version as soon as it lands, and once every one has landed the groups the
  * new version admits are drawn, all before `weights.synced`. The rollout workers hold these requests
  * until an engine reports the new version (runtime/engines.ts; the controller says when each load
- * ends, store/notify.ts `rlq_loaded`), so each engine takes its share the moment its own load ends,
+ * ends, store/notify.ts `rlq_weights`), so each engine takes its share the moment its own load ends,
  * instead of after the slowest load, the synced commit and the dispatch (~250 ms a step at 64
- * simulated engines, docs/performance.md "Session 20"). The resumed rounds still go out before the
+ * simulated engines, docs/performance.md, "Cluster scale"). The resumed rounds still go out before the
  * new groups ("Session 15"). Returns true once every round of the old version has landed: the sync
  * may end when the loads do. Rounds dispatched at the new version are not waited for.
  */

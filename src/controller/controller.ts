@@ -27,7 +27,7 @@ export type { ControllerDeps } from "./host.ts";
 export { reconcileAction } from "./reconcile.ts";
 
 /**
- * The per-run controller (DESIGN §1). It holds the run's lease, folds the
+ * The per-run controller (docs/architecture.md "The loop"). It holds the run's lease, folds the
  * decision log into state, and ticks the sync step (sync-step.ts) or the async
  * pipeline (async-pipeline.ts). Decisions are made in core/ (decide-groups.ts,
  * pipeline.ts, the fold); every decision is committed before its job is
@@ -117,7 +117,7 @@ class RunController implements ControllerHost {
       dataset,
       await createDynamicFilter(c, process.cwd()),
       await createBufferFilter(c, process.cwd()),
-      (deps.engineAdmin ?? (() => createEngineAdmin(c, { onEngineLoaded: coalescedNotifier(deps.db.pool, "rlq_loaded", lease.runId) })))(ctx),
+      (deps.engineAdmin ?? (() => createEngineAdmin(c, { onEngineLoaded: coalescedNotifier(deps.db.pool, "rlq_weights", lease.runId) })))(ctx),
     );
     ctl.snapshotSeq = fromSnapshotSeq;
     if (c.rollout_function_path !== null) {

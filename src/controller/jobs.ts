@@ -4,7 +4,7 @@ import type { JobData, QueueKind } from "../queue/payloads.ts";
 import type { Queues } from "../queue/queues.ts";
 
 /**
- * The outbox's one mapping (DESIGN §2): a committed decision → the job it
+ * The outbox's one mapping (docs/architecture.md "The fact model"): a committed decision → the job it
  * calls for. Every enqueue of the controller (and of the rollout-function
  * driver) goes through `jobFor`, so a job's payload is always what its
  * decision recorded, and reconcile re-adds exactly the job the live path added.

@@ -10,7 +10,7 @@ import { inflightRounds, unlandedDispatchVersion, liveRounds } from "./groups.ts
 import { enqueueJob, jobFor, rewardJobFor, type Job } from "./jobs.ts";
 
 /**
- * Make the queues match the state (DESIGN §2): for each job the state expects
+ * Make the queues match the state (docs/architecture.md "The fact model"): for each job the state expects
  * and whose fact is missing, missing jobs are added, failed ones retried (or
  * the run paused). Runs at start, every few seconds, whenever the queue's
  * sentinel vanished, and on resume (`isResume`: failures are retried).

@@ -11,7 +11,7 @@ import { decideReady, dispatchRounds, drawAndDispatch, inflightRounds, landedRou
 import { awaitEval, completeRun, dispatchEval, dispatchTrain, isEvalDue, isFirstEvalDue, recordTrained, syncEngines } from "./step-blocks.ts";
 
 /**
- * One rollout step in synchronous mode (DESIGN §1): collect (draw, dispatch,
+ * One rollout step in synchronous mode (docs/architecture.md "The loop"): collect (draw, dispatch,
  * filter completed groups) → seal → train, while the aborted rounds drain
  * (back to the buffer or discarded) → sync once both are done → next step.
  * Each call does what the state's phase allows and returns whether anything

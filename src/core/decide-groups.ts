@@ -6,7 +6,7 @@ import type { AssembledSample } from "./sample.ts";
 import { judgeStaleness, stalenessRule } from "./staleness.ts";
 
 /**
- * Deciding completed groups (DESIGN §1, steps 4 and 5): the filter's verdict,
+ * Deciding completed groups (docs/architecture.md "The loop", steps 4 and 5): the filter's verdict,
  * the staleness rule, the step a group joins and, in async mode, the seals.
  * Pure: the controller calls the filter plugin and loads the groups, then
  * commits what this returns.

@@ -3,7 +3,7 @@ import type { Decision } from "./decisions.ts";
 import { totalSteps, type RunState } from "./run-state.ts";
 
 /**
- * The asynchronous pipeline's rules (train_async, DESIGN §1): admission, the
+ * The asynchronous pipeline's rules (train_async, docs/architecture.md "Asynchronous mode"): admission, the
  * weight sync's intent and the end of the run. Pure: the controller reads
  * which rounds have landed and commits what these return.
  */

@@ -3,7 +3,7 @@ import { effectiveMaxStaleness } from "../config/run-config.ts";
 import { sampleStaleness, stepVersionIn, type AssembledSample } from "./sample.ts";
 
 /**
- * The staleness bound and its policy (DESIGN §1, "Segments and versions").
+ * The staleness bound and its policy (docs/architecture.md "Staleness").
  * Pure: the controller judges a completed group when it joins a step, and the
  * train job and `rlq replay` derive the same masks from the same rule.
  *
@@ -37,7 +37,7 @@ export type StalenessVerdict = { kind: "train" } | { kind: "cut"; samples: numbe
  * What happens to a completed group about to join `step`. keep and mask
  * always train (mask zeroes the stale tokens); drop cuts the samples holding
  * stale tokens so they regenerate, at most `maxRegenerations` times, then
- * discards the group. Never an unchanged requeue (DESIGN §1: that biases
+ * discards the group. Never an unchanged requeue (docs/architecture.md "Staleness": that biases
  * training toward short problems).
  */
 export function judgeStaleness(samples: readonly AssembledSample[], step: number, rule: StalenessRule, regenerations: number): StalenessVerdict {

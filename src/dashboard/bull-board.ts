@@ -7,7 +7,7 @@ import { openBoardQueues } from "../queue/board-queues.ts";
 import { queueKinds } from "../queue/payloads.ts";
 import type { QueueWatch } from "../queue/queue-watch.ts";
 import { queueName } from "../queue/queues.ts";
-import { tokenMatches } from "./token.ts";
+import { tokenMatches } from "../http-access/token.ts";
 
 /**
  * Bull Board (@bull-board/api + its Express adapter) at `basePath`, over rlq's

@@ -67,8 +67,6 @@ export const sql = {
   sample: `SELECT group_id, sample_index, step, draw_ordinal, prompt, response, tokens, prompt_length, response_length,
            loss_mask, token_versions, weight_versions, reward, reward_components, outcome, outcome_reason, trained_step, finish_reason
          FROM rollout_history WHERE run_id = $1 AND group_id = $2 AND sample_index = $3`,
-  leaseEpochs: `SELECT run_id, epoch FROM run_leases`,
-  engineSnapshots: `SELECT run_id, worker, snapshot FROM engine_metrics`,
 } as const;
 
 export interface RunOverview {

@@ -1,7 +1,7 @@
 import { z } from "zod";
 
 /**
- * The Engine interface (DESIGN §6): what every generation backend implements —
+ * The Engine interface (docs/architecture.md "Engines and weight versions"): what every generation backend implements —
  * the embedded ONNX engine, the SGLang adapter and the OpenAI-compatible adapter.
  *
  * Invariants every implementation keeps:

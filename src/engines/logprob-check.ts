@@ -3,7 +3,7 @@ import { RlqError } from "../lib/errors.ts";
 
 /**
  * rlq needs each token's log-prob under log softmax(logits / T) over the full
- * vocabulary, before top-p/top-k truncation (DESIGN §3): that is what the
+ * vocabulary, before top-p/top-k truncation (docs/algorithms.md): that is what the
  * trainer recomputes. Servers can be configured otherwise, and not always
  * visibly: SGLang's SGLANG_RETURN_ORIGINAL_LOGPROB environment variable
  * (log-probs before temperature) is not reported by any endpoint; vLLM's

@@ -3,7 +3,7 @@ import { loadKeepsRequests, type SyncStrategy } from "../core/weight-sync.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /**
- * The controller's side of weight sync (DESIGN §1 step 7, §6).
+ * The controller's side of weight sync (docs/architecture.md "Engines and weight versions").
  *
  * disk: after train step s commits version v at `checkpointUri`, rlq tells
  *   every live engine to load it (SGLang update_weights_from_disk carrying

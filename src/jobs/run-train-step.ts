@@ -18,7 +18,7 @@ import { errorMessage, RlqError } from "../lib/errors.ts";
 import { ifMissing } from "../lib/if-missing.ts";
 
 /**
- * The train job. A step commits once (DESIGN §2): the attempt writes into its
+ * The train job. A step commits once (docs/architecture.md "The fact model"): the attempt writes into its
  * own directory, then one transaction inserts the `train_steps` row (primary
  * key (run, step)) with the metrics and trained marks. The winner deletes the
  * other attempts' directories; a loser deletes its own.

@@ -99,7 +99,10 @@ export const ERROR_CODES = {
   engine_no_version: { retriable: true, meaning: "An engine did not report a weight version." },
   engine_bad_version: { retriable: false, meaning: "An engine reports a weight version that is not a number." },
   engine_load_failed: { retriable: "varies", meaning: "No engine loaded the checkpoint (retriable when the underlying failure was)." },
-  engine_cannot_load: { retriable: false, meaning: "This engine cannot load weights from disk (trainer_push only)." },
+  engine_cannot_load: {
+    retriable: false,
+    meaning: "This engine cannot take the run's weight updates (the message names what is missing: a load route, a push route, a frontend or a DP layout).",
+  },
   engine_logprobs_truncated: { retriable: false, meaning: "The engine's log-probs are taken after top-p/top-k truncation but the sampling needs them before." },
   engine_logprobs_unscaled: { retriable: false, meaning: "The engine's log-probs are taken before temperature but rollout_temperature is not 1." },
   engine_model_missing: { retriable: false, meaning: "The server does not serve the configured model." },

@@ -41,7 +41,7 @@ export interface HttpCallOptions {
    * CONTROL_SOCKETS_PER_SERVER kept-alive connections and queue for them, instead of each opening
    * its own (a sync at 64 engines aborts ~1200 requests at once). 1200 concurrent POSTs from one
    * Node process took ~1.2 s unbounded and ~0.2 s over a few connections per server
-   * (docs/performance.md "Session 16", which also has what the lane did not fix).
+   * (bench/cluster-sim.ts, docs/performance.md "Cluster scale").
    */
   lane?: "control";
 }

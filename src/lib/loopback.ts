@@ -6,7 +6,7 @@ import { isIPv4, isIPv6 } from "node:net";
  * `::ffff:127.x.y.z`). Anything else is "beyond loopback": a wildcard (`0.0.0.0`, `::`, the empty
  * string, which Node binds to every interface), an interface's address, or a host name other than
  * localhost (its address is whatever a resolver says). The dashboard and /metrics require the
- * token for every request when their host is beyond loopback (dashboard/access.ts).
+ * token for every request when their host is beyond loopback (http-access/access.ts).
  */
 export function isLoopbackHost(host: string): boolean {
   const h = host

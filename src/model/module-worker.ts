@@ -7,7 +7,7 @@ import { Worker, type WorkerOptions } from "node:worker_threads";
  * TypeScript sources (tsx, vitest) or from compiled `dist/` JavaScript.
  *
  * Why: engine sessions and trainer steps block the thread that runs them, and a
- * BullMQ worker whose event loop is blocked loses its job lock (DESIGN §5). A
+ * BullMQ worker whose event loop is blocked loses its job lock (docs/architecture.md "The queue"). A
  * plain `new Worker(file.ts)` fails because Node does not load TypeScript, and
  * tsx's loader registered in the parent does not reach workers; so a `.ts`
  * module is started through a one-line bootstrap that registers tsx first.

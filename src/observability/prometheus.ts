@@ -2,11 +2,16 @@ import { createServer, type Server } from "node:http";
 import { Counter, Gauge, Registry, collectDefaultMetrics } from "prom-client";
 import type { Db } from "../store/db.ts";
 import { readSelect } from "../store/dashboard-read.ts";
-import { sql } from "../dashboard/queries.ts";
-import { tokenMatches } from "../dashboard/token.ts";
-import { assertTokenForHost } from "../dashboard/access.ts";
+import { tokenMatches } from "../http-access/token.ts";
+import { assertTokenForHost } from "../http-access/access.ts";
 import { isLoopbackHost } from "../lib/loopback.ts";
 import type { Queues } from "../queue/queues.ts";
+
+/** What /metrics reads beyond the process's own counters, through the reader role. */
+const metricsSql = {
+  leaseEpochs: `SELECT run_id, epoch FROM run_leases`,
+  engineSnapshots: `SELECT run_id, worker, snapshot FROM engine_metrics`,
+};
 
 /**
  * Prometheus metrics of one rlq process (prom-client). Counters are
@@ -70,7 +75,7 @@ function create(): ProcessMetrics {
     async collect() {
       this.reset();
       if (!sources.db) return;
-      const rows = await readSelect<{ run_id: string; epoch: number }>(sources.db, sql.leaseEpochs).catch(unreadable("leases", []));
+      const rows = await readSelect<{ run_id: string; epoch: number }>(sources.db, metricsSql.leaseEpochs).catch(unreadable("leases", []));
       for (const r of rows) this.set({ run: r.run_id }, Number(r.epoch));
     },
   });
@@ -92,7 +97,9 @@ function create(): ProcessMetrics {
     async collect() {
       this.reset();
       if (!sources.db) return;
-      const rows = await readSelect<{ run_id: string; worker: string; snapshot: unknown }>(sources.db, sql.engineSnapshots).catch(unreadable("engines", []));
+      const rows = await readSelect<{ run_id: string; worker: string; snapshot: unknown }>(sources.db, metricsSql.engineSnapshots).catch(
+        unreadable("engines", []),
+      );
       for (const r of rows) {
         const engines = (r.snapshot as { engines?: Array<Record<string, unknown>> } | null)?.engines ?? [];
         for (const e of engines) {

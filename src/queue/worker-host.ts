@@ -4,7 +4,6 @@ import { jobSchemas, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "
 import { queueName } from "./queues.ts";
 import { errorMessage, isBug, isRetriable, RlqError } from "../lib/errors.ts";
 import { retryThroughOutages } from "../lib/infra-outage.ts";
-import { processMetrics } from "../observability/prometheus.ts";
 
 /**
  * Runs a processor for one queue. Decides once, here, whether an error is
@@ -96,6 +95,9 @@ export function startWorker<K extends QueueKind>(
     outageTimeoutMs?: number;
     /** Each wait for an outage, with how long it has lasted (a log line: the job is alive, not stuck). */
     onOutageWait?: (info: { jobId: string | undefined; waitedMs: number; retryInMs: number; error: unknown }) => void;
+    /** Each job that completed, and each attempt that failed (`final`: no attempt left): the caller's counters. */
+    onJobCompleted?: () => void;
+    onJobFailed?: (final: boolean) => void;
   },
 ): WorkerHandle {
   const schema = jobSchemas[kind];
@@ -153,11 +155,10 @@ export function startWorker<K extends QueueKind>(
       options.onWorkerError?.(e, lastWorkerError.message === e.message ? lastWorkerError.repeats : 0);
       Object.assign(lastWorkerError, { message: e.message, atMs: now, repeats: 0 });
     });
-    // Prometheus counters (observability/prometheus.ts): jobs/s is their rate.
-    worker.on("completed", () => processMetrics().jobCompleted(kind));
+    worker.on("completed", () => options.onJobCompleted?.());
     worker.on("failed", (job: Job | undefined, err: Error) => {
       if (err instanceof DelayedError) return;
-      processMetrics().jobFailed(kind, err instanceof UnrecoverableError || (job !== undefined && job.attemptsMade >= (job.opts.attempts ?? 1)));
+      options.onJobFailed?.(err instanceof UnrecoverableError || (job !== undefined && job.attemptsMade >= (job.opts.attempts ?? 1)));
     });
     return worker;
   });

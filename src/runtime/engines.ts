@@ -54,8 +54,7 @@ class RunRouter {
    * until the sync's version. Without it, the slots the aborts freed went to requests of rounds
    * whose abort this process had not yet applied; each reached an engine whose load was waiting,
    * was held there, ran on the new weights after the load, and its round landed only at the next
-   * abort resend (~5 such requests a sync at 64 simulated engines, docs/performance.md "Session
-   * 19"). The pool holds at once, before the jobs' abort watchers free any slot, then reads the
+   * abort resend (~5 such requests a sync at 64 simulated engines, docs/performance.md, "Cluster scale"). The pool holds at once, before the jobs' abort watchers free any slot, then reads the
    * log: a hint that finds no abort-mode sync (a synced one, one replayed after a reconnect) lets
    * go again. A held request that a job aborts ends at once.
    */

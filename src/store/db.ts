@@ -1,9 +1,10 @@
 import pg from "pg";
-import { drizzle, type NodePgDatabase } from "drizzle-orm/node-postgres";
+import { drizzle } from "drizzle-orm/node-postgres";
 import * as schema from "./schema/index.ts";
 import { createNotifications, type Notifications } from "./notify.ts";
+import type { Database } from "./database.ts";
 
-export type Database = NodePgDatabase<typeof schema>;
+export type { Database };
 
 export interface Db {
   pool: pg.Pool;

@@ -149,10 +149,10 @@ export async function appendDecisions(
         await projectLastSeq(tx, runId, logged[logged.length - 1]?.seq ?? 0);
         // Rollout jobs watching the rounds these decisions abort look now, not at their next poll.
         if (logged.some(abortsRounds)) await notifyInTx(tx, "rlq_abort", runId);
-        // Rollout workers hold new requests while a sync aborts every round (runtime/engines.ts).
-        if (logged.some((d) => d.kind === "weights.syncing" && d.payload.mode === "abort")) await notifyInTx(tx, "rlq_syncing", runId);
-        // Rollout workers learn the engines' new version before the next step's jobs reach them.
-        if (logged.some((d) => d.kind === "weights.synced")) await notifyInTx(tx, "rlq_synced", runId);
+        // The weight sync's part of the log advanced: rollout workers re-read it (runtime/engines.ts
+        // RunRouter), to hold new requests while a sync aborts every round and to learn the new version
+        // before the next step's jobs reach them.
+        if (logged.some((d) => d.kind === "weights.syncing" || d.kind === "weights.synced")) await notifyInTx(tx, "rlq_weights", runId);
         // The train worker reads kept groups while their step still collects.
         if (logged.some((d) => d.kind === "group.outcome" && d.payload.outcome === "kept")) await notifyInTx(tx, "rlq_kept", runId);
       }

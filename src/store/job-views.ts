@@ -44,7 +44,7 @@ export interface RolloutJobKey {
  *
  * A LATERAL with LIMIT 1, not an EXISTS: Postgres may run an EXISTS as a hashed subplan, which reads
  * every `group.dispatched` in the table once per statement (all runs'; on a table never analyzed
- * the planner chose it), a cost that grew with the history (docs/performance.md "Session 19"). A
+ * the planner chose it), a cost that grew with the history (docs/performance.md, "Cluster scale"). A
  * LATERAL is always a per-key lookup, which the partial index decisions_group_lookup_idx serves.
  */
 function dispatchedLateral(step: string | null): string {

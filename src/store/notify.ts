@@ -1,5 +1,5 @@
 import pg from "pg";
-import type { Database } from "./db.ts";
+import type { Database } from "./database.ts";
 import { sql } from "drizzle-orm";
 
 /**

@@ -3,7 +3,7 @@ import type { Db, Database } from "./db.ts";
 import { rolloutHistory, runs } from "./schema/index.ts";
 
 /**
- * The one writer of the projections (DESIGN §2): the `runs` row and
+ * The one writer of the projections (docs/architecture.md "The fact model"): the `runs` row and
  * `rollout_history`. Facts are insert-only and written by their own modules;
  * what changes over time is written here and nowhere else, so `rlq replay`
  * (which rebuilds both) and the live writers (the controller's decision

@@ -1,7 +1,7 @@
 import { z } from "zod";
 
 /**
- * The Trainer interface (DESIGN §6, docs/trainer-protocol.md). Implemented by the
+ * The Trainer interface (docs/trainer-protocol.md). Implemented by the
  * embedded TypeScript trainer and by the remote HTTP trainer client.
  *
  * A train step is idempotent per (runId, step): asking again for a step that
@@ -22,7 +22,7 @@ export interface TrainSample {
   /**
    * [responseLength] the loss mask before rlq zeroed tokens for being
    * off-policy (mask_offpolicy_in_partial_rollout) or stale: the loss
-   * denominators use its sums (DESIGN §1, as slime's TIS/MIS do). Absent:
+   * denominators use its sums (docs/architecture.md "The loop", as slime's TIS/MIS do). Absent:
    * the same as lossMask.
    */
   denomMask?: Uint8Array;

@@ -8,7 +8,7 @@ import { admin, createTestDatabase } from "../helpers/services.ts";
 import { createCluster, netnsAvailable, type Cluster, type HostProc } from "./netns.ts";
 
 /**
- * The dashboard and /metrics bound beyond loopback (dashboard/access.ts): `rlq dashboard --host
+ * The dashboard and /metrics bound beyond loopback (http-access/access.ts): `rlq dashboard --host
  * <address>` runs in one network namespace ("dash"), and requests come from another ("client"),
  * as from another machine. Without the token a page, a JSON API, /queues and /metrics (the
  * dashboard's and the RLQ_METRICS_PORT server's) answer 401; with `Authorization: Bearer` they are

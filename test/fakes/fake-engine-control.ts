@@ -51,6 +51,7 @@ export interface FakeSglangStats {
   duplicates: number;
   unauthorized: number;
   adminRefused: number;
+  dpAssertions: number;
   deprecatedCalls: number;
   bytesSent: number;
   tokensGenerated: number;

@@ -85,7 +85,7 @@ describe.skipIf(browserCheck.path === null)("dashboard in headless Chromium", ()
     await waitFor("two committed train steps", async () => (await committedSteps(world, runId)).length >= 2, 200_000, 250);
 
     // The demo's embedded engine keeps no pool; a remote pool's telemetry row (what rollout
-    // workers write every 5 s, src/runtime/workers.ts) is written here through the same store call.
+    // workers write every 5 s, src/jobs/workers.ts) is written here through the same store call.
     const engine: EngineMetricsSnapshot = {
       engineId: "sglang-0",
       state: "healthy",

@@ -102,8 +102,8 @@ describe("a job's failure that is a bug, and one that is an outage", () => {
         expect(info.failedReason).toMatch(/TypeError, not an RlqError\): Cannot read properties of undefined \(reading 'samples'\) in group 1/);
         // Its stack, down to the processor's frame, is in the job's record.
         const job = await inspect.getJob(bugId as string);
-        expect(job?.stacktrace.join("\n")).toMatch(/caused by TypeError: Cannot read properties[\s\S]*brokenScoring/);
-        // And the caller's log gets the error itself (runtime/workers.ts logs it with its stack as a bug).
+        expect((job?.stacktrace ?? []).join("\n")).toMatch(/caused by TypeError: Cannot read properties[\s\S]*brokenScoring/);
+        // And the caller's log gets the error itself (jobs/workers.ts logs it with its stack as a bug).
         const bugTold = told.filter((t) => t.jobId === bugId);
         expect(bugTold).toHaveLength(1);
         expect(isBug(bugTold[0]?.error)).toBe(true);

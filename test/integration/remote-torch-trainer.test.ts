@@ -133,7 +133,22 @@ describe("the PyTorch trainer behind the trainer protocol", () => {
         expect(ckpt.runId).toBe(runId);
         expect(ckpt.config.vocab_size).toBe(258);
         const metrics = await w.db.pool.query("SELECT key FROM train_metrics WHERE run_id = $1 AND step = $2", [runId, row.step]);
-        expect(metrics.rows.map((r) => r.key)).toEqual(expect.arrayContaining(["pg_loss", "entropy_loss", "grad_norm", "train_rollout_logprob_abs_diff"]));
+        expect(metrics.rows.map((r) => r.key)).toEqual(
+          expect.arrayContaining([
+            "pg_loss",
+            "entropy_loss",
+            "grad_norm",
+            "train_rollout_logprob_abs_diff",
+            "step_s",
+            "fwd_bwd_s",
+            "optimizer_s",
+            "save_s",
+            "old_logprobs_s",
+            "tokens_per_s",
+            "tflops",
+            "model_flops_per_step",
+          ]),
+        );
       }
       await waitFor(
         "the run to complete",

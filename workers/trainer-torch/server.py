@@ -541,9 +541,9 @@ def main(argv=None) -> None:
     )
     ap.add_argument(
         "--push-via",
-        choices=["distributed", "tensor"],
+        choices=["distributed", "tensor", "vllm-nccl"],
         default="distributed",
-        help="distributed: update_weights_from_distributed over a process group; tensor: update_weights_from_tensor (engines on this host)",
+        help="distributed: update_weights_from_distributed over a process group; tensor: update_weights_from_tensor (engines on this host); vllm-nccl: vLLM's weight transfer engine over NCCL (GPU)",
     )
     ap.add_argument(
         "--push-tp-size",

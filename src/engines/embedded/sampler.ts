@@ -5,7 +5,7 @@ import type { Prng } from "../../model/prng.ts";
  *
  * The reported log-prob is log softmax(logits / temperature)[token] over the
  * FULL vocabulary, before top-k/top-p truncation: that is what the trainer
- * recomputes (DESIGN §3), so truncation shows up as a measured mismatch, not a
+ * recomputes (docs/algorithms.md), so truncation shows up as a measured mismatch, not a
  * silent bias. Randomness comes only from the request's own stream (one uniform
  * per token), so a request's tokens do not depend on what else is batched.
  */

@@ -26,7 +26,7 @@ export const decisions = pgTable(
     index("decisions_run_kind_step_idx").on(t.runId, t.kind, t.step),
     // A rollout job's abort check (store/rollout-facts.ts roundAbortedSql), polled by every round in
     // flight: without it the planner walked every group.aborted of the run through the kind index,
-    // a cost that grew with the run's history (docs/performance.md "Session 18"). Partial, so it
+    // a cost that grew with the run's history (docs/performance.md, "Cluster scale"). Partial, so it
     // stays small and wins even on a table whose statistics are stale.
     index("decisions_group_aborted_idx")
       .on(t.runId, t.groupId)
@@ -34,7 +34,7 @@ export const decisions = pgTable(
     // A job's start view (store/job-views.ts) looks up its round's group.dispatched and its group's
     // group.cut decisions. Through the (run_id, kind, step) index, the reward view's dispatch
     // lookup (no step) read every dispatch of the run per key: 0.75 ms a key at step 24 of a
-    // 64-engine bench run, growing with the run (docs/performance.md "Session 19"). The planner
+    // 64-engine bench run, growing with the run (docs/performance.md, "Cluster scale"). The planner
     // did not choose a plain (run_id, group_id, kind) index over it on a table never analyzed; it
     // chooses this partial one.
     index("decisions_group_lookup_idx")

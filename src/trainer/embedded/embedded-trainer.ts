@@ -6,7 +6,7 @@ import { trainResultSchema, type Trainer, type TrainProgress, type TrainRequest,
 import type { FromTrainerWorker, ToTrainerWorker, TrainerWorkerData } from "./trainer-worker.ts";
 
 /**
- * The embedded trainer (DESIGN §5): the model in jax-js, trained in a worker
+ * The embedded trainer (docs/architecture.md "Embedded defaults"): the model in jax-js, trained in a worker
  * thread so the caller's event loop stays free. Steps run one at a time.
  * Cancelling (the AbortSignal) terminates the worker mid-computation; the next
  * step starts a fresh one (its jit compilations cost ~1 s). Errors carry the

@@ -157,7 +157,7 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
   onProgress({ done: 0, total: numOptimizerSteps, phase: "old_logprobs" });
 
   const lossMask = samples.map((s) => Float64Array.from(s.lossMask));
-  // Denominators: the mask before rlq zeroed off-policy/stale tokens (DESIGN §1).
+  // Denominators: the mask before rlq zeroed off-policy/stale tokens (docs/architecture.md "The loop").
   const denomMask = samples.map((s) => Float64Array.from(s.denomMask ?? s.lossMask));
   const rolloutLogProbs = samples.map((s) => Float64Array.from(s.rolloutLogProbs));
   const old = forwardResponses(model, weights, samples, rows, seqLen, temperature);

@@ -11,7 +11,7 @@ import { runEmbeddedTrainStep } from "./train-step.ts";
 /**
  * Worker-thread entry of the embedded trainer: a jit-compiled step blocks its
  * thread for hundreds of milliseconds, which must not be the thread renewing
- * BullMQ job locks (DESIGN §5). One step at a time; the main thread cancels a
+ * BullMQ job locks (docs/architecture.md "The queue"). One step at a time; the main thread cancels a
  * step by terminating this worker.
  */
 export interface TrainerWorkerData {

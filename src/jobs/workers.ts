@@ -1,18 +1,19 @@
-import type { Services } from "./services.ts";
+import type { Services } from "../runtime/services.ts";
 import { startWorker, type WorkerHandle } from "../queue/worker-host.ts";
 import type { QueueKind } from "../queue/payloads.ts";
-import { generateGroupRound } from "../jobs/generate-group-round.ts";
-import { scoreGroupRound } from "../jobs/worker-score-group.ts";
-import { runTrainStep } from "../jobs/run-train-step.ts";
-import { createBatchStager } from "../jobs/batch-stager.ts";
-import { runEval } from "../jobs/run-eval.ts";
+import { generateGroupRound } from "./generate-group-round.ts";
+import { scoreGroupRound } from "./worker-score-group.ts";
+import { runTrainStep } from "./run-train-step.ts";
+import { createBatchStager } from "./batch-stager.ts";
+import { runEval } from "./run-eval.ts";
 import { upsertEngineMetrics } from "../store/engine-metrics.ts";
 import { createJobStore } from "../store/job-batch.ts";
 import { coalesce } from "../lib/coalesce.ts";
 import { errorMessage, isBug } from "../lib/errors.ts";
 import type { RewardJob } from "../queue/payloads.ts";
-import { createEngineProvider, createTrainerProvider, type EmbeddedFactories } from "./engines.ts";
-import { loadEmbedded } from "./embedded.ts";
+import { createEngineProvider, createTrainerProvider, type EmbeddedFactories } from "../runtime/engines.ts";
+import { loadEmbedded } from "../runtime/embedded.ts";
+import { processMetrics } from "../observability/prometheus.ts";
 
 /**
  * Jobs per queue one process runs at once. Rollout and reward jobs mostly
@@ -31,7 +32,7 @@ export async function startWorkers(
   const { db, queues, contexts, log } = services;
   // The embedded engine and trainer factories (their modules load only when a run uses them).
   const embedded = options.embedded === undefined ? await loadEmbedded() : options.embedded;
-  const engines = createEngineProvider(db, embedded);
+  const engines = createEngineProvider(db, embedded, log);
   const trainers = createTrainerProvider(embedded);
   const stager = kinds.includes("train") ? createBatchStager(db, log) : null;
   const handles: WorkerHandle[] = [];
@@ -63,6 +64,9 @@ export async function startWorkers(
     onWorkerError: onWorkerError(kind),
     outageTimeoutMs,
     onOutageWait: onOutageWait(kind),
+    // Prometheus counters (observability/prometheus.ts): jobs/s is their rate.
+    onJobCompleted: () => processMetrics().jobCompleted(kind),
+    onJobFailed: (final: boolean) => processMetrics().jobFailed(kind, final),
   });
   for (const kind of kinds) {
     const concurrency = options.concurrency?.[kind] ?? defaultConcurrency[kind];
