@@ -23,7 +23,6 @@ It lands in a cache directory keyed by this file's content ($RLQ_FIXTURE_CACHE, 
 import argparse
 import hashlib
 import json
-import math
 import os
 import random
 import shutil
@@ -60,7 +59,9 @@ MODEL = dict(
 def cache_dir() -> str:
     with open(os.path.abspath(__file__), "rb") as f:
         key = hashlib.sha256(f.read()).hexdigest()[:16]
-    base = os.environ.get("RLQ_FIXTURE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rlq", "fixture-model")
+    base = os.environ.get("RLQ_FIXTURE_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "rlq", "fixture-model"
+    )
     return os.path.join(base, key)
 
 
@@ -74,12 +75,27 @@ def build_tokenizer(rows, out_dir: str):
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    texts = [f"<|im_start|>user\n{r['input']}<|im_end|>\n<|im_start|>assistant\n{answer_text(r['label'])}<|im_end|>\n" for r in rows]
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    texts = [
+        f"<|im_start|>user\n{r['input']}<|im_end|>\n<|im_start|>assistant\n{answer_text(r['label'])}<|im_end|>\n"
+        for r in rows
+    ]
     tok.train_from_iterator(texts, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
     return fast
@@ -95,7 +111,11 @@ def encode_rows(tok, rows):
     out = []
     for r in rows:
         # rendered, then encoded without special tokens: what rlq's rollout side does (src/engines/hf-tokenizer.ts)
-        text = tok.apply_chat_template([{"role": "user", "content": r["input"]}], add_generation_prompt=True, tokenize=False)
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": r["input"]}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
         prompt = tok.encode(text, add_special_tokens=False)
         answer = tok.encode(answer_text(r["label"]), add_special_tokens=False) + [eos]
         out.append((list(prompt), answer))
@@ -126,11 +146,20 @@ def answer_logprobs(torch, policy, pairs, pad_id: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--target", type=float, default=0.5, help="stop when the expected accuracy at temperature 1 reaches this")
+    ap.add_argument(
+        "--target",
+        type=float,
+        default=0.5,
+        help="stop when the expected accuracy at temperature 1 reaches this",
+    )
     ap.add_argument("--seed", type=int, default=20261126)
     ap.add_argument("--max-steps", type=int, default=4000)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--out", default=None, help="build here instead of the cache directory (always rebuilds)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="build here instead of the cache directory (always rebuilds)",
+    )
     args = ap.parse_args()
 
     out = args.out or cache_dir()
@@ -139,11 +168,12 @@ def main() -> None:
         return
 
     import torch
+    from rlq_torch.models import hf_from_config
     from transformers import AutoConfig
 
-    from rlq_torch.models import hf_from_config
-
-    torch.set_num_threads(1)  # OpenMP threads spin and crawl on a busy 2-core machine; one is steady
+    torch.set_num_threads(
+        1
+    )  # OpenMP threads spin and crawl on a busy 2-core machine; one is steady
     started = time.time()
     train_rows, eval_rows = read_rows("train.jsonl"), read_rows("eval.jsonl")
     parent = os.path.dirname(out)
@@ -153,25 +183,45 @@ def main() -> None:
         tok = build_tokenizer(train_rows + eval_rows, work)
         pad_id = tok.convert_tokens_to_ids("<|endoftext|>")
         eos_id = tok.convert_tokens_to_ids("<|im_end|>")
-        config = dict(MODEL, vocab_size=len(tok), bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id)
+        config = dict(
+            MODEL,
+            vocab_size=len(tok),
+            bos_token_id=eos_id,
+            eos_token_id=eos_id,
+            pad_token_id=pad_id,
+        )
         policy = hf_from_config(config, torch.device("cpu"), args.seed)
         train, evals = encode_rows(tok, train_rows), encode_rows(tok, eval_rows)
-        opt = torch.optim.AdamW([p for _, p in policy.named_params()], lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
+        opt = torch.optim.AdamW(
+            [p for _, p in policy.named_params()],
+            lr=args.lr,
+            betas=(0.9, 0.99),
+            weight_decay=0.01,
+        )
         rng = random.Random(args.seed)
         batch, step, accuracy, history, loss = 128, 0, 0.0, [], None
         while step < args.max_steps:
             if step % 10 == 0:
                 with torch.no_grad():
                     policy.module.eval()
-                    accuracy = float(answer_logprobs(torch, policy, evals, pad_id).exp().mean())
+                    accuracy = float(
+                        answer_logprobs(torch, policy, evals, pad_id).exp().mean()
+                    )
                     policy.module.train()
                 history.append({"step": step, "expected_accuracy": round(accuracy, 4)})
-                print(f"step {step}: expected accuracy {accuracy:.3f} loss {float(loss) if loss is not None else float('nan'):.4f}", file=sys.stderr)
+                print(
+                    f"step {step}: expected accuracy {accuracy:.3f} loss {float(loss) if loss is not None else float('nan'):.4f}",
+                    file=sys.stderr,
+                )
                 if accuracy >= args.target:
                     break
             ids, target = batch_tensors(torch, rng.sample(train, batch), pad_id)
             logits = policy.logits(policy.hidden_states(ids))
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                target.reshape(-1),
+                ignore_index=-100,
+            )
             for g in opt.param_groups:
                 g["lr"] = args.lr * min(1.0, (step + 1) / 100)
             opt.zero_grad(set_to_none=True)
@@ -180,12 +230,24 @@ def main() -> None:
             opt.step()
             step += 1
         if accuracy < args.target:
-            raise SystemExit(f"build-fixture-model: expected accuracy {accuracy:.3f} after {step} steps, short of --target {args.target}")
+            raise SystemExit(
+                f"build-fixture-model: expected accuracy {accuracy:.3f} after {step} steps, short of --target {args.target}"
+            )
         policy.module.config.torch_dtype = "float32"
         policy.save(work, 0, "fixture-model", step)
         with open(os.path.join(work, "generation_config.json"), "w") as f:
-            json.dump({"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": pad_id}, f, indent=2)
-        AutoConfig.from_pretrained(work, local_files_only=True)  # the directory reads back as a HF model
+            json.dump(
+                {
+                    "bos_token_id": eos_id,
+                    "eos_token_id": eos_id,
+                    "pad_token_id": pad_id,
+                },
+                f,
+                indent=2,
+            )
+        AutoConfig.from_pretrained(
+            work, local_files_only=True
+        )  # the directory reads back as a HF model
         info = {
             "architecture": "Qwen2ForCausalLM",
             "parameters": sum(p.numel() for _, p in policy.named_params()),
@@ -206,7 +268,10 @@ def main() -> None:
     finally:
         if os.path.isdir(work):
             shutil.rmtree(work, ignore_errors=True)
-    print(f"build-fixture-model: {info['parameters']} parameters, expected accuracy {accuracy:.3f} after {step} steps, {info['seconds']} s", file=sys.stderr)
+    print(
+        f"build-fixture-model: {info['parameters']} parameters, expected accuracy {accuracy:.3f} after {step} steps, {info['seconds']} s",
+        file=sys.stderr,
+    )
     print(out)
 
 

@@ -123,7 +123,7 @@ describe("maskedWhiten", () => {
     close(maskedWhiten([[1, 3]], [[1, 1]], { shiftMean: false }).whitened[0], [2 - 1 / Math.sqrt(2 + 1e-8), 2 + 1 / Math.sqrt(2 + 1e-8)]);
   });
   it("throws when the whole batch is masked", () => {
-    expect(() => maskedWhiten([[1], []], [[0], []])).toThrow(expect.objectContaining({ code: "ALGO_EMPTY_MASK" }));
+    expect(() => maskedWhiten([[1], []], [[0], []])).toThrow(expect.objectContaining({ code: "algo_empty_mask" }));
   });
 });
 

@@ -136,7 +136,7 @@ const advantageKeys = [
 /**
  * Computes advantages and returns for the batch, then (optionally) OPD and masked
  * whitening, in slime's order. See the table above. `options` are slime-named; a
- * key left out takes slime's default, a bad one is an ALGO_BAD_ARGUMENT error naming it.
+ * key left out takes slime's default, a bad one is an algo_bad_argument error naming it.
  */
 export function computeAdvantagesAndReturns(input: AdvantageInput, partialOptions: Partial<AdvantageOptions> = {}): AdvantageOutput {
   const options: AdvantageOptions = resolveOptions("computeAdvantagesAndReturns", partialOptions, advantageKeys);

@@ -131,7 +131,7 @@ export function computeMisWeights(
   options: Partial<MisOptions> = {},
   useTis = true,
 ): MisResult {
-  // A key left out takes mis.yaml's default; a bad one is an ALGO_BAD_ARGUMENT error naming it.
+  // A key left out takes mis.yaml's default; a bad one is an algo_bad_argument error naming it.
   const o: MisOptions = resolveOptions("computeMisWeights", options, misKeys);
   assertRaggedLike(rolloutLogProbs, trainLogProbs, "rolloutLogProbs", "trainLogProbs");
   assertRaggedLike(lossMask, trainLogProbs, "lossMask", "trainLogProbs");

@@ -4,7 +4,7 @@ import * as algorithms from "./index.ts";
 /**
  * The public rlq/algorithms functions as a script calls them from plain JS:
  * a partial options object takes slime's defaults, a wrong one is an
- * ALGO_BAD_ARGUMENT error naming the function, the key and the value, and
+ * algo_bad_argument error naming the function, the key and the value, and
  * nothing comes back NaN.
  */
 const bad = (fn: () => unknown, message: RegExp) => {
@@ -14,7 +14,7 @@ const bad = (fn: () => unknown, message: RegExp) => {
   } catch (e) {
     err = e;
   }
-  expect(err, "expected a throw").toMatchObject({ code: "ALGO_BAD_ARGUMENT", message: expect.stringMatching(message) });
+  expect(err, "expected a throw").toMatchObject({ code: "algo_bad_argument", message: expect.stringMatching(message) });
 };
 const noNaN = (xs: ArrayLike<number>[]) => xs.forEach((x) => expect(Array.from(x).every(Number.isFinite)).toBe(true));
 // Plain JS passes whatever it has: the casts stand for an untyped caller.

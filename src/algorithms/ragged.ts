@@ -15,10 +15,10 @@ export type Ragged = readonly Vec[];
 
 /** Error codes raised by algorithms/. All are user/programming errors: never retried. */
 export const algorithmErrorCodes = {
-  shape: "ALGO_SHAPE_MISMATCH",
-  missingInput: "ALGO_MISSING_INPUT",
-  badArgument: "ALGO_BAD_ARGUMENT",
-  emptyMask: "ALGO_EMPTY_MASK",
+  shape: "algo_shape_mismatch",
+  missingInput: "algo_missing_input",
+  badArgument: "algo_bad_argument",
+  emptyMask: "algo_empty_mask",
 } as const;
 
 export function algorithmError(code: keyof typeof algorithmErrorCodes, message: string): RlqError {

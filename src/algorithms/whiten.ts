@@ -23,7 +23,7 @@ export interface WhitenStats {
  * The variance keeps slime's one-pass form (E[A²] − μ²) so results match it.
  * With `shiftMean: false` the mean is added back.
  *
- * @throws ALGO_EMPTY_MASK when Σ m = 0 (slime raises ValueError).
+ * @throws algo_empty_mask when Σ m = 0 (slime raises ValueError).
  */
 export function maskedWhiten(
   values: Ragged,

@@ -94,6 +94,7 @@ export async function startDashboard(options: DashboardOptions): Promise<Dashboa
       const overview = await loadRunOverview(readerDb, runId);
       if (!overview.run) throw new RlqError("run_not_found", `run ${runId} does not exist`);
       const step = Number(overview.run.step ?? 0);
+      // The train job's phase is a label on the page: a queue that cannot be read shows the run without it.
       const info = await queues.info("train", jobIds.train({ runId, step })).catch(() => null);
       const phase = (info?.progress as { phase?: unknown } | null)?.phase;
       return {

@@ -46,7 +46,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import torch
-
 from rlq_torch import models as M
 from rlq_torch.batch import Batch, Sample
 from rlq_torch.efficiency import PEAK_ENV, SPLIT_KEYS, device_peak_flops, model_shape

@@ -16,6 +16,7 @@ The model, batches and configuration come from the front with every step (rank 0
 them); checkpoints are written by rank 0 (weights) and by every rank (its optimizer shard), so
 ``output_dir`` must be on storage all nodes share.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,10 +37,22 @@ def log(msg: str) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="this node's ranks of a multi-node rlq PyTorch trainer (the front is server.py --nnodes N)")
+    ap = argparse.ArgumentParser(
+        description="this node's ranks of a multi-node rlq PyTorch trainer (the front is server.py --nnodes N)"
+    )
     ap.add_argument("--nnodes", type=int, required=True)
-    ap.add_argument("--node-rank", type=int, required=True, help="1 .. nnodes-1 (node 0 is the front's)")
-    ap.add_argument("--nproc", type=int, default=1, help="ranks on this node (one per GPU); the same on every node")
+    ap.add_argument(
+        "--node-rank",
+        type=int,
+        required=True,
+        help="1 .. nnodes-1 (node 0 is the front's)",
+    )
+    ap.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="ranks on this node (one per GPU); the same on every node",
+    )
     ap.add_argument("--master-addr", required=True)
     ap.add_argument("--master-port", type=int, required=True)
     ap.add_argument("--device", default="cuda")
@@ -47,17 +60,36 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--dist-timeout-s", type=float, default=600)
-    ap.add_argument("--sharding", choices=["zero1", "fsdp", "fsdp1"], default="zero1", help="the front's --sharding (every rank must agree)")
-    ap.add_argument("--once", action="store_true", help="run the group once, do not restart it")
+    ap.add_argument(
+        "--sharding",
+        choices=["zero1", "fsdp", "fsdp1"],
+        default="zero1",
+        help="the front's --sharding (every rank must agree)",
+    )
+    ap.add_argument(
+        "--once", action="store_true", help="run the group once, do not restart it"
+    )
     args = ap.parse_args(argv)
     if not 1 <= args.node_rank < args.nnodes:
         ap.error(f"--node-rank must be in 1..{args.nnodes - 1} (node 0 is server.py's)")
 
     from rlq_torch.dist_front import torchrun_command
 
-    bf16 = args.bf16 if args.bf16 != "auto" else ("on" if args.device.startswith("cuda") else "off")
-    worker_args = ["--device", "cuda" if args.device.startswith("cuda") else "cpu", "--bf16", bf16, "--timeout-s", str(args.dist_timeout_s),
-                   "--sharding", args.sharding]
+    bf16 = (
+        args.bf16
+        if args.bf16 != "auto"
+        else ("on" if args.device.startswith("cuda") else "off")
+    )
+    worker_args = [
+        "--device",
+        "cuda" if args.device.startswith("cuda") else "cpu",
+        "--bf16",
+        bf16,
+        "--timeout-s",
+        str(args.dist_timeout_s),
+        "--sharding",
+        args.sharding,
+    ]
     if args.threads:
         worker_args += ["--threads", str(args.threads)]
     if args.deterministic:
@@ -79,12 +111,26 @@ def main(argv=None) -> None:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads or 1))
     env.pop("RLQ_FRONT_PID", None)
     while not state["stop"]:
-        cmd = torchrun_command(args.nnodes, args.node_rank, args.nproc, args.master_addr, args.master_port, logs, worker_args)
-        log(f"node {args.node_rank}/{args.nnodes}: starting {args.nproc} rank(s), rendezvous {args.master_addr}:{args.master_port}")
-        state["proc"] = subprocess.Popen(cmd, env=env, stdout=sys.stderr, stderr=sys.stderr, start_new_session=True)
+        cmd = torchrun_command(
+            args.nnodes,
+            args.node_rank,
+            args.nproc,
+            args.master_addr,
+            args.master_port,
+            logs,
+            worker_args,
+        )
+        log(
+            f"node {args.node_rank}/{args.nnodes}: starting {args.nproc} rank(s), rendezvous {args.master_addr}:{args.master_port}"
+        )
+        state["proc"] = subprocess.Popen(
+            cmd, env=env, stdout=sys.stderr, stderr=sys.stderr, start_new_session=True
+        )
         rc = state["proc"].wait()
         try:
-            os.killpg(state["proc"].pid, signal.SIGKILL)  # no rank outlives its torchrun
+            os.killpg(
+                state["proc"].pid, signal.SIGKILL
+            )  # no rank outlives its torchrun
         except ProcessLookupError:
             pass
         log(f"node {args.node_rank}: the group ended (torchrun exit code {rc})")
@@ -92,6 +138,7 @@ def main(argv=None) -> None:
             break
         time.sleep(1.0)
     import shutil
+
     shutil.rmtree(logs, ignore_errors=True)
 
 

@@ -85,7 +85,6 @@ class TrainerService:
 
     def __init__(self, args):
         import torch
-
         from rlq_torch.trainer import TorchTrainer
 
         self.torch = torch
@@ -165,7 +164,6 @@ class TrainerService:
         with self.cv:
             busy = self.current is not None or bool(self.queue)
         import torch
-
         from rlq_torch.capabilities import capabilities
 
         out = {
@@ -434,7 +432,9 @@ class Handler(BaseHTTPRequestHandler):
                 try:
                     step = int(parts[3])
                 except ValueError:
-                    raise ProtocolError("not_found", f"no such step {parts[3]!r}")
+                    raise ProtocolError(
+                        "not_found", f"no such step {parts[3]!r}"
+                    ) from None
                 if len(parts) == 4 and method == "GET":
                     return self._send(200, self.service.get(parts[2], step))
                 if len(parts) == 5 and parts[4] == "cancel" and method == "POST":

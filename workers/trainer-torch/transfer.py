@@ -8,13 +8,15 @@ batch token) into ``CHECKPOINT_DIR/in/<sha256 of its weights>`` and verified fil
 ``GET /v1/checkpoint-files/RUN/step-S/attempt-X/NAME``; the result names rlq's path and lists
 ``checkpoint_files`` (name -> sha256), which every rlq host verifies after downloading.
 """
+
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
 import urllib.request
-from typing import Any, Callable, Dict
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import quote, unquote, urlparse
 
 FILES = ("weights.safetensors", "optimizer.safetensors")
@@ -48,23 +50,34 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def localize(req: Dict[str, Any], root: str, bump: Callable[[int, int, str], None], check: Callable[[], None]) -> Dict[str, Any]:
+def localize(
+    req: dict[str, Any],
+    root: str,
+    bump: Callable[[int, int, str], None],
+    check: Callable[[], None],
+) -> dict[str, Any]:
     """The request with this host's paths for checkpoint_uri_in and output_dir."""
     local = dict(req)
     local["output_dir"] = mirror(root, req["output_dir"])
     uri = req["checkpoint_uri_in"]
     if uri is None:
         return local
-    files: Dict[str, str] = req["checkpoint_in_files"] or {}
+    files: dict[str, str] = req["checkpoint_in_files"] or {}
     own = mirror(root, _rlq_path(uri))
     if os.path.exists(os.path.join(own, "weights.safetensors")) and (
-            "weights.safetensors" not in files or sha256_file(os.path.join(own, "weights.safetensors")) == files["weights.safetensors"]):
+        "weights.safetensors" not in files
+        or sha256_file(os.path.join(own, "weights.safetensors"))
+        == files["weights.safetensors"]
+    ):
         local["checkpoint_uri_in"] = "file://" + quote(own)
         return local
     base = req.get("checkpoint_in_url")
     if not base or "weights.safetensors" not in files:
-        raise TransferError("version_unavailable", f"checkpoint_uri_in {uri} is not on this host ({own}) and the worker does not serve it "
-                            "(checkpoints: fetch needs the worker that runs the step to have it, or this trainer to have written it)")
+        raise TransferError(
+            "version_unavailable",
+            f"checkpoint_uri_in {uri} is not on this host ({own}) and the worker does not serve it "
+            "(checkpoints: fetch needs the worker that runs the step to have it, or this trainer to have written it)",
+        )
     dest = os.path.join(root, "in", files["weights.safetensors"])
     if not all(os.path.exists(os.path.join(dest, n)) for n in files):
         bump(0, 1, "fetch_checkpoint")
@@ -75,37 +88,68 @@ def localize(req: Dict[str, Any], root: str, bump: Callable[[int, int, str], Non
             if name not in FILES:
                 continue
             check()
-            rq = urllib.request.Request(f"{base}/{quote(name)}", headers={"Authorization": f"Bearer {req['batch_token']}"} if req["batch_token"] else {})
+            rq = urllib.request.Request(
+                f"{base}/{quote(name)}",
+                headers={"Authorization": f"Bearer {req['batch_token']}"}
+                if req["batch_token"]
+                else {},
+            )
             h = hashlib.sha256()
             try:
-                with urllib.request.urlopen(rq, timeout=600) as r, open(os.path.join(tmp, name), "wb") as f:
+                with (
+                    urllib.request.urlopen(rq, timeout=600) as r,
+                    open(os.path.join(tmp, name), "wb") as f,
+                ):
                     for chunk in iter(lambda: r.read(1 << 20), b""):
                         h.update(chunk)
                         f.write(chunk)
             except OSError as e:
-                raise TransferError("version_unavailable", f"checkpoint_in_url {base}/{name}: {e}") from e
+                raise TransferError(
+                    "version_unavailable", f"checkpoint_in_url {base}/{name}: {e}"
+                ) from e
             if h.hexdigest() != want:
-                raise TransferError("version_unavailable", f"checkpoint_in_url {base}/{name}: sha256 {h.hexdigest()}, expected {want}")
+                raise TransferError(
+                    "version_unavailable",
+                    f"checkpoint_in_url {base}/{name}: sha256 {h.hexdigest()}, expected {want}",
+                )
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
     local["checkpoint_uri_in"] = "file://" + quote(dest)
     return local
 
 
-def publish(result: Dict[str, Any], req: Dict[str, Any], local: Dict[str, Any]) -> Dict[str, Any]:
+def publish(
+    result: dict[str, Any], req: dict[str, Any], local: dict[str, Any]
+) -> dict[str, Any]:
     """The result as rlq expects it: its own output_dir, and the files' sha256 to verify."""
     out = local["output_dir"]
-    files = {n: sha256_file(os.path.join(out, n)) for n in FILES if os.path.exists(os.path.join(out, n))}
-    return {**result, "checkpoint_uri": "file://" + quote(os.path.abspath(req["output_dir"])), "checkpoint_files": files}
+    files = {
+        n: sha256_file(os.path.join(out, n))
+        for n in FILES
+        if os.path.exists(os.path.join(out, n))
+    }
+    return {
+        **result,
+        "checkpoint_uri": "file://" + quote(os.path.abspath(req["output_dir"])),
+        "checkpoint_files": files,
+    }
 
 
 def serve_file(handler, root: str, parts) -> None:
     """GET /v1/checkpoint-files/RUN/STEP/ATTEMPT/NAME (after the handler's token check)."""
-    if any(p in ("", ".", "..") or "/" in p or "\\" in p for p in parts) or parts[3] not in FILES:
-        raise TransferError("bad_request", f"no checkpoint file {'/'.join(parts)}: expected RUN/step-S/attempt-X/{'|'.join(FILES)}")
+    if (
+        any(p in ("", ".", "..") or "/" in p or "\\" in p for p in parts)
+        or parts[3] not in FILES
+    ):
+        raise TransferError(
+            "bad_request",
+            f"no checkpoint file {'/'.join(parts)}: expected RUN/step-S/attempt-X/{'|'.join(FILES)}",
+        )
     path = os.path.join(root, *parts)
     if not os.path.isfile(path):
-        raise TransferError("not_found", f"no checkpoint file {'/'.join(parts)} on this trainer")
+        raise TransferError(
+            "not_found", f"no checkpoint file {'/'.join(parts)} on this trainer"
+        )
     size = os.path.getsize(path)
     handler.send_response(200)
     handler.send_header("content-type", "application/octet-stream")

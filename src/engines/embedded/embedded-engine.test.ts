@@ -43,10 +43,10 @@ describe("embedded engine (worker thread)", () => {
   });
 
   it("rejects invalid and duplicate requests without harming others", async () => {
-    await expect(engine.generate({ ...request("neg", 1, 3), inputIds: [] })).rejects.toMatchObject({ code: "INVALID_REQUEST" });
-    await expect(engine.generate(request("oov", 1, 3, [1, 500]))).rejects.toMatchObject({ code: "INVALID_REQUEST" });
+    await expect(engine.generate({ ...request("neg", 1, 3), inputIds: [] })).rejects.toMatchObject({ code: "embedded_invalid_request" });
+    await expect(engine.generate(request("oov", 1, 3, [1, 500]))).rejects.toMatchObject({ code: "embedded_invalid_request" });
     const first = engine.generate(request("dup", 1, 20));
-    await expect(engine.generate(request("dup", 1, 20))).rejects.toMatchObject({ code: "DUPLICATE_REQUEST" });
+    await expect(engine.generate(request("dup", 1, 20))).rejects.toMatchObject({ code: "embedded_duplicate_request" });
     expect((await first).tokenIds).toHaveLength(20);
   });
 
@@ -58,7 +58,7 @@ describe("embedded engine (worker thread)", () => {
     const after = await engine.generate(request("v1", 11, 10));
     expect(after.weightVersion).toBe(1);
     expect(after.tokenIds).not.toEqual(before.tokenIds);
-    await expect(engine.loadWeights(2, uri)).rejects.toMatchObject({ code: "LOAD_FAILED" });
+    await expect(engine.loadWeights(2, uri)).rejects.toMatchObject({ code: "embedded_load_failed" });
     expect(await engine.weightVersion()).toBe(1);
   });
 });

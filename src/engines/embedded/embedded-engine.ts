@@ -8,7 +8,8 @@ import { RlqError } from "../../lib/errors.ts";
 
 /** Errors of the embedded engine, with a stable code (STYLE.md: errors carry `code` and `cause`). */
 export class EmbeddedEngineError extends RlqError {
-  declare readonly code: "ENGINE_CLOSED" | "DUPLICATE_REQUEST" | "INVALID_REQUEST" | "LOAD_FAILED" | "WORKER_FAILED";
+  declare readonly code:
+    "embedded_engine_closed" | "embedded_duplicate_request" | "embedded_invalid_request" | "embedded_load_failed" | "embedded_worker_failed";
   constructor(code: EmbeddedEngineError["code"], message: string, options: { cause?: unknown } = {}) {
     super(code, message, options);
     this.name = "EmbeddedEngineError";
@@ -56,10 +57,10 @@ export async function createEmbeddedEngine(options: EmbeddedEngineOptions): Prom
   const ready = await new Promise<{ version: number; config: ModelConfig }>((resolve, reject) => {
     const onMessage = (msg: FromWorker): void => {
       if (msg.type === "ready") resolve(msg);
-      if (msg.type === "fatal") reject(new EmbeddedEngineError("WORKER_FAILED", msg.message));
+      if (msg.type === "fatal") reject(new EmbeddedEngineError("embedded_worker_failed", msg.message));
     };
     worker.on("message", onMessage);
-    worker.once("error", (err) => reject(new EmbeddedEngineError("WORKER_FAILED", "engine worker failed to start", { cause: err })));
+    worker.once("error", (err) => reject(new EmbeddedEngineError("embedded_worker_failed", "engine worker failed to start", { cause: err })));
   }).catch(async (err: unknown) => {
     await worker.terminate();
     throw err;
@@ -85,19 +86,19 @@ class WorkerEngine implements EmbeddedEngine {
     readonly config: ModelConfig,
   ) {
     worker.on("message", (msg: FromWorker) => this.onMessage(msg));
-    worker.on("error", (err) => this.fail(new EmbeddedEngineError("WORKER_FAILED", "engine worker crashed", { cause: err })));
+    worker.on("error", (err) => this.fail(new EmbeddedEngineError("embedded_worker_failed", "engine worker crashed", { cause: err })));
     worker.on("exit", (code) => {
-      if (!this.closed) this.fail(new EmbeddedEngineError("WORKER_FAILED", `engine worker exited with code ${code}`));
+      if (!this.closed) this.fail(new EmbeddedEngineError("embedded_worker_failed", `engine worker exited with code ${code}`));
     });
   }
 
   generate(request: GenerateRequest): Promise<GenerateResult> {
-    if (this.closed || this.failure) return Promise.reject(this.failure ?? new EmbeddedEngineError("ENGINE_CLOSED", `engine ${this.id} is closed`));
+    if (this.closed || this.failure) return Promise.reject(this.failure ?? new EmbeddedEngineError("embedded_engine_closed", `engine ${this.id} is closed`));
     const parsed = generateRequestSchema.safeParse(request);
-    if (!parsed.success) return Promise.reject(new EmbeddedEngineError("INVALID_REQUEST", parsed.error.message, { cause: parsed.error }));
+    if (!parsed.success) return Promise.reject(new EmbeddedEngineError("embedded_invalid_request", parsed.error.message, { cause: parsed.error }));
     const req = parsed.data;
     if (this.pending.has(req.requestId)) {
-      return Promise.reject(new EmbeddedEngineError("DUPLICATE_REQUEST", `requestId ${req.requestId} is already in flight on ${this.id}`));
+      return Promise.reject(new EmbeddedEngineError("embedded_duplicate_request", `requestId ${req.requestId} is already in flight on ${this.id}`));
     }
     return new Promise((resolve, reject) => {
       this.pending.set(req.requestId, { resolve, reject });
@@ -116,7 +117,7 @@ class WorkerEngine implements EmbeddedEngine {
   }
 
   loadWeights(version: number, uri: string): Promise<void> {
-    if (this.closed || this.failure) return Promise.reject(this.failure ?? new EmbeddedEngineError("ENGINE_CLOSED", `engine ${this.id} is closed`));
+    if (this.closed || this.failure) return Promise.reject(this.failure ?? new EmbeddedEngineError("embedded_engine_closed", `engine ${this.id} is closed`));
     return resolveModelPath(pathFromUri(uri)).then((path) =>
       this.ticket((ticket) => ({ type: "load", version, path, ticket })).then(() => {
         this.version = version;
@@ -177,18 +178,18 @@ class WorkerEngine implements EmbeddedEngine {
       case "failed": {
         const p = this.pending.get(msg.requestId);
         this.pending.delete(msg.requestId);
-        p?.reject(new EmbeddedEngineError("INVALID_REQUEST", msg.message));
+        p?.reject(new EmbeddedEngineError("embedded_invalid_request", msg.message));
         break;
       }
       case "ack": {
         const t = this.tickets.get(msg.ticket);
         this.tickets.delete(msg.ticket);
-        if (msg.error) t?.reject(new EmbeddedEngineError("LOAD_FAILED", msg.error));
+        if (msg.error) t?.reject(new EmbeddedEngineError("embedded_load_failed", msg.error));
         else t?.resolve();
         break;
       }
       case "fatal":
-        this.fail(new EmbeddedEngineError("WORKER_FAILED", msg.message));
+        this.fail(new EmbeddedEngineError("embedded_worker_failed", msg.message));
         break;
       case "ready":
         break;

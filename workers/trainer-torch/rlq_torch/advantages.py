@@ -1,8 +1,10 @@
 """Reward post-processing (group normalisation) and advantages/returns per estimator: GRPO, GSPO, CISPO, REINFORCE++, PPO's GAE."""
+
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -10,18 +12,24 @@ from .algo_options import GROUP_STD_EPS, WHITEN_EPS, AlgorithmError
 from .kl import compute_approx_kl
 from .ragged import Ragged, _assert_like
 
-def group_positions(group_indices: Sequence[Any]) -> List[List[int]]:
-    groups: Dict[Any, List[int]] = {}
+
+def group_positions(group_indices: Sequence[Any]) -> list[list[int]]:
+    groups: dict[Any, list[int]] = {}
     for i, g in enumerate(group_indices):
         groups.setdefault(g, []).append(i)
     return list(groups.values())
 
 
-def group_normalize_rewards(rewards: Sequence[float], group_indices: Sequence[Any], use_std: bool, eps: float = GROUP_STD_EPS) -> np.ndarray:
+def group_normalize_rewards(
+    rewards: Sequence[float],
+    group_indices: Sequence[Any],
+    use_std: bool,
+    eps: float = GROUP_STD_EPS,
+) -> np.ndarray:
     """Per group: r − mean (mean = r_0 + Σ(r_i − r_0)/G, exact for equal values), then / (unbiased std + eps)."""
     r = np.asarray(rewards, dtype=np.float64)
     if len(group_indices) != r.shape[0]:
-        raise AlgorithmError("ALGO_SHAPE_MISMATCH", "groupIndices has the wrong length")
+        raise AlgorithmError("algo_shape_mismatch", "groupIndices has the wrong length")
     out = np.zeros_like(r)
     for members in group_positions(group_indices):
         n = len(members)
@@ -48,7 +56,9 @@ def group_normalize_rewards(rewards: Sequence[float], group_indices: Sequence[An
     return out
 
 
-def post_process_rewards(rewards: Sequence[float], group_indices: Sequence[Any], o: Dict[str, Any]):
+def post_process_rewards(
+    rewards: Sequence[float], group_indices: Sequence[Any], o: dict[str, Any]
+):
     """(raw, normalized): group centring for grpo/gspo/cispo/rpp_baseline, std for grpo/gspo/cispo."""
     raw = np.asarray(rewards, dtype=np.float64).copy()
     est = o["advantage_estimator"]
@@ -82,7 +92,9 @@ def gae(token_rewards: np.ndarray, values: np.ndarray, gamma: float, lambd: floa
     return adv, ret
 
 
-def masked_whiten(values: Ragged, mask: Ragged, shift_mean: bool = True, epsilon: float = WHITEN_EPS) -> np.ndarray:
+def masked_whiten(
+    values: Ragged, mask: Ragged, shift_mean: bool = True, epsilon: float = WHITEN_EPS
+) -> np.ndarray:
     """slime's distributed_masked_whiten over every token of the batch (flat result)."""
     _assert_like(mask, values, "mask", "values")
     a = values.flat
@@ -95,7 +107,10 @@ def masked_whiten(values: Ragged, mask: Ragged, shift_mean: bool = True, epsilon
         total_sq += x * x * m
         count += m
     if count == 0:
-        raise AlgorithmError("ALGO_EMPTY_MASK", "advantage whitening: the mask of the whole batch sums to 0")
+        raise AlgorithmError(
+            "algo_empty_mask",
+            "advantage whitening: the mask of the whole batch sums to 0",
+        )
     mean = total / count
     variance = total_sq / count - mean * mean
     if count >= 2:
@@ -105,13 +120,22 @@ def masked_whiten(values: Ragged, mask: Ragged, shift_mean: bool = True, epsilon
     return (a - mean) * scale + shift_back
 
 
-def compute_advantages_and_returns(rewards: Sequence[float], loss_mask: Ragged, o: Dict[str, Any], old_log_probs: Optional[Ragged] = None,
-                                   rollout_log_probs: Optional[Ragged] = None, ref_log_probs: Optional[Ragged] = None,
-                                   values: Optional[Ragged] = None, teacher_log_probs: Optional[Ragged] = None):
+def compute_advantages_and_returns(
+    rewards: Sequence[float],
+    loss_mask: Ragged,
+    o: dict[str, Any],
+    old_log_probs: Ragged | None = None,
+    rollout_log_probs: Ragged | None = None,
+    ref_log_probs: Ragged | None = None,
+    values: Ragged | None = None,
+    teacher_log_probs: Ragged | None = None,
+):
     """(advantages, returns, kl) as flat arrays shaped like loss_mask (computeAdvantagesAndReturns)."""
     r = np.asarray(rewards, dtype=np.float64)
     if r.shape[0] != loss_mask.num_samples:
-        raise AlgorithmError("ALGO_SHAPE_MISMATCH", "lossMask and rewards differ in length")
+        raise AlgorithmError(
+            "algo_shape_mismatch", "lossMask and rewards differ in length"
+        )
     policy = rollout_log_probs if o["use_rollout_logprobs"] else old_log_probs
     policy_name = "rolloutLogProbs" if o["use_rollout_logprobs"] else "oldLogProbs"
     est = o["advantage_estimator"]
@@ -120,7 +144,10 @@ def compute_advantages_and_returns(rewards: Sequence[float], loss_mask: Ragged, 
         kl = np.zeros_like(loss_mask.flat)
     else:
         if uses_kl and (policy is None or ref_log_probs is None):
-            raise AlgorithmError("ALGO_MISSING_INPUT", f"kl_coef = {o['kl_coef']} with {est} needs {policy_name} and refLogProbs")
+            raise AlgorithmError(
+                "algo_missing_input",
+                f"kl_coef = {o['kl_coef']} with {est} needs {policy_name} and refLogProbs",
+            )
         if policy is None or ref_log_probs is None:
             kl = np.zeros_like(loss_mask.flat)
         else:
@@ -150,7 +177,9 @@ def compute_advantages_and_returns(rewards: Sequence[float], loss_mask: Ragged, 
         returns_alias = True
     elif est == "ppo":
         if values is None:
-            raise AlgorithmError("ALGO_MISSING_INPUT", "advantage_estimator ppo needs critic values")
+            raise AlgorithmError(
+                "algo_missing_input", "advantage_estimator ppo needs critic values"
+            )
         _assert_like(values, loss_mask, "values", "lossMask")
         advantages = np.zeros_like(m)
         returns = np.zeros_like(m)
@@ -159,13 +188,19 @@ def compute_advantages_and_returns(rewards: Sequence[float], loss_mask: Ragged, 
             tr = kl[a:b] * -o["kl_coef"]
             if b > a:
                 tr[-1] = tr[-1] + r[i]
-            advantages[a:b], returns[a:b] = gae(tr, values.flat[a:b], o["gamma"], o["lambd"])
+            advantages[a:b], returns[a:b] = gae(
+                tr, values.flat[a:b], o["gamma"], o["lambd"]
+            )
     else:
-        raise AlgorithmError("ALGO_BAD_ARGUMENT", f'unknown advantage_estimator "{est}"')
+        raise AlgorithmError(
+            "algo_bad_argument", f'unknown advantage_estimator "{est}"'
+        )
 
     if o["use_opd"]:
         if policy is None or teacher_log_probs is None:
-            raise AlgorithmError("ALGO_MISSING_INPUT", f"use_opd needs {policy_name} and teacherLogProbs")
+            raise AlgorithmError(
+                "algo_missing_input", f"use_opd needs {policy_name} and teacherLogProbs"
+            )
         opd = advantages - o["opd_kl_coef"] * (policy.flat - teacher_log_probs.flat)
         if returns_alias:
             returns = opd

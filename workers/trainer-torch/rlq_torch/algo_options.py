@@ -1,18 +1,26 @@
 """The algorithm options (slime's flag names and defaults, src/algorithms/options.ts) and the math's constants and error."""
+
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any
 
 GROUP_STD_EPS = 1e-6
 WHITEN_EPS = 1e-8
 LOW_VAR_KL_BOUND = 10.0
 MIS_LOG_RATIO_BOUND = 20.0
 
-ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+ESTIMATORS = (
+    "grpo",
+    "gspo",
+    "cispo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "ppo",
+)
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 
 # slime's defaults (src/algorithms/options.ts algorithmOptionsShape).
-DEFAULT_OPTIONS: Dict[str, Any] = {
+DEFAULT_OPTIONS: dict[str, Any] = {
     "advantage_estimator": "grpo",
     "rewards_normalization": True,
     "grpo_std_normalization": True,
@@ -55,44 +63,72 @@ DEFAULT_OPTIONS: Dict[str, Any] = {
 
 
 class AlgorithmError(ValueError):
-    """A user or programming error in the inputs (never retried): ALGO_* codes."""
+    """A user or programming error in the inputs (never retried): algo_* codes."""
 
     def __init__(self, code: str, message: str):
         super().__init__(f"{code}: {message}")
         self.code = code
 
 
-def parse_options(options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def parse_options(options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Defaults applied; keys the math does not know are kept (a run config carries many)."""
     o = dict(DEFAULT_OPTIONS)
     o.update(options or {})
     if o["advantage_estimator"] not in ESTIMATORS:
-        raise AlgorithmError("ALGO_BAD_ARGUMENT", f'unknown advantage_estimator "{o["advantage_estimator"]}"')
+        raise AlgorithmError(
+            "algo_bad_argument",
+            f'unknown advantage_estimator "{o["advantage_estimator"]}"',
+        )
     if o["kl_loss_type"] not in KL_TYPES:
-        raise AlgorithmError("ALGO_BAD_ARGUMENT", f'unknown kl_loss_type "{o["kl_loss_type"]}"')
+        raise AlgorithmError(
+            "algo_bad_argument", f'unknown kl_loss_type "{o["kl_loss_type"]}"'
+        )
     if o["tis_function"] not in ("vanilla", "icepop", "mis"):
-        raise AlgorithmError("ALGO_BAD_ARGUMENT", f'unknown tis_function "{o["tis_function"]}"')
+        raise AlgorithmError(
+            "algo_bad_argument", f'unknown tis_function "{o["tis_function"]}"'
+        )
     return o
 
 
-def validate_options(o: Dict[str, Any]) -> None:
+def validate_options(o: dict[str, Any]) -> None:
     """slime's cross-field asserts (refineAlgorithmOptions)."""
     if o["eps_clip_c"] is not None and not (o["eps_clip_c"] > 1):
-        raise AlgorithmError("ALGO_BAD_ARGUMENT", f"eps_clip_c must be > 1, got {o['eps_clip_c']}")
+        raise AlgorithmError(
+            "algo_bad_argument", f"eps_clip_c must be > 1, got {o['eps_clip_c']}"
+        )
     if o["kl_coef"] != 0 and o["kl_loss_coef"] != 0:
-        raise AlgorithmError("ALGO_BAD_ARGUMENT", "only one of kl_coef and kl_loss_coef can be non-zero (slime)")
-    if o["advantage_estimator"] in ("reinforce_plus_plus", "reinforce_plus_plus_baseline") and not o["normalize_advantages"]:
-        raise AlgorithmError("ALGO_BAD_ARGUMENT", f"{o['advantage_estimator']} requires normalize_advantages: true (slime)")
+        raise AlgorithmError(
+            "algo_bad_argument",
+            "only one of kl_coef and kl_loss_coef can be non-zero (slime)",
+        )
+    if (
+        o["advantage_estimator"]
+        in ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+        and not o["normalize_advantages"]
+    ):
+        raise AlgorithmError(
+            "algo_bad_argument",
+            f"{o['advantage_estimator']} requires normalize_advantages: true (slime)",
+        )
     if o["use_rollout_logprobs"] and o["use_tis"]:
-        raise AlgorithmError("ALGO_BAD_ARGUMENT", "use_tis cannot be combined with use_rollout_logprobs (slime)")
+        raise AlgorithmError(
+            "algo_bad_argument",
+            "use_tis cannot be combined with use_rollout_logprobs (slime)",
+        )
 
 
-def effective_eps_clip_high(o: Dict[str, Any]) -> float:
+def effective_eps_clip_high(o: dict[str, Any]) -> float:
     return o["eps_clip"] if o["eps_clip_high"] is None else o["eps_clip_high"]
 
 
-def resolved_mis_bounds(o: Dict[str, Any]):
-    tis_lower = o["tis_lower_bound"] if o["tis_lower_bound"] is not None else 1.0 / o["tis_upper_bound"]
+def resolved_mis_bounds(o: dict[str, Any]):
+    tis_lower = (
+        o["tis_lower_bound"]
+        if o["tis_lower_bound"] is not None
+        else 1.0 / o["tis_upper_bound"]
+    )
     rs_lower = o["rs_lower_bound"] if o["rs_lower_bound"] is not None else tis_lower
-    rs_upper = o["rs_upper_bound"] if o["rs_upper_bound"] is not None else o["tis_upper_bound"]
+    rs_upper = (
+        o["rs_upper_bound"] if o["rs_upper_bound"] is not None else o["tis_upper_bound"]
+    )
     return tis_lower, o["tis_upper_bound"], rs_lower, rs_upper

@@ -25,14 +25,46 @@ The math lives in one module per concept and is re-exported here, so callers kee
     policy_loss.py    aggregation (denominators), policy loss terms, value loss
     logits_math.py    log-probs/entropy/gradient from logits, pass@k
 """
+
 from __future__ import annotations
 
-from .advantages import (compute_advantages_and_returns, discounted_returns, gae, group_normalize_rewards, group_positions,  # noqa: F401
-                         masked_whiten, post_process_rewards)
-from .algo_options import (DEFAULT_OPTIONS, ESTIMATORS, GROUP_STD_EPS, KL_TYPES, LOW_VAR_KL_BOUND, MIS_LOG_RATIO_BOUND, WHITEN_EPS,  # noqa: F401
-                           AlgorithmError, effective_eps_clip_high, parse_options, resolved_mis_bounds, validate_options)
+from .advantages import (  # noqa: F401
+    compute_advantages_and_returns,
+    discounted_returns,
+    gae,
+    group_normalize_rewards,
+    group_positions,
+    masked_whiten,
+    post_process_rewards,
+)
+from .algo_options import (  # noqa: F401
+    DEFAULT_OPTIONS,
+    ESTIMATORS,
+    GROUP_STD_EPS,
+    KL_TYPES,
+    LOW_VAR_KL_BOUND,
+    MIS_LOG_RATIO_BOUND,
+    WHITEN_EPS,
+    AlgorithmError,
+    effective_eps_clip_high,
+    parse_options,
+    resolved_mis_bounds,
+    validate_options,
+)
 from .kl import approx_kl_with_grad, compute_approx_kl, kl_loss_with_grad  # noqa: F401
 from .logits_math import log_probs_and_entropy_from_logits, logits_gradient, pass_at_k  # noqa: F401
-from .policy_loss import (Aggregator, PolicyLossTerms, aggregate, cispo_loss, compute_mis_weights, gspo_kl, make_aggregator,  # noqa: F401
-                          opsm_mask, policy_loss_terms, ppo_clip, tis_per_token, value_loss_terms)
+from .policy_loss import (  # noqa: F401
+    Aggregator,
+    PolicyLossTerms,
+    aggregate,
+    cispo_loss,
+    compute_mis_weights,
+    gspo_kl,
+    make_aggregator,
+    opsm_mask,
+    policy_loss_terms,
+    ppo_clip,
+    tis_per_token,
+    value_loss_terms,
+)
 from .ragged import Ragged, masked_mean_per_sample  # noqa: F401

@@ -5,17 +5,22 @@ Little-endian: "RLQB", u32 version = 1, u32 header length H, H bytes of UTF-8 JS
 order, each starting at an 8-byte aligned offset. ``encode_batch`` mirrors
 src/trainer/batch-codec.ts byte for byte (used by the tests).
 """
+
 from __future__ import annotations
 
 import json
 import struct
 from dataclasses import dataclass
-from typing import Optional, Dict, List
 
 import numpy as np
 
 MAGIC = b"RLQB"
-DTYPES = {"int32": np.dtype("<i4"), "uint8": np.dtype("u1"), "float32": np.dtype("<f4"), "float64": np.dtype("<f8")}
+DTYPES = {
+    "int32": np.dtype("<i4"),
+    "uint8": np.dtype("u1"),
+    "float32": np.dtype("<f4"),
+    "float64": np.dtype("<f8"),
+}
 ARRAYS = [
     ("token_offsets", "int32"),
     ("prompt_lengths", "int32"),
@@ -46,7 +51,7 @@ class Sample:
     sample_index: int
     # The loss mask before rlq zeroed off-policy / stale tokens: the loss
     # denominators sum it (DESIGN §1). None: the same as loss_mask.
-    denom_mask: Optional[np.ndarray] = None
+    denom_mask: np.ndarray | None = None
 
     @property
     def response_length(self) -> int:
@@ -57,7 +62,7 @@ class Sample:
 class Batch:
     run_id: str
     step: int
-    samples: List[Sample]
+    samples: list[Sample]
 
 
 def _align(x: int) -> int:
@@ -73,7 +78,7 @@ def decode_batch(data: bytes) -> Batch:
     if 12 + hlen > len(data):
         raise BatchError("header length exceeds the batch size")
     try:
-        header = json.loads(data[12:12 + hlen].decode("utf-8"))
+        header = json.loads(data[12 : 12 + hlen].decode("utf-8"))
         n = int(header["num_samples"])
         specs = header["arrays"]
         run_id = str(header["run_id"])
@@ -81,7 +86,7 @@ def decode_batch(data: bytes) -> Batch:
     except Exception as e:  # noqa: BLE001
         raise BatchError(f"bad header: {e}") from e
     off = _align(12 + hlen)
-    got: Dict[str, np.ndarray] = {}
+    got: dict[str, np.ndarray] = {}
     for a in specs:
         dt = DTYPES.get(a.get("dtype"))
         if dt is None:
@@ -97,26 +102,52 @@ def decode_batch(data: bytes) -> Batch:
             raise BatchError(f"array {name} is missing")
     to, ro = got["token_offsets"], got["response_offsets"]
     if to.shape[0] != n + 1 or ro.shape[0] != n + 1:
-        raise BatchError("token_offsets / response_offsets must have num_samples + 1 entries")
+        raise BatchError(
+            "token_offsets / response_offsets must have num_samples + 1 entries"
+        )
     T, R = int(to[-1]) if n >= 0 else 0, int(ro[-1])
-    checks = {"prompt_lengths": n, "tokens": T, "loss_mask": R, "rollout_log_probs": R, "token_versions": R, "rewards": n, "group_index": n, "sample_index": n}
+    checks = {
+        "prompt_lengths": n,
+        "tokens": T,
+        "loss_mask": R,
+        "rollout_log_probs": R,
+        "token_versions": R,
+        "rewards": n,
+        "group_index": n,
+        "sample_index": n,
+    }
     if "denom_mask" in got:  # optional (older clients do not send it)
         checks["denom_mask"] = R
     for name, want in checks.items():
         if got[name].shape[0] != want:
-            raise BatchError(f"array {name} has length {got[name].shape[0]}, expected {want}")
+            raise BatchError(
+                f"array {name} has length {got[name].shape[0]}, expected {want}"
+            )
     if to[0] != 0 or ro[0] != 0 or np.any(np.diff(to) < 0) or np.any(np.diff(ro) < 0):
         raise BatchError("offsets must start at 0 and never decrease")
     samples = []
     for i in range(n):
-        tok = got["tokens"][to[i]:to[i + 1]]
+        tok = got["tokens"][to[i] : to[i + 1]]
         r0, r1 = int(ro[i]), int(ro[i + 1])
         pl = int(got["prompt_lengths"][i])
         if pl < 0 or pl + (r1 - r0) != tok.shape[0]:
-            raise BatchError(f"sample {i}: prompt_length {pl} + response {r1 - r0} != {tok.shape[0]} tokens")
+            raise BatchError(
+                f"sample {i}: prompt_length {pl} + response {r1 - r0} != {tok.shape[0]} tokens"
+            )
         dm = got["denom_mask"][r0:r1] if "denom_mask" in got else None
-        samples.append(Sample(tok, pl, got["loss_mask"][r0:r1], got["rollout_log_probs"][r0:r1], got["token_versions"][r0:r1],
-                              float(got["rewards"][i]), int(got["group_index"][i]), int(got["sample_index"][i]), dm))
+        samples.append(
+            Sample(
+                tok,
+                pl,
+                got["loss_mask"][r0:r1],
+                got["rollout_log_probs"][r0:r1],
+                got["token_versions"][r0:r1],
+                float(got["rewards"][i]),
+                int(got["group_index"][i]),
+                int(got["sample_index"][i]),
+                dm,
+            )
+        )
     return Batch(run_id, step, samples)
 
 
@@ -128,7 +159,11 @@ def encode_batch(batch: Batch) -> bytes:
     for i, x in enumerate(s):
         to[i + 1] = to[i] + len(x.tokens)
         ro[i + 1] = ro[i] + x.response_length
-    cat = lambda f, dt: np.concatenate([np.asarray(f(x), dtype=dt) for x in s]) if s else np.zeros(0, dtype=dt)  # noqa: E731
+    cat = lambda f, dt: (
+        np.concatenate([np.asarray(f(x), dtype=dt) for x in s])
+        if s
+        else np.zeros(0, dtype=dt)
+    )  # noqa: E731
     arrays = [
         to,
         np.array([x.prompt_length for x in s], dtype="<i4"),
@@ -143,9 +178,18 @@ def encode_batch(batch: Batch) -> bytes:
         cat(lambda x: x.loss_mask if x.denom_mask is None else x.denom_mask, "u1"),
     ]
     names = ARRAYS + [("denom_mask", "uint8")]
-    header = json.dumps({"run_id": batch.run_id, "step": batch.step, "num_samples": n,
-                         "arrays": [{"name": name, "dtype": dt, "length": int(a.shape[0])} for (name, dt), a in zip(names, arrays)]},
-                        separators=(",", ":")).encode("utf-8")
+    header = json.dumps(
+        {
+            "run_id": batch.run_id,
+            "step": batch.step,
+            "num_samples": n,
+            "arrays": [
+                {"name": name, "dtype": dt, "length": int(a.shape[0])}
+                for (name, dt), a in zip(names, arrays)
+            ],
+        },
+        separators=(",", ":"),
+    ).encode("utf-8")
     out = bytearray(MAGIC + struct.pack("<II", 1, len(header)) + header)
     out += b"\0" * (_align(len(out)) - len(out))
     for a in arrays:

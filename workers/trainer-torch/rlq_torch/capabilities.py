@@ -1,10 +1,11 @@
 """What this trainer can do, answered in /v1/health ``capabilities`` (rlq reads it before a run trains)."""
+
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any
 
 
-def capabilities(world_size: int = 1) -> Dict[str, Any]:
+def capabilities(world_size: int = 1) -> dict[str, Any]:
     from .dist import fsdp2_available
 
     return {

@@ -17,9 +17,11 @@ the single-device trainer is unchanged. Under torchrun (``dist_worker.py``):
   every rank reaches the same number of times (per micro-batch round), so no rank is ever
   left waiting in a collective the others skipped.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -31,10 +33,10 @@ def fsdp2_available() -> bool:
     return _fully_shard() is not None
 
 
-def partition(params: Sequence[Tuple[str, torch.Tensor]], world: int) -> Dict[str, int]:
+def partition(params: Sequence[tuple[str, torch.Tensor]], world: int) -> dict[str, int]:
     """name → owner rank: largest tensors first, each to the least loaded rank (ties: lowest rank)."""
     load = [0] * world
-    owner: Dict[str, int] = {}
+    owner: dict[str, int] = {}
     order = sorted(range(len(params)), key=lambda i: (-params[i][1].numel(), i))
     for i in order:
         r = min(range(world), key=lambda k: (load[k], k))
@@ -65,16 +67,20 @@ class Dist:
         if not self.active:
             check()
             return
-        flag = torch.tensor([1 if (self.rank == 0 and self.cancel_requested()) else 0], dtype=torch.int32)
+        flag = torch.tensor(
+            [1 if (self.rank == 0 and self.cancel_requested()) else 0],
+            dtype=torch.int32,
+        )
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         if int(flag.item()):
             from .trainer import Cancelled
+
             raise Cancelled()
 
-    def all_gather(self, obj: Any) -> List[Any]:
+    def all_gather(self, obj: Any) -> list[Any]:
         if not self.active:
             return [obj]
-        out: List[Any] = [None] * self.world
+        out: list[Any] = [None] * self.world
         torch.distributed.all_gather_object(out, obj)
         return out
 
@@ -86,8 +92,10 @@ class Dist:
         if self.active:
             torch.distributed.barrier()
 
-    def owners(self, params: Sequence[Tuple[str, torch.Tensor]]) -> Dict[str, int]:
+    def owners(self, params: Sequence[tuple[str, torch.Tensor]]) -> dict[str, int]:
         """Which rank keeps each parameter's moments and updates it. fsdp: every rank, its own shard of each."""
         if self.active and self.sharding in ("fsdp1", "fsdp2"):
             return {n: self.rank for n, _ in params}
-        return partition(params, self.world) if self.active else {n: 0 for n, _ in params}
+        return (
+            partition(params, self.world) if self.active else {n: 0 for n, _ in params}
+        )

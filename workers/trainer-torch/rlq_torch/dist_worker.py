@@ -14,6 +14,7 @@ group dead and starts a fresh one for the next step. A killed rank makes its pee
 fail (gloo: connection closed), which is the same path. A step is never half-committed: files
 are written only after the last optimizer step, weights last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,9 @@ sys.path.insert(0, HERE)
 
 
 def log(msg: str) -> None:
-    sys.stderr.write(f"[trainer-torch rank {os.environ.get('RANK', '?')} {time.strftime('%H:%M:%S')}] {msg}\n")
+    sys.stderr.write(
+        f"[trainer-torch rank {os.environ.get('RANK', '?')} {time.strftime('%H:%M:%S')}] {msg}\n"
+    )
     sys.stderr.flush()
 
 
@@ -59,33 +62,54 @@ def push_weights(trainer, pusher, enabled: bool, result, progress) -> None:
     it holds. A failed push does not fail the committed step: it is reported in the result (weight_push.push_held)."""
     if not enabled:
         return
-    full = trainer.full_weights() if hasattr(trainer, "full_weights") else None  # a collective when the parameters are sharded
+    full = (
+        trainer.full_weights() if hasattr(trainer, "full_weights") else None
+    )  # a collective when the parameters are sharded
     if pusher is None:
         return
     from rlq_torch.weight_push import push_held
 
     progress(1, 1, "weight_push")
-    result["weight_push"] = push_held(pusher, trainer, result["weight_version_out"], log, named=full)
+    result["weight_push"] = push_held(
+        pusher, trainer, result["weight_version_out"], log, named=full
+    )
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="a rank of rlq's PyTorch trainer (started by torchrun from server.py --nproc N)")
+    ap = argparse.ArgumentParser(
+        description="a rank of rlq's PyTorch trainer (started by torchrun from server.py --nproc N)"
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--bf16", choices=["auto", "on", "off"], default="auto")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--defaults", default="{}", help="the server's defaults (JSON)")
     ap.add_argument("--timeout-s", type=float, default=600, help="collective timeout")
-    ap.add_argument("--debug-rank-delay-s", type=float, default=0.0, help="testing aid: each micro-batch round waits this long")
-    ap.add_argument("--sharding", choices=["zero1", "fsdp", "fsdp1"], default="zero1",
-                    help="zero1: DDP + sharded optimizer state; fsdp: FSDP2 fully_shard where torch has it, else FSDP1; fsdp1: FullyShardedDataParallel")
-    ap.add_argument("--push-engines", default="", help="weight_sync trainer_push: rank 0 pushes each trained version to these SGLang URLs")
+    ap.add_argument(
+        "--debug-rank-delay-s",
+        type=float,
+        default=0.0,
+        help="testing aid: each micro-batch round waits this long",
+    )
+    ap.add_argument(
+        "--sharding",
+        choices=["zero1", "fsdp", "fsdp1"],
+        default="zero1",
+        help="zero1: DDP + sharded optimizer state; fsdp: FSDP2 fully_shard where torch has it, else FSDP1; fsdp1: FullyShardedDataParallel",
+    )
+    ap.add_argument(
+        "--push-engines",
+        default="",
+        help="weight_sync trainer_push: rank 0 pushes each trained version to these SGLang URLs",
+    )
     ap.add_argument("--push-master-address", default="127.0.0.1")
     ap.add_argument("--push-master-port", type=int, default=29600)
     ap.add_argument("--push-backend", default="nccl")
     ap.add_argument("--push-api-key-env", default=None)
     ap.add_argument("--push-admin-api-key-env", default=None)
-    ap.add_argument("--push-via", choices=["distributed", "tensor"], default="distributed")
+    ap.add_argument(
+        "--push-via", choices=["distributed", "tensor"], default="distributed"
+    )
     ap.add_argument("--push-tp-size", type=int, default=1)
     args = ap.parse_args(argv)
 
@@ -103,13 +127,21 @@ def main(argv=None) -> int:
     cuda = args.device.startswith("cuda")
     if cuda:
         torch.cuda.set_device(local_rank)
-    tdist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
+    tdist.init_process_group(
+        "nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout_s)
+    )
     rank, world = tdist.get_rank(), tdist.get_world_size()
     from rlq_torch.fsdp import resolve
 
     d = Dist(rank, world, sharding=resolve(args.sharding))
     device = f"cuda:{local_rank}" if cuda else "cpu"
-    trainer = TorchTrainer(device, json.loads(args.defaults), bf16=None if args.bf16 == "auto" else args.bf16 == "on", log=log, dist=d)
+    trainer = TorchTrainer(
+        device,
+        json.loads(args.defaults),
+        bf16=None if args.bf16 == "auto" else args.bf16 == "on",
+        log=log,
+        dist=d,
+    )
 
     # trainer_push: rank 0 of this group is rank 0 of the push group too (its own group, weight_push.py), as in
     # slime's update_weight_from_distributed, where one trainer rank broadcasts the gathered weights to the engines.
@@ -122,8 +154,17 @@ def main(argv=None) -> int:
     conn = None
     if rank == 0:
         host, port = os.environ["RLQ_FRONT_ADDR"].rsplit(":", 1)
-        conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ["RLQ_FRONT_KEY"]))
-    pids = d.all_gather({"rank": rank, "pid": os.getpid(), "host": os.uname().nodename, "device": device})
+        conn = Client(
+            (host, int(port)), authkey=bytes.fromhex(os.environ["RLQ_FRONT_KEY"])
+        )
+    pids = d.all_gather(
+        {
+            "rank": rank,
+            "pid": os.getpid(),
+            "host": os.uname().nodename,
+            "device": device,
+        }
+    )
     if conn is not None:
         conn.send(("hello", pids))
     log(f"up: world {world}, {device}, torch {torch.__version__}")
@@ -143,7 +184,9 @@ def main(argv=None) -> int:
         if rank == 0:
             try:
                 box[0] = conn.recv()
-                if box[0] and box[0][0] == "step":  # every rank learns whether rank 0 pushes (fsdp gathers the weights for it)
+                if (
+                    box[0] and box[0][0] == "step"
+                ):  # every rank learns whether rank 0 pushes (fsdp gathers the weights for it)
                     box[0] = (*box[0], pusher is not None)
             except (EOFError, OSError):
                 box[0] = ("shutdown",)  # the front went away: stop the group
@@ -159,7 +202,9 @@ def main(argv=None) -> int:
         def progress(done: int, total: int, phase: str) -> None:
             if conn is not None:
                 conn.send(("progress", done, total, phase))
-            if args.debug_rank_delay_s > 0 and (phase.startswith("train") or phase.startswith("old_logprobs")):
+            if args.debug_rank_delay_s > 0 and (
+                phase.startswith("train") or phase.startswith("old_logprobs")
+            ):
                 time.sleep(args.debug_rank_delay_s)
 
         try:
@@ -180,7 +225,16 @@ def main(argv=None) -> int:
             elif "out of memory" in str(e).lower():
                 code = "oom"
             what = f"rank {rank}: {type(e).__name__}: {e}"
-            if code == "internal" and any(k in str(e) for k in ("gloo", "Connection closed", "Connection reset", "NCCL", "Timed out")):
+            if code == "internal" and any(
+                k in str(e)
+                for k in (
+                    "gloo",
+                    "Connection closed",
+                    "Connection reset",
+                    "NCCL",
+                    "Timed out",
+                )
+            ):
                 what = f"the process group failed (a peer rank died, hung or lost its connection): {what}"
             traceback.print_exc()
             if conn is not None:

@@ -56,29 +56,35 @@ creates CUDA streams, so it cannot run on CPU with gloo. ``fsdp_unavailable()`` 
 Not yet: PPO's critic with ``fsdp`` (the critic is built from the policy's full weights; it is
 refused as bad_request), and a world size change on resume.
 """
+
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 SHARDING_MODES = ("zero1", "fsdp", "fsdp1")
 FSDP_IMPLS = ("fsdp1", "fsdp2")
-OPTIMIZER_SHARDING = {"fsdp1": "fsdp", "fsdp2": "fsdp2"}  # what an optimizer file's metadata says
+OPTIMIZER_SHARDING = {
+    "fsdp1": "fsdp",
+    "fsdp2": "fsdp2",
+}  # what an optimizer file's metadata says
 
 
-def torch_version() -> Tuple[int, int]:
+def torch_version() -> tuple[int, int]:
     parts = torch.__version__.split("+")[0].split(".")
     return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
 
 
-def fsdp_unavailable() -> Optional[str]:
+def fsdp_unavailable() -> str | None:
     """None when this torch can shard with FullyShardedDataParallel, else the reason."""
     if torch_version() < (2, 0):
-        return (f"--sharding fsdp needs torch >= 2.0 (FullyShardedDataParallel with use_orig_params); this is torch {torch.__version__}, "
-                "whose FSDP does not import under Python 3.11 and runs on CUDA only")
+        return (
+            f"--sharding fsdp needs torch >= 2.0 (FullyShardedDataParallel with use_orig_params); this is torch {torch.__version__}, "
+            "whose FSDP does not import under Python 3.11 and runs on CUDA only"
+        )
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: F401
     except Exception as e:  # noqa: BLE001
@@ -90,10 +96,12 @@ def _fully_shard():
     """torch's fully_shard (FSDP2) and FSDPModule, or None when this torch has none."""
     try:
         from torch.distributed.fsdp import FSDPModule, fully_shard  # torch >= 2.6
+
         return fully_shard, FSDPModule
     except Exception:  # noqa: BLE001
         try:
             from torch.distributed._composable.fsdp import FSDPModule, fully_shard  # noqa: F811  (torch 2.4, 2.5)
+
             return fully_shard, FSDPModule
         except Exception:  # noqa: BLE001
             return None
@@ -106,14 +114,20 @@ def resolve(mode: str) -> str:
     return mode
 
 
-def local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def local(t: torch.Tensor | None) -> torch.Tensor | None:
     """This rank's shard of an FSDP2 (DTensor) parameter or gradient, itself for a plain tensor (in-place updates land in the shard)."""
     return t.to_local() if t is not None and hasattr(t, "to_local") else t
 
 
 def _layer_classes(module: torch.nn.Module):
-    names = set(getattr(getattr(module, "inner", module), "_no_split_modules", None) or [])
-    return {type(m) for m in module.modules() if type(m).__name__ in names} if names else set()
+    names = set(
+        getattr(getattr(module, "inner", module), "_no_split_modules", None) or []
+    )
+    return (
+        {type(m) for m in module.modules() if type(m).__name__ in names}
+        if names
+        else set()
+    )
 
 
 def _wrap_policy(module: torch.nn.Module):
@@ -123,7 +137,9 @@ def _wrap_policy(module: torch.nn.Module):
         return None
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-    return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes)
+    return functools.partial(
+        transformer_auto_wrap_policy, transformer_layer_cls=classes
+    )
 
 
 def wrap(forward_module: torch.nn.Module, device: torch.device, impl: str = "fsdp1"):
@@ -145,9 +161,15 @@ def wrap(forward_module: torch.nn.Module, device: torch.device, impl: str = "fsd
         return forward_module
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
-    return FullyShardedDataParallel(forward_module, sharding_strategy=ShardingStrategy.FULL_SHARD, auto_wrap_policy=_wrap_policy(forward_module),
-                                    device_id=device, use_orig_params=True, sync_module_states=False,
-                                    limit_all_gathers=True)
+    return FullyShardedDataParallel(
+        forward_module,
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        auto_wrap_policy=_wrap_policy(forward_module),
+        device_id=device,
+        use_orig_params=True,
+        sync_module_states=False,
+        limit_all_gathers=True,
+    )
 
 
 def grad_sync(fwd, on: bool):
@@ -184,12 +206,19 @@ def full_params(fsdp_module, device: torch.device) -> Iterator[None]:
         return
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    with FullyShardedDataParallel.summon_full_params(fsdp_module, recurse=True, writeback=False, rank0_only=True,
-                                                     offload_to_cpu=device.type == "cuda"):
+    with FullyShardedDataParallel.summon_full_params(
+        fsdp_module,
+        recurse=True,
+        writeback=False,
+        rank0_only=True,
+        offload_to_cpu=device.type == "cuda",
+    ):
         yield
 
 
-def full_named_params(fsdp_module, policy, device: torch.device, rank: int) -> Optional[List[Tuple[str, torch.Tensor]]]:
+def full_named_params(
+    fsdp_module, policy, device: torch.device, rank: int
+) -> list[tuple[str, torch.Tensor]] | None:
     """Copies of the whole parameters on rank 0 (None on the others); every rank must call it."""
     with full_params(fsdp_module, device):
         if rank != 0:
@@ -197,6 +226,6 @@ def full_named_params(fsdp_module, policy, device: torch.device, rank: int) -> O
         return [(n, p.detach().clone()) for n, p in policy.named_params()]
 
 
-def ndims(policy) -> Dict[str, int]:
+def ndims(policy) -> dict[str, int]:
     """Each parameter's rank before wrapping (FSDP1's shards are flat; weight decay applies to >= 2-D parameters)."""
     return {n: p.dim() for n, p in policy.named_params()}

@@ -10,37 +10,48 @@ rlq's `weights.safetensors` loads and saves without any renaming.
 N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layers), each tensor from its own
 xoshiro128** stream derived from (seed, name).
 """
+
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections import OrderedDict
-import inspect
-from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 MODEL_FORMAT = "rlq-gpt-v1"
-CONFIG_KEYS = ("vocab_size", "context_length", "d_model", "n_heads", "n_layers", "d_mlp", "layer_norm_eps")
+CONFIG_KEYS = (
+    "vocab_size",
+    "context_length",
+    "d_model",
+    "n_heads",
+    "n_layers",
+    "d_mlp",
+    "layer_norm_eps",
+)
 
 M32 = 0xFFFFFFFF
 
 try:  # torch >= 2.0 wants use_reentrant spelled out; 1.13's checkpoint has no such argument
     import torch.utils.checkpoint as _ckpt
-    _CKPT_REENTRANT_ARG = "use_reentrant" in inspect.signature(_ckpt.checkpoint).parameters
+
+    _CKPT_REENTRANT_ARG = (
+        "use_reentrant" in inspect.signature(_ckpt.checkpoint).parameters
+    )
 except Exception:  # noqa: BLE001
     _CKPT_REENTRANT_ARG = False
 
 
-def parse_model_config(value) -> Dict:
+def parse_model_config(value) -> dict:
     """modelConfigSchema: validates and fills layer_norm_eps; key order as the TypeScript schema."""
     if isinstance(value, str):
         value = json.loads(value)
     if not isinstance(value, dict):
         raise ValueError("model config must be an object")
-    out: Dict = OrderedDict()
+    out: dict = OrderedDict()
     for k in CONFIG_KEYS[:-1]:
         v = value.get(k)
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -63,7 +74,9 @@ def js_number(x) -> str:
     """A number as JavaScript's JSON.stringify writes it (1e-05 → 0.00001)."""
     if isinstance(x, bool):
         return "true" if x else "false"
-    if isinstance(x, int) or (isinstance(x, float) and x.is_integer() and abs(x) < 1e21):
+    if isinstance(x, int) or (
+        isinstance(x, float) and x.is_integer() and abs(x) < 1e21
+    ):
         return str(int(x))
     r = repr(float(x))
     if "e" in r:
@@ -71,19 +84,23 @@ def js_number(x) -> str:
         e = int(exp)
         if -7 < e < 21:
             from decimal import Decimal
+
             return format(Decimal(r), "f")
         return f"{mant}e{'+' if e > 0 else '-'}{abs(e)}"
     return r
 
 
-def config_json(config: Dict) -> str:
+def config_json(config: dict) -> str:
     """JSON.stringify(config) byte for byte (the checkpoint's metadata.config)."""
     return "{" + ",".join(f'"{k}":{js_number(config[k])}' for k in CONFIG_KEYS) + "}"
 
 
-def parameter_specs(c: Dict) -> List[Tuple[str, List[int], str]]:
+def parameter_specs(c: dict) -> list[tuple[str, list[int], str]]:
     v, ctx, d, m = c["vocab_size"], c["context_length"], c["d_model"], c["d_mlp"]
-    specs = [("tok_emb.weight", [v, d], "normal"), ("pos_emb.weight", [ctx, d], "normal")]
+    specs = [
+        ("tok_emb.weight", [v, d], "normal"),
+        ("pos_emb.weight", [ctx, d], "normal"),
+    ]
     for layer in range(c["n_layers"]):
         p = f"blocks.{layer}."
         specs += [
@@ -100,7 +117,11 @@ def parameter_specs(c: Dict) -> List[Tuple[str, List[int], str]]:
             (f"{p}mlp.proj.weight", [m, d], "residual"),
             (f"{p}mlp.proj.bias", [d], "zeros"),
         ]
-    specs += [("ln_f.weight", [d], "ones"), ("ln_f.bias", [d], "zeros"), ("head.weight", [d, v], "normal")]
+    specs += [
+        ("ln_f.weight", [d], "ones"),
+        ("ln_f.bias", [d], "zeros"),
+        ("head.weight", [d, v], "normal"),
+    ]
     return specs
 
 
@@ -178,11 +199,15 @@ class Prng:
         return r * math.cos(2 * math.pi * v)
 
 
-_INIT_CACHE: "OrderedDict[Tuple[str, int], OrderedDict[str, torch.Tensor]]" = OrderedDict()
-_INIT_CACHE_SIZE = 2  # the policy's and the reference's initialisation are usually the same one
+_INIT_CACHE: OrderedDict[tuple[str, int], OrderedDict[str, torch.Tensor]] = (
+    OrderedDict()
+)
+_INIT_CACHE_SIZE = (
+    2  # the policy's and the reference's initialisation are usually the same one
+)
 
 
-def init_weights(c: Dict, seed: int) -> "OrderedDict[str, torch.Tensor]":
+def init_weights(c: dict, seed: int) -> OrderedDict[str, torch.Tensor]:
     """initWeights(config, seed): float32 tensors in canonical order (fresh copies).
 
     The generator runs in pure Python (bit-identical to src/model/prng.ts), about 1 s for a tiny
@@ -200,9 +225,9 @@ def init_weights(c: Dict, seed: int) -> "OrderedDict[str, torch.Tensor]":
     return OrderedDict((n, t.clone()) for n, t in hit.items())
 
 
-def _init_weights(c: Dict, seed: int) -> "OrderedDict[str, torch.Tensor]":
+def _init_weights(c: dict, seed: int) -> OrderedDict[str, torch.Tensor]:
     residual_std = 0.02 / math.sqrt(2 * c["n_layers"])
-    out: "OrderedDict[str, torch.Tensor]" = OrderedDict()
+    out: OrderedDict[str, torch.Tensor] = OrderedDict()
     for name, shape, kind in parameter_specs(c):
         n = 1
         for d in shape:
@@ -226,10 +251,10 @@ def _init_weights(c: Dict, seed: int) -> "OrderedDict[str, torch.Tensor]":
 class RlqGpt(nn.Module):
     """The embedded model. ``canonical`` lists (checkpoint name, parameter) in canonical order."""
 
-    def __init__(self, config: Dict, weights: Dict[str, torch.Tensor]):
+    def __init__(self, config: dict, weights: dict[str, torch.Tensor]):
         super().__init__()
         self.config = parse_model_config(config)
-        self._names: List[str] = []
+        self._names: list[str] = []
         for name, shape, _ in parameter_specs(self.config):
             w = weights.get(name)
             if w is None:
@@ -237,7 +262,9 @@ class RlqGpt(nn.Module):
             if list(w.shape) != shape and w.numel() == math.prod(shape):
                 w = w.reshape(shape)
             if list(w.shape) != shape:
-                raise ValueError(f'weights: "{name}" has shape {list(w.shape)}, expected {shape}')
+                raise ValueError(
+                    f'weights: "{name}" has shape {list(w.shape)}, expected {shape}'
+                )
             p = nn.Parameter(w.detach().to(torch.float32).clone())
             self.register_parameter(name.replace(".", "__"), p)
             self._names.append(name)
@@ -248,15 +275,20 @@ class RlqGpt(nn.Module):
     # Read from the module's attributes on every call, never cached: FSDP2 (fsdp.py) swaps each
     # attribute between this rank's shard and the gathered parameter around every forward and backward.
     @property
-    def canonical(self) -> List[Tuple[str, nn.Parameter]]:
+    def canonical(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, getattr(self, n.replace(".", "__"))) for n in self._names]
 
     @property
-    def _p(self) -> Dict[str, nn.Parameter]:
+    def _p(self) -> dict[str, nn.Parameter]:
         return {n: getattr(self, n.replace(".", "__")) for n in self._names}
 
-    def hidden_states(self, ids: torch.Tensor, positions: Optional[torch.Tensor] = None, segments: Optional[torch.Tensor] = None,
-                      checkpointing: bool = False) -> torch.Tensor:
+    def hidden_states(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None,
+        checkpointing: bool = False,
+    ) -> torch.Tensor:
         """[B, T] token ids → [B, T, d] after the final LayerNorm (causal; right padding is harmless).
 
         Packed rows (sequence packing): ``positions`` [B, T] restart at 0 for every sequence and
@@ -267,19 +299,32 @@ class RlqGpt(nn.Module):
         p = self._p
         B, T = ids.shape
         if T > c["context_length"] and positions is None:
-            raise ValueError(f"{T} positions exceed context_length {c['context_length']}")
+            raise ValueError(
+                f"{T} positions exceed context_length {c['context_length']}"
+            )
         eps = c["layer_norm_eps"]
-        pos = p["pos_emb.weight"][:T] if positions is None else F.embedding(positions, p["pos_emb.weight"])
+        pos = (
+            p["pos_emb.weight"][:T]
+            if positions is None
+            else F.embedding(positions, p["pos_emb.weight"])
+        )
         x = F.embedding(ids, p["tok_emb.weight"]) + pos
         for layer in range(c["n_layers"]):
             if checkpointing and torch.is_grad_enabled():
                 from torch.utils.checkpoint import checkpoint
-                x = checkpoint(self._block, x, segments, layer, use_reentrant=False) if _CKPT_REENTRANT_ARG else checkpoint(self._block, x, segments, layer)
+
+                x = (
+                    checkpoint(self._block, x, segments, layer, use_reentrant=False)
+                    if _CKPT_REENTRANT_ARG
+                    else checkpoint(self._block, x, segments, layer)
+                )
             else:
                 x = self._block(x, segments, layer)
         return F.layer_norm(x, (c["d_model"],), p["ln_f.weight"], p["ln_f.bias"], eps)
 
-    def _block(self, x: torch.Tensor, segments: Optional[torch.Tensor], layer: int) -> torch.Tensor:
+    def _block(
+        self, x: torch.Tensor, segments: torch.Tensor | None, layer: int
+    ) -> torch.Tensor:
         c = self.config
         p = self._p
         B, T, d = x.shape
@@ -289,9 +334,14 @@ class RlqGpt(nn.Module):
         q = lambda n: p[f"blocks.{layer}.{n}"]  # noqa: E731
         h = F.layer_norm(x, (d,), q("ln1.weight"), q("ln1.bias"), eps)
         qkv = (h @ q("attn.qkv.weight") + q("attn.qkv.bias")).reshape(B, T, 3, nh, hd)
-        query, key, value = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # [B, H, T, hd]
+        query, key, value = (
+            qkv[:, :, i].transpose(1, 2) for i in range(3)
+        )  # [B, H, T, hd]
         heads = causal_attention(query, key, value, segments)
-        x = x + (heads.transpose(1, 2).reshape(B, T, d) @ q("attn.proj.weight") + q("attn.proj.bias"))
+        x = x + (
+            heads.transpose(1, 2).reshape(B, T, d) @ q("attn.proj.weight")
+            + q("attn.proj.bias")
+        )
         h = F.layer_norm(x, (d,), q("ln2.weight"), q("ln2.bias"), eps)
         h = F.gelu(h @ q("mlp.fc.weight") + q("mlp.fc.bias"), approximate="tanh")
         return x + (h @ q("mlp.proj.weight") + q("mlp.proj.bias"))
@@ -300,16 +350,30 @@ class RlqGpt(nn.Module):
         return hidden @ self._p["head.weight"]
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Optional[torch.Tensor] = None) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    segments: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Causal attention; with ``segments`` [B, T] a position attends only to earlier positions of its own segment."""
     T = q.shape[-2]
     mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     if segments is not None:
-        mask = mask & (segments[:, :, None] == segments[:, None, :])[:, None]  # [B, 1, T, T]
+        mask = (
+            mask & (segments[:, :, None] == segments[:, None, :])[:, None]
+        )  # [B, 1, T, T]
     sdpa = getattr(F, "scaled_dot_product_attention", None)
     if sdpa is not None and q.is_cuda:
-        return sdpa(q, k, v, is_causal=True) if segments is None else sdpa(q, k, v, attn_mask=mask)
+        return (
+            sdpa(q, k, v, is_causal=True)
+            if segments is None
+            else sdpa(q, k, v, attn_mask=mask)
+        )
     scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores if scores.dtype in (torch.float32, torch.float64) else scores.float(), dim=-1)
+    probs = torch.softmax(
+        scores if scores.dtype in (torch.float32, torch.float64) else scores.float(),
+        dim=-1,
+    )
     return probs.to(v.dtype) @ v

@@ -1,19 +1,29 @@
 """Loss aggregation (slime's denominators) and the policy loss with its exact per-token gradients, plus the critic's value loss."""
+
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from .algo_options import MIS_LOG_RATIO_BOUND, AlgorithmError, effective_eps_clip_high, resolved_mis_bounds
+from .algo_options import (
+    MIS_LOG_RATIO_BOUND,
+    AlgorithmError,
+    effective_eps_clip_high,
+    resolved_mis_bounds,
+)
 from .kl import kl_loss_with_grad
 from .ragged import Ragged, _assert_like, masked_mean_per_sample
+
 
 class Aggregator:
     """agg(x) = Σ_it x_it · weights_it (slime's get_sum_of_sample_mean and friends)."""
 
-    def __init__(self, weights: np.ndarray, normalizer: float, sample_denominators: np.ndarray):
+    def __init__(
+        self, weights: np.ndarray, normalizer: float, sample_denominators: np.ndarray
+    ):
         self.weights = weights
         self.normalizer = normalizer
         self.sample_denominators = sample_denominators
@@ -28,9 +38,14 @@ class Aggregator:
         return s
 
 
-def make_aggregator(loss_mask: Ragged, calculate_per_token_loss: bool = False, denom_mask: Optional[Ragged] = None,
-                    rollout_ids: Optional[Sequence[Any]] = None, sample_denominators: Optional[np.ndarray] = None,
-                    normalizer: Optional[float] = None) -> Aggregator:
+def make_aggregator(
+    loss_mask: Ragged,
+    calculate_per_token_loss: bool = False,
+    denom_mask: Ragged | None = None,
+    rollout_ids: Sequence[Any] | None = None,
+    sample_denominators: np.ndarray | None = None,
+    normalizer: float | None = None,
+) -> Aggregator:
     dm = loss_mask if denom_mask is None else denom_mask
     _assert_like(dm, loss_mask, "denomMask", "lossMask")
     B = loss_mask.num_samples
@@ -45,21 +60,29 @@ def make_aggregator(loss_mask: Ragged, calculate_per_token_loss: bool = False, d
             normalizer = acc
     else:
         if rollout_ids is not None and len(rollout_ids) != B:
-            raise AlgorithmError("ALGO_SHAPE_MISMATCH", f"rolloutIds has length {len(rollout_ids)}, expected {B}")
+            raise AlgorithmError(
+                "algo_shape_mismatch",
+                f"rolloutIds has length {len(rollout_ids)}, expected {B}",
+            )
         keys = list(range(B)) if rollout_ids is None else list(rollout_ids)
-        totals: Dict[Any, float] = {}
+        totals: dict[Any, float] = {}
         for i in range(B):
             totals[keys[i]] = totals.get(keys[i], 0.0) + float(own[i])
         if sample_denominators is not None:
             sample_den = np.asarray(sample_denominators, dtype=np.float64).copy()
             if sample_den.shape[0] != B:
-                raise AlgorithmError("ALGO_SHAPE_MISMATCH", "sampleDenominators has the wrong length")
+                raise AlgorithmError(
+                    "algo_shape_mismatch", "sampleDenominators has the wrong length"
+                )
         else:
             sample_den = np.array([totals[keys[i]] for i in range(B)], dtype=np.float64)
         if normalizer is None:
             normalizer = float(len(totals))
     if not (normalizer >= 0) or not math.isfinite(normalizer):
-        raise AlgorithmError("ALGO_BAD_ARGUMENT", f"aggregation normalizer must be a finite number >= 0, got {normalizer}")
+        raise AlgorithmError(
+            "algo_bad_argument",
+            f"aggregation normalizer must be a finite number >= 0, got {normalizer}",
+        )
     normalizer = max(normalizer, 1.0)
     if calculate_per_token_loss:
         scale = np.full(B, 1 / normalizer)
@@ -76,7 +99,13 @@ def aggregate(x: Ragged, loss_mask: Ragged, **kw) -> float:
 # --------------------------------------------------------------------------- policy loss
 
 
-def ppo_clip(ratio: np.ndarray, adv: np.ndarray, eps_clip: float, eps_clip_high: float, eps_clip_c: Optional[float]):
+def ppo_clip(
+    ratio: np.ndarray,
+    adv: np.ndarray,
+    eps_clip: float,
+    eps_clip_high: float,
+    eps_clip_c: float | None,
+):
     """(loss, clipfrac, dloss/dratio) per token, torch's tie rules."""
     lo = 1 - eps_clip
     hi = 1 + eps_clip_high
@@ -91,7 +120,9 @@ def ppo_clip(ratio: np.ndarray, adv: np.ndarray, eps_clip: float, eps_clip_high:
     if eps_clip_c is None:
         return lc, clipfrac, gc
     if not (eps_clip_c > 1):
-        raise AlgorithmError("ALGO_BAD_ARGUMENT", f"eps_clip_c must be > 1, got {eps_clip_c}")
+        raise AlgorithmError(
+            "algo_bad_argument", f"eps_clip_c must be > 1, got {eps_clip_c}"
+        )
     neg = adv < 0
     l3 = -eps_clip_c * adv
     loss = np.where(neg, np.minimum(l3, lc), lc)
@@ -99,7 +130,13 @@ def ppo_clip(ratio: np.ndarray, adv: np.ndarray, eps_clip: float, eps_clip_high:
     return loss, clipfrac, dr
 
 
-def cispo_loss(ppo_kl: np.ndarray, logp: np.ndarray, adv: np.ndarray, eps_clip: float, eps_clip_high: float):
+def cispo_loss(
+    ppo_kl: np.ndarray,
+    logp: np.ndarray,
+    adv: np.ndarray,
+    eps_clip: float,
+    eps_clip_high: float,
+):
     ratio = np.exp(-ppo_kl)
     clamped = np.minimum(np.maximum(ratio, 1 - eps_clip), 1 + eps_clip_high)
     loss = -clamped * adv * logp
@@ -107,12 +144,21 @@ def cispo_loss(ppo_kl: np.ndarray, logp: np.ndarray, adv: np.ndarray, eps_clip: 
     return loss, clipfrac, -clamped * adv
 
 
-def gspo_kl(shape: Ragged, logp: np.ndarray, old: np.ndarray, m: np.ndarray) -> np.ndarray:
+def gspo_kl(
+    shape: Ragged, logp: np.ndarray, old: np.ndarray, m: np.ndarray
+) -> np.ndarray:
     s = shape.seg_sum((old - logp) * m)
     return shape.broadcast(s / np.maximum(shape.seg_sum(m), 1.0))
 
 
-def opsm_mask(shape: Ragged, logp: np.ndarray, old: np.ndarray, adv: np.ndarray, m: np.ndarray, delta: float):
+def opsm_mask(
+    shape: Ragged,
+    logp: np.ndarray,
+    old: np.ndarray,
+    adv: np.ndarray,
+    m: np.ndarray,
+    delta: float,
+):
     seq_kl = gspo_kl(shape, logp, old, m)
     drop = (adv < 0) & (seq_kl > delta)
     zeroed = shape.seg_sum(drop.astype(np.float64))
@@ -123,22 +169,40 @@ def opsm_mask(shape: Ragged, logp: np.ndarray, old: np.ndarray, adv: np.ndarray,
     return np.where(drop, 0.0, 1.0), s
 
 
-def tis_per_token(train: np.ndarray, rollout: np.ndarray, tis_clip_low: float, tis_clip: float, icepop: bool):
+def tis_per_token(
+    train: np.ndarray,
+    rollout: np.ndarray,
+    tis_clip_low: float,
+    tis_clip: float,
+    icepop: bool,
+):
     rho = np.exp(train - rollout)
     if icepop:
         w = np.where((rho >= tis_clip_low) & (rho <= tis_clip), rho, 0.0)
     else:
         w = np.minimum(np.maximum(rho, tis_clip_low), tis_clip)
-    return {"weights": w, "ratio": rho, "clipfrac": (w != rho).astype(np.float64), "abs": np.abs(rho - 1)}
+    return {
+        "weights": w,
+        "ratio": rho,
+        "clipfrac": (w != rho).astype(np.float64),
+        "abs": np.abs(rho - 1),
+    }
 
 
 def _clamp_log(x: np.ndarray) -> np.ndarray:
     return np.minimum(np.maximum(x, -MIS_LOG_RATIO_BOUND), MIS_LOG_RATIO_BOUND)
 
 
-def compute_mis_weights(shape: Ragged, train: np.ndarray, rollout: np.ndarray, m: np.ndarray, o: Dict[str, Any], use_tis: bool = True):
+def compute_mis_weights(
+    shape: Ragged,
+    train: np.ndarray,
+    rollout: np.ndarray,
+    m: np.ndarray,
+    o: dict[str, Any],
+    use_tis: bool = True,
+):
     """(weights or None, modified mask, metrics name → flat array): compute_mis_weights."""
-    metrics: Dict[str, np.ndarray] = {}
+    metrics: dict[str, np.ndarray] = {}
     lr = train - rollout
     mean_train = masked_mean_per_sample(shape, train, m)
     mean_rollout = masked_mean_per_sample(shape, rollout, m)
@@ -153,18 +217,29 @@ def compute_mis_weights(shape: Ragged, train: np.ndarray, rollout: np.ndarray, m
     metrics["log_ppl_diff"] = b(log_ppl_diff)
     metrics["log_ppl_abs_diff"] = b(np.abs(log_ppl_diff))
     metrics["ppl_ratio"] = b(np.exp(log_ppl_diff))
-    metrics["chi2_token"] = b(masked_mean_per_sample(shape, np.exp(_clamp_log(lr)) ** 2, m) - 1)
+    metrics["chi2_token"] = b(
+        masked_mean_per_sample(shape, np.exp(_clamp_log(lr)) ** 2, m) - 1
+    )
     metrics["chi2_seq"] = b(np.exp(2 * _clamp_log(shape.seg_sum(lr * m))) - 1)
     if not use_tis:
         return None, m.copy(), metrics
 
     tis_lower, tis_upper, rs_lower, rs_upper = resolved_mis_bounds(o)
     if o["tis_mode"] != "truncate" and not (tis_lower < tis_upper):
-        raise AlgorithmError("ALGO_BAD_ARGUMENT", f"MIS {o['tis_mode']} mode needs tis_lower_bound ({tis_lower}) < tis_upper_bound ({tis_upper})")
+        raise AlgorithmError(
+            "algo_bad_argument",
+            f"MIS {o['tis_mode']} mode needs tis_lower_bound ({tis_lower}) < tis_upper_bound ({tis_upper})",
+        )
     if o["use_rs"] and not (rs_lower < rs_upper):
-        raise AlgorithmError("ALGO_BAD_ARGUMENT", f"MIS rejection needs rs_lower_bound ({rs_lower}) < rs_upper_bound ({rs_upper})")
+        raise AlgorithmError(
+            "algo_bad_argument",
+            f"MIS rejection needs rs_lower_bound ({rs_lower}) < rs_upper_bound ({rs_upper})",
+        )
     if o["tis_batch_normalize"] and o["tis_level"] == "geometric":
-        raise AlgorithmError("ALGO_BAD_ARGUMENT", "tis_batch_normalize is not defined for tis_level geometric")
+        raise AlgorithmError(
+            "algo_bad_argument",
+            "tis_batch_normalize is not defined for tis_level geometric",
+        )
 
     def level_log_ratio(level: str) -> np.ndarray:
         if level == "token":
@@ -193,7 +268,11 @@ def compute_mis_weights(shape: Ragged, train: np.ndarray, rollout: np.ndarray, m
         w = w * m
     metrics["tis_weight_after_bound"] = w
     if o["use_rs"]:
-        lr_rs = lr_tis if o["rs_level"] == o["tis_level"] else level_log_ratio(o["rs_level"])
+        lr_rs = (
+            lr_tis
+            if o["rs_level"] == o["tis_level"]
+            else level_log_ratio(o["rs_level"])
+        )
         rs_w = np.exp(_clamp_log(lr_rs))
         metrics["rs_mask_fraction_low"] = (rs_w < rs_lower).astype(np.float64)
         metrics["rs_mask_fraction_high"] = (rs_w > rs_upper).astype(np.float64)
@@ -221,7 +300,10 @@ def compute_mis_weights(shape: Ragged, train: np.ndarray, rollout: np.ndarray, m
                 s += x
             mean = s / shape.num_samples if shape.num_samples > 0 else 0.0
         else:
-            raise AlgorithmError("ALGO_BAD_ARGUMENT", "tis_batch_normalize is not defined for tis_level geometric")
+            raise AlgorithmError(
+                "algo_bad_argument",
+                "tis_batch_normalize is not defined for tis_level geometric",
+            )
         if mean > 1e-8:
             w = w / mean
             metrics["batch_norm_factor"] = np.full_like(w, mean)
@@ -239,13 +321,34 @@ def compute_mis_weights(shape: Ragged, train: np.ndarray, rollout: np.ndarray, m
 
 
 class PolicyLossTerms:
-    __slots__ = ("loss", "token_loss", "pg_loss", "kl_loss", "dloss_dlogp", "dloss_dentropy", "weights", "effective_loss_mask", "tis_weights", "metrics")
+    __slots__ = (
+        "loss",
+        "token_loss",
+        "pg_loss",
+        "kl_loss",
+        "dloss_dlogp",
+        "dloss_dentropy",
+        "weights",
+        "effective_loss_mask",
+        "tis_weights",
+        "metrics",
+    )
 
 
-def policy_loss_terms(logp: Ragged, advantages: np.ndarray, loss_mask: np.ndarray, o: Dict[str, Any], old: Optional[np.ndarray] = None,
-                      ref: Optional[np.ndarray] = None, rollout: Optional[np.ndarray] = None, entropy: Optional[np.ndarray] = None,
-                      denom_mask: Optional[np.ndarray] = None, rollout_ids: Optional[Sequence[Any]] = None,
-                      sample_denominators: Optional[np.ndarray] = None, normalizer: Optional[float] = None) -> PolicyLossTerms:
+def policy_loss_terms(
+    logp: Ragged,
+    advantages: np.ndarray,
+    loss_mask: np.ndarray,
+    o: dict[str, Any],
+    old: np.ndarray | None = None,
+    ref: np.ndarray | None = None,
+    rollout: np.ndarray | None = None,
+    entropy: np.ndarray | None = None,
+    denom_mask: np.ndarray | None = None,
+    rollout_ids: Sequence[Any] | None = None,
+    sample_denominators: np.ndarray | None = None,
+    normalizer: float | None = None,
+) -> PolicyLossTerms:
     """computePolicyLossTerms: every array is flat, shaped like ``logp`` (a Ragged)."""
     shape = logp
     lp = logp.flat
@@ -253,7 +356,9 @@ def policy_loss_terms(logp: Ragged, advantages: np.ndarray, loss_mask: np.ndarra
     adv = np.asarray(advantages, dtype=np.float64)
     if o["use_rollout_logprobs"]:
         if rollout is None:
-            raise AlgorithmError("ALGO_MISSING_INPUT", "use_rollout_logprobs needs rolloutLogProbs")
+            raise AlgorithmError(
+                "algo_missing_input", "use_rollout_logprobs needs rolloutLogProbs"
+            )
         od = np.asarray(rollout, dtype=np.float64)
     elif old is not None:
         od = np.asarray(old, dtype=np.float64)
@@ -269,7 +374,9 @@ def policy_loss_terms(logp: Ragged, advantages: np.ndarray, loss_mask: np.ndarra
         pg, clipfrac, local_grad = cispo_loss(ppo_kl, lp, adv, o["eps_clip"], eps_high)
     else:
         # computePolicyLoss recomputes the ratio from ppo_kl, as here.
-        pg, clipfrac, local_grad = ppo_clip(ratio, adv, o["eps_clip"], eps_high, o["eps_clip_c"])
+        pg, clipfrac, local_grad = ppo_clip(
+            ratio, adv, o["eps_clip"], eps_high, o["eps_clip_c"]
+        )
     factor = np.ones_like(pg)
 
     opsm_sum = None
@@ -279,10 +386,13 @@ def policy_loss_terms(logp: Ragged, advantages: np.ndarray, loss_mask: np.ndarra
 
     effective = m.copy()
     tis_weights = None
-    off_metrics: Dict[str, np.ndarray] = {}
+    off_metrics: dict[str, np.ndarray] = {}
     if o["use_tis"] or o["get_mismatch_metrics"]:
         if rollout is None:
-            raise AlgorithmError("ALGO_MISSING_INPUT", f"{'use_tis' if o['use_tis'] else 'get_mismatch_metrics'} needs rolloutLogProbs")
+            raise AlgorithmError(
+                "algo_missing_input",
+                f"{'use_tis' if o['use_tis'] else 'get_mismatch_metrics'} needs rolloutLogProbs",
+            )
         rol = np.asarray(rollout, dtype=np.float64)
         train = np.asarray(old, dtype=np.float64) if old is not None else lp
         off_metrics["ois"] = ratio
@@ -294,7 +404,13 @@ def policy_loss_terms(logp: Ragged, advantages: np.ndarray, loss_mask: np.ndarra
                 tis_weights = w
                 effective = mod
         else:
-            t = tis_per_token(train, rol, o["tis_clip_low"], o["tis_clip"], o["tis_function"] == "icepop")
+            t = tis_per_token(
+                train,
+                rol,
+                o["tis_clip_low"],
+                o["tis_clip"],
+                o["tis_function"] == "icepop",
+            )
             off_metrics["tis"] = t["ratio"]
             off_metrics["tis_clipfrac"] = t["clipfrac"]
             off_metrics["tis_abs"] = t["abs"]
@@ -304,23 +420,39 @@ def policy_loss_terms(logp: Ragged, advantages: np.ndarray, loss_mask: np.ndarra
             factor = factor * tis_weights
     pg_loss = pg * factor
 
-    dmask = shape.like(m if denom_mask is None else np.asarray(denom_mask, dtype=np.float64))
-    agg_kw = dict(calculate_per_token_loss=bool(o["calculate_per_token_loss"]), denom_mask=dmask, rollout_ids=rollout_ids,
-                  sample_denominators=sample_denominators, normalizer=normalizer)
+    dmask = shape.like(
+        m if denom_mask is None else np.asarray(denom_mask, dtype=np.float64)
+    )
+    agg_kw = dict(
+        calculate_per_token_loss=bool(o["calculate_per_token_loss"]),
+        denom_mask=dmask,
+        rollout_ids=rollout_ids,
+        sample_denominators=sample_denominators,
+        normalizer=normalizer,
+    )
     agg = make_aggregator(shape.like(effective), **agg_kw)
     agg_pre = make_aggregator(shape.like(m), **agg_kw)
     W = agg.weights
 
     if o["entropy_coef"] != 0 and entropy is None:
-        raise AlgorithmError("ALGO_MISSING_INPUT", "entropy_coef ≠ 0 needs entropy")
+        raise AlgorithmError("algo_missing_input", "entropy_coef ≠ 0 needs entropy")
     ent = None if entropy is None else np.asarray(entropy, dtype=np.float64)
     kl_value = kl_grad = None
     if o["use_kl_loss"]:
         if ref is None:
-            raise AlgorithmError("ALGO_MISSING_INPUT", "use_kl_loss needs refLogProbs")
-        kl_value, kl_grad = kl_loss_with_grad(lp, np.asarray(ref, dtype=np.float64), o["kl_loss_type"], od if o["use_unbiased_kl"] else None)
+            raise AlgorithmError("algo_missing_input", "use_kl_loss needs refLogProbs")
+        kl_value, kl_grad = kl_loss_with_grad(
+            lp,
+            np.asarray(ref, dtype=np.float64),
+            o["kl_loss_type"],
+            od if o["use_unbiased_kl"] else None,
+        )
 
-    token_loss = pg_loss - (0.0 if ent is None else o["entropy_coef"] * ent) + (0.0 if kl_value is None else o["kl_loss_coef"] * kl_value)
+    token_loss = (
+        pg_loss
+        - (0.0 if ent is None else o["entropy_coef"] * ent)
+        + (0.0 if kl_value is None else o["kl_loss_coef"] * kl_value)
+    )
 
     if is_gspo:
         s = shape.seg_sum(W * factor * local_grad)
@@ -334,7 +466,11 @@ def policy_loss_terms(logp: Ragged, advantages: np.ndarray, loss_mask: np.ndarra
     dent = -o["entropy_coef"] * W
 
     pg_value = agg.reduce(pg_loss)
-    metrics: Dict[str, float] = {"pg_loss": pg_value, "pg_clipfrac": agg.reduce(clipfrac), "ppo_kl": agg.reduce(ppo_kl)}
+    metrics: dict[str, float] = {
+        "pg_loss": pg_value,
+        "pg_clipfrac": agg.reduce(clipfrac),
+        "ppo_kl": agg.reduce(ppo_kl),
+    }
     loss = pg_value
     if ent is not None:
         metrics["entropy_loss"] = agg.reduce(ent)
@@ -345,7 +481,9 @@ def policy_loss_terms(logp: Ragged, advantages: np.ndarray, loss_mask: np.ndarra
     metrics["loss"] = loss
     if rollout is not None:
         rol = np.asarray(rollout, dtype=np.float64)
-        metrics["train_rollout_logprob_abs_diff"] = agg.reduce(np.abs((lp if o["use_rollout_logprobs"] else od) - rol))
+        metrics["train_rollout_logprob_abs_diff"] = agg.reduce(
+            np.abs((lp if o["use_rollout_logprobs"] else od) - rol)
+        )
     for k, v in off_metrics.items():
         metrics[k] = agg_pre.reduce(v)
     if opsm_sum is not None:
@@ -365,20 +503,38 @@ def policy_loss_terms(logp: Ragged, advantages: np.ndarray, loss_mask: np.ndarra
     return out
 
 
-def value_loss_terms(values: Ragged, old_values: np.ndarray, returns: np.ndarray, loss_mask: np.ndarray, value_clip: float,
-                     calculate_per_token_loss: bool = False, sample_denominators: Optional[np.ndarray] = None, normalizer: Optional[float] = None):
+def value_loss_terms(
+    values: Ragged,
+    old_values: np.ndarray,
+    returns: np.ndarray,
+    loss_mask: np.ndarray,
+    value_clip: float,
+    calculate_per_token_loss: bool = False,
+    sample_denominators: np.ndarray | None = None,
+    normalizer: float | None = None,
+):
     """valueLossTerms; ``sample_denominators`` / ``normalizer``: a micro-batch's share of the global batch's loss (as policy_loss_terms)."""
     v = values.flat
     diff = v - old_values
     clipped = old_values + np.minimum(np.maximum(diff, -value_clip), value_clip)
     s1 = (clipped - returns) ** 2
     s2 = (v - returns) ** 2
-    g1 = np.where((diff >= -value_clip) & (diff <= value_clip), 2 * (clipped - returns), 0.0)
+    g1 = np.where(
+        (diff >= -value_clip) & (diff <= value_clip), 2 * (clipped - returns), 0.0
+    )
     g2 = 2 * (v - returns)
     loss_t = np.maximum(s1, s2)
     grad = np.where(s1 > s2, g1, np.where(s1 < s2, g2, 0.5 * g1 + 0.5 * g2))
     clipfrac = (np.abs(diff) > value_clip).astype(np.float64)
-    agg = make_aggregator(values.like(np.asarray(loss_mask, dtype=np.float64)), calculate_per_token_loss=calculate_per_token_loss,
-                          sample_denominators=sample_denominators, normalizer=normalizer)
+    agg = make_aggregator(
+        values.like(np.asarray(loss_mask, dtype=np.float64)),
+        calculate_per_token_loss=calculate_per_token_loss,
+        sample_denominators=sample_denominators,
+        normalizer=normalizer,
+    )
     loss = agg.reduce(loss_t)
-    return loss, grad * agg.weights, {"value_loss": loss, "value_clipfrac": agg.reduce(clipfrac)}
+    return (
+        loss,
+        grad * agg.weights,
+        {"value_loss": loss, "value_clipfrac": agg.reduce(clipfrac)},
+    )

@@ -7,13 +7,14 @@ writer (src/model/safetensors.ts), so the same tensors give byte-identical files
 side wrote them. It streams tensor by tensor (no second copy of a large model in memory)
 and writes through a temporary name that is renamed into place.
 """
+
 from __future__ import annotations
 
 import ctypes
 import json
 import os
 import struct
-from typing import Dict, Iterable, Optional, Tuple
+from collections.abc import Iterable
 
 import torch
 
@@ -42,11 +43,17 @@ def _raw_bytes(t: torch.Tensor) -> bytes:
     t = t.detach().to("cpu").contiguous()
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
-    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()) if t.numel() else b""
+    return (
+        ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
+        if t.numel()
+        else b""
+    )
 
 
-def header_bytes(tensors: Iterable[Tuple[str, torch.Tensor]], metadata: Optional[Dict[str, str]]) -> Tuple[bytes, list]:
-    header: Dict[str, object] = {}
+def header_bytes(
+    tensors: Iterable[tuple[str, torch.Tensor]], metadata: dict[str, str] | None
+) -> tuple[bytes, list]:
+    header: dict[str, object] = {}
     if metadata is not None:
         header["__metadata__"] = metadata
     offset = 0
@@ -57,7 +64,11 @@ def header_bytes(tensors: Iterable[Tuple[str, torch.Tensor]], metadata: Optional
         if t.dtype not in NAMES:
             raise ValueError(f"safetensors: unsupported dtype {t.dtype} for {name}")
         n = t.numel() * t.element_size()
-        header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        header[name] = {
+            "dtype": NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + n],
+        }
         offset += n
         order.append((name, t))
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False)
@@ -66,7 +77,11 @@ def header_bytes(tensors: Iterable[Tuple[str, torch.Tensor]], metadata: Optional
     return raw, order
 
 
-def write_safetensors(path: str, tensors: Iterable[Tuple[str, torch.Tensor]], metadata: Optional[Dict[str, str]] = None) -> None:
+def write_safetensors(
+    path: str,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    metadata: dict[str, str] | None = None,
+) -> None:
     """Atomic write (temporary name + rename) of tensors in the given order."""
     head, order = header_bytes(tensors, metadata)
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -80,7 +95,9 @@ def write_safetensors(path: str, tensors: Iterable[Tuple[str, torch.Tensor]], me
     os.replace(tmp, path)
 
 
-def read_safetensors(path: str, names: Optional[set] = None) -> Tuple[Dict[str, str], Dict[str, torch.Tensor]]:
+def read_safetensors(
+    path: str, names: set | None = None
+) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     """(metadata, name → CPU tensor) for every tensor (or those in ``names``)."""
     with open(path, "rb") as f:
         data = f.read()
@@ -89,10 +106,14 @@ def read_safetensors(path: str, names: Optional[set] = None) -> Tuple[Dict[str, 
     (n,) = struct.unpack_from("<Q", data, 0)
     if 8 + n > len(data):
         raise ValueError(f"{path}: header length exceeds the file size")
-    header = json.loads(data[8:8 + n].decode("utf-8"))
+    header = json.loads(data[8 : 8 + n].decode("utf-8"))
     start = 8 + n
-    meta = {k: v for k, v in (header.pop("__metadata__", None) or {}).items() if isinstance(v, str)}
-    out: Dict[str, torch.Tensor] = {}
+    meta = {
+        k: v
+        for k, v in (header.pop("__metadata__", None) or {}).items()
+        if isinstance(v, str)
+    }
+    out: dict[str, torch.Tensor] = {}
     for name, e in header.items():
         if names is not None and name not in names:
             continue
@@ -106,8 +127,10 @@ def read_safetensors(path: str, names: Optional[set] = None) -> Tuple[Dict[str, 
             count *= d
         elem = torch.tensor([], dtype=dtype).element_size()
         if end - b != count * elem or start + end > len(data):
-            raise ValueError(f"{path}: {name} data_offsets do not match its shape or the file size")
-        buf = bytearray(data[start + b:start + end])
+            raise ValueError(
+                f"{path}: {name} data_offsets do not match its shape or the file size"
+            )
+        buf = bytearray(data[start + b : start + end])
         if count == 0:
             t = torch.zeros(shape, dtype=dtype)
         elif dtype == torch.bool:
@@ -118,8 +141,12 @@ def read_safetensors(path: str, names: Optional[set] = None) -> Tuple[Dict[str, 
     return meta, out
 
 
-def read_metadata(path: str) -> Dict[str, str]:
+def read_metadata(path: str) -> dict[str, str]:
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n).decode("utf-8"))
-    return {k: v for k, v in (header.get("__metadata__") or {}).items() if isinstance(v, str)}
+    return {
+        k: v
+        for k, v in (header.get("__metadata__") or {}).items()
+        if isinstance(v, str)
+    }

@@ -1,4 +1,5 @@
 """Process-wide torch settings, the same for the one-process server and every torchrun rank."""
+
 from __future__ import annotations
 
 import os
@@ -9,7 +10,9 @@ def configure_torch(args: Any) -> None:
     """--threads, and deterministic kernels on CPU or with --deterministic (the protocol's bit-exact
     steps); on CUDA, no TF32 (its matmuls differ from fp32 ones)."""
     if args.deterministic and args.device.startswith("cuda"):
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
+        os.environ.setdefault(
+            "CUBLAS_WORKSPACE_CONFIG", ":4096:8"
+        )  # before cuBLAS starts
     import torch
 
     if args.threads:

@@ -1,4 +1,5 @@
 """Test helpers: a tiny embedded model, random batches, a local batch server, the trainer process."""
+
 import importlib
 import json
 import os
@@ -22,8 +23,10 @@ def require(*modules: str) -> None:
         try:
             importlib.import_module(name)
         except Exception as e:  # noqa: BLE001 - any failure to import is reported with its cause
-            raise ImportError(f"{name} is not importable with {sys.executable} ({type(e).__name__}: {e}). Install the suite's packages: "
-                              f"`{INSTALL}` in the repository root builds .venv, then run the suite with .venv/bin/python") from e
+            raise ImportError(
+                f"{name} is not importable with {sys.executable} ({type(e).__name__}: {e}). Install the suite's packages: "
+                f"`{INSTALL}` in the repository root builds .venv, then run the suite with .venv/bin/python"
+            ) from e
 
 
 require("numpy")
@@ -36,10 +39,24 @@ sys.path.insert(0, ROOT)
 
 from rlq_torch.batch import Batch, Sample, encode_batch  # noqa: E402
 
-TINY_MODEL = {"vocab_size": 258, "context_length": 64, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_mlp": 64}
+TINY_MODEL = {
+    "vocab_size": 258,
+    "context_length": 64,
+    "d_model": 32,
+    "n_heads": 4,
+    "n_layers": 2,
+    "d_mlp": 64,
+}
 
 
-def make_batch(run_id: str, step: int, groups: int = 4, per_group: int = 4, seed: int = 0, vocab: int = 258) -> Batch:
+def make_batch(
+    run_id: str,
+    step: int,
+    groups: int = 4,
+    per_group: int = 4,
+    seed: int = 0,
+    vocab: int = 258,
+) -> Batch:
     rng = np.random.default_rng(seed)
     samples = []
     for g in range(groups):
@@ -51,8 +68,18 @@ def make_batch(run_id: str, step: int, groups: int = 4, per_group: int = 4, seed
             mask = np.ones(r, dtype=np.uint8)
             if r > 3:
                 mask[1] = 0
-            samples.append(Sample(np.concatenate([prompt, resp]), len(prompt), mask, (-rng.uniform(0.5, 6.0, size=r)).astype(np.float32),
-                                  np.zeros(r, dtype=np.int32), float(rng.integers(0, 2)), g, k))
+            samples.append(
+                Sample(
+                    np.concatenate([prompt, resp]),
+                    len(prompt),
+                    mask,
+                    (-rng.uniform(0.5, 6.0, size=r)).astype(np.float32),
+                    np.zeros(r, dtype=np.int32),
+                    float(rng.integers(0, 2)),
+                    g,
+                    k,
+                )
+            )
     return Batch(run_id, step, samples)
 
 
@@ -102,12 +129,29 @@ class BatchServer:
 
 class TrainerProcess:
     def __init__(self, *extra: str, port: int = 0, env=None):
-        args = [sys.executable, os.path.join(ROOT, "server.py"), "--port", str(port), "--device", "cpu", "--threads", "1",
-                "--model-config", json.dumps(TINY_MODEL), *extra]
+        args = [
+            sys.executable,
+            os.path.join(ROOT, "server.py"),
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--model-config",
+            json.dumps(TINY_MODEL),
+            *extra,
+        ]
         # stderr (the server's log) goes to a file: a pipe nobody drains fills up, and a helper process the server
         # starts (torch's shared-memory manager, --push-via tensor) keeps a pipe open after the server is killed.
         self._log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, text=True, env=None if env is None else {**os.environ, **env})
+        self.proc = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env=None if env is None else {**os.environ, **env},
+        )
         line = self.proc.stdout.readline()
         if not line.startswith("listening"):
             self.close()
@@ -117,14 +161,25 @@ class TrainerProcess:
 
     def call(self, method: str, path: str, body=None):
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers={"content-type": "application/json"})
+        req = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method=method,
+            headers={"content-type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
 
-    def wait(self, run_id: str, step: int, states=("done", "failed", "cancelled"), timeout: float = 120):
+    def wait(
+        self,
+        run_id: str,
+        step: int,
+        states=("done", "failed", "cancelled"),
+        timeout: float = 120,
+    ):
         deadline = time.time() + timeout
         while time.time() < deadline:
             code, st = self.call("GET", f"/v1/steps/{run_id}/{step}")
@@ -137,14 +192,32 @@ class TrainerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        if not self._log.closed:  # close() may run twice (a test's own, then its cleanup)
+        if (
+            not self._log.closed
+        ):  # close() may run twice (a test's own, then its cleanup)
             self._log.seek(0)
-            self.stderr_text = self._log.read()  # what the server logged (one line per step)
+            self.stderr_text = (
+                self._log.read()
+            )  # what the server logged (one line per step)
             self._log.close()
         self.proc.stdout.close()
 
 
-def request(run_id, step, attempt, out_dir, batch_url, config=None, v_in=None, uri=None):
-    return {"run_id": run_id, "step": step, "attempt": str(attempt), "weight_version_in": step if v_in is None else v_in,
-            "checkpoint_uri_in": uri, "output_dir": out_dir, "batch_url": batch_url,
-            "config": {"lr": 1e-3, "advantage_estimator": "grpo", "eps_clip": 0.2, **(config or {})}}
+def request(
+    run_id, step, attempt, out_dir, batch_url, config=None, v_in=None, uri=None
+):
+    return {
+        "run_id": run_id,
+        "step": step,
+        "attempt": str(attempt),
+        "weight_version_in": step if v_in is None else v_in,
+        "checkpoint_uri_in": uri,
+        "output_dir": out_dir,
+        "batch_url": batch_url,
+        "config": {
+            "lr": 1e-3,
+            "advantage_estimator": "grpo",
+            "eps_clip": 0.2,
+            **(config or {}),
+        },
+    }

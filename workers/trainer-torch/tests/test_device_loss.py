@@ -10,13 +10,12 @@ from helpers import make_batch, require
 require("torch")
 
 import torch
-from test_trainer import req
-
 from rlq_torch import algorithms as A
 from rlq_torch import device_loss
 from rlq_torch.efficiency import SPLIT_KEYS, model_flops
 from rlq_torch.safetensors_io import read_safetensors
 from rlq_torch.trainer import TorchTrainer, parse_algorithm, parse_train_config
+from test_trainer import req
 
 # Option sets the device loss covers: each estimator it runs, the dual clip, every KL type with and without
 # the unbiased ratio, entropy, rollout log-probs as the old ones, per-token denominators.

@@ -1,4 +1,5 @@
 """The embedded model in PyTorch matches rlq's: same initialisation, same forward, same files."""
+
 import json
 import os
 import tempfile
@@ -19,35 +20,52 @@ class EmbeddedModelTest(unittest.TestCase):
 
     def policy(self, dtype):
         import torch
-
         from rlq_torch import gpt
         from rlq_torch.models import EmbeddedPolicy
 
         c = gpt.parse_model_config(self.ref["config"])
-        p = EmbeddedPolicy(c, gpt.init_weights(c, self.ref["seed"]), torch.device("cpu"))
+        p = EmbeddedPolicy(
+            c, gpt.init_weights(c, self.ref["seed"]), torch.device("cpu")
+        )
         p.module.to(dtype)
         return p
 
     def test_initialisation_is_rlqs(self):
         import torch
-
         from rlq_torch import gpt
 
-        w = gpt.init_weights(gpt.parse_model_config(self.ref["config"]), self.ref["seed"])
+        w = gpt.init_weights(
+            gpt.parse_model_config(self.ref["config"]), self.ref["seed"]
+        )
         for name, first in self.ref["init"].items():
-            self.assertTrue(torch.equal(w[name].reshape(-1)[:4], torch.tensor(first, dtype=torch.float32)), name)
+            self.assertTrue(
+                torch.equal(
+                    w[name].reshape(-1)[:4], torch.tensor(first, dtype=torch.float32)
+                ),
+                name,
+            )
         self.assertEqual(list(w), list(self.ref["init"]))  # canonical order
 
     def response_logprobs(self, policy, case):
         import numpy as np
-
         from rlq_torch.batch import Sample
         from rlq_torch.trainer import TorchTrainer
 
         toks = np.array(case["tokens"], dtype=np.int32)
         r = len(toks) - case["promptLength"]
-        s = Sample(toks, case["promptLength"], np.ones(r, dtype=np.uint8), np.zeros(r, dtype=np.float32), np.zeros(r, dtype=np.int32), 0.0, 0, 0)
-        lp, _ = TorchTrainer("cpu").token_stats(policy, [s], self.ref["temperature"], grad=False)
+        s = Sample(
+            toks,
+            case["promptLength"],
+            np.ones(r, dtype=np.uint8),
+            np.zeros(r, dtype=np.float32),
+            np.zeros(r, dtype=np.int32),
+            0.0,
+            0,
+            0,
+        )
+        lp, _ = TorchTrainer("cpu").token_stats(
+            policy, [s], self.ref["temperature"], grad=False
+        )
         return lp.double().tolist()
 
     def test_forward_matches_the_float64_reference(self):
@@ -65,7 +83,6 @@ class EmbeddedModelTest(unittest.TestCase):
     def test_batched_padding_does_not_change_logprobs(self):
         import numpy as np
         import torch
-
         from rlq_torch.batch import Sample
         from rlq_torch.trainer import TorchTrainer
 
@@ -74,8 +91,21 @@ class EmbeddedModelTest(unittest.TestCase):
         for case in self.ref["cases"]:
             toks = np.array(case["tokens"], dtype=np.int32)
             r = len(toks) - case["promptLength"]
-            ss.append(Sample(toks, case["promptLength"], np.ones(r, dtype=np.uint8), np.zeros(r, dtype=np.float32), np.zeros(r, dtype=np.int32), 0.0, 0, 0))
-        lp, _ = TorchTrainer("cpu").token_stats(p, ss, self.ref["temperature"], grad=False)
+            ss.append(
+                Sample(
+                    toks,
+                    case["promptLength"],
+                    np.ones(r, dtype=np.uint8),
+                    np.zeros(r, dtype=np.float32),
+                    np.zeros(r, dtype=np.int32),
+                    0.0,
+                    0,
+                    0,
+                )
+            )
+        lp, _ = TorchTrainer("cpu").token_stats(
+            p, ss, self.ref["temperature"], grad=False
+        )
         expected = [x for case in self.ref["cases"] for x in case["logProbs"]]
         for e, a in zip(expected, lp.tolist()):
             self.assertAlmostEqual(a, e, delta=1e-9)
@@ -87,23 +117,28 @@ class EmbeddedModelTest(unittest.TestCase):
         import warnings
 
         import torch
-
         from rlq_torch.safetensors_io import read_safetensors, write_safetensors
 
-        ts = [("f", torch.randn(4, 3)), ("h", torch.randn(5).to(torch.bfloat16)), ("b", torch.tensor([True, False])), ("e", torch.zeros(0, 2))]
+        ts = [
+            ("f", torch.randn(4, 3)),
+            ("h", torch.randn(5).to(torch.bfloat16)),
+            ("b", torch.tensor([True, False])),
+            ("e", torch.zeros(0, 2)),
+        ]
         with tempfile.TemporaryDirectory() as d:
             write_safetensors(os.path.join(d, "w.safetensors"), ts, {"k": "v"})
             _, back = read_safetensors(os.path.join(d, "w.safetensors"))
         for n, t in ts:
             self.assertTrue(torch.equal(back[n], t), n)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # TypedStorage is deprecated in torch 2; untyped_storage() is not in 1.13
+            warnings.simplefilter(
+                "ignore"
+            )  # TypedStorage is deprecated in torch 2; untyped_storage() is not in 1.13
             ts[0][1].storage().resize_(0)
         self.assertEqual(ts[0][1].storage().size(), 0)
 
     def test_checkpoint_round_trip_is_byte_identical(self):
         import torch
-
         from rlq_torch.models import WEIGHTS_FILE, load_policy
 
         p = self.policy(torch.float32)
@@ -115,7 +150,10 @@ class EmbeddedModelTest(unittest.TestCase):
                 self.assertTrue(torch.equal(a, b))
             with tempfile.TemporaryDirectory() as d2:
                 q.save(d2, 3, "run", 2)
-                with open(os.path.join(d, WEIGHTS_FILE), "rb") as f1, open(os.path.join(d2, WEIGHTS_FILE), "rb") as f2:
+                with (
+                    open(os.path.join(d, WEIGHTS_FILE), "rb") as f1,
+                    open(os.path.join(d2, WEIGHTS_FILE), "rb") as f2,
+                ):
                     self.assertEqual(f1.read(), f2.read())
 
 

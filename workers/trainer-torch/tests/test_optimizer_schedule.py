@@ -7,13 +7,13 @@ torch.nn.utils.clip_grad_norm_ on an identical copy of the model, fed the same b
 here (the PPO surrogate on-policy, GRPO without reward normalisation: d loss / d logp = -A_i / (D_i · N)).
 The weights each step writes equal torch.optim.AdamW's update at the reference rate from the trainer's clipped
 gradients, so the reported rate is the one applied."""
+
 import math
 import os
 import tempfile
 import unittest
 
 import numpy as np
-
 from helpers import TINY_MODEL, make_batch, require
 
 require("torch")
@@ -21,10 +21,24 @@ require("torch")
 STEPS = 20
 SCHEDULES = {
     # warmup, cosine decay to min_lr > 0, then min_lr (steps 16..19); weight decay on the >= 2-D tensors
-    "cosine": {"lr": 1e-2, "min_lr": 1e-3, "lr_warmup_iters": 3, "lr_decay_style": "cosine", "lr_decay_iters": 15, "clip_grad": 0.6,
-               "weight_decay": 0.01},
+    "cosine": {
+        "lr": 1e-2,
+        "min_lr": 1e-3,
+        "lr_warmup_iters": 3,
+        "lr_decay_style": "cosine",
+        "lr_decay_iters": 15,
+        "clip_grad": 0.6,
+        "weight_decay": 0.01,
+    },
     # warmup, linear decay to 0 at step 18
-    "linear": {"lr": 5e-3, "min_lr": 0.0, "lr_warmup_iters": 2, "lr_decay_style": "linear", "lr_decay_iters": 18, "clip_grad": 0.45},
+    "linear": {
+        "lr": 5e-3,
+        "min_lr": 0.0,
+        "lr_warmup_iters": 2,
+        "lr_decay_style": "linear",
+        "lr_decay_iters": 18,
+        "clip_grad": 0.45,
+    },
 }
 
 
@@ -33,15 +47,31 @@ class MegatronScheduler:
     counted in optimizer steps (Megatron counts samples, lr_*_iters × global batch, and steps by a global batch:
     the same ratios)."""
 
-    def __init__(self, max_lr, min_lr, lr_warmup_steps, lr_decay_steps, lr_decay_style, init_lr=0.0):
+    def __init__(
+        self,
+        max_lr,
+        min_lr,
+        lr_warmup_steps,
+        lr_decay_steps,
+        lr_decay_style,
+        init_lr=0.0,
+    ):
         self.max_lr, self.min_lr, self.init_lr = max_lr, min_lr, init_lr
-        self.lr_warmup_steps, self.lr_decay_steps, self.lr_decay_style = lr_warmup_steps, lr_decay_steps, lr_decay_style
+        self.lr_warmup_steps, self.lr_decay_steps, self.lr_decay_style = (
+            lr_warmup_steps,
+            lr_decay_steps,
+            lr_decay_style,
+        )
         self.num_steps = 0
         self.step(0)
 
     def get_lr(self):
         if self.lr_warmup_steps > 0 and self.num_steps <= self.lr_warmup_steps:
-            return self.init_lr + ((self.max_lr - self.init_lr) * float(self.num_steps) / float(self.lr_warmup_steps))
+            return self.init_lr + (
+                (self.max_lr - self.init_lr)
+                * float(self.num_steps)
+                / float(self.lr_warmup_steps)
+            )
         if self.lr_decay_style == "constant":
             return self.max_lr
         if self.num_steps > self.lr_decay_steps:
@@ -76,7 +106,6 @@ def batch(step):
 class OptimizerScheduleTest(unittest.TestCase):
     def run_schedule(self, name):
         import torch
-
         from rlq_torch import gpt
         from rlq_torch.safetensors_io import read_safetensors
         from rlq_torch.trainer import TorchTrainer, parse_algorithm, parse_train_config
@@ -89,16 +118,35 @@ class OptimizerScheduleTest(unittest.TestCase):
                 return super()._adam_update(params, *args)
 
         sched_cfg = SCHEDULES[name]
-        cfg = {"model": TINY_MODEL, "seed": 7, "advantage_estimator": "grpo", "rewards_normalization": False, **sched_cfg}
+        cfg = {
+            "model": TINY_MODEL,
+            "seed": 7,
+            "advantage_estimator": "grpo",
+            "rewards_normalization": False,
+            **sched_cfg,
+        }
         model_cfg = gpt.parse_model_config(TINY_MODEL)
-        copy = gpt.RlqGpt(model_cfg, gpt.init_weights(model_cfg, 7))  # the trainer's version 0: `model` from `seed`
+        copy = gpt.RlqGpt(
+            model_cfg, gpt.init_weights(model_cfg, 7)
+        )  # the trainer's version 0: `model` from `seed`
         params = copy.canonical
         wd = sched_cfg.get("weight_decay", 0.0)
-        adamw = torch.optim.AdamW([{"params": [p for _, p in params if p.dim() > 1], "weight_decay": wd},
-                                   {"params": [p for _, p in params if p.dim() <= 1], "weight_decay": 0.0}],
-                                  lr=0.0, betas=(0.9, 0.999), eps=1e-8)
-        megatron = MegatronScheduler(sched_cfg["lr"], sched_cfg["min_lr"], sched_cfg["lr_warmup_iters"], sched_cfg["lr_decay_iters"],
-                                     sched_cfg["lr_decay_style"])
+        adamw = torch.optim.AdamW(
+            [
+                {"params": [p for _, p in params if p.dim() > 1], "weight_decay": wd},
+                {"params": [p for _, p in params if p.dim() <= 1], "weight_decay": 0.0},
+            ],
+            lr=0.0,
+            betas=(0.9, 0.999),
+            eps=1e-8,
+        )
+        megatron = MegatronScheduler(
+            sched_cfg["lr"],
+            sched_cfg["min_lr"],
+            sched_cfg["lr_warmup_iters"],
+            sched_cfg["lr_decay_iters"],
+            sched_cfg["lr_decay_style"],
+        )
         trainer = RecordingTrainer("cpu")
         worst = {"lr": 0.0, "grad_norm": 0.0, "clipped_grad": 0.0, "weights": 0.0}
         clipped_steps = 0
@@ -108,7 +156,9 @@ class OptimizerScheduleTest(unittest.TestCase):
                 b = batch(k)
                 # the reference: the same weights (the trainer's last output), the same batch, sample by sample
                 if uri is not None:
-                    _, w = read_safetensors(os.path.join(tmp, str(k - 1), "weights.safetensors"))
+                    _, w = read_safetensors(
+                        os.path.join(tmp, str(k - 1), "weights.safetensors")
+                    )
                     with torch.no_grad():
                         for n, p in params:
                             p.copy_(w[n])
@@ -119,26 +169,57 @@ class OptimizerScheduleTest(unittest.TestCase):
                     ids = torch.from_numpy(s.tokens[None, :-1].astype(np.int64))
                     logits = copy.logits(copy.hidden_states(ids))[0]  # [T-1, vocab]
                     pos = torch.arange(s.prompt_length - 1, len(s.tokens) - 1)
-                    logp = torch.log_softmax(logits.float(), -1)[pos, torch.from_numpy(s.tokens[s.prompt_length:].astype(np.int64))]
+                    logp = torch.log_softmax(logits.float(), -1)[
+                        pos,
+                        torch.from_numpy(s.tokens[s.prompt_length :].astype(np.int64)),
+                    ]
                     mask = torch.from_numpy(s.loss_mask.astype(np.float32))
                     ratio = torch.exp(logp - logp.detach())
-                    loss = loss + (-s.reward * ratio * mask).sum() / max(float(mask.sum()), 1.0) / len(b.samples)
+                    loss = loss + (-s.reward * ratio * mask).sum() / max(
+                        float(mask.sum()), 1.0
+                    ) / len(b.samples)
                 loss.backward()
-                norm = float(torch.nn.utils.clip_grad_norm_([p for _, p in params], sched_cfg["clip_grad"]))
+                norm = float(
+                    torch.nn.utils.clip_grad_norm_(
+                        [p for _, p in params], sched_cfg["clip_grad"]
+                    )
+                )
                 ref_clipped = {n: p.grad.detach().clone() for n, p in params}
                 ref_lr = megatron.lr
 
                 out = os.path.join(tmp, str(k))
-                req = {"run_id": "sched", "step": k, "attempt": "0", "weight_version_in": k, "checkpoint_uri_in": uri, "output_dir": out,
-                       "config": cfg}
-                res = trainer.train_step(req, b, parse_train_config(cfg, {}), parse_algorithm(cfg), lambda *a: None, lambda: None)
+                req = {
+                    "run_id": "sched",
+                    "step": k,
+                    "attempt": "0",
+                    "weight_version_in": k,
+                    "checkpoint_uri_in": uri,
+                    "output_dir": out,
+                    "config": cfg,
+                }
+                res = trainer.train_step(
+                    req,
+                    b,
+                    parse_train_config(cfg, {}),
+                    parse_algorithm(cfg),
+                    lambda *a: None,
+                    lambda: None,
+                )
                 uri = res["checkpoint_uri"]
                 m = res["metrics"]
                 self.assertEqual(m["num_optimizer_steps"], 1.0)
                 worst["lr"] = max(worst["lr"], abs(m["lr"] - ref_lr))
                 worst["grad_norm"] = max(worst["grad_norm"], abs(m["grad_norm"] - norm))
-                self.assertLessEqual(abs(m["lr"] - ref_lr), 1e-12, f"step {k}: lr {m['lr']} vs Megatron's {ref_lr}")
-                self.assertLessEqual(abs(m["grad_norm"] - norm), 1e-6, f"step {k}: grad norm {m['grad_norm']} vs torch's {norm}")
+                self.assertLessEqual(
+                    abs(m["lr"] - ref_lr),
+                    1e-12,
+                    f"step {k}: lr {m['lr']} vs Megatron's {ref_lr}",
+                )
+                self.assertLessEqual(
+                    abs(m["grad_norm"] - norm),
+                    1e-6,
+                    f"step {k}: grad norm {m['grad_norm']} vs torch's {norm}",
+                )
                 for n, g in ref_clipped.items():
                     d = float((trainer.clipped[n] - g).abs().max())
                     worst["clipped_grad"] = max(worst["clipped_grad"], d)
@@ -156,11 +237,20 @@ class OptimizerScheduleTest(unittest.TestCase):
                 for n, p in params:
                     d = float((w[n] - p.detach()).abs().max())
                     worst["weights"] = max(worst["weights"], d)
-                    self.assertLessEqual(d, 1e-6, f"step {k}: weights of {n} after the update")
-                if k == 0:  # warmup starts at rate 0: Megatron's first step leaves the weights as they were
+                    self.assertLessEqual(
+                        d, 1e-6, f"step {k}: weights of {n} after the update"
+                    )
+                if (
+                    k == 0
+                ):  # warmup starts at rate 0: Megatron's first step leaves the weights as they were
                     self.assertEqual(m["lr"], 0.0)
-        self.assertTrue(0 < clipped_steps < STEPS, f"{clipped_steps} of {STEPS} steps clipped: pick clip_grad so both cases run")
-        print(f"\n{name}: max |difference| over {STEPS} steps: {worst} ({clipped_steps} steps clipped)")
+        self.assertTrue(
+            0 < clipped_steps < STEPS,
+            f"{clipped_steps} of {STEPS} steps clipped: pick clip_grad so both cases run",
+        )
+        print(
+            f"\n{name}: max |difference| over {STEPS} steps: {worst} ({clipped_steps} steps clipped)"
+        )
         return worst
 
     def test_cosine_warmup_then_decay_to_a_min_lr(self):
@@ -173,8 +263,13 @@ class OptimizerScheduleTest(unittest.TestCase):
         """Warmup 2 then linear to 0 at 6: Megatron's rates 0, 0.5, 1, 0.75, 0.5, 0.25, 0 (× lr) at optimizer steps 0..6."""
         from rlq_torch.train_config import TrainConfig, learning_rate
 
-        t = TrainConfig(lr=1.0, lr_warmup_iters=2, lr_decay_style="linear", lr_decay_iters=6)
-        self.assertEqual([learning_rate(t, 6, i) for i in range(8)], [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0, 0.0])
+        t = TrainConfig(
+            lr=1.0, lr_warmup_iters=2, lr_decay_style="linear", lr_decay_iters=6
+        )
+        self.assertEqual(
+            [learning_rate(t, 6, i) for i in range(8)],
+            [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0, 0.0],
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ tolerance * max(1, |expected|); nulls, keys and shapes must match exactly.
 
     python3 -m unittest discover -s workers/trainer-torch/tests
 """
+
 import json
 import math
 import os
@@ -43,7 +44,9 @@ def compare(expected, actual, tol, path="$"):
         for i, (e, a) in enumerate(zip(expected, actual)):
             yield from compare(e, a, tol, f"{path}[{i}]")
     elif expected is None:
-        if actual is not None and not (isinstance(actual, float) and not math.isfinite(actual)):
+        if actual is not None and not (
+            isinstance(actual, float) and not math.isfinite(actual)
+        ):
             yield f"{path}: expected null, got {actual}"
     elif isinstance(expected, (int, float)) and not isinstance(expected, bool):
         if not isinstance(actual, (int, float)) or isinstance(actual, bool):
@@ -62,8 +65,21 @@ class ParityTest(unittest.TestCase):
 
     def test_file_covers_every_function(self):
         fns = {c["fn"] for s in self.doc["sets"] for c in s["cases"]}
-        self.assertEqual(fns, {"postProcessRewards", "computeAdvantagesAndReturns", "computeApproxKl", "klLossWithGrad", "computePolicyLossTerms",
-                               "computeMisWeights", "aggregate", "logProbsAndEntropyFromLogits", "passAtK", "computeValueLossTerms"})
+        self.assertEqual(
+            fns,
+            {
+                "postProcessRewards",
+                "computeAdvantagesAndReturns",
+                "computeApproxKl",
+                "klLossWithGrad",
+                "computePolicyLossTerms",
+                "computeMisWeights",
+                "aggregate",
+                "logProbsAndEntropyFromLogits",
+                "passAtK",
+                "computeValueLossTerms",
+            },
+        )
         self.assertGreaterEqual(len(self.doc["sets"]), 2)
         self.assertEqual(self.doc["tolerance"], 1e-6)
 
@@ -73,14 +89,22 @@ class ParityTest(unittest.TestCase):
             tol = s["tolerance"]
             for case in s["cases"]:
                 with self.subTest(seed=s["seed"], case=case["name"]):
-                    actual = evaluate_parity_case(case["fn"], case["input"], case["options"])
+                    actual = evaluate_parity_case(
+                        case["fn"], case["input"], case["options"]
+                    )
                     problems = list(compare(case["output"], actual, tol))
-                    self.assertEqual(problems[:8], [], f"seed {s['seed']} case {case['name']!r}")
+                    self.assertEqual(
+                        problems[:8], [], f"seed {s['seed']} case {case['name']!r}"
+                    )
                     checked += 1
         self.assertGreater(checked, 100)
 
     def test_comparison_is_not_vacuous(self):
-        case = next(c for c in self.doc["sets"][0]["cases"] if c["fn"] == "computePolicyLossTerms")
+        case = next(
+            c
+            for c in self.doc["sets"][0]["cases"]
+            if c["fn"] == "computePolicyLossTerms"
+        )
         actual = evaluate_parity_case(case["fn"], case["input"], case["options"])
         actual["loss"] += 1e-5 * max(1.0, abs(actual["loss"]))
         self.assertTrue(list(compare(case["output"], actual, 1e-6)))

@@ -1,4 +1,5 @@
 """The HTTP protocol (docs/trainer-protocol.md), against a real server process on an ephemeral port."""
+
 import os
 import shutil
 import tempfile
@@ -38,7 +39,9 @@ class ProtocolTest(unittest.TestCase):
     def test_a_step_trains_once_and_answers_idempotently(self):
         run = "idem"
         url = self.batches.add(f"{run}-0", make_batch(run, 0, seed=1))
-        code, st = self.trainer.call("POST", "/v1/steps", request(run, 0, "1", self.out(run, 0, "1"), url))
+        code, st = self.trainer.call(
+            "POST", "/v1/steps", request(run, 0, "1", self.out(run, 0, "1"), url)
+        )
         self.assertEqual(code, 202)
         self.assertEqual((st["state"], st["attempt"]), ("running", "1"))
         done = self.trainer.wait(run, 0)
@@ -48,20 +51,40 @@ class ProtocolTest(unittest.TestCase):
         self.assertEqual(res["checkpoint_uri"], "file://" + self.out(run, 0, "1"))
         self.assertEqual(res["num_samples"], 16)
         self.assertGreater(done["progress_seq"], 3)
-        self.assertEqual(sorted(os.listdir(self.out(run, 0, "1"))), ["optimizer.safetensors", "weights.safetensors"])
-        for attempt in ("1", "2"):  # same attempt, then a new one: the finished result either way
-            code, again = self.trainer.call("POST", "/v1/steps", request(run, 0, attempt, self.out(run, 0, attempt), url))
+        self.assertEqual(
+            sorted(os.listdir(self.out(run, 0, "1"))),
+            ["optimizer.safetensors", "weights.safetensors"],
+        )
+        for attempt in (
+            "1",
+            "2",
+        ):  # same attempt, then a new one: the finished result either way
+            code, again = self.trainer.call(
+                "POST",
+                "/v1/steps",
+                request(run, 0, attempt, self.out(run, 0, attempt), url),
+            )
             self.assertEqual(code, 200)
-            self.assertEqual((again["state"], again["attempt"], again["result"]), ("done", "1", res))
+            self.assertEqual(
+                (again["state"], again["attempt"], again["result"]), ("done", "1", res)
+            )
         self.assertEqual(self.batches.hits[f"{run}-0"], 1)  # trained (and fetched) once
         self.assertEqual(os.listdir(self.out(run, 0, "2")), [])
 
         # The next step continues from that checkpoint (version handshake), held in memory.
         url1 = self.batches.add(f"{run}-1", make_batch(run, 1, seed=2))
-        code, _ = self.trainer.call("POST", "/v1/steps", request(run, 1, "1", self.out(run, 1, "1"), url1, uri=res["checkpoint_uri"]))
+        code, _ = self.trainer.call(
+            "POST",
+            "/v1/steps",
+            request(
+                run, 1, "1", self.out(run, 1, "1"), url1, uri=res["checkpoint_uri"]
+            ),
+        )
         self.assertEqual(code, 202)
         st1 = self.trainer.wait(run, 1)
-        self.assertEqual((st1["state"], st1["result"]["weight_version_out"]), ("done", 2), st1)
+        self.assertEqual(
+            (st1["state"], st1["result"]["weight_version_out"]), ("done", 2), st1
+        )
         _, h = self.trainer.call("GET", "/v1/health")
         self.assertEqual((h["weight_version"], h["busy"]), (2, False))
 
@@ -69,13 +92,22 @@ class ProtocolTest(unittest.TestCase):
         run = "super"
         slow = self.batches.add(f"{run}-slow", make_batch(run, 0, seed=3), delay=1.5)
         fast = self.batches.add(f"{run}-fast", make_batch(run, 0, seed=3))
-        self.assertEqual(self.trainer.call("POST", "/v1/steps", request(run, 0, "1", self.out(run, 0, "1"), slow))[0], 202)
+        self.assertEqual(
+            self.trainer.call(
+                "POST", "/v1/steps", request(run, 0, "1", self.out(run, 0, "1"), slow)
+            )[0],
+            202,
+        )
         time.sleep(0.3)
-        code, st = self.trainer.call("POST", "/v1/steps", request(run, 0, "2", self.out(run, 0, "2"), fast))
+        code, st = self.trainer.call(
+            "POST", "/v1/steps", request(run, 0, "2", self.out(run, 0, "2"), fast)
+        )
         self.assertEqual((code, st["attempt"], st["state"]), (202, "2", "running"))
         done = self.trainer.wait(run, 0)
         self.assertEqual((done["state"], done["attempt"]), ("done", "2"))
-        self.assertEqual(done["result"]["checkpoint_uri"], "file://" + self.out(run, 0, "2"))
+        self.assertEqual(
+            done["result"]["checkpoint_uri"], "file://" + self.out(run, 0, "2")
+        )
         # One worker thread runs the steps: attempt 2 ran only after the superseded attempt 1 had stopped
         # (at its next safe point), so what attempt 1 wrote is already on disk: nothing.
         self.assertEqual(os.listdir(self.out(run, 0, "1")), [])
@@ -83,11 +115,17 @@ class ProtocolTest(unittest.TestCase):
     def test_cancel(self):
         run = "cancel"
         slow = self.batches.add(f"{run}-slow", make_batch(run, 0, seed=4), delay=1.0)
-        self.trainer.call("POST", "/v1/steps", request(run, 0, "1", self.out(run, 0, "1"), slow))
-        code, st = self.trainer.call("POST", f"/v1/steps/{run}/0/cancel", {"attempt": "9"})  # another attempt: no effect
+        self.trainer.call(
+            "POST", "/v1/steps", request(run, 0, "1", self.out(run, 0, "1"), slow)
+        )
+        code, st = self.trainer.call(
+            "POST", f"/v1/steps/{run}/0/cancel", {"attempt": "9"}
+        )  # another attempt: no effect
         self.assertEqual((code, st["state"]), (200, "running"))
         seq = st["progress_seq"]
-        code, st = self.trainer.call("POST", f"/v1/steps/{run}/0/cancel", {"attempt": "1"})
+        code, st = self.trainer.call(
+            "POST", f"/v1/steps/{run}/0/cancel", {"attempt": "1"}
+        )
         self.assertEqual((code, st["state"]), (200, "cancelled"))
         self.assertGreater(st["progress_seq"], seq)
         self.wait_idle()  # the worker let go of the cancelled attempt (after its slow batch arrived)
@@ -96,7 +134,12 @@ class ProtocolTest(unittest.TestCase):
         self.assertEqual(os.listdir(self.out(run, 0, "1")), [])
         # A new attempt after a cancel trains.
         fast = self.batches.add(f"{run}-fast", make_batch(run, 0, seed=4))
-        self.assertEqual(self.trainer.call("POST", "/v1/steps", request(run, 0, "2", self.out(run, 0, "2"), fast))[0], 202)
+        self.assertEqual(
+            self.trainer.call(
+                "POST", "/v1/steps", request(run, 0, "2", self.out(run, 0, "2"), fast)
+            )[0],
+            202,
+        )
         self.assertEqual(self.trainer.wait(run, 0)["state"], "done")
 
     def wait_idle(self, timeout: float = 60):
@@ -110,8 +153,13 @@ class ProtocolTest(unittest.TestCase):
 
     def test_not_found(self):
         code, body = self.trainer.call("GET", "/v1/steps/nope/3")
-        self.assertEqual((code, body["error"]["code"], body["error"]["retryable"]), (404, "not_found", False))
-        code, body = self.trainer.call("POST", "/v1/steps/nope/3/cancel", {"attempt": "1"})
+        self.assertEqual(
+            (code, body["error"]["code"], body["error"]["retryable"]),
+            (404, "not_found", False),
+        )
+        code, body = self.trainer.call(
+            "POST", "/v1/steps/nope/3/cancel", {"attempt": "1"}
+        )
         self.assertEqual((code, body["error"]["code"]), (404, "not_found"))
 
     def test_bad_requests(self):
@@ -121,18 +169,51 @@ class ProtocolTest(unittest.TestCase):
             "missing run_id": {k: v for k, v in good.items() if k != "run_id"},
             "attempt not a string": {**good, "attempt": 1},
             "relative output_dir": {**good, "output_dir": "step-0"},
-            "null checkpoint above version 0": {**good, "step": 3, "weight_version_in": 3},
-            "unknown estimator": {**good, "config": {**good["config"], "advantage_estimator": "magic"}},
-            "slime's cross-field rule": {**good, "config": {**good["config"], "kl_coef": 0.1, "kl_loss_coef": 0.1}},
-            "ppo: num_critic_only_steps not an integer": {**good, "config": {**good["config"], "advantage_estimator": "ppo", "num_critic_only_steps": 1.5}},
+            "null checkpoint above version 0": {
+                **good,
+                "step": 3,
+                "weight_version_in": 3,
+            },
+            "unknown estimator": {
+                **good,
+                "config": {**good["config"], "advantage_estimator": "magic"},
+            },
+            "slime's cross-field rule": {
+                **good,
+                "config": {**good["config"], "kl_coef": 0.1, "kl_loss_coef": 0.1},
+            },
+            "ppo: num_critic_only_steps not an integer": {
+                **good,
+                "config": {
+                    **good["config"],
+                    "advantage_estimator": "ppo",
+                    "num_critic_only_steps": 1.5,
+                },
+            },
             "negative lr": {**good, "config": {**good["config"], "lr": -1}},
         }
         for name, body in cases.items():
             with self.subTest(name):
                 code, r = self.trainer.call("POST", "/v1/steps", body)
-                self.assertEqual((code, r["error"]["code"], r["error"]["retryable"]), (400, "bad_request", False), r)
-        code, r = self.trainer.call("POST", "/v1/steps", {**good, "step": 1, "weight_version_in": 1, "checkpoint_uri_in": "file:///nonexistent/step-0/attempt-0"})
-        self.assertEqual((code, r["error"]["code"], r["error"]["retryable"]), (409, "version_unavailable", True))
+                self.assertEqual(
+                    (code, r["error"]["code"], r["error"]["retryable"]),
+                    (400, "bad_request", False),
+                    r,
+                )
+        code, r = self.trainer.call(
+            "POST",
+            "/v1/steps",
+            {
+                **good,
+                "step": 1,
+                "weight_version_in": 1,
+                "checkpoint_uri_in": "file:///nonexistent/step-0/attempt-0",
+            },
+        )
+        self.assertEqual(
+            (code, r["error"]["code"], r["error"]["retryable"]),
+            (409, "version_unavailable", True),
+        )
 
     def test_batch_fetch_failures_are_retryable(self):
         for name, url in {
@@ -142,22 +223,45 @@ class ProtocolTest(unittest.TestCase):
         }.items():
             with self.subTest(name):
                 run = f"fetch{abs(hash(name)) % 1000}"
-                self.assertEqual(self.trainer.call("POST", "/v1/steps", request(run, 0, "1", self.out(run, 0, "1"), url))[0], 202)
+                self.assertEqual(
+                    self.trainer.call(
+                        "POST",
+                        "/v1/steps",
+                        request(run, 0, "1", self.out(run, 0, "1"), url),
+                    )[0],
+                    202,
+                )
                 st = self.trainer.wait(run, 0)
-                self.assertEqual((st["state"], st["error"]["code"], st["error"]["retryable"]), ("failed", "batch_fetch_failed", True), st)
+                self.assertEqual(
+                    (st["state"], st["error"]["code"], st["error"]["retryable"]),
+                    ("failed", "batch_fetch_failed", True),
+                    st,
+                )
                 # A failed attempt is not retrained when asked again; a new attempt is.
-                code, again = self.trainer.call("POST", "/v1/steps", request(run, 0, "1", self.out(run, 0, "1"), url))
+                code, again = self.trainer.call(
+                    "POST",
+                    "/v1/steps",
+                    request(run, 0, "1", self.out(run, 0, "1"), url),
+                )
                 self.assertEqual((code, again["state"]), (200, "failed"))
 
     def test_a_version_mismatch_fails_the_step(self):
         run = "vm"
         url = self.batches.add(f"{run}-0", make_batch(run, 0, seed=6))
-        self.trainer.call("POST", "/v1/steps", request(run, 0, "1", self.out(run, 0, "1"), url))
+        self.trainer.call(
+            "POST", "/v1/steps", request(run, 0, "1", self.out(run, 0, "1"), url)
+        )
         uri = self.trainer.wait(run, 0)["result"]["checkpoint_uri"]
         url1 = self.batches.add(f"{run}-1", make_batch(run, 1, seed=6))
-        self.trainer.call("POST", "/v1/steps", request(run, 1, "1", self.out(run, 1, "1"), url1, uri=uri, v_in=5))
+        self.trainer.call(
+            "POST",
+            "/v1/steps",
+            request(run, 1, "1", self.out(run, 1, "1"), url1, uri=uri, v_in=5),
+        )
         st = self.trainer.wait(run, 1)
-        self.assertEqual((st["state"], st["error"]["code"]), ("failed", "bad_request"), st)
+        self.assertEqual(
+            (st["state"], st["error"]["code"]), ("failed", "bad_request"), st
+        )
 
 
 if __name__ == "__main__":

@@ -63,7 +63,6 @@ class TrainStepTest(unittest.TestCase):
         """logp_entropy splits [tokens, vocab] logits into row blocks (checkpointed under autograd) to bound the
         float32 copies of a large vocabulary: the same log-probs, entropies and gradients bit for bit, so the same files."""
         import torch
-
         from rlq_torch import trainer as T
 
         g = torch.Generator().manual_seed(3)
@@ -93,7 +92,6 @@ class TrainStepTest(unittest.TestCase):
         and entropies as the logits path, gradients equal up to the order the blocks' lm_head gradients are summed in,
         and the step's files equal to float32 rounding."""
         import torch
-
         from rlq_torch import trainer as T
         from rlq_torch.safetensors_io import read_safetensors
 
@@ -182,7 +180,6 @@ class TrainStepTest(unittest.TestCase):
     def test_micro_batches_change_rounding_only_and_report_progress(self):
         # Adam divides by sqrt(v): a near-zero gradient amplifies summation-order rounding, hence 1e-5 (lr 1e-3) on weights.
         import torch
-
         from rlq_torch.safetensors_io import read_safetensors
 
         b = make_batch("r", 0, groups=4, per_group=4, seed=3)
@@ -296,7 +293,6 @@ class TrainStepTest(unittest.TestCase):
     def test_surrogate_gradient_is_the_loss_gradient(self):
         """Backpropagating sum(dL/dlogp · logp) + sum(dL/dH · H) gives dL/dθ (checked by finite differences in float64)."""
         import torch
-
         from rlq_torch import algorithms as A
         from rlq_torch import gpt
         from rlq_torch.models import EmbeddedPolicy

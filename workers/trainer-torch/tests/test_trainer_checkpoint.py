@@ -10,13 +10,12 @@ from helpers import make_batch, require
 require("torch")
 
 import torch
-from test_device_loss import run_step
-from test_trainer import req
-
 from rlq_torch.models import CheckpointError
 from rlq_torch.safetensors_io import read_metadata, read_safetensors
 from rlq_torch.trainer import TorchTrainer
 from rlq_torch.trainer_checkpoint import DCP_DIR
+from test_device_loss import run_step
+from test_trainer import req
 
 
 class DcpCheckpointTest(unittest.TestCase):

@@ -88,7 +88,6 @@ class WeightPushTest(unittest.TestCase):
 
     def test_distributed_push_lands_every_tensor_inside_pause_and_continue(self):
         import torch
-
         from rlq_torch.weight_push import DistributedPusher
 
         key = self.KEY
@@ -270,7 +269,6 @@ class WeightPushTest(unittest.TestCase):
         import tempfile
 
         from helpers import BatchServer, TrainerProcess, make_batch, request
-
         from rlq_torch.safetensors_io import read_safetensors
 
         engine = self.start_engine()
