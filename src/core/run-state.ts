@@ -250,6 +250,11 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
       state.checkpointUri = d.payload.checkpointUri;
       state.syncing = null;
       break;
+    default: {
+      // Every kind of core/decisions.ts has its case: a new kind without one fails tsc here.
+      const unhandled: never = d;
+      throw new RlqError("decision_log_corrupt", `run ${state.runId}: no fold for decision ${JSON.stringify(unhandled)}`);
+    }
   }
   return state;
 }
