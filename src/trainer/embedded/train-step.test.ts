@@ -10,6 +10,7 @@ import { createJaxModel, type JaxModel } from "./jax-model.ts";
 import { bucketSeqLen, microBatchRows } from "./batching.ts";
 import { microBatchGradient, runEmbeddedTrainStep, type TrainStepDeps } from "./train-step.ts";
 import { makeSyntheticBatch, makeTrainRequest } from "./testing.ts";
+import { modelFlops, modelShape, PEAK_ENV, SPLIT_KEYS } from "./efficiency.ts";
 
 const config = TINY_CONFIG;
 const weights = scaledWeights(config, 3, 4);
@@ -32,6 +33,9 @@ beforeAll(async () => {
     loadReference: async (uri) => (await readCheckpoint(uri)).weights,
   };
 });
+
+const TIMED = new Set<string>([...SPLIT_KEYS, "step_s", "tokens_per_s", "tflops", "mfu"]);
+const withoutTiming = (m: Record<string, number>): Record<string, number> => Object.fromEntries(Object.entries(m).filter(([k]) => !TIMED.has(k)));
 
 const bytes = async (dir: string, file: string): Promise<Buffer> => readFile(join(dir, file));
 
@@ -58,7 +62,8 @@ describe("embedded train step", () => {
     const b = await trainRequest();
     const ra = await runEmbeddedTrainStep(a, deps, () => undefined);
     const rb = await runEmbeddedTrainStep(b, deps, () => undefined);
-    expect(ra.metrics).toEqual(rb.metrics);
+    // The efficiency metrics are wall-clock measurements; every other metric is computed and must match exactly.
+    expect(withoutTiming(ra.metrics)).toEqual(withoutTiming(rb.metrics));
     for (const f of [WEIGHTS_FILE, OPTIMIZER_FILE]) expect((await bytes(a.outputDir, f)).equals(await bytes(b.outputDir, f))).toBe(true);
     // Step 1 from each copy of version 1: still identical (the optimizer state round-trips exactly).
     const next = async (from: string): Promise<string> => {
@@ -68,6 +73,39 @@ describe("embedded train step", () => {
     };
     const [da, db] = [await next(ra.checkpointUri), await next(rb.checkpointUri)];
     for (const f of [WEIGHTS_FILE, OPTIMIZER_FILE]) expect((await bytes(da, f)).equals(await bytes(db, f))).toBe(true);
+  });
+
+  it("reports the step-time split summing to step_s, the model's FLOPs and TFLOP/s, and MFU under RLQ_DEVICE_PEAK_TFLOPS", async () => {
+    const stepWithPeak = async (peak: string | undefined): Promise<Record<string, number>> => {
+      const saved = process.env[PEAK_ENV];
+      if (peak === undefined) delete process.env[PEAK_ENV];
+      else process.env[PEAK_ENV] = peak;
+      try {
+        return (await runEmbeddedTrainStep(await trainRequest(), deps, () => undefined)).metrics;
+      } finally {
+        if (saved === undefined) delete process.env[PEAK_ENV];
+        else process.env[PEAK_ENV] = saved;
+      }
+    };
+    const m = await stepWithPeak("2");
+    const split = SPLIT_KEYS.map((k) => m[k]);
+    for (const [i, v] of split.entries()) expect(v, SPLIT_KEYS[i]).toBeGreaterThanOrEqual(0);
+    expect(m.critic_s).toBe(0);
+    expect(m.push_s).toBe(0);
+    expect(m.fwd_bwd_s).toBeGreaterThan(0);
+    const sum = split.reduce((a: number, b) => a + (b as number), 0);
+    expect(Math.abs(sum - (m.step_s as number))).toBeLessThanOrEqual(0.05 * (m.step_s as number));
+    // No KL term in this request: the old log-probs forward (a third) beside one forward and backward per sample.
+    const samples = (await trainRequest()).batch.samples;
+    const lengths = samples.map((s) => s.tokens.length - 1);
+    expect(m.model_flops_per_step).toBeCloseTo(modelFlops(modelShape(config), lengths) * (4 / 3), 0);
+    expect(m.tflops).toBeCloseTo((m.model_flops_per_step as number) / (m.step_s as number) / 1e12, 12);
+    expect(m.tflops).toBeGreaterThan(0);
+    expect(m.mfu).toBeCloseTo((m.tflops as number) / 2, 12);
+    expect(m.tokens_per_s).toBeCloseTo(samples.reduce((a, s) => a + s.tokens.length, 0) / (m.step_s as number), 6);
+    const without = await stepWithPeak(undefined);
+    expect(without).not.toHaveProperty("mfu");
+    expect(without.tflops).toBeGreaterThan(0);
   });
 
   it("is idempotent per attempt directory and refuses a version mismatch", async () => {

@@ -14,6 +14,7 @@ import { learningRate } from "./lr-schedule.ts";
 import { lossAndGrad } from "./policy-objective.ts";
 import { optimizerStepPlan, parseTrainConfig } from "./train-config.ts";
 import { ifMissing } from "../../lib/if-missing.ts";
+import { devicePeakFlops, efficiencyMetrics, modelFlops, modelShape, StepClock } from "./efficiency.ts";
 
 /**
  * One train step of the embedded trainer (runs inside the trainer's worker
@@ -27,6 +28,7 @@ import { ifMissing } from "../../lib/if-missing.ts";
  *  4. num_optimizer_steps AdamW steps, each over global_batch_size samples in
  *     (groupIndex, sampleIndex) order, loss from src/algorithms;
  *  5. write weight version v+1 and its optimizer state to outputDir.
+ * The metrics include the step-time split, tokens/s, TFLOP/s and MFU (efficiency.ts).
  * Deterministic: the same request gives bit-identical files.
  */
 export interface TrainStepDeps {
@@ -129,6 +131,7 @@ function maskedMeanAbsDiff(a: readonly Float64Array[], samples: readonly TrainSa
 }
 
 export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDeps, onProgress: (p: TrainProgress) => void): Promise<TrainResult> {
+  const clock = new StepClock();
   const resultPath = join(req.outputDir, RESULT_FILE);
   const previous = await readFile(resultPath, "utf8").catch(ifMissing(null));
   if (previous !== null) {
@@ -147,6 +150,7 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
   const specs = parameterSpecs(start.config);
   const weights = start.weights;
   const optimizer = start.optimizer ?? zeroOptimizerState(specs, weights);
+  clock.mark("load_s");
 
   const samples = [...req.batch.samples].sort((a, b) => a.groupIndex - b.groupIndex || a.sampleIndex - b.sampleIndex);
   if (samples.length === 0) throw new RlqError("trainer_empty_batch", `train step ${req.step} has no samples`);
@@ -160,12 +164,15 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
   // Denominators: the mask before rlq zeroed off-policy/stale tokens (docs/architecture.md "The loop").
   const denomMask = samples.map((s) => Float64Array.from(s.denomMask ?? s.lossMask));
   const rolloutLogProbs = samples.map((s) => Float64Array.from(s.rolloutLogProbs));
+  clock.mark("prepare_s");
   const old = forwardResponses(model, weights, samples, rows, seqLen, temperature);
+  clock.mark("old_logprobs_s");
   const needsRef = algorithm.use_kl_loss || algorithm.kl_coef !== 0;
   let ref: Float64Array[] | undefined;
   if (needsRef) {
     if (train.ref_load === null) throw new RlqError("trainer_config", "use_kl_loss / kl_coef need ref_load (the reference checkpoint)");
     ref = forwardResponses(model, await deps.loadReference(train.ref_load), samples, rows, seqLen, temperature).logp;
+    clock.mark("ref_logprobs_s");
   }
 
   const rewards = postProcessRewards(
@@ -178,6 +185,7 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
     algorithm,
   );
 
+  clock.mark("prepare_s");
   const sums: Record<string, number> = {};
   let gradNormSum = 0;
   let lr = 0;
@@ -202,6 +210,7 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
       algorithm,
     );
     const grads = microBatchGradient(model, weights, mb, rows, seqLen, objective.dLossDLogp, objective.dLossDEntropy, temperature);
+    clock.mark("fwd_bwd_s");
     lr = learningRate(
       {
         lr: train.lr,
@@ -222,10 +231,12 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
     });
     for (const [k, v] of Object.entries(objective.metrics)) sums[k] = (sums[k] ?? 0) + v;
     onProgress({ done: j + 1, total: numOptimizerSteps, phase: "optimizer_step" });
+    clock.mark("optimizer_s");
   }
 
   const version = req.weightVersionIn + 1;
   const { uri } = await writeCheckpoint(req.outputDir, { config: start.config, weights, version, runId: req.runId, step: req.step }, optimizer);
+  clock.mark("save_s");
   const metrics: Record<string, number> = {};
   for (const [k, v] of Object.entries(sums)) metrics[k] = v / numOptimizerSteps;
   Object.assign(metrics, {
@@ -238,6 +249,15 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
     num_optimizer_steps: numOptimizerSteps,
   });
   const numTokens = samples.reduce((a, s) => a + s.lossMask.reduce((x, y) => x + y, 0), 0);
+  // As the torch trainer counts: one forward and backward per sample, plus each whole-batch forward alone
+  // (old, reference); the current log-probs of later minibatches are recomputation and count nothing.
+  const lengths = samples.map((s) => Math.max(s.tokens.length - 1, 1));
+  const shape = modelShape(start.config);
+  const flops = modelFlops(shape, lengths) + modelFlops(shape, lengths, true) * (needsRef ? 2 : 1);
+  const tokens = samples.reduce((a, s) => a + s.tokens.length, 0);
+  clock.mark("other_s");
+  // The result file below holds these metrics, so its write falls outside the step's measured time.
+  Object.assign(metrics, efficiencyMetrics(clock, tokens, flops, devicePeakFlops()));
   const result = trainResultSchema.parse({ weightVersionOut: version, checkpointUri: uri, numSamples: samples.length, numTokens, metrics });
   await writeFileAtomic(resultPath, JSON.stringify({ runId: req.runId, step: req.step, weightVersionIn: req.weightVersionIn, result }));
   return result;
