@@ -40,8 +40,10 @@ class Log {
     this.list.push({ ...created, seq: 0 }, { kind: "run.status", payload: { status: "running", reason: null }, seq: 1 });
     this.state = fold("r", this.list);
   }
-  commit(...ds: Decision[]): void {
+  /** Appends and folds each decision; a null (sealDecision's "nothing to seal yet") is skipped, as the controller skips it. */
+  commit(...ds: Array<Decision | null>): void {
     for (const d of ds) {
+      if (d === null) continue;
       const logged: LoggedDecision = { ...d, seq: this.list.length };
       this.list.push(logged);
       apply(this.state, logged);
