@@ -116,7 +116,7 @@ describe("the decision core, sync mode with partial rollouts", () => {
     log.commit(...d.decisions);
     const seal = sealDecision(s);
     expect(seal).toEqual({ kind: "step.sealed", payload: { step: 0, kept: [0, 3], aborted: [{ groupId: 4, round: 0 }] } });
-    log.commit(seal as Decision);
+    log.commit(seal);
     // Drain: the aborted round landed; partial_rollout buffers it.
     log.commit({ kind: "group.outcome", payload: { groupId: 4, step: 0, outcome: "buffered", reason: "aborted" } });
     trainAndSync(log);
@@ -124,7 +124,7 @@ describe("the decision core, sync mode with partial rollouts", () => {
     log.draw(1, [4]);
     d = decideGroups(s, [ready(s, 5), ready(s, 4, keep, [0, 1])]);
     log.commit(...d.decisions);
-    log.commit(sealDecision(s) as Decision);
+    log.commit(sealDecision(s));
     trainAndSync(log);
     return log;
   }
@@ -172,7 +172,7 @@ describe("the decision core, sync mode with partial rollouts", () => {
     // Group 2's first round ended unfinished (an engine failure): it continues as round 1.
     log.commit(dispatchDecision(s, 2, 1));
     log.commit(...decideGroups(s, [ready(s, 0), ready(s, 1)]).decisions);
-    log.commit(sealDecision(s) as Decision);
+    log.commit(sealDecision(s));
     expect(log.list.at(-1)?.payload).toMatchObject({ aborted: [{ groupId: 2, round: 1 }] });
     log.commit({ kind: "group.outcome", payload: { groupId: 2, step: 0, outcome: "discarded", reason: "aborted" } });
     const aborted = outcomeLoads(s.config, log.list).find((o) => o.groupId === 2);
@@ -222,12 +222,12 @@ describe("the decision core, staleness policies", () => {
     const s = log.state;
     log.draw(2);
     log.commit(...decideGroups(s, [ready(s, 0)]).decisions);
-    log.commit(sealDecision(s) as Decision);
+    log.commit(sealDecision(s));
     log.commit({ kind: "group.outcome", payload: { groupId: 1, step: 0, outcome: "buffered", reason: "aborted" } });
     trainAndSync(log);
     log.draw(1);
     log.commit(...decideGroups(s, [ready(s, 2)]).decisions);
-    log.commit(sealDecision(s) as Decision);
+    log.commit(sealDecision(s));
     trainAndSync(log);
     log.draw(0, [1]);
     return { log, stale: ready(s, 1, keep, [0, 0, 2]) };
@@ -238,7 +238,7 @@ describe("the decision core, staleness policies", () => {
     const s = log.state;
     const d = decideGroups(s, [stale]);
     expect(d.outcomes).toEqual([{ groupId: 1, step: 2, outcome: "kept", reason: null, load: { groupId: 1, round: 1, maskBeforeRound: null, minVersion: 1 } }]);
-    log.commit(...d.decisions, sealDecision(s) as Decision);
+    log.commit(...d.decisions, sealDecision(s));
     const replayed = outcomeLoads(s.config, log.list).find((o) => o.groupId === 1 && o.step === 2);
     const verdicts = log.list.flatMap((x) => (x.kind === "group.filtered" && x.payload.step === 2 ? [x.payload] : []));
     expect(stepLoads(s.config, 2, [1], verdicts).loads).toEqual([replayed?.load]);
@@ -266,7 +266,7 @@ describe("the decision core, staleness policies", () => {
       ["discarded", "stale: 1 sample(s) up to 2 versions stale for step 2 (max_staleness 1), after 1 regeneration(s)"],
     ]);
     // The train job reads the round of the last keep verdict: the cut round's verdict is superseded.
-    log.commit(...decideGroups(s, [ready(s, 1)]).decisions, sealDecision(s) as Decision);
+    log.commit(...decideGroups(s, [ready(s, 1)]).decisions, sealDecision(s));
     const verdicts = log.list.flatMap((x) => (x.kind === "group.filtered" && x.payload.step === 2 ? [x.payload] : []));
     expect(stepLoads(s.config, 2, [1], verdicts).loads.map((l) => l.round)).toEqual([2]);
     expect(outcomeLoads(s.config, log.list).find((o) => o.groupId === 1 && o.step === 2)?.load.round).toBe(2);
