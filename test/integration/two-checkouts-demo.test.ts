@@ -101,7 +101,11 @@ describe("two checkouts run the demo at once", () => {
     const demoA = startDemo(a, port);
     demos.push(demoA);
     // The first demo holds the port before the second starts: the collision the issue describes.
-    await waitFor("the first demo's run to start", () => /^run (\S+):/m.test(demoA.out()) || demoA.out().includes("Error"), 300_000, 200);
+    await waitFor("the first demo's run to start", () => /^run (\S+):/m.test(demoA.out()) || demoA.out().includes("Error"), 600_000, 200).catch(
+      (e: unknown) => {
+        throw new Error(`${String(e)}; the first demo's output so far:\n${demoA.out()}`);
+      },
+    );
     const demoB = startDemo(b, port);
     demos.push(demoB);
     const [codeA, codeB] = await Promise.all([demoA.exited, demoB.exited]);
