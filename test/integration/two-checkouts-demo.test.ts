@@ -7,7 +7,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { freePort } from "../../src/lib/port-holder.ts";
 import { rlqNodeFlags } from "../../src/runtime/node-flags.ts";
 import { ensureEmbeddedPostgres } from "../../src/store/embedded-postgres.ts";
-import { repoRoot, waitFor } from "../helpers/processes.ts";
+import { repoRoot, waitFor, letPostgresUserIn } from "../helpers/processes.ts";
 
 /**
  * `npm run demo` in two checkouts at once (issue 40): each checkout's RLQ_HOME is `.rlq` in its
@@ -73,6 +73,7 @@ async function runIds(home: string, port: number): Promise<string[]> {
 }
 
 describe("two checkouts run the demo at once", () => {
+  letPostgresUserIn(repoRoot);
   const root = mkdtempSync(join(tmpdir(), "rlq-two-checkouts-"));
   // As root the embedded server runs as the postgres user, which must enter the checkouts.
   chmodSync(root, 0o755);
