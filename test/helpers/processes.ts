@@ -183,12 +183,12 @@ export function keepRestarting(start: () => Proc) {
 /**
  * Embedded Postgres runs as user `postgres` when the tests run as root (src/store/embedded-postgres.ts
  * refuses, naming the directory, when that user cannot reach its binaries under node_modules). A
- * checkout cloned into a `mktemp -d` folder (mode 700) is such a case: give its ancestors the
+ * checkout cloned into a `mktemp -d` folder (mode 700) is such a case: give it and its ancestors the
  * traversal bit for others, as that refusal tells a user to, and say so.
  */
 export function letPostgresUserIn(path: string): void {
   if (process.getuid?.() !== 0) return;
-  for (let dir = dirname(resolve(path)); dir !== dirname(dir); dir = dirname(dir)) {
+  for (let dir = resolve(path); dir !== dirname(dir); dir = dirname(dir)) {
     const mode = statSync(dir).mode;
     if ((mode & 0o001) !== 0) continue;
     chmodSync(dir, (mode & 0o7777) | 0o001);
