@@ -259,10 +259,8 @@ def run_case(
     doc["results"].append(res)
     trainer = TorchTrainer(str(dev), checkpoint_format=args.trainer_checkpoint)
     if attn == "sdpa" and dev.type == "cuda" and several_per_row(lengths, train_cfg):
-        # sdpa takes packed rows as a dense block-diagonal mask, which sends it to its math kernel: the Qwen3 shape's
-        # 16k rows ran out of 80 GB that way (bench/results/trainer-torch-gpu-bench-h100-sdpa.json). flex_attention
-        # masks them by block (25.1k tokens/s without the save in trainer-torch-gpu-bench-h100-flex-shm-probe.json);
-        # with one sample per row sdpa's causal flash kernel is the faster (24.1k against 19.4k).
+        # sdpa takes packed rows as a dense block-diagonal mask, which sends it to its math kernel (out of memory
+        # at 16k-token rows); flex_attention masks them by block. One sample per row keeps sdpa's causal flash kernel.
         attn = "flex_attention"
     policy = M.hf_from_config(model_cfg, dev, 1, attn_implementation=attn)
     res["attention"] = policy.module.config._attn_implementation
