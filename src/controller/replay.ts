@@ -4,7 +4,7 @@ import type { Db } from "../store/db.ts";
 import { loadDecisions } from "../store/decision-log.ts";
 import { loadGroupWithRewards } from "../store/group-view.ts";
 import { historyRows, loadHistory } from "../store/history.ts";
-import { replaceProjections, type HistoryRow } from "../store/projections.ts";
+import { diffStepSummaries, replaceProjections, type HistoryRow } from "../store/projections.ts";
 import { loadRunRow } from "../store/run-facts.ts";
 import { listTrainSteps } from "../store/train-facts.ts";
 import { fold } from "../core/run-state.ts";
@@ -83,6 +83,8 @@ export async function replayRun(db: Db, ctx: RunContext, options: { check: boole
       const h = (run as Record<string, unknown> | undefined)?.[col];
       if (h !== v) differences.push(`runs.${col}: live ${JSON.stringify(h)} != replayed ${JSON.stringify(v)}`);
     }
+    // The summaries follow the history: compared only once the history itself agrees.
+    if (differences.length === 0) differences.push(...(await diffStepSummaries(db, ctx.runId)));
   } else {
     await replaceProjections(db, ctx.runId, built.rows, built.runRow);
   }

@@ -1,5 +1,6 @@
 import type { Db } from "../store/db.ts";
 import { readSelect } from "../store/dashboard-read.ts";
+import { STEP_AGGREGATE_COLUMNS, STEP_AGGREGATES } from "../store/step-aggregates.ts";
 
 /**
  * Everything the dashboard shows, as single parameterised SELECTs over the
@@ -21,34 +22,30 @@ export const sql = {
   /** Long format (step, key, value): the page pivots; keys are whatever the trainer reported. */
   trainMetrics: `SELECT step, key, value FROM train_metrics WHERE run_id = $1 ORDER BY step, key`,
   /**
-   * Reward and length per step: the trained samples' mean (what the step trained on) and the
-   * filter's view (every sample that reached an outcome in the step, kept or not).
+   * Reward and length per step (store/step-aggregates.ts): the summarised steps from `step_summaries`
+   * (one row per step, written as each step trains), the rest (the steps in flight, and any a summary
+   * does not cover) aggregated live from the history over the (run_id, step) index.
    */
-  rewardPerStep: `SELECT step,
-           avg(reward) FILTER (WHERE trained_step IS NOT NULL) AS reward_trained,
-           avg(reward) AS reward_all,
-           avg(reward) FILTER (WHERE outcome = 'filtered') AS reward_filtered,
-           count(DISTINCT group_id) FILTER (WHERE outcome = 'kept') AS groups_kept,
-           count(DISTINCT group_id) FILTER (WHERE outcome = 'filtered') AS groups_filtered,
-           avg(response_length) FILTER (WHERE trained_step IS NOT NULL) AS response_length_mean,
-           max(response_length) AS response_length_max,
-           sum(response_length) AS response_tokens
-         FROM rollout_history WHERE run_id = $1 GROUP BY step ORDER BY step`,
-  /**
-   * Throughput between consecutive commits; the first step's interval starts at the run's creation.
-   * The trained tokens come from one grouped pass over the run's history: a subquery per step would read
-   * the whole run once per step (no index has trained_step), quadratic in the run's length.
-   */
+  rewardPerStep: `WITH done AS (SELECT step, ${STEP_AGGREGATE_COLUMNS.join(", ")} FROM step_summaries WHERE run_id = $1 AND samples IS NOT NULL),
+         top AS (SELECT coalesce(max(step), -1) AS step FROM done),
+         gaps AS (SELECT g AS step FROM top, generate_series(0, top.step) AS g EXCEPT SELECT step FROM done)
+         SELECT * FROM done
+         UNION ALL
+         SELECT h.step, ${STEP_AGGREGATES} FROM rollout_history h
+         WHERE h.run_id = $1 AND (h.step > (SELECT step FROM top) OR h.step IN (SELECT step FROM gaps)) GROUP BY h.step
+         ORDER BY step`,
+  /** Throughput between consecutive commits; the first step's interval starts at the run's creation. */
   trainSteps: `SELECT t.step, t.num_samples, t.num_tokens, t.attempt, t.weight_version_in, t.weight_version_out, t.committed_at,
            extract(epoch FROM t.committed_at - coalesce(lag(t.committed_at) OVER (ORDER BY t.step), r.created_at)) AS seconds,
-           tok.response_tokens,
+           ss.trained_response_tokens AS response_tokens,
            extract(epoch FROM t.committed_at - d.created_at) AS train_seconds
          FROM train_steps t JOIN runs r ON r.id = t.run_id
-         LEFT JOIN (SELECT trained_step, sum(response_length) AS response_tokens FROM rollout_history
-                     WHERE run_id = $1 AND trained_step IS NOT NULL GROUP BY trained_step) tok ON tok.trained_step = t.step
+         LEFT JOIN step_summaries ss ON ss.run_id = t.run_id AND ss.step = t.step
          LEFT JOIN decisions d ON d.run_id = t.run_id AND d.kind = 'train.dispatched' AND d.step = t.step
          WHERE t.run_id = $1 ORDER BY t.step`,
-  staleness: `SELECT staleness, count(*) AS samples FROM staleness WHERE run_id = $1 AND staleness IS NOT NULL GROUP BY 1 ORDER BY 1`,
+  /** Trained samples by staleness, from each step's summary (trained marks are set only by a step's commit). */
+  staleness: `SELECT e.key::int AS staleness, sum(e.value::bigint) AS samples
+         FROM step_summaries s, jsonb_each_text(s.staleness) e WHERE s.run_id = $1 GROUP BY 1 ORDER BY 1`,
   /** Rounds dispatched whose marker has not landed, by the weight version they were dispatched at. */
   inFlight: `SELECT (d.payload->>'weightVersion')::int AS weight_version, count(*) AS groups
          FROM decisions d

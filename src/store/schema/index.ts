@@ -9,3 +9,4 @@ export * from "./run-requests.ts";
 export * from "./evals.ts";
 export * from "./engine-metrics.ts";
 export * from "./run-snapshots.ts";
+export * from "./step-summaries.ts";
