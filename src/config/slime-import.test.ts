@@ -90,6 +90,11 @@ describe("import-slime: W&B, placement, and what validation: ok means", () => {
     expect(text).not.toContain("abc123secret");
     expect(text).toMatch(/--wandb-key \(the key itself, not shown\)/);
     expect(importSlimeArgs([...core, "--use-wandb", "--wandb-mode", "disabled"]).config.use_wandb).toBe(false);
+    // --use-wandb alone: slime logs to W&B's default project, and the imported config validates.
+    const bare = importSlimeArgs([...core, "--use-wandb"]);
+    expect(bare.config.wandb_project).toBe("uncategorized");
+    expect(bare.report.added).toContainEqual(expect.objectContaining({ key: "wandb_project", why: expect.stringMatching(/wandb.init\(project=None\)/) }));
+    expect(() => parseRunConfig(bare.config)).not.toThrow();
     // The server's keys become the engine's references: rlq sends them, the server you start checks them.
     const keys = importSlimeArgs([...core, "--sglang-api-key", "${SGL_KEY}", "--sglang-admin-api-key", "literal-admin-secret"]);
     expect(keys.config.engine).toMatchObject({ api_key: { env: "SGL_KEY" }, admin_api_key: { env: "SGLANG_ADMIN_API_KEY" } });

@@ -351,6 +351,14 @@ function addRlqDefaults(s: ImportState, options: ImportOptions): void {
     config.wandb_key = { env: "WANDB_API_KEY" };
     report.added.push({ key: "wandb_key", value: config.wandb_key, why: "no --wandb-key: W&B's SDK reads WANDB_API_KEY, and so does rlq" });
   }
+  if (config.use_wandb === true && config.wandb_project === undefined) {
+    config.wandb_project = "uncategorized";
+    report.added.push({
+      key: "wandb_project",
+      value: "uncategorized",
+      why: "no --wandb-project: slime calls wandb.init(project=None), which logs to W&B's 'uncategorized' project; rlq names it",
+    });
+  }
   // Where slime's (Megatron's) default differs from rlq's, write slime's so the run means the same.
   const slimeDefaults: Array<[string, unknown, string]> = [
     ["lr_decay_style", "linear", "Megatron's default (rlq's is constant)"],
