@@ -23,27 +23,10 @@ import { sql } from "drizzle-orm";
  * - `rlq_kept`: the controller kept groups for a step's batch: the train
  *   worker reads them before the seal (jobs/batch-stager.ts).
  *
- * `rlq_syncing`, `rlq_loaded` and `rlq_synced` are older names of
- * `rlq_weights` (`channelName`): a sender or subscriber that still uses one
- * uses `rlq_weights`.
- *
  * NOTIFY is transactional: sent inside a transaction it is delivered at
  * commit, so a woken waiter always finds the fact.
  */
-export type Channel = "rlq_facts" | "rlq_abort" | "rlq_weights" | "rlq_kept" | WeightChannelAlias;
-type WeightChannelAlias = "rlq_syncing" | "rlq_loaded" | "rlq_synced";
-
-/** The channel LISTENed and NOTIFYed for `channel`: the weight sync's older names are one channel. */
-export function channelName(channel: Channel): "rlq_facts" | "rlq_abort" | "rlq_weights" | "rlq_kept" {
-  switch (channel) {
-    case "rlq_syncing":
-    case "rlq_loaded":
-    case "rlq_synced":
-      return "rlq_weights";
-    default:
-      return channel;
-  }
-}
+export type Channel = "rlq_facts" | "rlq_abort" | "rlq_weights" | "rlq_kept";
 
 export interface Notifications {
   /** `onWake` runs on every notification for `runId` on `channel`, and whenever notifications may have been missed (reconnect). */
@@ -56,7 +39,7 @@ export async function notifyRuns(pool: pg.Pool, channel: Channel, runIds: Iterab
   const ids = [...new Set(runIds)];
   if (ids.length === 0) return;
   // Nothing lost: a hint; every waiter still polls the facts on its interval.
-  await pool.query(`SELECT pg_notify($1, r) FROM unnest($2::text[]) AS r`, [channelName(channel), ids]).catch(() => undefined);
+  await pool.query(`SELECT pg_notify($1, r) FROM unnest($2::text[]) AS r`, [channel, ids]).catch(() => undefined);
 }
 
 /** A hint for one run, sent at most once per event-loop turn however often it is asked for in that turn (many engines' loads ending together). */
@@ -74,7 +57,7 @@ export function coalescedNotifier(pool: pg.Pool, channel: Channel, runId: string
 
 /** NOTIFY inside a transaction: delivered when it commits, never if it rolls back. */
 export async function notifyInTx(tx: Database, channel: Channel, runId: string): Promise<void> {
-  await tx.execute(sql`SELECT pg_notify(${channelName(channel)}, ${runId})`);
+  await tx.execute(sql`SELECT pg_notify(${channel}, ${runId})`);
 }
 
 export interface NotificationOptions {
@@ -173,7 +156,7 @@ export function createNotifications(url: string, options: NotificationOptions = 
 
   return {
     subscribe(channel, runId, onWake) {
-      const key = `${channelName(channel)}\0${runId}`;
+      const key = `${channel}\0${runId}`;
       let set = subs.get(key);
       if (!set) subs.set(key, (set = new Set()));
       const cb = () => onWake();

@@ -124,8 +124,8 @@ describe("notifications", () => {
     const aborts = recorder(hub, "rlq_abort", runId);
     await listened(hub, "rlq_abort");
     const abortsBefore = aborts.count;
-    const syncs = recorder(hub, "rlq_synced", runId);
-    await listened(hub, "rlq_synced");
+    const syncs = recorder(hub, "rlq_weights", runId);
+    await listened(hub, "rlq_weights");
     const syncsBefore = syncs.count;
     const kept = recorder(hub, "rlq_kept", runId);
     await listened(hub, "rlq_kept");
