@@ -1,5 +1,5 @@
 import type { Services } from "../runtime/services.ts";
-import { startWorker, type WorkerHandle } from "../queue/worker-host.ts";
+import { startWorker, type Processor, type WorkerHandle } from "../queue/worker-host.ts";
 import type { QueueKind } from "../queue/payloads.ts";
 import { generateGroupRound } from "./generate-group-round.ts";
 import { scoreGroupRound } from "./worker-score-group.ts";
@@ -68,86 +68,51 @@ export async function startWorkers(
     onJobCompleted: () => processMetrics().jobCompleted(kind),
     onJobFailed: (final: boolean) => processMetrics().jobFailed(kind, final),
   });
-  for (const kind of kinds) {
-    const concurrency = options.concurrency?.[kind] ?? defaultConcurrency[kind];
-    if (kind === "rollout") {
-      handles.push(
-        startWorker(
-          services.backend,
-          "rollout",
-          async (data, job) => {
-            const ctx = await contexts.get(data.runId);
-            await generateGroupRound(
-              {
-                store,
-                engineFor: (c, v) => engines.engineFor(c, v),
-                abortHints: (runId, wake) => db.notifications.subscribe("rlq_abort", runId, wake),
-                log,
-                onRoundComplete: async (j) => {
-                  services.crashPoint("rollout.before_reward_enqueue");
-                  await enqueueReward({ runId: j.runId, groupId: j.groupId, round: j.round, step: j.step });
-                },
-              },
-              ctx,
-              data,
-              job.jobId,
-            );
+  const start = <K extends QueueKind>(kind: K, processor: Processor<K>): WorkerHandle =>
+    startWorker(services.backend, kind, processor, hostOptions(kind, options.concurrency?.[kind] ?? defaultConcurrency[kind]));
+  // Each queue's processor: the job's run context, then the job's own module.
+  const starters: Record<QueueKind, () => WorkerHandle> = {
+    rollout: () =>
+      start("rollout", async (data, job) =>
+        generateGroupRound(
+          {
+            store,
+            engineFor: (c, v) => engines.engineFor(c, v),
+            abortHints: (runId, wake) => db.notifications.subscribe("rlq_abort", runId, wake),
+            log,
+            onRoundComplete: async (j) => {
+              services.crashPoint("rollout.before_reward_enqueue");
+              await enqueueReward({ runId: j.runId, groupId: j.groupId, round: j.round, step: j.step });
+            },
           },
-          hostOptions(kind, concurrency),
+          await contexts.get(data.runId),
+          data,
+          job.jobId,
         ),
-      );
-    } else if (kind === "reward") {
-      handles.push(
-        startWorker(
-          services.backend,
-          "reward",
-          async (data, job) => {
-            const ctx = await contexts.get(data.runId);
-            await scoreGroupRound(store, ctx, data, job.jobId);
+      ),
+    reward: () => start("reward", async (data, job) => scoreGroupRound(store, await contexts.get(data.runId), data, job.jobId)),
+    train: () =>
+      start("train", async (data, job) =>
+        runTrainStep(
+          {
+            db,
+            checkpointRoot: services.checkpointRoot,
+            trainerFor: (c) => trainers.trainerFor(c),
+            reportProgress: (p) => job.updateProgress(p),
+            crashPoint: (name) => services.crashPoint(name),
+            shutdown: job.shutdown,
+            ...(stager ? { stager } : {}),
+            log,
           },
-          hostOptions(kind, concurrency),
+          await contexts.get(data.runId),
+          data,
+          job.attemptsMade,
         ),
-      );
-    } else if (kind === "train") {
-      handles.push(
-        startWorker(
-          services.backend,
-          "train",
-          async (data, job) => {
-            const ctx = await contexts.get(data.runId);
-            await runTrainStep(
-              {
-                db,
-                checkpointRoot: services.checkpointRoot,
-                trainerFor: (c) => trainers.trainerFor(c),
-                reportProgress: (p) => job.updateProgress(p),
-                crashPoint: (name) => services.crashPoint(name),
-                shutdown: job.shutdown,
-                ...(stager ? { stager } : {}),
-                log,
-              },
-              ctx,
-              data,
-              job.attemptsMade,
-            );
-          },
-          hostOptions(kind, concurrency),
-        ),
-      );
-    } else {
-      handles.push(
-        startWorker(
-          services.backend,
-          "eval",
-          async (data, job) => {
-            const ctx = await contexts.get(data.runId);
-            await runEval({ db, engineFor: (c, v) => engines.engineFor(c, v) }, ctx, data, job.jobId);
-          },
-          hostOptions(kind, concurrency),
-        ),
-      );
-    }
-  }
+      ),
+    eval: () =>
+      start("eval", async (data, job) => runEval({ db, engineFor: (c, v) => engines.engineFor(c, v) }, await contexts.get(data.runId), data, job.jobId)),
+  };
+  for (const kind of kinds) handles.push(starters[kind]());
   // Engine-pool telemetry for `rlq run status`, every 5 s.
   const publish = async () => {
     for (const m of engines.metrics()) await upsertEngineMetrics(db, m.runId, services.holder, m.snapshot);
