@@ -34,7 +34,12 @@ function resolvePaths(raw: Record<string, unknown>, baseDir: string): Record<str
   const evals = out.eval_prompt_data;
   if (evals !== null && typeof evals === "object" && !Array.isArray(evals)) {
     out.eval_prompt_data = Object.fromEntries(
-      Object.entries(evals as Record<string, unknown>).map(([k, v]) => [k, typeof v === "string" && !isAbsolute(v) ? resolve(baseDir, v) : v]),
+      Object.entries(evals as Record<string, unknown>).map(([k, v]) => {
+        const rel = (p: unknown) => (typeof p === "string" && !isAbsolute(p) ? resolve(baseDir, p) : p);
+        // A dataset with overrides ({path, ...}: config/eval-datasets.ts) has its path resolved the same way.
+        if (v !== null && typeof v === "object" && !Array.isArray(v)) return [k, { ...v, path: rel((v as { path?: unknown }).path) }];
+        return [k, rel(v)];
+      }),
     );
   }
   return out;

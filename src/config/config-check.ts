@@ -42,6 +42,9 @@ const evalKeys = [
   "eval_max_response_len",
   "eval_input_key",
   "eval_label_key",
+  "eval_tool_key",
+  "eval_max_prompt_len",
+  "eval_apply_chat_template_kwargs",
   "eval_pass_k",
   "skip_eval_before_train",
 ] as const;

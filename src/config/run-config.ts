@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { trainerTorchKeys } from "./trainer-torch-keys.ts";
+import { evalDatasetEntrySchema, resolveEvalDatasets } from "./eval-datasets.ts";
 import { algorithmOptionsShape, refineAlgorithmOptions } from "../algorithms/options.ts";
 import { engineRuntimeKeys, openAiEngineConfigSchema, sglangEngineConfigSchema } from "../engines/config-schema.ts";
 import { remoteTrainerConfigSchema } from "../trainer/remote-trainer-config.ts";
@@ -117,11 +118,19 @@ export const runConfigSchema = z
     update_weights_interval: z.number().int().positive().default(1),
     // eval and save (slime: eval_* fall back to the rollout_* values)
     eval_interval: z.number().int().positive().nullable().default(null),
-    /** Named eval datasets, {name: path} (slime: --eval-prompt-data name path ...). */
+    /**
+     * Named eval datasets, {name: path} (slime: --eval-prompt-data name path ...), or {name: {path, ...overrides}}
+     * (slime's --eval-config datasets; config/eval-datasets.ts).
+     */
     eval_prompt_data: z
-      .record(z.string().regex(/^[A-Za-z0-9_.-]+$/, "dataset names: letters, digits, _ . -"), z.string().min(1))
+      .record(z.string().regex(/^[A-Za-z0-9_.-]+$/, "dataset names: letters, digits, _ . -"), evalDatasetEntrySchema)
       .nullable()
       .default(null),
+    eval_tool_key: z.string().min(1).nullable().default(null),
+    /** slime --eval-max-prompt-len: eval prompts longer than this many tokens are left out (null: none). */
+    eval_max_prompt_len: z.number().int().positive().nullable().default(null),
+    /** slime --eval-apply-chat-template-kwargs: the chat template's kwargs for evals (null: apply_chat_template_kwargs). */
+    eval_apply_chat_template_kwargs: z.record(z.string(), z.unknown()).nullable().default(null),
     n_samples_per_eval_prompt: z.number().int().positive().default(1),
     eval_temperature: z.number().positive().nullable().default(null),
     eval_top_p: z.number().gt(0).max(1).nullable().default(null),
@@ -211,13 +220,28 @@ export const runConfigSchema = z
         message: "eval_interval is set: name the eval datasets, e.g. {gsm8k: data/gsm8k-test.jsonl}",
       });
     }
-    for (const k of c.eval_pass_k) {
-      if (k > c.n_samples_per_eval_prompt)
+    for (const d of resolveEvalDatasets(c)) {
+      for (const k of c.eval_pass_k) {
+        if (k > d.n)
+          ctx.addIssue({
+            code: "custom",
+            path: ["eval_pass_k"],
+            message: `pass@${k} needs n_samples_per_eval_prompt >= ${k} (eval dataset ${d.name} has ${d.n})`,
+          });
+      }
+      if (d.applyChatTemplate && !c.apply_chat_template && c.hf_checkpoint === null)
         ctx.addIssue({
           code: "custom",
-          path: ["eval_pass_k"],
-          message: `pass@${k} needs n_samples_per_eval_prompt >= ${k} (got ${c.n_samples_per_eval_prompt})`,
+          path: ["eval_prompt_data", d.name, "apply_chat_template"],
+          message: "apply_chat_template needs hf_checkpoint (a local Hugging Face tokenizer directory with a chat template)",
         });
+    }
+    if (c.eval_prompt_data === null && c.eval_pass_k.some((k) => k > c.n_samples_per_eval_prompt)) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["eval_pass_k"],
+        message: `pass@k needs n_samples_per_eval_prompt >= k (got ${c.n_samples_per_eval_prompt})`,
+      });
     }
     if (c.staleness_policy !== "keep" && c.max_staleness === null && !c.train_async) {
       ctx.addIssue({

@@ -14,7 +14,8 @@
  * - unsupported: a feature rlq does not have, so leaving it out changes what
  *   the run does; with the reason and what to do instead.
  * `custom_config_path` is read by the importer itself (its YAML's settings are
- * imported as if given on the command line).
+ * imported as if given on the command line), and so is `eval_config` (its
+ * datasets become eval_prompt_data entries with their overrides).
  *
  * Read from THUDM/slime 624b824a898ab0ec1fcb4d373004c7f3852bf515
  * (slime/utils/arguments.py, slime/backends/sglang_utils/arguments.py) with
@@ -34,7 +35,7 @@ export type FlagDisposition =
   | { kind: "dropped"; group: DropGroup; note: string }
   /** A feature rlq does not have: leaving it out changes what the run does. */
   | { kind: "unsupported"; why: string; instead: string }
-  /** Read by the importer itself (custom_config_path). */
+  /** Read by the importer itself (custom_config_path, eval_config). */
   | { kind: "read"; note: string };
 
 export const dropGroupTitles: Record<DropGroup, string> = {
@@ -122,9 +123,6 @@ const unsupported: Record<string, { why: string; instead: string }> = {
   rollout_task_type: notBufferServer,
   data_pad_size_multiplier: notBufferServer,
   eval_function_path: U("evals use the run's rollout", "rollout_function_path (it also plans evals)"),
-  eval_config: U("slime's eval YAML (per-dataset overrides) is not read", "write eval_prompt_data {name: path} and the eval_* keys"),
-  eval_tool_key: U("rlq has no per-eval tool key", "keep the eval set's tools under the run's tool_key"),
-  eval_max_prompt_len: U("rlq has no per-eval prompt-length bound", "rollout_max_prompt_len (the rollout's bound)"),
   eval_min_new_tokens: U("no min_new_tokens sampling parameter", "remove it"),
   eval_max_context_len: U("rlq has no per-eval context bound", "rollout_max_context_len (the rollout's bound)"),
   eval_reward_key: U("rlq has no per-eval reward key", "reward_key (the rollout's)"),
@@ -281,6 +279,7 @@ export function flagToKey(flag: string): string {
  */
 export function declaredDisposition(key: string, rlqKeys: ReadonlySet<string>): FlagDisposition | null {
   if (key === "custom_config_path") return { kind: "read", note: "its YAML's settings are imported as if given on the command line" };
+  if (key === "eval_config") return { kind: "read", note: "its datasets become eval_prompt_data entries, each with its overrides" };
   const r = renamed[key];
   if (r) return { kind: "renamed", ...r };
   const u = unsupported[key];

@@ -151,3 +151,68 @@ describe("import-slime: W&B, placement, and what validation: ok means", () => {
     expect(report.unsupported.map((u) => u.flag)).toEqual(["--lr-warmup-fraction 0.1", "--some-megatron-thing 1"]);
   });
 });
+
+describe("import-slime: evals", () => {
+  const evalYaml = [
+    "eval:",
+    "  defaults:",
+    "    n_samples_per_eval_prompt: 4",
+    "    temperature: 0.6",
+    "    min_new_tokens: 2",
+    "  datasets:",
+    "    - name: aime",
+    "      path: /data/aime.jsonl",
+    "      rm_type: math",
+    "      prompt_key: problem",
+    "      metadata_overrides: {split: test}",
+    "    - name: gsm8k",
+    "      path: /data/gsm8k.parquet",
+    "      n_samples_per_eval_prompt: 1",
+    "      top_p: 0.9",
+  ].join("\n");
+
+  it("--eval-config: each dataset with its overrides and slime's defaults; a field rlq lacks is named, never dropped unsaid", () => {
+    const { config, report } = importSlimeArgs(
+      [...core, "--eval-interval", "5", "--eval-prompt-data", "old", "/data/old.jsonl", "--eval-config", "eval.yaml"],
+      {
+        readFile: (p) => (p === "eval.yaml" ? evalYaml : null),
+      },
+    );
+    expect(config.eval_prompt_data).toEqual({
+      aime: {
+        path: "/data/aime.jsonl",
+        rm_type: "math",
+        input_key: "problem",
+        metadata_overrides: { split: "test" },
+        n_samples_per_eval_prompt: 4,
+        temperature: 0.6,
+      },
+      gsm8k: { path: "/data/gsm8k.parquet", n_samples_per_eval_prompt: 1, top_p: 0.9, temperature: 0.6 },
+    });
+    expect(report.unsupported.map((u) => u.flag)).toEqual([
+      "--eval-config eval.yaml: dataset aime, min_new_tokens",
+      "--eval-config eval.yaml: dataset gsm8k, min_new_tokens",
+    ]);
+    expect(report.isOk).toBe(false);
+    expect(report.validation).toBeNull();
+    // Without the unsupported default it imports clean, and the config validates.
+    const clean = importSlimeArgs(
+      [...core, "--eval-interval", "5", "--eval-config", "eval.yaml", "--eval-tool-key", "functions", "--eval-max-prompt-len", "512"],
+      {
+        readFile: () => evalYaml.replace("    min_new_tokens: 2\n", ""),
+      },
+    );
+    expect(clean.report.unsupported).toEqual([]);
+    expect(clean.report.validation).toBeNull();
+    expect(parseRunConfig(clean.config)).toMatchObject({ eval_tool_key: "functions", eval_max_prompt_len: 512 });
+  });
+
+  it("--eval-config that cannot be read loses its datasets out loud", () => {
+    const { report } = importSlimeArgs([...core, "--eval-config", "missing.yaml"], { readFile: () => null });
+    expect(report.unsupported).toContainEqual(
+      expect.objectContaining({ flag: "--eval-config missing.yaml", why: expect.stringMatching(/eval datasets are lost: cannot read missing.yaml/) }),
+    );
+    const bad = importSlimeArgs([...core, "--eval-config", "e.yaml"], { readFile: () => "eval:\n  datasets:\n    - path: /x.jsonl\n" });
+    expect(bad.report.unsupported[0]?.why).toMatch(/needs a name/);
+  });
+});

@@ -1,4 +1,5 @@
 import { parse as parseYaml, stringify } from "yaml";
+import { readSlimeEvalConfig } from "./slime-eval-config.ts";
 import { ConfigError, parseRunConfig, runConfigSchema } from "./run-config.ts";
 import {
   classifySlimeFlag,
@@ -198,6 +199,8 @@ export function importSlimeArgs(
     settings.push(...read);
   }
   for (const setting of settings) applySetting(s, setting);
+  // slime reads eval datasets from --eval-config when it is given (slime/utils/eval_config.py).
+  for (const c of settings.filter((x) => x.key === "eval_config")) applyEvalConfig(s, c, options);
   finishEngine(s, options);
   addRlqDefaults(s, options);
   s.report.placement = placementSummary(s.placement);
@@ -209,6 +212,33 @@ export function importSlimeArgs(
   }
   s.report.isOk = s.report.validation === null && s.report.unsupported.length === 0 && s.report.unresolved.length === 0;
   return { config: s.config, report: s.report };
+}
+
+/** `--eval-config`: its datasets, with their overrides, as eval_prompt_data (replacing --eval-prompt-data's). */
+function applyEvalConfig(s: ImportState, st: Setting, options: ImportOptions): void {
+  const path = st.words[0] ?? "";
+  const read = readSlimeEvalConfig(path, hasExpansion(path) ? null : (options.readFile?.(path) ?? null));
+  if (typeof read === "string") {
+    s.report.unsupported.push({
+      flag: st.shown,
+      why: `its eval datasets are lost: ${hasExpansion(path) ? `${path} names an environment variable the importer does not expand` : read}`,
+      instead: "run the importer where the file can be read, or write eval_prompt_data {name: {path, ...}}",
+    });
+    return;
+  }
+  s.config.eval_prompt_data = read.datasets;
+  s.report.renamed.push({
+    flag: st.shown,
+    key: "eval_prompt_data",
+    value: Object.keys(read.datasets),
+    note: "each dataset with its overrides (config/eval-datasets.ts)",
+  });
+  for (const u of read.unsupported)
+    s.report.unsupported.push({
+      flag: `${st.shown}: dataset ${u.dataset}, ${u.field}`,
+      why: `rlq's eval datasets have no ${u.field}`,
+      instead: "remove it, or run that dataset's eval with the run's own setting",
+    });
 }
 
 /** Apply one setting: mapped, renamed, dropped (placement kept for the summary) or unsupported. */

@@ -165,6 +165,7 @@ export function filterLongPrompts(
   dataset: Dataset,
   countTokens: (prompt: string) => number,
   maxPromptLen: number | null,
+  names: { dataset: string; bound: string } = { dataset: "prompt_data", bound: "rollout_max_prompt_len" },
 ): { dataset: Dataset; report: LongPromptReport | null } {
   if (maxPromptLen === null) return { dataset, report: null };
   const kept: PromptRow[] = [];
@@ -181,7 +182,7 @@ export function filterLongPrompts(
   if (kept.length === 0) {
     throw new RlqError(
       "dataset_empty",
-      `prompt_data ${dataset.path}: every one of ${dataset.rows.length} prompts is longer than rollout_max_prompt_len ${maxPromptLen}`,
+      `${names.dataset} ${dataset.path}: every one of ${dataset.rows.length} prompts is longer than ${names.bound} ${maxPromptLen}`,
     );
   }
   return { dataset: { ...dataset, rows: kept }, report };

@@ -6,59 +6,11 @@ import { loadHfTokenizer } from "../engines/hf-tokenizer.ts";
 import { sha256Hex } from "../lib/hash.ts";
 import { filterLongPrompts, promptRowFromRecord, renderPromptInput } from "./chat-template.ts";
 import { isParquetPath, loadParquetDataset } from "./parquet.ts";
+import { chatTokenizerDir } from "../../test/helpers/chat-tokenizer.ts";
 
 // Built by scripts/build-data-fixtures.ts and committed.
 const FIXTURES = join(import.meta.dirname, "..", "..", "test", "fixtures", "data");
 const keys = { input_key: "input", label_key: "label", metadata_key: "metadata" };
-
-/** A byte-level tokenizer directory with a ChatML template (built here, never downloaded). */
-function tokenizerDir(): string {
-  const dir = mkdtempSync(join(tmpdir(), "rlq-chat-tpl-"));
-  const vocab: Record<string, number> = {};
-  for (let b = 33; b <= 126; b++) vocab[String.fromCharCode(b)] = b - 33;
-  vocab["Ġ"] = 94;
-  vocab["Ċ"] = 95;
-  const added = ["<|im_start|>", "<|im_end|>"].map((content, i) => ({
-    id: 200 + i,
-    content,
-    single_word: false,
-    lstrip: false,
-    rstrip: false,
-    normalized: false,
-    special: true,
-  }));
-  writeFileSync(
-    join(dir, "tokenizer.json"),
-    JSON.stringify({
-      version: "1.0",
-      added_tokens: added,
-      normalizer: null,
-      pre_tokenizer: { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: true },
-      post_processor: null,
-      decoder: { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: true },
-      model: {
-        type: "BPE",
-        dropout: null,
-        unk_token: null,
-        continuing_subword_prefix: null,
-        end_of_word_suffix: null,
-        fuse_unk: false,
-        byte_fallback: false,
-        vocab,
-        merges: [],
-      },
-    }),
-  );
-  writeFileSync(
-    join(dir, "tokenizer_config.json"),
-    JSON.stringify({
-      eos_token: "<|im_end|>",
-      chat_template:
-        "{% if tools %}{{ 'TOOLS:' + (tools | length) | string + '\\n' }}{% endif %}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}{% if enable_thinking is defined and not enable_thinking %}{{ '<think></think>' }}{% endif %}",
-    }),
-  );
-  return dir;
-}
 
 describe("Parquet prompt datasets", () => {
   it("loads the good rows, reports the bad ones by row number, fingerprints the file", async () => {
@@ -97,7 +49,7 @@ describe("Parquet prompt datasets", () => {
   });
 
   it("renders message lists with the tokenizer's chat template (apply_chat_template)", async () => {
-    const tok = await loadHfTokenizer(tokenizerDir());
+    const tok = await loadHfTokenizer(chatTokenizerDir());
     const ds = await loadParquetDataset(
       join(FIXTURES, "chat.parquet"),
       { ...keys, input_key: "messages", tool_key: "tools" },
@@ -121,7 +73,7 @@ describe("Parquet prompt datasets", () => {
 
 describe("prompt records and the chat template", () => {
   it("wraps a string prompt as one user message and passes apply_chat_template_kwargs", async () => {
-    const tok = await loadHfTokenizer(tokenizerDir());
+    const tok = await loadHfTokenizer(chatTokenizerDir());
     const out = renderPromptInput("2+2=", undefined, keys, { applyChatTemplate: true, chatTemplate: tok, chatTemplateKwargs: { enable_thinking: false } });
     expect(out).toEqual({ ok: true, value: "<|im_start|>user\n2+2=<|im_end|>\n<|im_start|>assistant\n<think></think>" });
   });
@@ -131,7 +83,7 @@ describe("prompt records and the chat template", () => {
   });
 
   it("reads metadata given as a JSON string and rejects bad tools", async () => {
-    const tok = await loadHfTokenizer(tokenizerDir());
+    const tok = await loadHfTokenizer(chatTokenizerDir());
     const ok = promptRowFromRecord({ input: "1+1=", label: 2, metadata: '{"rm_type":"math"}' }, 7, keys);
     expect(ok).toEqual({ ok: true, value: { line: 7, prompt: "1+1=", label: "2", metadata: { rm_type: "math" } } });
     const bad = promptRowFromRecord({ input: "1+1=", tools: "{nope" }, 8, { ...keys, tool_key: "tools" }, { applyChatTemplate: true, chatTemplate: tok });

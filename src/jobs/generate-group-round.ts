@@ -200,7 +200,7 @@ async function generateSegment(
       batchKey: `${job.runId}-${job.groupId}`,
       inputIds: [...promptTokens, ...sample.responseTokens],
       sampling: {
-        ...runSampling(c, "rollout", ctx.tokenizer.eosId),
+        ...runSampling(c, ctx.tokenizer.eosId),
         maxNewTokens: budget,
         seed: seedFrom(c.rollout_seed, job.groupId, sample.sampleIndex, segmentIndex),
       },

@@ -3,7 +3,8 @@ import { writeEval, type EvalResultRow, type EvalSampleRow } from "../store/eval
 import type { Engine } from "../engines/engine.ts";
 import type { EvalJob } from "../queue/payloads.ts";
 import type { RunContext } from "../runtime/run-context.ts";
-import { loadJsonlDataset } from "../data/dataset.ts";
+import { loadEvalDataset } from "../runtime/plugins-registry.ts";
+import { evalSampleMetadata, resolveEvalDatasets, type EvalDataset } from "../config/eval-datasets.ts";
 import { passAtK } from "../algorithms/index.ts";
 import { seedFrom } from "../lib/hash.ts";
 import { errorMessage, RlqError } from "../lib/errors.ts";
@@ -17,7 +18,7 @@ import {
   type EvalSample,
   type RolloutEvalContext,
 } from "../rollout/rollout-function-contract.ts";
-import { evalMaxNewTokens, runSampling } from "../rollout/sampling-params.ts";
+import { evalSampling } from "../rollout/sampling-params.ts";
 
 /**
  * rollout_function_path, eval branch (slime's `generate_rollout(...,
@@ -65,13 +66,13 @@ export async function runRolloutFunctionEval(deps: RolloutEvalDeps, ctx: RunCont
   const path = c.rollout_function_path as string;
   const fn = await loadRolloutFunction(path, process.cwd());
   const datasets: Record<string, readonly EvalPrompt[]> = {};
-  for (const [name, file] of Object.entries(c.eval_prompt_data ?? {})) {
-    const data = await loadJsonlDataset(file, {
-      input_key: c.eval_input_key ?? c.input_key,
-      label_key: c.eval_label_key ?? c.label_key,
-      metadata_key: c.metadata_key,
-    });
-    datasets[name] = deepFreeze(data.rows.map((r) => ({ dataset: name, index: r.index, prompt: r.prompt, label: r.label, metadata: r.metadata })));
+  const settings = new Map<string, EvalDataset>();
+  for (const d of resolveEvalDatasets(c)) {
+    const { dataset: data } = await loadEvalDataset(c, d, ctx.tokenizer);
+    settings.set(d.name, d);
+    datasets[d.name] = deepFreeze(
+      data.rows.map((r) => ({ dataset: d.name, index: r.index, prompt: r.prompt, label: r.label, metadata: evalSampleMetadata(d, r.metadata) })),
+    );
   }
   // Keyed by (dataset, prompt, sample): what the function hands back may be a copy (it is checked, then the recorded sample is stored).
   const produced = new Map<string, Produced>();
@@ -87,7 +88,8 @@ export async function runRolloutFunctionEval(deps: RolloutEvalDeps, ctx: RunCont
       const rows = datasets[prompt?.dataset];
       const row = rows?.[prompt.index];
       if (!row || row.prompt !== prompt.prompt) throw new RlqError("plugin_bad_call", `${where}: ctx.generate expects a prompt from ctx.datasets`);
-      const n = options.n ?? c.n_samples_per_eval_prompt;
+      const d = settings.get(prompt.dataset) as EvalDataset;
+      const n = options.n ?? d.n;
       if (!Number.isInteger(n) || n < 1) throw new RlqError("plugin_bad_call", `${where}: ctx.generate: n = ${String(n)}; expected a positive integer`);
       // Sample indices continue across calls for one prompt, so the first call's samples use the
       // built-in eval's request ids and seeds, and no two samples share a key.
@@ -101,11 +103,7 @@ export async function runRolloutFunctionEval(deps: RolloutEvalDeps, ctx: RunCont
             deps.engine.generate({
               requestId: `${runId}-eval${step}-${row.dataset}-${row.index}-${first + i}`,
               inputIds,
-              sampling: {
-                ...runSampling(c, "eval", ctx.tokenizer.eosId),
-                maxNewTokens: evalMaxNewTokens(c),
-                seed: seedFrom(c.rollout_seed, "eval", row.dataset, row.index, first + i),
-              },
+              sampling: { ...evalSampling(d, c, ctx.tokenizer.eosId), seed: seedFrom(c.rollout_seed, "eval", row.dataset, row.index, first + i) },
             }),
           ),
         ),

@@ -4,17 +4,20 @@ import { loadEvalResults, writeEval, type EvalResultRow, type EvalSampleRow } fr
 import type { Engine } from "../engines/engine.ts";
 import type { EvalJob } from "../queue/payloads.ts";
 import type { RunContext } from "../runtime/run-context.ts";
-import { loadJsonlDataset } from "../data/dataset.ts";
+import { loadEvalDataset } from "../runtime/plugins-registry.ts";
+import { evalSampleMetadata, resolveEvalDatasets } from "../config/eval-datasets.ts";
 import { passAtK } from "../algorithms/index.ts";
 import { seedFrom } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
 import { runRolloutFunctionEval } from "./rollout-function-eval.ts";
-import { evalMaxNewTokens, runSampling } from "../rollout/sampling-params.ts";
+import { evalSampling } from "../rollout/sampling-params.ts";
 
 /**
- * The eval job: every prompt of every eval dataset, n_samples_per_eval_prompt
- * samples each, at the one weight version the decision pinned; rewards from
- * the run's reward; mean reward and unbiased pass@k per dataset. A sample
+ * The eval job: every prompt of every eval dataset (loaded as the run's prompts are, with the
+ * dataset's own settings: config/eval-datasets.ts), its n_samples_per_eval_prompt samples each,
+ * at the one weight version the decision pinned; rewards from the run's reward (the dataset's
+ * rm_type, when it names one, through the sample's metadata as slime does); mean reward and
+ * unbiased pass@k per dataset. A sample
  * counts as correct for pass@k when its reward is >= 1 (the rule-based rewards
  * give 1 for a correct answer).
  */
@@ -44,23 +47,19 @@ export async function runEval(deps: EvalDeps, ctx: RunContext, job: EvalJob, job
   if (!dispatched) throw new RlqError("no_decision_behind_job", `eval job ${jobId}: no eval.dispatched decision for step ${step}`);
   if ((await loadEvalResults(deps.db, runId, step)).length > 0) return;
   const c = ctx.config;
-  const datasets = Object.entries(c.eval_prompt_data ?? {});
   const engine = await deps.engineFor(ctx, dispatched.weightVersion);
   // slime's generate_rollout(..., evaluation=True): the user's rollout function plans the eval.
   if (c.rollout_function_path !== null) {
     await runRolloutFunctionEval({ db: deps.db, engine, weightVersion: dispatched.weightVersion, maxInFlight: deps.maxInFlight }, ctx, job);
     return;
   }
-  const n = c.n_samples_per_eval_prompt;
   const results: EvalResultRow[] = [];
   const samples: EvalSampleRow[] = [];
-  for (const [name, path] of datasets) {
-    const data = await loadJsonlDataset(path, {
-      input_key: c.eval_input_key ?? c.input_key,
-      label_key: c.eval_label_key ?? c.label_key,
-      metadata_key: c.metadata_key,
-    });
-    const maxNew = evalMaxNewTokens(c);
+  for (const d of resolveEvalDatasets(c)) {
+    const name = d.name;
+    const n = d.n;
+    const { dataset: data } = await loadEvalDataset(c, d, ctx.tokenizer);
+    const sampling = evalSampling(d, ctx.config, ctx.tokenizer.eosId);
     const perPrompt = await mapLimited(data.rows, Math.max(1, Math.floor((deps.maxInFlight ?? 256) / n)), async (row) => {
       const inputIds = ctx.tokenizer.encode(row.prompt);
       const gens = await Promise.all(
@@ -68,11 +67,7 @@ export async function runEval(deps: EvalDeps, ctx: RunContext, job: EvalJob, job
           engine.generate({
             requestId: `${runId}-eval${step}-${name}-${row.index}-${j}`,
             inputIds,
-            sampling: {
-              ...runSampling(c, "eval", ctx.tokenizer.eosId),
-              maxNewTokens: maxNew,
-              seed: seedFrom(c.rollout_seed, "eval", name, row.index, j),
-            },
+            sampling: { ...sampling, seed: seedFrom(c.rollout_seed, "eval", name, row.index, j) },
           }),
         ),
       );
@@ -81,7 +76,7 @@ export async function runEval(deps: EvalDeps, ctx: RunContext, job: EvalJob, job
         prompt: row.prompt,
         response: ctx.tokenizer.decode(g.tokenIds),
         label: row.label,
-        metadata: row.metadata,
+        metadata: evalSampleMetadata(d, row.metadata),
         status: g.finishReason === "stop" ? "completed" : "truncated",
       }));
       const rewards = await ctx.reward.score(inputs);

@@ -78,7 +78,7 @@ export async function generateCustomRound(
       metadata: (input.prompt.metadata as Record<string, unknown> | null) ?? {},
       status: s.status,
     },
-    sampling: runSampling(c, "rollout", input.tokenizer.eosId),
+    sampling: runSampling(c, input.tokenizer.eosId),
     budget: Math.max(0, budget),
     firstSegmentIndex: s.nextSegmentIndex,
     requestIdFor: (seg) => requestId(input.runId, input.groupId, s.sampleIndex, seg),

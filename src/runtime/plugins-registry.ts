@@ -8,7 +8,8 @@ import { ifMissing } from "../lib/if-missing.ts";
 import { getRewardFunction } from "../reward/index.ts";
 import { Tokenizer as ModelTokenizer } from "../model/tokenizer.ts";
 import { loadPromptData } from "../data/dataset.ts";
-import { filterLongPrompts } from "../data/chat-template.ts";
+import { filterLongPrompts, type PromptRecordKeys } from "../data/chat-template.ts";
+import type { EvalDataset } from "../config/eval-datasets.ts";
 
 /**
  * Where the built-in capabilities are looked up by name: reward types from
@@ -52,12 +53,50 @@ export async function tokenizerFor(config: RunConfig): Promise<Tokenizer> {
  * rollout_max_prompt_len filtered out at load time (slime).
  */
 export async function loadRunDataset(c: RunConfig, tokenizer: Tokenizer) {
-  const chatTemplate = c.apply_chat_template ? await (await import("../engines/hf-tokenizer.ts")).loadHfTokenizer(c.hf_checkpoint as string) : null;
-  const ds = await loadPromptData(c.prompt_data, c, {
+  return loadPromptDataset(c, tokenizer, {
+    path: c.prompt_data,
+    keys: c,
     applyChatTemplate: c.apply_chat_template,
-    chatTemplate,
     chatTemplateKwargs: c.apply_chat_template_kwargs,
+    maxPromptLen: c.rollout_max_prompt_len,
+    names: { dataset: "prompt_data", bound: "rollout_max_prompt_len" },
+  });
+}
+
+/**
+ * An eval dataset through the same pipeline as the run's prompts (slime's eval builds its
+ * `Dataset` as the rollout does: slime/rollout/sglang_rollout.py eval_rollout_single_dataset),
+ * with the dataset's own keys, chat template kwargs and eval_max_prompt_len.
+ */
+export async function loadEvalDataset(c: RunConfig, d: EvalDataset, tokenizer: Tokenizer) {
+  return loadPromptDataset(c, tokenizer, {
+    path: d.path,
+    keys: d.keys,
+    applyChatTemplate: d.applyChatTemplate,
+    chatTemplateKwargs: d.chatTemplateKwargs,
+    maxPromptLen: d.maxPromptLen,
+    names: { dataset: `eval_prompt_data.${d.name}`, bound: "eval_max_prompt_len" },
+  });
+}
+
+async function loadPromptDataset(
+  c: RunConfig,
+  tokenizer: Tokenizer,
+  o: {
+    path: string;
+    keys: PromptRecordKeys;
+    applyChatTemplate: boolean;
+    chatTemplateKwargs: Record<string, unknown>;
+    maxPromptLen: number | null;
+    names: { dataset: string; bound: string };
+  },
+) {
+  const chatTemplate = o.applyChatTemplate ? await (await import("../engines/hf-tokenizer.ts")).loadHfTokenizer(c.hf_checkpoint as string) : null;
+  const ds = await loadPromptData(o.path, o.keys, {
+    applyChatTemplate: o.applyChatTemplate,
+    chatTemplate,
+    chatTemplateKwargs: o.chatTemplateKwargs,
     isBadRowFatal: c.bad_row_policy === "fail",
   });
-  return filterLongPrompts(ds, (p) => tokenizer.encode(p).length, c.rollout_max_prompt_len);
+  return filterLongPrompts(ds, (p) => tokenizer.encode(p).length, o.maxPromptLen, o.names);
 }
