@@ -50,8 +50,12 @@ describe("the queue watch", () => {
   async function runWith(change: (runId: string) => Promise<void>, sees: (report: Awaited<ReturnType<typeof runStatus>>) => boolean) {
     // Each run gets an engine of its own at version 0 (the first run leaves its engine at version 4).
     const runId = await w.start({ num_rollout: 4, engine: { kind: "sglang", urls: [await w.freshEngine()] } });
-    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
-    procs.push(up);
+    // Rollout jobs run one at a time in a worker of their own, so a step's jobs wait in the queue
+    // (4 groups a step) long enough to be seen there: with the 64 slots of `rlq up`'s worker a job
+    // waits only for the instant before it is picked up.
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done", "--workers", "reward,train,eval"], w.env);
+    const rolloutWorker = spawnRlq(["worker", "rollout", "--concurrency", "1"], w.env);
+    procs.push(up, rolloutWorker);
     await waitFor("the first train step", async () => (await committedSteps(runId)) >= 1, 120_000, 100);
     await change(runId);
     const report = await waitFor(
@@ -64,6 +68,8 @@ describe("the queue watch", () => {
       200,
     );
     expect(await up.exited, up.output()).toBe(0);
+    rolloutWorker.kill("SIGTERM");
+    await rolloutWorker.exited;
     expect(await committedSteps(runId)).toBe(4);
     return { runId, report };
   }
