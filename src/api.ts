@@ -27,6 +27,11 @@ function resolvePaths(raw: Record<string, unknown>, baseDir: string): Record<str
   const out = { ...raw };
   const fix = (key: string) => {
     const v = out[key];
+    // py:relative/file.py:fn (a Python plugin file) is relative to the config file too.
+    if (typeof v === "string" && /^py:.*\.py:\w+$/.test(v) && !isAbsolute(v.slice(3))) {
+      out[key] = `py:${resolve(baseDir, v.slice(3))}`;
+      return;
+    }
     if (typeof v === "string" && v.length > 0 && !isAbsolute(v) && !/^https?:\/\//i.test(v) && (v.startsWith(".") || v.includes("/")))
       out[key] = resolve(baseDir, v);
   };

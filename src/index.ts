@@ -4,6 +4,7 @@
  */
 export { startRun, runStatus, requestRunChange, newRunId, type StartRunOptions, type RunStatusReport } from "./api.ts";
 export { createServices, type Services } from "./runtime/services.ts";
+export { runUntilDone, type RunUntilDoneOptions, type RunUntilDoneResult } from "./run-until-done.ts";
 export { readEnv } from "./config/env.ts";
 export { runConfigSchema, parseRunConfig, type RunConfig, type RunConfigInput } from "./config/run-config.ts";
 export type { Engine, GenerateRequest, GenerateResult } from "./engines/engine.ts";

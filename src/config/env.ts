@@ -54,6 +54,8 @@ const envSchema = z.object({
   RLQ_CONTROLLER_POLL_MS: z.coerce.number().int().min(10).max(3_600_000).default(100),
   /** Test-only fault injection: `point[:probability]` names where a process SIGKILLs itself. */
   RLQ_CRASH_AT: z.string().optional(),
+  /** The python that runs `py:` plugins (src/plugins/python.ts); default `python3` on PATH. */
+  RLQ_PLUGIN_PYTHON: z.preprocess((v) => (v === "" ? undefined : v), z.string().default("python3")),
 });
 export type Env = z.infer<typeof envSchema>;
 
@@ -75,4 +77,10 @@ export function readEnv(source: NodeJS.ProcessEnv = process.env): Env {
  */
 export function secretSource(): Readonly<Record<string, string | undefined>> {
   return process.env;
+}
+
+/** The python for `py:` plugins, read alone: plugin loading has no Env at hand, and must not fail on an unrelated variable. */
+export function pluginPython(source: NodeJS.ProcessEnv = process.env): string {
+  const v = source.RLQ_PLUGIN_PYTHON;
+  return v === undefined || v === "" ? "python3" : v;
 }

@@ -214,5 +214,22 @@ describe("import-slime: evals", () => {
     );
     const bad = importSlimeArgs([...core, "--eval-config", "e.yaml"], { readFile: () => "eval:\n  datasets:\n    - path: /x.jsonl\n" });
     expect(bad.report.unsupported[0]?.why).toMatch(/needs a name/);
+describe("import-slime: Python plugins", () => {
+  it("maps slime's dotted reward and filter paths to py: (rlq's Python plugin host), keeps built-in filters, refuses Python generate functions", () => {
+    const { config, report } = importSlimeArgs([
+      ...core,
+      "--custom-rm-path",
+      "my_rewards.reward_func",
+      "--dynamic-sampling-filter-path",
+      "my_filters.keep_mixed",
+      "--buffer-filter-path",
+      "slime.rollout.data_source.pop_first",
+    ]);
+    expect(config).toMatchObject({ custom_rm_path: "py:my_rewards.reward_func", dynamic_sampling_filter_path: "py:my_filters.keep_mixed" });
+    expect(config.buffer_filter_path).toBe("slime.rollout.data_source.pop_first");
+    expect(report.mapped.find((m) => m.key === "custom_rm_path")?.difference).toMatch(/Python plugin host/);
+    expect(() => parseRunConfig(config, "imported", "user")).not.toThrow();
+    const gen = importSlimeArgs([...core, "--custom-generate-function-path", "my_agent.generate"]).config;
+    expect(() => parseRunConfig(gen, "imported", "user")).toThrow(/custom_generate_function_path = "my_agent.generate": a Python path/);
   });
 });

@@ -10,6 +10,8 @@ import {
   slimeBuiltinDefaults,
   type DropGroup,
 } from "./slime-flags.ts";
+import { isPythonPluginPath } from "./slime-traps.ts";
+import { builtinBufferFilter, builtinDynamicFilter } from "../filters/registry.ts";
 
 /**
  * slime's train.py argv → an rlq run config and a report that names every
@@ -292,6 +294,20 @@ function applySetting(s: ImportState, st: Setting): void {
   }
 }
 
+/** Keys whose Python functions rlq's plugin host runs unmodified (src/plugins/python.ts). */
+const pythonHostKeys = new Set(["custom_rm_path", "dynamic_sampling_filter_path", "buffer_filter_path"]);
+
+/** slime's dotted Python path for a key the plugin host serves → `py:` (built-in filter names stay as they are). */
+function pythonPluginRoute(key: string, value: unknown): { value: string; difference: string } | null {
+  if (!pythonHostKeys.has(key) || typeof value !== "string" || !isPythonPluginPath(value)) return null;
+  if (key === "dynamic_sampling_filter_path" && builtinDynamicFilter(value) !== null) return null;
+  if (key === "buffer_filter_path" && builtinBufferFilter(value) !== null) return null;
+  return {
+    value: `py:${value.trim()}`,
+    difference: "runs unmodified in rlq's Python plugin host: the module must import from the directory rlq runs in (or PYTHONPATH)",
+  };
+}
+
 function applySame(s: ImportState, st: Setting, difference: string | undefined): void {
   const { key, words } = st;
   if (key === "wandb_mode" && (st.typed?.value ?? words[0]) === "disabled") {
@@ -300,7 +316,12 @@ function applySame(s: ImportState, st: Setting, difference: string | undefined):
     return;
   }
   const typedOk = st.typed !== undefined && shape[key]?.safeParse(st.typed.value).success === true;
-  const value = typedOk ? st.typed?.value : key === "eval_prompt_data" ? pairs(words) : convertValue(key, words);
+  let value = typedOk ? st.typed?.value : key === "eval_prompt_data" ? pairs(words) : convertValue(key, words);
+  const py = pythonPluginRoute(key, value);
+  if (py !== null) {
+    value = py.value;
+    difference = difference === undefined ? py.difference : `${difference}; ${py.difference}`;
+  }
   s.config[key] = value;
   s.report.mapped.push({ flag: st.shown, key, value, ...(difference !== undefined ? { difference } : {}) });
   for (const w of words) if (hasExpansion(w)) s.report.unexpanded.push({ key, value: w });

@@ -58,6 +58,9 @@ describe("slime's silent traps: slime's meaning, or a refusal that says what to 
     expect(isPythonPluginPath("plugins/reward.ts:reward")).toBe(false);
     expect(isPythonPluginPath("reward.mjs")).toBe(false);
     expect(isPythonPluginPath("slime.rollout.rm_hub.math")).toBe(true);
+    // py: runs in rlq's Python plugin host: accepted.
+    expect(isPythonPluginPath("py:my_rewards.reward_func")).toBe(false);
+    expect(user({ ...base, custom_rm_path: "py:plugins/rm.py:reward_func" }).custom_rm_path).toBe("py:plugins/rm.py:reward_func");
   });
 
   it("loss_mask_type other than the default, use_opd, and ppo on the embedded trainer are refused at validation", () => {

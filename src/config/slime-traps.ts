@@ -102,7 +102,8 @@ const pluginKeys = ["custom_rm_path", "custom_generate_function_path", "rollout_
 /** `pkg.module.function` (what slime imports with importlib), or a `.py` file. */
 export function isPythonPluginPath(path: string): boolean {
   const p = path.trim();
-  if (/^https?:\/\//i.test(p)) return false;
+  // py: runs in rlq's Python plugin host (src/plugins/python.ts).
+  if (/^https?:\/\//i.test(p) || p.startsWith("py:")) return false;
   if (/\.py(:[A-Za-z_]\w*)?$/.test(p)) return true;
   return /^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$/.test(p) && !/\.(ts|js|mjs|cjs|mts|cts)$/.test(p);
 }
@@ -135,7 +136,9 @@ export function parsedConfigIssues(c: TrapFields): ConfigIssue[] {
     if (key === "buffer_filter_path" && builtinBufferFilter(path) !== null) continue;
     issue(
       key,
-      `a Python path (slime imports it with importlib); rlq cannot run Python in-process: name a TS/JS module and export, e.g. plugins/${key === "custom_rm_path" ? "reward" : "plugin"}.ts:${key === "custom_rm_path" ? "reward" : "fn"}, or an http(s):// URL served by your Python code (docs/plugins.md)`,
+      key === "custom_generate_function_path" || key === "rollout_function_path"
+        ? `a Python path (slime imports it with importlib); rlq runs ${key} in TS/JS or over HTTP: name a TS/JS module and export, e.g. plugins/plugin.ts:fn, or an http(s):// URL served by your Python code (docs/plugins.md)`
+        : `a Python path (slime imports it with importlib): write py:${path.trim()} to run it unmodified in rlq's Python plugin host, or name a TS/JS module and export, or an http(s):// URL (docs/plugins.md)`,
     );
   }
   if (c.loss_mask_type !== "qwen") {

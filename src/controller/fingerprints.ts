@@ -4,6 +4,7 @@ import type { RunConfig } from "../config/run-config.ts";
 import type { RunState } from "../core/run-state.ts";
 import type { Dataset } from "../data/dataset.ts";
 import { fingerprintFile, parsePluginPath } from "../plugins/load.ts";
+import { isPythonSidecarPath, pythonPluginFile } from "../plugins/python.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /** Config keys whose value may name a plugin module file. */
@@ -22,6 +23,12 @@ export function pluginFiles(config: RunConfig): Record<string, string> {
     const v = config[key];
     // An HTTP plugin (http://...) has no file to fingerprint.
     if (typeof v !== "string" || /^https?:\/\//i.test(v)) continue;
+    if (isPythonSidecarPath(v)) {
+      // py:file.py:fn is fingerprinted like a JS module; a dotted module is found on the host's path at call time.
+      const file = pythonPluginFile(v, process.cwd());
+      if (file !== null) out[key] = file;
+      continue;
+    }
     if (v.includes("/") || /\.(m?[jt]s)$/.test(v)) out[key] = parsePluginPath(v, process.cwd()).file;
   }
   return out;

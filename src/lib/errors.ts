@@ -42,6 +42,7 @@ export const ERROR_CODES = {
   plugin_bad_call: { retriable: false, meaning: "A plugin called rlq's context wrongly (for example ctx.generate with a prompt not from ctx.datasets)." },
   plugin_threw: { retriable: false, meaning: "A plugin function threw; the run pauses with its message." },
   plugin_http_failed: { retriable: "varies", meaning: "An HTTP plugin endpoint gave up (retriable when its last failure was transient)." },
+  plugin_sidecar_failed: { retriable: true, meaning: "The Python plugin host exited or could not start; it is started again and the job retried." },
   plugin_reward_invalid: { retriable: false, meaning: "A reward function returned something that is not a reward." },
   plugin_group_reward_invalid: { retriable: false, meaning: "A group reward function returned the wrong number or kind of rewards." },
   plugin_filter_invalid: { retriable: false, meaning: "A dynamic sampling filter returned the wrong shape." },

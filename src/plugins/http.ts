@@ -3,6 +3,7 @@ import { RlqError } from "../lib/errors.ts";
 import { postJsonWithRetry, type HttpRetryOptions } from "../lib/http-client.ts";
 import type { CustomGenerateFunction, CustomGenerateHelpers, CustomGenerateSample, Turn } from "../rollout/custom-generate.ts";
 import { loadPluginFunction, parsePluginPath } from "./load.ts";
+import { isPythonSidecarPath, resolvePythonPlugin } from "./python.ts";
 
 /**
  * Plugins over HTTP: wherever a plugin module path is accepted
@@ -145,6 +146,14 @@ export async function resolvePluginFunction<F extends (...args: never[]) => unkn
   what: string,
   options: HttpPluginOptions = {},
 ): Promise<F> {
+  if (isPythonSidecarPath(path)) {
+    if (kind === "generate")
+      throw new RlqError(
+        "config_invalid",
+        `${what} ${path}: Python generate functions are not run by the plugin host yet; write the function in TS/JS or serve it over HTTP (docs/plugins.md)`,
+      );
+    return (await resolvePythonPlugin(path, baseDir, kind, options.option ?? what)) as unknown as F;
+  }
   if (!isHttpPluginPath(path)) return loadPluginFunction<F>(parsePluginPath(path, baseDir), DEFAULT_EXPORTS[kind], what);
   const url = path.trim();
   const o = { ...options, option: options.option ?? what };

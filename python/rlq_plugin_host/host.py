@@ -1,0 +1,302 @@
+"""rlq's Python plugin host: runs a slime user's plugin functions unmodified.
+
+rlq (src/plugins/python.ts) starts one host per worker process and talks to it
+in JSON lines over stdin/stdout. Standard library only.
+
+Request:  {"id": 1, "op": "call", "kind": "reward", "target": "<target>", "args": {<run config>}, ...}
+Answer:   {"id": 1, "ok": true, "result": ...}
+          {"id": 1, "ok": false, "error": {"kind": "threw" | "bad_return" | "load", "type": ..., "message": ..., "traceback": ...}}
+
+A target is `pkg.module.fn` (imported as slime's load_function does:
+slime/utils/misc.py, importlib on the module, getattr the last part) or
+`/abs/path/file.py:fn` (the file's directory goes on sys.path first).
+
+The signatures are slime's:
+- reward:         [async] fn(args, sample: Sample) -> number | dict        (slime/rollout/rm_hub/__init__.py async_rm)
+- reward_group:   [async] fn(args, samples: list[Sample]) -> list           (rm_hub batched_async_rm, --group-rm)
+- dynamic_filter: fn(args, samples: list[Sample]) -> bool | DynamicFilterOutput
+                  (slime/rollout/filter_hub/base_types.py call_dynamic_filter)
+- buffer_filter:  fn(args, rollout_id, buffer: list[list[Sample]], num_samples) -> list[list[Sample]]
+                  (slime/rollout/data_source.py pop_first)
+`args` is an argparse.Namespace of the run's config under slime's names.
+"""
+
+import argparse
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import json
+import math
+import os
+import sys
+import threading
+import traceback
+
+SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim")
+if SHIM not in sys.path:
+    sys.path.append(SHIM)  # last: an installed slime wins
+# `pkg.module.fn` targets import from the directory rlq starts the host in, as slime's from its cwd.
+if os.getcwd() not in sys.path:
+    sys.path.insert(1, os.getcwd())
+
+from slime.utils.types import Sample  # noqa: E402
+
+
+class BadReturn(Exception):
+    pass
+
+
+_functions: dict = {}
+
+
+def load_target(target: str):
+    hit = _functions.get(target)
+    if hit is not None:
+        return hit
+    if ":" in target and target.rsplit(":", 1)[0].endswith(".py"):
+        file, attr = target.rsplit(":", 1)
+        directory = os.path.dirname(os.path.abspath(file))
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+        name = os.path.splitext(os.path.basename(file))[0]
+        spec = importlib.util.spec_from_file_location(name, file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {file}")
+        module = sys.modules.get(name)
+        if module is None or getattr(module, "__file__", None) != os.path.abspath(file):
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+    else:
+        module_name, _, attr = target.rpartition(".")
+        if not module_name:
+            raise ImportError(f"'{target}' is not module.function")
+        module = importlib.import_module(module_name)
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ImportError(f"{module.__name__} has no function '{attr}'")
+    _functions[target] = fn
+    return fn
+
+
+def to_sample(d: dict, **extra) -> Sample:
+    """rlq's sample record (docs/plugins.md) as slime's Sample."""
+    s = Sample(
+        group_index=d.get("groupId"),
+        index=d.get("sampleIndex"),
+        prompt=d.get("prompt", ""),
+        response=d.get("response", ""),
+        label=d.get("label"),
+        metadata=dict(d.get("metadata") or {}),
+        status=Sample.Status(d.get("status", "pending")),
+        tokens=list(d.get("tokens") or []),
+        response_length=int(d.get("responseLength") or 0),
+    )
+    for k, v in extra.items():
+        setattr(s, k, v)
+    return s
+
+
+def plain(value, path="the value"):
+    """JSON-able copy of a plugin's return, or BadReturn naming what could not be sent."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise BadReturn(f"{path} is {value!r}, not a finite number")
+        return value
+    if (
+        hasattr(value, "item")
+        and callable(value.item)
+        and getattr(value, "ndim", 0) == 0
+    ):
+        return plain(
+            value.item(), path
+        )  # a torch / numpy scalar, as slime's own filters return
+    if isinstance(value, dict):
+        return {str(k): plain(v, f"{path}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    raise BadReturn(f"{path} is a {type(value).__name__} ({_short(value)})")
+
+
+def _short(value) -> str:
+    r = repr(value)
+    return r if len(r) <= 200 else r[:200] + "..."
+
+
+def reward_value(value, path="the value"):
+    # slime's rm_hub returns ints and bools freely; rlq's rewards are numbers.
+    if isinstance(value, bool):
+        return int(value)
+    return plain(value, path)
+
+
+async def run_call(req: dict):
+    fn = load_target(req["target"])
+    args = argparse.Namespace(**req.get("args", {}))
+    kind = req["kind"]
+    if kind == "reward":
+        out = fn(args, to_sample(req["sample"]))
+        if inspect.isawaitable(out):
+            out = await out
+        return reward_value(out)
+    if kind == "reward_group":
+        out = fn(args, [to_sample(s) for s in req["samples"]])
+        if inspect.isawaitable(out):
+            out = await out
+        if not isinstance(out, (list, tuple)):
+            raise BadReturn(f"the value is a {type(out).__name__} ({_short(out)})")
+        return [reward_value(v, f"[{i}]") for i, v in enumerate(out)]
+    if kind == "dynamic_filter":
+        group = req["group"]
+        key = getattr(args, "reward_key", None)
+        samples = [
+            to_sample(
+                {**s, "groupId": group["groupId"], "sampleIndex": i},
+                reward={key: r} if key else r,
+            )
+            for i, (s, r) in enumerate(
+                zip(group["samples"], group["rewards"], strict=True)
+            )
+        ]
+        out = fn(args, samples)
+        if inspect.isawaitable(out):
+            out = await out
+        if hasattr(out, "keep") and not isinstance(out, dict):
+            keep = out.keep
+            keep = keep.item() if hasattr(keep, "item") else keep
+            if not isinstance(keep, bool):
+                raise BadReturn(f"keep is a {type(keep).__name__} ({_short(keep)})")
+            return {
+                "keep": keep,
+                "reason": getattr(out, "reason", None),
+                "keep_when_insufficient": bool(
+                    getattr(out, "keep_when_insufficient", False)
+                ),
+            }
+        if hasattr(out, "item") and getattr(out, "ndim", 0) == 0:
+            out = out.item()
+        return plain(out)
+    if kind == "buffer_filter":
+        # rlq's buffer holds group ids; each group is one Sample carrying its group_index.
+        buffer = [[Sample(group_index=int(g["groupId"]))] for g in req["buffer"]]
+        out = fn(args, req.get("rollout_id"), buffer, req["n"])
+        if inspect.isawaitable(out):
+            out = await out
+        if not isinstance(out, (list, tuple)):
+            raise BadReturn(f"the value is a {type(out).__name__} ({_short(out)})")
+        ids = []
+        for i, group in enumerate(out):
+            first = group[0] if isinstance(group, (list, tuple)) and group else group
+            if not isinstance(first, Sample) and not hasattr(first, "group_index"):
+                raise BadReturn(
+                    f"[{i}] is a {type(group).__name__} ({_short(group)}), not a group of Samples"
+                )
+            ids.append(str(first.group_index))
+        return ids
+    raise ValueError(f"unknown kind {kind!r}")
+
+
+def error(kind: str, e: BaseException) -> dict:
+    # The user's frames only: the host's own are the same for every call.
+    frames = [
+        f
+        for f in traceback.extract_tb(e.__traceback__)
+        if os.path.abspath(f.filename) != os.path.abspath(__file__)
+    ]
+    tb = "".join(traceback.format_list(frames))
+    return {
+        "kind": kind,
+        "type": type(e).__name__,
+        "message": str(e),
+        "traceback": tb[-4000:],
+    }
+
+
+class Host:
+    def __init__(self, out):
+        self.out = out
+        self.lock = threading.Lock()
+
+    def send(self, obj: dict) -> None:
+        line = json.dumps(obj, allow_nan=False)
+        with self.lock:
+            self.out.write(line + "\n")
+            self.out.flush()
+
+    async def handle(self, req: dict) -> None:
+        rid = req.get("id")
+        try:
+            if req.get("op") == "load":
+                load_target(req["target"])
+                self.send({"id": rid, "ok": True, "result": None})
+                return
+            result = await run_call(req)
+            self.send({"id": rid, "ok": True, "result": result})
+        except BadReturn as e:
+            self.send(
+                {
+                    "id": rid,
+                    "ok": False,
+                    "error": {
+                        "kind": "bad_return",
+                        "type": "BadReturn",
+                        "message": str(e),
+                        "traceback": "",
+                    },
+                }
+            )
+        except (ImportError, SyntaxError) as e:
+            # An import that fails inside the user's module is its error, as in slime's load_function.
+            self.send(
+                {
+                    "id": rid,
+                    "ok": False,
+                    "error": error("load" if req.get("op") == "load" else "threw", e),
+                }
+            )
+        except Exception as e:
+            self.send({"id": rid, "ok": False, "error": error("threw", e)})
+
+
+def main() -> None:
+    # The protocol owns the real stdout; a plugin's print() goes to stderr.
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    host = Host(out)
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    tasks: set = set()
+    done = loop.create_future()
+
+    def on_line(line: str) -> None:
+        req = json.loads(line)
+        task = loop.create_task(host.handle(req))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def reader() -> None:
+        for line in sys.stdin:
+            if line.strip():
+                loop.call_soon_threadsafe(on_line, line)
+        # rlq closed our stdin (it exited or was killed): finish what is running, then exit.
+        loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+    threading.Thread(target=reader, daemon=True).start()
+    host.send({"ready": True, "pid": os.getpid(), "python": sys.version.split()[0]})
+
+    async def until_done() -> None:
+        await done
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    loop.run_until_complete(until_done())
+
+
+if __name__ == "__main__":
+    main()

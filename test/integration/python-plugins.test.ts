@@ -1,0 +1,160 @@
+import { spawnSync } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createWorld, type World } from "../helpers/run-fixture.ts";
+import { repoRoot } from "../helpers/processes.ts";
+import { runUntilDone } from "../../src/index.ts";
+import { resolvePluginFunction } from "../../src/plugins/http.ts";
+import { closePythonHosts, pythonHostPid } from "../../src/plugins/python.ts";
+
+/**
+ * slime users' Python plugins (test/fixtures/slime/plugins, slime's
+ * signatures and imports), run unmodified by rlq's Python plugin host in rlq
+ * runs driven by runUntilDone: the rewards recorded are what the Python
+ * function returns, the Python filter's verdicts are the run's, and a plugin
+ * that raises or returns the wrong type pauses the run with a message naming
+ * the plugin, the sample and what to return, as a JS plugin does.
+ */
+const PLUGINS = "test/fixtures/slime/plugins";
+const rewards = `py:${PLUGINS}/my_rewards.py`;
+const filters = `py:${PLUGINS}/my_filters.py`;
+let w: World;
+
+beforeAll(async () => {
+  w = await createWorld("pyplugins");
+});
+afterAll(async () => {
+  closePythonHosts();
+  await w?.close();
+});
+
+/** What slime's reward function gives for these samples, computed by Python itself (the fixture, through the shim's Sample). */
+function pythonRewards(rows: Array<{ response: string; label: string | null; status: string }>): number[] {
+  const script = [
+    "import asyncio, json, sys",
+    `sys.path[:0] = [${JSON.stringify(join(repoRoot, PLUGINS))}, ${JSON.stringify(join(repoRoot, "python/rlq_plugin_host/shim"))}]`,
+    "from my_rewards import reward_func",
+    "from slime.utils.types import Sample",
+    "rows = json.load(sys.stdin)",
+    "print(json.dumps([asyncio.run(reward_func(None, Sample(response=r['response'], label=r['label'], status=Sample.Status(r['status'])))) for r in rows]))",
+  ].join("\n");
+  const r = spawnSync("python3", ["-c", script], { input: JSON.stringify(rows), encoding: "utf8" });
+  if (r.status !== 0) throw new Error(r.stderr);
+  return JSON.parse(r.stdout) as number[];
+}
+
+describe("Python plugins in slime's signatures", () => {
+  it("a slime reward function and dynamic filter run unmodified in a run: recorded rewards and verdicts are Python's", async () => {
+    const engineUrl = await w.freshEngine();
+    const { runId, outcome, status } = await runUntilDone(
+      w.baseConfig({
+        custom_rm_path: `${rewards}:reward_func`,
+        dynamic_sampling_filter_path: `${filters}:keep_mixed_rewards`,
+        engine: { kind: "sglang", urls: [engineUrl] },
+        num_rollout: 2,
+      }),
+      { env: w.env, baseDir: repoRoot },
+    );
+    expect(outcome, status.lastError ?? "").toBe("completed");
+    expect(status.trainSteps).toBe(2);
+
+    const labels = new Map(
+      readFileSync(join(repoRoot, "test/fixtures/prompts.jsonl"), "utf8")
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l) as { input: string; label: string })
+        .map((r) => [r.input, r.label]),
+    );
+    const rows = (
+      await w.db.pool.query<{
+        group_id: string;
+        prompt: string;
+        response: string;
+        status: string;
+        reward: number;
+        outcome: string;
+        outcome_reason: string | null;
+      }>(
+        "SELECT group_id, prompt, response, status, reward, outcome, outcome_reason FROM rollout_history WHERE run_id = $1 AND outcome <> 'discarded' ORDER BY group_id, sample_index",
+        [runId],
+      )
+    ).rows;
+    expect(rows.length).toBeGreaterThan(0);
+    const expected = pythonRewards(rows.map((r) => ({ response: r.response, label: labels.get(r.prompt) ?? null, status: r.status })));
+    expect(rows.map((r) => r.reward)).toEqual(expected);
+
+    // The Python filter's verdict: a group is kept iff its rewards vary; dropped groups carry its reason.
+    const groups = new Map<string, typeof rows>();
+    for (const r of rows) groups.set(r.group_id, [...(groups.get(r.group_id) ?? []), r]);
+    let filtered = 0;
+    for (const g of groups.values()) {
+      const varies = new Set(g.map((r) => r.reward)).size > 1;
+      if (varies) expect(g.every((r) => r.outcome === "kept")).toBe(true);
+      else {
+        filtered++;
+        expect(g.every((r) => r.outcome === "filtered" && /^py_zero_std_/.test(r.outcome_reason ?? ""))).toBe(true);
+      }
+    }
+    expect(groups.size - filtered).toBeGreaterThan(0);
+  });
+
+  for (const [fn, message] of [
+    ["reward_raises", /custom_rm_path py:.*my_rewards\.py:reward_raises threw on sample \d+: ValueError: judge unavailable for 'Q\d+: /],
+    [
+      "reward_wrong_type",
+      /custom_rm_path py:.*my_rewards\.py:reward_wrong_type returned a value rlq cannot use on sample \d+: .* is a Sample .*; expected a number, a bool or a dict/,
+    ],
+  ] as const) {
+    it(`a Python reward that ${fn === "reward_raises" ? "raises" : "returns a Sample"} pauses the run with the reason, facts intact`, async () => {
+      const engineUrl = await w.freshEngine();
+      const { runId, outcome, status } = await runUntilDone(
+        w.baseConfig({ custom_rm_path: `${rewards}:${fn}`, engine: { kind: "sglang", urls: [engineUrl] } }),
+        { env: w.env, baseDir: repoRoot },
+      );
+      expect(outcome).toBe("paused");
+      expect(status.lastError).toMatch(message);
+      const segs = (await w.db.pool.query("SELECT count(*)::int AS n FROM sample_segments WHERE run_id = $1", [runId])).rows[0].n;
+      expect(segs).toBeGreaterThan(0);
+    });
+  }
+
+  it("group rewards, a bool filter and a buffer filter in slime's signatures; a killed host is started again", async () => {
+    const dir = join(repoRoot, PLUGINS);
+    const sample = (i: number, response: string) => ({ sampleIndex: i, prompt: "Q", response, label: "b", metadata: {}, status: "completed" });
+    const group = await resolvePluginFunction<(a: unknown, s: unknown[]) => Promise<unknown>>(
+      "py:my_rewards.batched_reward_func",
+      dir,
+      "reward_group",
+      "custom_rm_path",
+    );
+    const samples = [sample(0, "abcd"), sample(1, "abc")];
+    expect(await group({}, samples)).toEqual(pythonRewards(samples.map((s) => ({ response: s.response, label: s.label, status: s.status }))));
+
+    const keepAll = await resolvePluginFunction<(a: unknown, g: unknown) => Promise<unknown>>(
+      "py:my_filters.keep_all_bool",
+      dir,
+      "dynamic_filter",
+      "dynamic_sampling_filter_path",
+    );
+    expect(await keepAll({}, { groupId: 1, rewards: [0, 0], samples: [sample(0, "a"), sample(1, "b")] })).toBe(true);
+
+    const popLast = await resolvePluginFunction<(a: unknown, r: null, b: unknown[], n: number) => Promise<unknown>>(
+      "py:my_filters.pop_last",
+      dir,
+      "buffer_filter",
+      "buffer_filter_path",
+    );
+    expect(await popLast({}, null, [{ groupId: "3" }, { groupId: "7" }, { groupId: "9" }], 2)).toEqual(["7", "9"]);
+
+    const pid = pythonHostPid(dir);
+    expect(pid).toBeDefined();
+    process.kill(pid as number, "SIGKILL");
+    expect(await popLast({}, null, [{ groupId: "4" }], 1)).toEqual(["4"]);
+    expect(pythonHostPid(dir)).not.toBe(pid);
+
+    await expect(resolvePluginFunction("py:my_rewards.no_such_fn", dir, "reward", "custom_rm_path")).rejects.toThrow(
+      /custom_rm_path py:my_rewards\.no_such_fn: cannot import my_rewards\.no_such_fn .*has no function 'no_such_fn'/,
+    );
+  });
+});
