@@ -1,0 +1,69 @@
+"""The client against a real rlq: started by test/integration/python-client.test.ts, which gives a
+database, queue and fake engine/trainer in RLQ_CLIENT_TEST_* (the rlq command, its env, a config).
+"""
+
+import json
+import os
+import sys
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlq_client import Rlq, RlqCommandError  # noqa: E402
+
+
+def _given(name: str) -> str:
+    value = os.environ.get(name)
+    if value is None:
+        raise RuntimeError(
+            f"{name} is not set: run this test through vitest (npx vitest run --project integration test/integration/python-client.test.ts)"
+        )
+    return value
+
+
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        self.rlq = Rlq(
+            command=json.loads(_given("RLQ_CLIENT_TEST_COMMAND")),
+            env=json.loads(_given("RLQ_CLIENT_TEST_ENV")),
+        )
+        self.config = json.loads(_given("RLQ_CLIENT_TEST_CONFIG"))
+
+    def test_start_wait_status_and_rollouts_in_sql(self):
+        run = self.rlq.start(self.config, name="from-python")
+        self.assertRegex(run.id, r"^r[a-z0-9]+$")
+        status = run.status()
+        self.assertEqual(status["name"], "from-python")
+        self.assertEqual(status["trainSteps"], 0)
+
+        final = run.wait(timeout=300)
+        self.assertEqual(final["status"], "completed", final["lastError"])
+        self.assertEqual(final["trainSteps"], self.config["num_rollout"])
+
+        rows = run.rollouts(
+            columns=["step", "reward", "outcome", "trained_step"], where="kept"
+        )
+        self.assertGreater(len(rows), 0)
+        self.assertTrue(
+            all(r["outcome"] == "kept" and r["trained_step"] is not None for r in rows)
+        )
+        # The same count through a statement of our own: the client's query adds nothing and loses nothing.
+        n = self.rlq.sql(
+            f"SELECT count(*)::int AS n FROM rollout_history WHERE run_id = '{run.id}' AND kept"
+        )
+        self.assertEqual(n, [{"n": len(rows)}])
+
+    def test_errors_name_the_command_and_its_message(self):
+        with self.assertRaises(RlqCommandError) as e:
+            self.rlq.run("rnosuchrun").status()
+        self.assertIn("run rnosuchrun does not exist", e.exception.stderr)
+        with self.assertRaises(RlqCommandError) as e:
+            self.rlq.sql("DELETE FROM runs")
+        self.assertNotEqual(e.exception.code, 0)
+        with self.assertRaises(ValueError):
+            self.rlq.run("r1").rollouts(columns=["reward; DROP TABLE runs"])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,42 @@
+import { spawn } from "node:child_process";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createWorld, type World } from "../helpers/run-fixture.ts";
+import { repoRoot } from "../helpers/processes.ts";
+import { rlqNodeFlags } from "../../src/runtime/node-flags.ts";
+
+/**
+ * The Python client (python/rlq_client, standard library only) against a real
+ * rlq: its own unittest suite, given this world's database, queue prefix, fake
+ * engine and trainer, starts a run, waits for it through `rlq up`, reads its
+ * status and queries its rollouts through `rlq sql`.
+ */
+let w: World;
+beforeAll(async () => {
+  w = await createWorld("pyclient");
+});
+afterAll(async () => {
+  await w?.close();
+});
+
+describe("python/rlq_client", () => {
+  it("starts, waits for and queries a run (python -m unittest)", async () => {
+    const child = spawn("python3", ["-m", "unittest", "-v", "tests.test_client"], {
+      cwd: join(repoRoot, "python/rlq_client"),
+      env: {
+        ...process.env,
+        RLQ_CLIENT_TEST_COMMAND: JSON.stringify([process.execPath, ...rlqNodeFlags, join(repoRoot, "bin/rlq.js")]),
+        RLQ_CLIENT_TEST_ENV: JSON.stringify({ ...w.env, NODE_COMPILE_CACHE: join(tmpdir(), "node-compile-cache") }),
+        RLQ_CLIENT_TEST_CONFIG: JSON.stringify(w.baseConfig({ num_rollout: 2, engine: { kind: "sglang", urls: [await w.freshEngine()] } })),
+      },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let output = "";
+    child.stdout.on("data", (d: Buffer) => (output += d.toString()));
+    child.stderr.on("data", (d: Buffer) => (output += d.toString()));
+    const code = await new Promise<number | null>((r) => child.on("exit", r));
+    expect(code, output).toBe(0);
+    expect(output).toMatch(/Ran 2 tests/);
+  });
+});
