@@ -10,7 +10,7 @@ import {
   slimeBuiltinDefaults,
   type DropGroup,
 } from "./slime-flags.ts";
-import { isPythonPluginPath } from "./slime-traps.ts";
+import { isPythonPluginPath, pythonHostKeys } from "./slime-traps.ts";
 import { builtinBufferFilter, builtinDynamicFilter } from "../filters/registry.ts";
 
 /**
@@ -293,9 +293,6 @@ function applySetting(s: ImportState, st: Setting): void {
       applyRenamed(s, st, d.key, d.value, d.note);
   }
 }
-
-/** Keys whose Python functions rlq's plugin host runs unmodified (src/plugins/python.ts). */
-const pythonHostKeys = new Set(["custom_rm_path", "dynamic_sampling_filter_path", "buffer_filter_path"]);
 
 /** slime's dotted Python path for a key the plugin host serves → `py:` (built-in filter names stay as they are). */
 function pythonPluginRoute(key: string, value: unknown): { value: string; difference: string } | null {

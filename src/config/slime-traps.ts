@@ -108,6 +108,20 @@ export function isPythonPluginPath(path: string): boolean {
   return /^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$/.test(p) && !/\.(ts|js|mjs|cjs|mts|cts)$/.test(p);
 }
 
+/** Keys whose `py:` functions rlq's Python plugin host runs (src/plugins/python.ts). */
+export const pythonHostKeys: ReadonlySet<string> = new Set(["custom_rm_path", "dynamic_sampling_filter_path", "buffer_filter_path"]);
+
+/** A `py:` value that the plugin host cannot run: on a key it does not serve, or not `py:pkg.module.fn` / `py:file.py:fn`. */
+function pythonHostPathIssue(key: string, path: string): string | null {
+  const p = path.trim();
+  if (!p.startsWith("py:")) return null;
+  if (!pythonHostKeys.has(key))
+    return `rlq's Python plugin host runs custom_rm_path, dynamic_sampling_filter_path and buffer_filter_path; ${key} in Python is not run yet: write it in TS/JS or serve it over HTTP (docs/plugins.md)`;
+  const rest = p.slice(3);
+  if (/^.+\.py:[A-Za-z_]\w*$/.test(rest) || /^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$/.test(rest)) return null;
+  return `expected py:package.module.function (importable from the worker's directory or PYTHONPATH) or py:path/to/file.py:function`;
+}
+
 interface TrapFields {
   custom_rm_path: string | null;
   custom_generate_function_path: string | null;
@@ -131,7 +145,10 @@ export function parsedConfigIssues(c: TrapFields): ConfigIssue[] {
   };
   for (const key of pluginKeys) {
     const path = c[key];
-    if (path === null || !isPythonPluginPath(path)) continue;
+    if (path === null) continue;
+    const pyIssue = pythonHostPathIssue(key, path);
+    if (pyIssue !== null) issue(key, pyIssue);
+    if (!isPythonPluginPath(path)) continue;
     if (key === "dynamic_sampling_filter_path" && builtinDynamicFilter(path) !== null) continue;
     if (key === "buffer_filter_path" && builtinBufferFilter(path) !== null) continue;
     issue(
