@@ -18,6 +18,10 @@ The signatures are slime's:
                   (slime/rollout/filter_hub/base_types.py call_dynamic_filter)
 - buffer_filter:  fn(args, rollout_id, buffer: list[list[Sample]], num_samples) -> list[list[Sample]]
                   (slime/rollout/data_source.py pop_first)
+- generate:       async fn(args, sample, sampling_params[, evaluation]) -> Sample
+                  (slime/rollout/sglang_rollout.py generate_and_rm); its `post` to /generate
+                  (slime.utils.http_utils) is sent to rlq as {"id", "engine": n, "payload"} and
+                  answered with {"engine_reply": n, "ok", "result"} on stdin.
 `args` is an argparse.Namespace of the run's config under slime's names.
 """
 
@@ -40,6 +44,7 @@ if SHIM not in sys.path:
 if os.getcwd() not in sys.path:
     sys.path.insert(1, os.getcwd())
 
+from slime.utils import http_utils  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 
 
@@ -135,9 +140,68 @@ def reward_value(value, path="the value"):
     return plain(value, path)
 
 
-async def run_call(req: dict):
+def slime_sampling_params(args) -> dict:
+    """The sampling params slime's GenerateState builds from args (slime/rollout/sglang_rollout.py)."""
+    return {
+        "temperature": getattr(args, "rollout_temperature", 1.0),
+        "top_p": getattr(args, "rollout_top_p", 1.0),
+        "top_k": getattr(args, "rollout_top_k", -1),
+        "max_new_tokens": getattr(args, "rollout_max_response_len", None),
+        "stop": getattr(args, "rollout_stop", None),
+        "stop_token_ids": getattr(args, "rollout_stop_token_ids", None),
+        "skip_special_tokens": getattr(args, "rollout_skip_special_tokens", False),
+        "no_stop_trim": True,
+        "spaces_between_special_tokens": False,
+    }
+
+
+async def run_generate(fn, args, req: dict, bridge):
+    s = req["sample"]
+    prompt_tokens = list(s.get("promptTokens") or [])
+    response_tokens = list(s.get("responseTokens") or [])
+    sample = to_sample(
+        {
+            **s,
+            "tokens": prompt_tokens + response_tokens,
+            "responseLength": len(response_tokens),
+        },
+    )
+    # slime's generate expects PENDING, or ABORTED for a sample continued after an abort (partial rollout).
+    sample.status = Sample.Status.ABORTED if response_tokens else Sample.Status.PENDING
+    params = slime_sampling_params(args)
+    token = http_utils.engine_bridge.set(bridge)
+    try:
+        if "evaluation" in inspect.signature(fn).parameters:
+            out = fn(args, sample, params, evaluation=False)
+        else:
+            out = fn(args, sample, params)
+        if inspect.isawaitable(out):
+            out = await out
+    finally:
+        http_utils.engine_bridge.reset(token)
+    if not isinstance(out, Sample) and not hasattr(out, "tokens"):
+        raise BadReturn(
+            f"the value is a {type(out).__name__} ({_short(out)}), not the Sample"
+        )
+    status = out.status.value if hasattr(out.status, "value") else str(out.status)
+    return {
+        "tokens": plain(list(out.tokens), "sample.tokens"),
+        "response_length": int(out.response_length or 0),
+        "loss_mask": plain(out.loss_mask, "sample.loss_mask"),
+        "status": status,
+    }
+
+
+async def run_call(req: dict, bridge=None):
     fn = load_target(req["target"])
     args = argparse.Namespace(**req.get("args", {}))
+    # slime's generate functions build their /generate URL from these; rlq answers that URL itself.
+    for name, default in (
+        ("sglang_router_ip", "rlq-engine"),
+        ("sglang_router_port", 0),
+    ):
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
     kind = req["kind"]
     if kind == "reward":
         out = fn(args, to_sample(req["sample"]))
@@ -198,6 +262,8 @@ async def run_call(req: dict):
                 )
             ids.append(str(first.group_index))
         return ids
+    if kind == "generate":
+        return await run_generate(fn, args, req, bridge)
     raise ValueError(f"unknown kind {kind!r}")
 
 
@@ -221,6 +287,29 @@ class Host:
     def __init__(self, out):
         self.out = out
         self.lock = threading.Lock()
+        self.next_engine_id = 1
+        self.engine_waiting: dict = {}
+
+    def bridge_for(self, call_id):
+        async def bridge(payload: dict) -> dict:
+            eid = self.next_engine_id
+            self.next_engine_id += 1
+            fut = asyncio.get_running_loop().create_future()
+            self.engine_waiting[eid] = fut
+            self.send(
+                {"id": call_id, "engine": eid, "payload": plain(payload, "payload")}
+            )
+            reply = await fut
+            if not reply.get("ok"):
+                raise RuntimeError(f"rlq's engine call failed: {reply.get('error')}")
+            return reply["result"]
+
+        return bridge
+
+    def on_engine_reply(self, msg: dict) -> None:
+        fut = self.engine_waiting.pop(msg["engine_reply"], None)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
 
     def send(self, obj: dict) -> None:
         line = json.dumps(obj, allow_nan=False)
@@ -235,7 +324,7 @@ class Host:
                 load_target(req["target"])
                 self.send({"id": rid, "ok": True, "result": None})
                 return
-            result = await run_call(req)
+            result = await run_call(req, self.bridge_for(rid))
             self.send({"id": rid, "ok": True, "result": result})
         except BadReturn as e:
             self.send(
@@ -276,6 +365,9 @@ def main() -> None:
 
     def on_line(line: str) -> None:
         req = json.loads(line)
+        if "engine_reply" in req:
+            host.on_engine_reply(req)
+            return
         task = loop.create_task(host.handle(req))
         tasks.add(task)
         task.add_done_callback(tasks.discard)

@@ -198,11 +198,11 @@ describe("rlq config import-slime on slime's launch scripts (fixtures in slime 6
       "/m",
       "--custom-rm-path",
       "my_pkg.reward.score",
-      "--custom-generate-function-path",
-      "my_pkg.agent.generate",
+      "--rollout-function-path",
+      "my_pkg.rollout.generate_rollout",
     ]);
     expect(r.code).toBe(2);
-    expect(r.stderr).toMatch(/validation: FAILED\n[\s\S]*custom_generate_function_path = "my_pkg.agent.generate": a Python path/);
+    expect(r.stderr).toMatch(/validation: FAILED\n[\s\S]*rollout_function_path = "my_pkg.rollout.generate_rollout": a Python path/);
     await expect(rlqConfig(["import-slime", join(tmp, "nope.sh")])).rejects.toThrow(/cannot read .*nope.sh/);
   });
 });

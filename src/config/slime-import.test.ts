@@ -215,7 +215,7 @@ describe("import-slime: evals", () => {
     const bad = importSlimeArgs([...core, "--eval-config", "e.yaml"], { readFile: () => "eval:\n  datasets:\n    - path: /x.jsonl\n" });
     expect(bad.report.unsupported[0]?.why).toMatch(/needs a name/);
 describe("import-slime: Python plugins", () => {
-  it("maps slime's dotted reward and filter paths to py: (rlq's Python plugin host), keeps built-in filters, refuses Python generate functions", () => {
+  it("maps slime's dotted reward and filter paths to py: (rlq's Python plugin host), keeps built-in filters; Python rollout functions stay refused", () => {
     const { config, report } = importSlimeArgs([
       ...core,
       "--custom-rm-path",
@@ -229,7 +229,10 @@ describe("import-slime: Python plugins", () => {
     expect(config.buffer_filter_path).toBe("slime.rollout.data_source.pop_first");
     expect(report.mapped.find((m) => m.key === "custom_rm_path")?.difference).toMatch(/Python plugin host/);
     expect(() => parseRunConfig(config, "imported", "user")).not.toThrow();
-    const gen = importSlimeArgs([...core, "--custom-generate-function-path", "my_agent.generate"]).config;
-    expect(() => parseRunConfig(gen, "imported", "user")).toThrow(/custom_generate_function_path = "my_agent.generate": a Python path/);
+    expect(importSlimeArgs([...core, "--custom-generate-function-path", "my_agent.generate"]).config.custom_generate_function_path).toBe(
+      "py:my_agent.generate",
+    );
+    const rollout = importSlimeArgs([...core, "--rollout-function-path", "my_pkg.rollout.generate_rollout"]).config;
+    expect(() => parseRunConfig(rollout, "imported", "user")).toThrow(/rollout_function_path = "my_pkg.rollout.generate_rollout": a Python path/);
   });
 });

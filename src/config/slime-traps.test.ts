@@ -62,7 +62,8 @@ describe("slime's silent traps: slime's meaning, or a refusal that says what to 
     expect(isPythonPluginPath("py:my_rewards.reward_func")).toBe(false);
     expect(user({ ...base, custom_rm_path: "py:plugins/rm.py:reward_func" }).custom_rm_path).toBe("py:plugins/rm.py:reward_func");
     expect(refusal({ ...base, custom_rm_path: "py:rewards" })).toMatch(/custom_rm_path = "py:rewards": expected py:package.module.function/);
-    expect(refusal({ ...base, custom_generate_function_path: "py:agent.generate" })).toMatch(/custom_generate_function_path in Python is not run yet/);
+    expect(refusal({ ...base, rollout_function_path: "py:agent.rollout" })).toMatch(/rollout_function_path in Python is not run yet/);
+    expect(user({ ...base, custom_generate_function_path: "py:agent.generate" }).custom_generate_function_path).toBe("py:agent.generate");
   });
 
   it("loss_mask_type other than the default, use_opd, and ppo on the embedded trainer are refused at validation", () => {

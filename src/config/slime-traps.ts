@@ -109,14 +109,19 @@ export function isPythonPluginPath(path: string): boolean {
 }
 
 /** Keys whose `py:` functions rlq's Python plugin host runs (src/plugins/python.ts). */
-export const pythonHostKeys: ReadonlySet<string> = new Set(["custom_rm_path", "dynamic_sampling_filter_path", "buffer_filter_path"]);
+export const pythonHostKeys: ReadonlySet<string> = new Set([
+  "custom_rm_path",
+  "dynamic_sampling_filter_path",
+  "buffer_filter_path",
+  "custom_generate_function_path",
+]);
 
 /** A `py:` value that the plugin host cannot run: on a key it does not serve, or not `py:pkg.module.fn` / `py:file.py:fn`. */
 function pythonHostPathIssue(key: string, path: string): string | null {
   const p = path.trim();
   if (!p.startsWith("py:")) return null;
   if (!pythonHostKeys.has(key))
-    return `rlq's Python plugin host runs custom_rm_path, dynamic_sampling_filter_path and buffer_filter_path; ${key} in Python is not run yet: write it in TS/JS or serve it over HTTP (docs/plugins.md)`;
+    return `rlq's Python plugin host runs custom_rm_path, dynamic_sampling_filter_path, buffer_filter_path and custom_generate_function_path; ${key} in Python is not run yet: write it in TS/JS or serve it over HTTP (docs/plugins.md)`;
   const rest = p.slice(3);
   if (/^.+\.py:[A-Za-z_]\w*$/.test(rest) || /^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$/.test(rest)) return null;
   return `expected py:package.module.function (importable from the worker's directory or PYTHONPATH) or py:path/to/file.py:function`;
@@ -153,7 +158,7 @@ export function parsedConfigIssues(c: TrapFields): ConfigIssue[] {
     if (key === "buffer_filter_path" && builtinBufferFilter(path) !== null) continue;
     issue(
       key,
-      key === "custom_generate_function_path" || key === "rollout_function_path"
+      key === "rollout_function_path"
         ? `a Python path (slime imports it with importlib); rlq runs ${key} in TS/JS or over HTTP: name a TS/JS module and export, e.g. plugins/plugin.ts:fn, or an http(s):// URL served by your Python code (docs/plugins.md)`
         : `a Python path (slime imports it with importlib): write py:${path.trim()} to run it unmodified in rlq's Python plugin host, or name a TS/JS module and export, or an http(s):// URL (docs/plugins.md)`,
     );

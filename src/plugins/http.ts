@@ -147,11 +147,6 @@ export async function resolvePluginFunction<F extends (...args: never[]) => unkn
   options: HttpPluginOptions = {},
 ): Promise<F> {
   if (isPythonSidecarPath(path)) {
-    if (kind === "generate")
-      throw new RlqError(
-        "config_invalid",
-        `${what} ${path}: Python generate functions are not run by the plugin host yet; write the function in TS/JS or serve it over HTTP (docs/plugins.md)`,
-      );
     return (await resolvePythonPlugin(path, baseDir, kind, options.option ?? what)) as unknown as F;
   }
   if (!isHttpPluginPath(path)) return loadPluginFunction<F>(parsePluginPath(path, baseDir), DEFAULT_EXPORTS[kind], what);

@@ -5,9 +5,11 @@ import { fileURLToPath } from "node:url";
 import { z } from "zod";
 import { pluginPython } from "../config/env.ts";
 import { RlqError } from "../lib/errors.ts";
+import type { CustomGenerateFunction, CustomGenerateHelpers, CustomGenerateSample, EngineTurn, Turn } from "../rollout/custom-generate.ts";
 
 /**
- * Python plugins, unmodified: `custom_rm_path: py:my_rewards.reward_func`
+ * Python plugins, unmodified (rewards, dynamic and buffer filters, generate
+ * functions): `custom_rm_path: py:my_rewards.reward_func`
  * (a module on the host's path: the worker's directory, PYTHONPATH) or
  * `py:path/to/my_rewards.py:reward_func` runs a slime user's function, in
  * slime's signature, in a Python host process (python/rlq_plugin_host/host.py)
@@ -63,6 +65,8 @@ const answerSchema = z.union([
   }),
 ]);
 type Answer = z.infer<typeof answerSchema>;
+/** The host asking, during call `id`, for an engine call (slime's `post` to /generate). */
+const engineRequestSchema = z.object({ id: z.number(), engine: z.number(), payload: z.unknown() });
 export type PythonFailure = Extract<Answer, { ok: false }>["error"];
 
 /** A call the host answered with a failure: the caller words it (it knows the sample). */
@@ -73,9 +77,13 @@ export class PythonPluginFailure extends Error {
   }
 }
 
+/** Answers one engine request a generate function made through slime's `post` (the host waits for it). */
+export type EngineRequestHandler = (payload: unknown) => Promise<unknown>;
+
 interface Pending {
   resolve(a: Answer): void;
   reject(e: Error): void;
+  onEngine?: EngineRequestHandler;
 }
 
 /**
@@ -119,6 +127,11 @@ class Host {
         markReady();
         return;
       }
+      const engine = engineRequestSchema.safeParse(msg);
+      if (engine.success) {
+        this.answerEngine(engine.data);
+        return;
+      }
       const parsed = answerSchema.safeParse(msg);
       if (!parsed.success) return;
       const p = this.pending.get(parsed.data.id);
@@ -143,6 +156,20 @@ class Host {
     this.refIfBusy();
   }
 
+  /** A generate call's engine request: answered by the call's handler, its failure kept for the call to throw. */
+  private answerEngine(req: z.infer<typeof engineRequestSchema>): void {
+    const p = this.pending.get(req.id);
+    const reply = (body: Record<string, unknown>) => this.child.stdin?.write(`${JSON.stringify({ engine_reply: req.engine, ...body })}\n`);
+    if (!p?.onEngine) {
+      reply({ ok: false, error: "this call cannot reach the engine" });
+      return;
+    }
+    p.onEngine(req.payload).then(
+      (result) => reply({ ok: true, result }),
+      (e: unknown) => reply({ ok: false, error: (e as Error).message }),
+    );
+  }
+
   /** An idle host must not keep a worker process alive. */
   private refIfBusy(): void {
     const streams = [this.child.stdout, this.child.stderr, this.child.stdin] as Array<{ ref?(): void; unref?(): void } | null>;
@@ -155,14 +182,14 @@ class Host {
     }
   }
 
-  async request(body: Record<string, unknown>): Promise<Answer> {
+  async request(body: Record<string, unknown>, onEngine?: EngineRequestHandler): Promise<Answer> {
     this.busy++;
     this.refIfBusy();
     try {
       await this.ready;
       if (this.isExited) throw new RlqError("plugin_sidecar_failed", "the Python plugin host exited");
       const id = this.nextId++;
-      const answer = new Promise<Answer>((res, rej) => this.pending.set(id, { resolve: res, reject: rej }));
+      const answer = new Promise<Answer>((res, rej) => this.pending.set(id, { resolve: res, reject: rej, ...(onEngine ? { onEngine } : {}) }));
       this.child.stdin?.write(`${JSON.stringify({ id, ...body })}\n`);
       return await answer;
     } finally {
@@ -206,25 +233,27 @@ export function closePythonHosts(): void {
 }
 
 /** One call, tried again once on a fresh host when the host died under it. */
-async function callHost(cwd: string, body: Record<string, unknown>): Promise<unknown> {
+async function callHost(cwd: string, body: Record<string, unknown>, onEngine?: EngineRequestHandler): Promise<unknown> {
   let answer: Answer;
   try {
-    answer = await hostFor(cwd).request(body);
+    answer = await hostFor(cwd).request(body, onEngine);
   } catch (e) {
-    if (!(e instanceof RlqError && e.code === "plugin_sidecar_failed")) throw e;
+    // A generate call is not tried again: its engine turns so far belong to the failed attempt.
+    if (!(e instanceof RlqError && e.code === "plugin_sidecar_failed") || onEngine) throw e;
     answer = await hostFor(cwd).request(body);
   }
   if (!answer.ok) throw new PythonPluginFailure(answer.error);
   return answer.result;
 }
 
-export type PythonPluginKind = "reward" | "reward_group" | "dynamic_filter" | "buffer_filter";
+export type PythonPluginKind = "reward" | "reward_group" | "dynamic_filter" | "buffer_filter" | "generate";
 
 const EXPECTED: Record<PythonPluginKind, string> = {
   reward: "a number, a bool or a dict of named components (slime's custom_rm_path)",
   reward_group: "a list with one reward per sample (custom_rm_path with group_rm)",
   dynamic_filter: "a bool or slime's DynamicFilterOutput(keep=..., reason=...)",
   buffer_filter: "a list of groups (lists of Samples) taken from the buffer",
+  generate: "the Sample, its tokens the prompt's followed by the engine's and tool tokens (slime's custom_generate_function_path)",
 };
 
 /** Where a call failed, for messages: "on sample 3", "on group 12". */
@@ -232,6 +261,8 @@ function callSite(kind: PythonPluginKind, body: Record<string, unknown>): string
   if (kind === "reward") return ` on sample ${(body.sample as { sampleIndex?: number }).sampleIndex ?? "?"}`;
   if (kind === "dynamic_filter") return ` on group ${(body.group as { groupId?: number }).groupId ?? "?"}`;
   if (kind === "reward_group") return ` on a group of ${(body.samples as unknown[]).length} samples`;
+  if (kind === "generate")
+    return ` on sample ${(body.sample as { sampleIndex?: number }).sampleIndex ?? "?"} of group ${(body.sample as { groupId?: number }).groupId ?? "?"}`;
   return "";
 }
 
@@ -266,9 +297,9 @@ export async function resolvePythonPlugin(
       throw new RlqError("plugin_load_failed", `${option} ${path}: cannot import ${target} in ${pluginPython()} (from ${cwd}): ${e.message}`, { cause: e });
     throw e;
   }
-  const call = async (body: Record<string, unknown>) => {
+  const call = async (body: Record<string, unknown>, onEngine?: EngineRequestHandler) => {
     try {
-      return await callHost(cwd, { op: "call", kind, target, ...body });
+      return await callHost(cwd, { op: "call", kind, target, ...body }, onEngine);
     } catch (e) {
       throw wordFailure(option, path, kind, body, e);
     }
@@ -282,5 +313,105 @@ export async function resolvePythonPlugin(
       return (args, group) => call({ args, group });
     case "buffer_filter":
       return (args, rolloutId, buffer, n) => call({ args, rollout_id: rolloutId ?? null, buffer, n });
+    case "generate":
+      return pythonGenerate(option, path, call) as (...args: unknown[]) => Promise<unknown>;
   }
+}
+
+const sglangPayloadSchema = z.looseObject({
+  input_ids: z.array(z.number().int().nonnegative()).optional(),
+  text: z.string().optional(),
+  sampling_params: z
+    .looseObject({
+      max_new_tokens: z.number().int().nonnegative().optional(),
+      temperature: z.number().optional(),
+      stop_token_ids: z.array(z.number().int()).nullish(),
+    })
+    .optional(),
+});
+
+const generateReturnSchema = z.object({
+  tokens: z.array(z.number().int().nonnegative()),
+  response_length: z.number().int().nonnegative(),
+  loss_mask: z.array(z.number()).nullable(),
+  status: z.string(),
+});
+
+/** How far `ids` extend `known`: the extra tokens, or null when `ids` do not start with `known`. */
+function extension(known: readonly number[], ids: readonly number[]): number[] | null {
+  if (ids.length < known.length) return null;
+  for (let i = 0; i < known.length; i++) if (ids[i] !== known[i]) return null;
+  return ids.slice(known.length);
+}
+
+/**
+ * slime's `async generate(args, sample, sampling_params) -> Sample` run in
+ * the host. Each \`post(url, payload)\` to /generate it makes comes here: the
+ * payload's \`input_ids\` (or \`text\`) must extend the sample's tokens so far;
+ * tokens beyond what rlq has recorded are a tool turn (loss mask 0), then
+ * rlq's engine call runs as a turn (helpers.generate: rlq's request id, seed,
+ * abort, budget), answered in SGLang's /generate shape. Tokens the returned
+ * Sample holds after the last engine call are a final tool turn.
+ */
+function pythonGenerate(
+  option: string,
+  path: string,
+  call: (body: Record<string, unknown>, onEngine?: EngineRequestHandler) => Promise<unknown>,
+): CustomGenerateFunction {
+  return async (args: unknown, sample: CustomGenerateSample, helpers: CustomGenerateHelpers) => {
+    const turns: Turn[] = [];
+    const known = [...sample.promptTokens, ...sample.responseTokens];
+    const where = `${option} ${path} (sample ${sample.sampleIndex} of group ${sample.groupId})`;
+    const addTool = (extra: readonly number[]) => {
+      if (extra.length === 0) return;
+      turns.push(helpers.tool(extra));
+      known.push(...extra);
+    };
+    const onEngine: EngineRequestHandler = async (raw) => {
+      const parsed = sglangPayloadSchema.safeParse(raw);
+      if (!parsed.success) throw new RlqError("plugin_bad_call", `${where} posted ${JSON.stringify(raw)?.slice(0, 200)}; expected SGLang's /generate body`);
+      const p = parsed.data;
+      const ids = p.input_ids ?? (p.text !== undefined ? helpers.tokenizer.encode(p.text) : null);
+      const extra = ids === null ? null : extension(known, ids);
+      if (extra === null) {
+        throw new RlqError(
+          "plugin_bad_call",
+          `${where} posted ${p.input_ids ? "input_ids" : p.text !== undefined ? "text" : "neither input_ids nor text"} that do not continue the sample (prompt + response so far): post input_ids = sample.tokens (the prompt's, then every token appended since)`,
+        );
+      }
+      addTool(extra);
+      const sp = p.sampling_params ?? {};
+      const turn: EngineTurn = await helpers.generate(turns, {
+        ...(sp.max_new_tokens !== undefined ? { maxNewTokens: sp.max_new_tokens } : {}),
+        ...(sp.stop_token_ids ? { extraStopTokenIds: sp.stop_token_ids } : {}),
+        ...(sp.temperature !== undefined ? { temperature: sp.temperature } : {}),
+      });
+      turns.push(turn);
+      known.push(...turn.tokens);
+      return {
+        text: turn.text,
+        meta_info: {
+          finish_reason: { type: turn.finishReason },
+          output_token_logprobs: turn.tokens.map((t, i) => [turn.logProbs[i] ?? 0, t, null]),
+          completion_tokens: turn.tokens.length,
+          prompt_tokens: known.length - turn.tokens.length,
+          weight_version: String(turn.weightVersion),
+        },
+      };
+    };
+    const raw = await call({ args, sample }, onEngine);
+    const out = generateReturnSchema.safeParse(raw);
+    if (!out.success) throw new RlqError("plugin_bad_return", `${where} returned ${JSON.stringify(raw)?.slice(0, 200)}; expected ${EXPECTED.generate}`);
+    const tail = extension(known, out.data.tokens);
+    if (tail === null) {
+      throw new RlqError(
+        "plugin_bad_return",
+        `${where} returned sample.tokens (${out.data.tokens.length}) that do not continue the prompt and the engine's tokens (${known.length}); expected ${EXPECTED.generate}`,
+      );
+    }
+    addTool(tail);
+    const status = out.data.status;
+    // aborted / pending: rlq's status follows the last engine turn (an abort resumes as a partial rollout).
+    return status === "completed" || status === "truncated" || status === "failed" ? { turns, status } : { turns };
+  };
 }

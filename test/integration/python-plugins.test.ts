@@ -99,6 +99,40 @@ describe("Python plugins in slime's signatures", () => {
     expect(groups.size - filtered).toBeGreaterThan(0);
   });
 
+  it("a slime multi-turn generate function (post to /generate, tool tokens) trains with tool tokens masked", async () => {
+    const engineUrl = await w.freshEngine();
+    const { runId, outcome, status } = await runUntilDone(
+      w.baseConfig({
+        custom_generate_function_path: `py:${PLUGINS}/my_agent.py:generate`,
+        custom_rm_path: `${rewards}:reward_func`,
+        dynamic_sampling_filter_path: null,
+        engine: { kind: "sglang", urls: [engineUrl] },
+        num_rollout: 1,
+      }),
+      { env: w.env, baseDir: repoRoot },
+    );
+    expect(outcome, status.lastError ?? "").toBe("completed");
+    const rows = (
+      await w.db.pool.query<{ tokens: number[]; prompt_length: number; loss_mask: number[]; status: string; outcome: string }>(
+        "SELECT tokens, prompt_length, loss_mask, status, outcome FROM rollout_history WHERE run_id = $1 AND outcome = 'kept' AND trained_step IS NOT NULL",
+        [runId],
+      )
+    ).rows;
+    expect(rows.length).toBeGreaterThan(0);
+    const tool = [...Buffer.from(" ok")];
+    for (const r of rows) {
+      const response = r.tokens.slice(r.prompt_length);
+      expect(r.loss_mask).toHaveLength(response.length);
+      // Two model turns, each followed by the tool's " ok": exactly those bytes are masked out.
+      const masked = response.filter((_, i) => r.loss_mask[i] === 0);
+      expect(masked).toEqual([...tool, ...tool]);
+      const modelTokens = r.loss_mask.filter((m) => m === 1).length;
+      expect(modelTokens).toBeGreaterThan(0);
+      expect(modelTokens).toBeLessThanOrEqual(8);
+      expect(response.slice(-3)).toEqual(tool);
+    }
+  });
+
   for (const [fn, message] of [
     ["reward_raises", /custom_rm_path py:.*my_rewards\.py:reward_raises threw on sample \d+: ValueError: judge unavailable for 'Q\d+: /],
     [
