@@ -21,14 +21,14 @@ afterAll(async () => {
 });
 
 describe("python/rlq_client", () => {
-  it("starts, waits for and queries a run (python -m unittest)", async () => {
+  it("starts, amends, waits for and queries a run (python -m unittest)", async () => {
     const child = spawn("python3", ["-m", "unittest", "-v", "tests.test_client"], {
       cwd: join(repoRoot, "python/rlq_client"),
       env: {
         ...process.env,
         RLQ_CLIENT_TEST_COMMAND: JSON.stringify([process.execPath, ...rlqNodeFlags, join(repoRoot, "bin/rlq.js")]),
         RLQ_CLIENT_TEST_ENV: JSON.stringify({ ...w.env, NODE_COMPILE_CACHE: join(tmpdir(), "node-compile-cache") }),
-        RLQ_CLIENT_TEST_CONFIG: JSON.stringify(w.baseConfig({ num_rollout: 2, engine: { kind: "sglang", urls: [await w.freshEngine()] } })),
+        RLQ_CLIENT_TEST_CONFIG: JSON.stringify(w.baseConfig({ num_rollout: 1, engine: { kind: "sglang", urls: [await w.freshEngine()] } })),
       },
       stdio: ["ignore", "pipe", "pipe"],
     });

@@ -30,16 +30,19 @@ class ClientTest(unittest.TestCase):
         )
         self.config = json.loads(_given("RLQ_CLIENT_TEST_CONFIG"))
 
-    def test_start_wait_status_and_rollouts_in_sql(self):
+    def test_start_amend_wait_status_and_rollouts_in_sql(self):
         run = self.rlq.start(self.config, name="from-python")
         self.assertRegex(run.id, r"^r[a-z0-9]+$")
         status = run.status()
         self.assertEqual(status["name"], "from-python")
         self.assertEqual(status["trainSteps"], 0)
 
+        # An amend the controller applies when it starts: one step more than the config says.
+        run.amend(num_rollout=self.config["num_rollout"] + 1)
         final = run.wait(timeout=300)
         self.assertEqual(final["status"], "completed", final["lastError"])
-        self.assertEqual(final["trainSteps"], self.config["num_rollout"])
+        self.assertEqual(final["trainSteps"], self.config["num_rollout"] + 1)
+        self.assertEqual(final["numRollout"], self.config["num_rollout"] + 1)
 
         rows = run.rollouts(
             columns=["step", "reward", "outcome", "trained_step"], where="kept"
