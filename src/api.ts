@@ -213,8 +213,12 @@ async function trainJobReport(queues: Queues, runId: string, step: number): Prom
   return { step, state: info.state, attemptsMade: info.attemptsMade, phase: typeof phase === "string" ? phase : null };
 }
 
-/** Ask the run's controller to pause, resume, cancel or amend (it records the decision). */
+/**
+ * Ask the run's controller to pause, resume, cancel or amend (it records the decision). An amend's
+ * payload is the changed keys (`{num_rollout: 10}`) or, as the CLI sends it, `{changes: {...}}`.
+ */
 export async function requestRunChange(db: Db, runId: string, kind: RunRequestKind, payload: Record<string, unknown> = {}): Promise<number> {
   if (!(await loadRunRow(db, runId))) throw new RlqError("run_not_found", `run ${runId} does not exist`);
-  return insertRunRequest(db, runId, kind, payload);
+  const isWrapped = Object.keys(payload).length === 1 && typeof payload.changes === "object" && payload.changes !== null;
+  return insertRunRequest(db, runId, kind, kind === "amend" && !isWrapped ? { changes: payload } : payload);
 }
