@@ -1,6 +1,6 @@
 /**
  * rlq's programmatic API for scripts:
- *   import { connect, startRun, runStatus } from "rlq";
+ *   import { runUntilDone, startRun, runStatus, createServices, readEnv } from "rlq";
  */
 export { startRun, runStatus, requestRunChange, newRunId, type StartRunOptions, type RunStatusReport } from "./api.ts";
 export { createServices, type Services } from "./runtime/services.ts";
