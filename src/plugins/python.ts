@@ -222,7 +222,7 @@ function hostFor(cwd: string): Host {
 
 /** The pid of this process's host for `cwd`, if one runs (tests kill it to show a restart). */
 export function pythonHostPid(cwd: string): number | undefined {
-  const h = hosts.get(`${pluginPython()}\0${cwd}`);
+  const h = hosts.get(`${pluginPython()}\0${resolve(cwd)}`);
   return h && !h.isExited ? h.pid : undefined;
 }
 

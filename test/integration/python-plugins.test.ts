@@ -1,9 +1,9 @@
 import { spawnSync } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
-import { repoRoot } from "../helpers/processes.ts";
+import { repoRoot, waitFor } from "../helpers/processes.ts";
 import { runUntilDone } from "../../src/index.ts";
 import { resolvePluginFunction } from "../../src/plugins/http.ts";
 import { closePythonHosts, pythonHostPid } from "../../src/plugins/python.ts";
@@ -99,19 +99,35 @@ describe("Python plugins in slime's signatures", () => {
     expect(groups.size - filtered).toBeGreaterThan(0);
   });
 
-  it("a slime multi-turn generate function (post to /generate, tool tokens) trains with tool tokens masked", async () => {
+  it("a slime multi-turn generate function (post to /generate, tool tokens) trains with tool tokens masked, through a SIGKILL of the host", async () => {
     const engineUrl = await w.freshEngine();
+    let killedPid: number | undefined;
     const { runId, outcome, status } = await runUntilDone(
       w.baseConfig({
         custom_generate_function_path: `py:${PLUGINS}/my_agent.py:generate`,
         custom_rm_path: `${rewards}:reward_func`,
         dynamic_sampling_filter_path: null,
         engine: { kind: "sglang", urls: [engineUrl] },
-        num_rollout: 1,
+        num_rollout: 2,
       }),
-      { env: w.env, baseDir: repoRoot },
+      {
+        env: w.env,
+        baseDir: repoRoot,
+        progressEveryMs: 0,
+        onProgress: () => {
+          // SIGKILL the plugin host as soon as it runs (calls in flight fail; the rollout job is retried on a new host).
+          const pid = pythonHostPid(repoRoot);
+          if (killedPid === undefined && pid !== undefined) {
+            killedPid = pid;
+            process.kill(pid, "SIGKILL");
+          }
+        },
+      },
     );
+    expect(killedPid).toBeDefined();
+    expect(pythonHostPid(repoRoot)).not.toBe(killedPid);
     expect(outcome, status.lastError ?? "").toBe("completed");
+    expect(status.trainSteps).toBe(2);
     const rows = (
       await w.db.pool.query<{ tokens: number[]; prompt_length: number; loss_mask: number[]; status: string; outcome: string }>(
         "SELECT tokens, prompt_length, loss_mask, status, outcome FROM rollout_history WHERE run_id = $1 AND outcome = 'kept' AND trained_step IS NOT NULL",
@@ -186,6 +202,22 @@ describe("Python plugins in slime's signatures", () => {
     process.kill(pid as number, "SIGKILL");
     expect(await popLast({}, null, [{ groupId: "4" }], 1)).toEqual(["4"]);
     expect(pythonHostPid(dir)).not.toBe(pid);
+
+    // A host killed while a reward call is in flight: the call is tried again on a new host.
+    const started = join(w.home, "slow-reward-started");
+    const slow = await resolvePluginFunction<(a: unknown, s: unknown) => Promise<unknown>>(
+      "py:slow_rewards.reward_after_a_moment",
+      dir,
+      "reward",
+      "custom_rm_path",
+    );
+    const inFlight = slow({}, { ...sample(0, "abcde"), metadata: { started_file: started } });
+    await waitFor("the reward call to start in Python", () => existsSync(started));
+    const before = pythonHostPid(dir);
+    process.kill(before as number, "SIGKILL");
+    expect(await inFlight).toBe(5);
+    expect(readFileSync(started, "utf8")).toBe("2"); // the call ran twice: once on each host
+    expect(pythonHostPid(dir)).not.toBe(before);
 
     await expect(resolvePluginFunction("py:my_rewards.no_such_fn", dir, "reward", "custom_rm_path")).rejects.toThrow(
       /custom_rm_path py:my_rewards\.no_such_fn: cannot import my_rewards\.no_such_fn .*has no function 'no_such_fn'/,
