@@ -214,6 +214,9 @@ describe("import-slime: evals", () => {
     );
     const bad = importSlimeArgs([...core, "--eval-config", "e.yaml"], { readFile: () => "eval:\n  datasets:\n    - path: /x.jsonl\n" });
     expect(bad.report.unsupported[0]?.why).toMatch(/needs a name/);
+  });
+});
+
 describe("import-slime: Python plugins", () => {
   it("maps slime's dotted reward and filter paths to py: (rlq's Python plugin host), keeps built-in filters; Python rollout functions stay refused", () => {
     const { config, report } = importSlimeArgs([
