@@ -23,7 +23,16 @@ interface Rule {
   matters: string | null;
 }
 
-const torchTrainerKeys = ["use_dynamic_batch_size", "num_critic_only_steps", "critic_lr", "gradient_checkpointing", "hf_save_dtype"] as const;
+const torchTrainerKeys = [
+  "use_dynamic_batch_size",
+  "num_critic_only_steps",
+  "critic_lr",
+  "gradient_checkpointing",
+  "hf_save_dtype",
+  "tensor_model_parallel_size",
+  "context_parallel_size",
+  "sequence_parallel",
+] as const;
 const criticKeys = ["value_clip", "num_critic_only_steps", "critic_lr"] as const;
 const remoteEngineKeys = [
   "sglang_server_concurrency",

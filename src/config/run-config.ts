@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { trainerTorchKeys } from "./trainer-torch-keys.ts";
+import { trainerTorchKeys, trainerTorchParallelKeys } from "./trainer-torch-keys.ts";
 import { evalDatasetEntrySchema, resolveEvalDatasets } from "./eval-datasets.ts";
 import { algorithmOptionsShape, refineAlgorithmOptions } from "../algorithms/options.ts";
 import { engineRuntimeKeys, openAiEngineConfigSchema, sglangEngineConfigSchema } from "../engines/config-schema.ts";
@@ -107,6 +107,7 @@ export const runConfigSchema = z
     max_tokens_per_gpu: z.number().int().positive().nullable().default(null),
     // trainer-torch (docs/trainer-torch.md): packing, the PPO critic, memory and output options
     ...trainerTorchKeys,
+    ...trainerTorchParallelKeys,
     /** Remote trainers: a local Hugging Face model directory (workers/trainer-torch). */
     hf_checkpoint: z.string().nullable().default(null),
     weight_decay: z.number().nonnegative().default(0),

@@ -104,7 +104,7 @@ describe("slime's silent traps: slime's meaning, or a refusal that says what to 
     );
     expect(refusal({ ...base, optimizer: "adam" })).toMatch(/'optimizer': drop it: Megatron .*Adam\(W\)/);
     expect(refusal({ ...base, micro_batch_size: 1 })).toMatch(/'micro_batch_size': drop it: .*max_tokens_per_gpu/);
-    expect(refusal({ ...base, tensor_model_parallel_size: 2 })).toMatch(/'tensor_model_parallel_size': drop it: Megatron/);
+    expect(refusal({ ...base, pipeline_model_parallel_size: 2 })).toMatch(/'pipeline_model_parallel_size': drop it: Megatron/);
     expect(refusal({ ...base, sglang_mem_fraction_static: 0.7 })).toMatch(/'sglang_mem_fraction_static': drop it: SGLang launch/);
     expect(refusal({ ...base, colocate: true })).toMatch(/'colocate': drop it: placement .*slime shares the actor's GPUs with SGLang/);
     expect(refusal({ ...base, use_routing_replay: true })).toMatch(/'use_routing_replay': rlq does not support it: MoE routing replay.*; instead: remove it/);

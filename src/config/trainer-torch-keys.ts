@@ -18,3 +18,16 @@ export const trainerTorchKeys = {
   /** Hugging Face output dtype; null: the model's own torch_dtype. */
   hf_save_dtype: z.enum(["bf16", "fp16", "fp32"]).nullable().default(null),
 };
+
+/**
+ * Tensor and context parallel in the torch trainer (slime's Megatron names; docs/trainer-torch.md,
+ * workers/trainer-torch/rlq_torch/tensor_parallel.py): a (dp, cp, tp) device mesh with FSDP2 over dp·cp.
+ */
+export const trainerTorchParallelKeys = {
+  /** slime's --tensor-model-parallel-size: ranks that split each decoder layer (DTensor parallelize_module). */
+  tensor_model_parallel_size: z.number().int().positive().default(1),
+  /** slime's --context-parallel-size: ranks that split each sequence (ring attention; CUDA only). */
+  context_parallel_size: z.number().int().positive().default(1),
+  /** slime's --sequence-parallel: with tensor_model_parallel_size > 1, the norms are cut along the sequence too. */
+  sequence_parallel: z.boolean().default(false),
+};

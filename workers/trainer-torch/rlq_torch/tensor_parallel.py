@@ -11,7 +11,8 @@ each other, as torchtitan lays its mesh out: torchtitan/distributed/parallel_dim
   stream are cut along the sequence instead of replicated (``SequenceParallel``), and the two all-reduces
   become an all-gather before and a reduce-scatter after each block, as torchtitan's
   ``apply_tp`` does (torchtitan/models/llama3/infra/parallelize.py). The embedding and ``lm_head`` stay
-  whole on every TP rank, so the trainer's log-probability code sees the full vocabulary;
+  whole on every TP rank, and the final hidden states are gathered whole, so the trainer's log-probability
+  code sees every position and the full vocabulary;
 - **CP** (``cp``): ``torch.distributed.tensor.experimental.context_parallel``, ring attention over the
   sequence: inside the context every CP rank holds 1/cp of the tokens (load-balanced head-tail) and
   SDPA exchanges keys and values around the ring. Its dispatch covers only the flash, efficient and
@@ -77,6 +78,52 @@ def check_dims(d: ParallelDims) -> None:
         raise ValueError(
             "sequence_parallel needs tensor_model_parallel_size > 1 (it cuts the norms across the TP ranks)"
         )
+
+
+@dataclass(frozen=True)
+class ParallelSizes:
+    """What a step's config asks for (run-config keys tensor_model_parallel_size, context_parallel_size, sequence_parallel)."""
+
+    tp: int = 1
+    cp: int = 1
+    sequence_parallel: bool = False
+
+
+def parse_config(c: dict, defaults: dict) -> ParallelSizes:
+    """The three keys from a step's config (ValueError naming the key and what to write)."""
+    out = {}
+    for key in ("tensor_model_parallel_size", "context_parallel_size"):
+        v = c.get(key, defaults.get(key, 1))
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(
+                f"config.{key} = {v!r}: expected a positive integer (1: not split)"
+            )
+        out[key] = v
+    sp = c.get("sequence_parallel", defaults.get("sequence_parallel", False))
+    if not isinstance(sp, bool):
+        raise ValueError(f"config.sequence_parallel = {sp!r}: expected true or false")
+    if sp and out["tensor_model_parallel_size"] == 1:
+        raise ValueError(
+            "config.sequence_parallel needs tensor_model_parallel_size > 1 (it cuts the norms across the TP ranks)"
+        )
+    return ParallelSizes(
+        out["tensor_model_parallel_size"], out["context_parallel_size"], sp
+    )
+
+
+def step_refusal(p: ParallelSizes | None) -> str | None:
+    """Why the trainer server's RL step cannot run these sizes, or None.
+
+    The mesh, the TP plan, FSDP2 on dp·cp, ring attention, the gathered weights and DCP resharding are
+    this module (tested by tests/test_tensor_parallel.py through tp_train.py); the RL step's micro-batch
+    rounds, sharded AdamW and checkpoint writer still assume every rank is a data-parallel rank."""
+    if p is None or (p.tp == 1 and p.cp == 1):
+        return None
+    return (
+        f"tensor_model_parallel_size {p.tp} / context_parallel_size {p.cp}: the trainer server's RL step runs "
+        "data parallel only so far (--sharding zero1 | fsdp); TP and CP run in rlq_torch/tp_train.py "
+        "(docs/trainer-torch.md, Tensor and context parallel). Set both to 1"
+    )
 
 
 def check_model(model: torch.nn.Module, d: ParallelDims) -> None:
@@ -165,7 +212,6 @@ def apply_tp(model: torch.nn.Module, tp_mesh, sequence_parallel: bool = False) -
     """Megatron's tensor-parallel cut of every decoder layer, in place (a Hugging Face *ForCausalLM)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
-        PrepareModuleInput,
         PrepareModuleOutput,
         SequenceParallel,
         parallelize_module,
@@ -173,24 +219,27 @@ def apply_tp(model: torch.nn.Module, tp_mesh, sequence_parallel: bool = False) -
 
     base = model.model
     if sequence_parallel:
+        # the embedding is whole on every rank; its output is cut along the sequence for the first norm
         parallelize_module(
-            model,
+            base.embed_tokens,
             tp_mesh,
-            {
-                # the embedding is whole on every rank; its output is cut along the sequence for the first norm
-                "model.embed_tokens": PrepareModuleOutput(
-                    output_layouts=Replicate(),
-                    desired_output_layouts=Shard(1),
-                    use_local_output=True,
-                ),
-                "model.norm": SequenceParallel(use_local_output=True),
-                # lm_head (whole) sees every position
-                "lm_head": PrepareModuleInput(
-                    input_layouts=(Shard(1),),
-                    desired_input_layouts=(Replicate(),),
-                    use_local_output=True,
-                ),
-            },
+            PrepareModuleOutput(
+                output_layouts=Replicate(),
+                desired_output_layouts=Shard(1),
+                use_local_output=True,
+            ),
+        )
+        # the final norm runs on this rank's part of the sequence, then the hidden states are gathered whole, so
+        # the base model's output (what the trainer indexes at the response positions) is the same as at TP=1
+        parallelize_module(base.norm, tp_mesh, SequenceParallel(use_local_output=True))
+        parallelize_module(
+            base.norm,
+            tp_mesh,
+            PrepareModuleOutput(
+                output_layouts=Shard(1),
+                desired_output_layouts=Replicate(),
+                use_local_output=True,
+            ),
         )
     plan = _layer_plan(sequence_parallel)
     for layer in base.layers:

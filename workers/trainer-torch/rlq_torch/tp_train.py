@@ -174,9 +174,13 @@ def train(args, rank: int, world: int, device: torch.device) -> dict:
         out["losses"].append(float(s) / global_tokens)
         if rank == 0 and grads:
             out["grads"].append({n: g.detach().cpu().clone() for n, g in grads})
-    weights = tp_mod.full_state_dict(model)
+    weights = tp_mod.full_state_dict(
+        model
+    )  # a collective: every rank gathers the TP and FSDP shards
     if rank == 0:
         out["weights"] = {n: w.detach().cpu().clone() for n, w in weights}
+        if args.push_engines:
+            out["push"] = push(args, weights)
     if args.save_dcp:
         tp_mod.save_dcp(args.save_dcp, model, opt)
     if args.save_hf and rank == 0:
@@ -188,6 +192,23 @@ def train(args, rank: int, world: int, device: torch.device) -> dict:
             os.path.join(args.save_hf, "model.safetensors"),
         )
     return out
+
+
+def push(args, weights: list[tuple[str, torch.Tensor]]) -> dict:
+    """Rank 0 sends the gathered whole weights to the engines, as the trainer server's trainer_push does
+    (weight_push.DistributedPusher: a process group of its own beside the training mesh)."""
+    from rlq_torch.weight_push import DistributedPusher
+
+    pusher = DistributedPusher(
+        args.push_engines.split(","),
+        master_address="127.0.0.1",
+        master_port=args.push_master_port,
+        backend=args.push_backend,
+    )
+    try:
+        return pusher.push(weights, args.steps)
+    finally:
+        pusher.close()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -226,6 +247,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--save-hf", default=None)
     ap.add_argument("--resume-dcp", default=None)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--push-engines",
+        default="",
+        help="SGLang URLs rank 0 pushes the final weights to",
+    )
+    ap.add_argument("--push-master-port", type=int, default=29600)
+    ap.add_argument("--push-backend", default="gloo")
     ap.add_argument(
         "--unchecked-cp",
         action="store_true",

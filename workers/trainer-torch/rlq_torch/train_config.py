@@ -56,6 +56,7 @@ class TrainConfig:
     critic_lr: float | None = None
     gradient_checkpointing: bool = False
     save_dtype: str | None = None
+    parallel: Any = None  # tensor_parallel.ParallelSizes: tensor_model_parallel_size, context_parallel_size, sequence_parallel
 
 
 def _num(
@@ -162,7 +163,17 @@ def parse_train_config(c: dict[str, Any], defaults: dict[str, Any]) -> TrainConf
             f"config.hf_save_dtype = {sd!r}: expected bf16 | fp16 | fp32 (or leave it out: the model's own dtype)"
         )
     t.save_dtype = sd
+    t.parallel = _parallel(c, defaults)
     return t
+
+
+def _parallel(c: dict[str, Any], defaults: dict[str, Any]):
+    from .tensor_parallel import parse_config
+
+    try:
+        return parse_config(c, defaults)
+    except ValueError as e:
+        raise bad_request(str(e)) from e
 
 
 def _flag(c: dict[str, Any], key: str, default: bool) -> bool:

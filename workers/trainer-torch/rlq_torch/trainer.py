@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from . import algorithms as A
-from . import device_loss, trainer_checkpoint
+from . import device_loss, tensor_parallel, trainer_checkpoint
 from . import fsdp as fsdp_mod
 from .batch import Batch, Sample
 from .critic_step import CriticSteps
@@ -519,6 +519,8 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
     ) -> SimpleNamespace:
         """The step's state: start weights (and critic), gradient flags, moments, packing, the on-policy decision."""
         d = self.dist
+        if (why := tensor_parallel.step_refusal(t.parallel)) is not None:
+            raise bad_request(why)
         start = self._start(req, t, report)
         # The weights below change in place: never hold a half-trained version.
         self.held = None

@@ -1,6 +1,6 @@
 """Tensor parallel (DTensor parallelize_module) and its 2-D composition with FSDP2 on gloo ranks, against one rank.
 
-A tiny random Qwen2 (width 64, 2 layers, 4 query and 2 key/value heads) trains 3 AdamW steps on 1 rank in
+A tiny random Qwen2 or Llama (width 64, 2 layers, 4 query and 2 key/value heads) trains 3 AdamW steps on 1 rank in
 this process and on 2 or 4 torchrun ranks (rlq_torch/tp_train.py): the loss and every whole gradient agree
 within 1e-5 at every step. A checkpoint written at TP=2 (DCP, sharded) loads at TP=1 into exactly the
 weights TP=2 gathered for the engines, and its optimizer state resumes the same next step.
@@ -10,21 +10,31 @@ the refusal is tested here, and so is torch's own failure when the check is bypa
 when a torch release makes CP run on CPU. CP's parity runs on a GPU (bench_tp.py, docs/trainer-torch.md).
 """
 
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import unittest
+import urllib.request
 
-from helpers import ROOT, require
+from helpers import ROOT, TINY_MODEL, make_batch, request, require
 
 require("torch", "transformers", "safetensors")
 
 import torch  # noqa: E402
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 ATOL = 1e-5
 STEPS = 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def torchrun(n: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -64,6 +74,9 @@ class TensorParallelTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="rlq-tp-test-")
         cls.ref = one_rank("--keep-grads", "--steps", str(STEPS))
+        cls.ref_llama = one_rank(
+            "--keep-grads", "--steps", str(STEPS), "--arch", "llama"
+        )
 
     @classmethod
     def tearDownClass(cls):
@@ -72,8 +85,8 @@ class TensorParallelTest(unittest.TestCase):
     def path(self, name):
         return os.path.join(self.tmp, name)
 
-    def assert_like_one_rank(self, got: dict, label: str):
-        ref = self.ref
+    def assert_like_one_rank(self, got: dict, label: str, ref: dict | None = None):
+        ref = ref or self.ref
         self.assertEqual(len(got["losses"]), STEPS)
         for s in range(STEPS):
             self.assertLess(
@@ -142,15 +155,54 @@ class TensorParallelTest(unittest.TestCase):
         self.assertEqual(at2["resumed_step"], float(STEPS))
         self.assertFalse(all(torch.equal(at1["weights"][n], hf[n]) for n in hf))
 
-    def test_tp2_with_sequence_parallel_equals_one_rank(self):
-        self.assert_like_one_rank(
-            self.run_ranks(2, "sp2", "--tp", "2", "--sequence-parallel"), "TP=2 SP"
+    def test_tp2_with_sequence_parallel_on_llama_equals_one_rank(self):
+        got = self.run_ranks(
+            2, "sp2", "--tp", "2", "--sequence-parallel", "--arch", "llama"
         )
+        self.assert_like_one_rank(got, "Llama TP=2 SP", self.ref_llama)
 
-    def test_tp2_with_fsdp2_on_a_2d_mesh_of_4_ranks_equals_one_rank(self):
-        self.assert_like_one_rank(
-            self.run_ranks(4, "tp2dp2", "--tp", "2", "--fsdp"), "TP=2 x FSDP2 dp=2"
+    def test_tp2_x_fsdp2_on_4_ranks_equals_one_rank_and_rank_0_pushes_the_gathered_weights(
+        self,
+    ):
+        """trainer_push from a 2-D mesh: every rank gathers the TP and FSDP shards, rank 0 broadcasts each whole
+        tensor to the engine over the push group (fake_push_engine.py plays SGLang's side)."""
+        engine = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "fake_push_engine.py"), "--port", "0"],
+            stdout=subprocess.PIPE,
+            text=True,
         )
+        try:
+            url = f"http://127.0.0.1:{engine.stdout.readline().split()[1]}"
+            got = self.run_ranks(
+                4,
+                "tp2dp2",
+                "--tp",
+                "2",
+                "--fsdp",
+                "--push-engines",
+                url,
+                "--push-master-port",
+                str(free_port()),
+            )
+            self.assert_like_one_rank(got, "TP=2 x FSDP2 dp=2")
+            self.assertNotIn("error", got["push"])
+            with urllib.request.urlopen(f"{url}/received", timeout=30) as r:
+                received = json.loads(r.read())
+        finally:
+            engine.kill()
+            engine.wait()
+            engine.stdout.close()
+        self.assertEqual(received["version"], str(STEPS))
+        self.assertEqual(sorted(received["tensors"]), sorted(got["weights"]))
+        for name, w in got["weights"].items():
+            self.assertEqual(received["tensors"][name]["shape"], list(w.shape), name)
+            self.assertEqual(
+                received["tensors"][name]["values"],
+                w.to(torch.float64).flatten().tolist(),
+                name,
+            )
+        for name, w in self.ref["weights"].items():
+            self.assertLess(float((got["weights"][name] - w).abs().max()), ATOL, name)
 
     def test_context_parallel_on_cpu_is_refused_and_torch_cannot_run_it(self):
         r = torchrun(2, "--cp", "2", "--steps", "1", check=False)
@@ -186,6 +238,69 @@ class ParallelDimsTest(unittest.TestCase):
         ):
             check_model(model, ParallelDims(world=3, tp=3))
         self.assertEqual(ParallelDims(world=8, tp=2, cp=2).dp, 2)
+
+    def test_the_step_config_keys_are_read_and_the_rl_step_refuses_sizes_it_cannot_split(
+        self,
+    ):
+        from rlq_torch.tensor_parallel import ParallelSizes, step_refusal
+        from rlq_torch.train_config import StepError, parse_train_config
+
+        t = parse_train_config(
+            {"tensor_model_parallel_size": 2, "sequence_parallel": True}, {}
+        )
+        self.assertEqual(t.parallel, ParallelSizes(tp=2, cp=1, sequence_parallel=True))
+        self.assertEqual(parse_train_config({}, {}).parallel, ParallelSizes())
+        for bad, msg in (
+            (
+                {"tensor_model_parallel_size": 0},
+                "config.tensor_model_parallel_size = 0: expected a positive integer",
+            ),
+            ({"context_parallel_size": True}, "config.context_parallel_size = True"),
+            (
+                {"sequence_parallel": True},
+                "sequence_parallel needs tensor_model_parallel_size > 1",
+            ),
+        ):
+            with self.assertRaises(StepError) as e:
+                parse_train_config(bad, {})
+            self.assertIn(msg, str(e.exception))
+        self.assertIsNone(step_refusal(ParallelSizes()))
+        self.assertIn("data parallel only", step_refusal(ParallelSizes(tp=2)))
+
+
+class TrainStepRefusalTest(unittest.TestCase):
+    def test_a_step_asking_for_tp_is_refused_as_bad_request_before_it_trains(self):
+        from rlq_torch.trainer import (
+            StepError,
+            TorchTrainer,
+            parse_algorithm,
+            parse_train_config,
+        )
+
+        batch = make_batch("r", 0)
+        with tempfile.TemporaryDirectory() as out:
+            r = request(
+                "r",
+                0,
+                "0",
+                out,
+                "http://unused",
+                {"seed": 7, "tensor_model_parallel_size": 2},
+            )
+            tr = TorchTrainer("cpu", {"model": TINY_MODEL})
+            t = parse_train_config(r["config"], tr.defaults)
+            with self.assertRaises(StepError) as e:
+                tr.train_step(
+                    r,
+                    batch,
+                    t,
+                    parse_algorithm(r["config"]),
+                    lambda *a: None,
+                    lambda: None,
+                )
+            self.assertEqual(e.exception.code, "bad_request")
+            self.assertIn("tensor_model_parallel_size 2", str(e.exception))
+            self.assertEqual(os.listdir(out), [])
 
 
 if __name__ == "__main__":
