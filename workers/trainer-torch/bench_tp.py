@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -31,6 +32,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ATOL = 1e-5
+EXC = re.compile(r"\b\w+(Error|Exception): ")
 
 
 def torchrun(n: int, args: list[str], timeout_s: float) -> tuple[dict | None, str]:
@@ -59,10 +61,13 @@ def torchrun(n: int, args: list[str], timeout_s: float) -> tuple[dict | None, st
         except subprocess.TimeoutExpired:
             return None, f"timed out after {timeout_s:.0f} s"
         if r.returncode != 0:
-            tail = [
-                ln for ln in r.stderr.splitlines() if "Error" in ln or "error" in ln
+            # the ranks' own exceptions, not torchrun's ChildFailedError summary
+            lines = [
+                ln
+                for ln in r.stderr.splitlines()
+                if EXC.search(ln) and "ChildFailedError" not in ln
             ]
-            return None, "\n".join(tail[-6:]) or r.stderr[-2000:]
+            return None, "\n".join(dict.fromkeys(lines[-4:])) or r.stderr[-2000:]
         return torch.load(out), ""
 
 
