@@ -155,18 +155,13 @@ const dropped: Record<string, [DropGroup, string]> = {
   log_probs_chunk_size: ["megatron", "computes log-probs in chunks to save memory (memory only)"],
   recompute_loss_function: ["megatron", "recomputes the loss in the backward (memory only); the torch trainer's counterpart is gradient_checkpointing"],
   allgather_cp: ["megatron", "context-parallel all-gather (parallelism only)"],
-  // rlq's run config has these three (trainer-torch-keys.ts), but the torch trainer's RL step runs data parallel only
-  // so far and refuses sizes > 1 (rlq_torch/tensor_parallel.py step_refusal): imported, every slime TP script would
-  // fail its first step. Once the step splits, delete these three lines and the importer keeps the values.
-  tensor_model_parallel_size: [
+  // tensor_model_parallel_size and context_parallel_size are imported: they are run-config keys (trainer-torch-keys.ts).
+  // sequence_parallel is one too, but the torch trainer's RL step refuses it (Hugging Face builds the attention mask
+  // from the cut sequence): imported, every slime TP script (they pass it) would fail its first step.
+  sequence_parallel: [
     "megatron",
-    "splits each layer across ranks (parallelism only); the torch trainer's RL step does not split yet (docs/trainer-torch.md)",
+    "cuts the norms along the sequence under tensor parallel (memory only); the torch trainer's RL step runs tensor_model_parallel_size without it",
   ],
-  context_parallel_size: [
-    "megatron",
-    "splits each sequence across ranks (parallelism only); the torch trainer's RL step does not split yet (docs/trainer-torch.md)",
-  ],
-  sequence_parallel: ["megatron", "cuts the norms along the sequence under tensor parallel (parallelism only)"],
   qwen_gdn_backend: ["megatron", "the GDN kernel for Qwen linear attention (kernels only)"],
   padded_vocab_size: ["megatron", "Megatron's padded embedding size (the Hugging Face model keeps its own)"],
   model_name: ["megatron", "names the Megatron → Hugging Face weight conversion; the model is hf_checkpoint"],

@@ -38,13 +38,12 @@ describe("tensor and context parallel keys (workers/trainer-torch/rlq_torch/tens
     expect(refusal({ ...base, sequence_parallel: "yes" })).toMatch(/sequence_parallel/);
   });
 
-  it("slime's flags are dropped with the reason while the trainer's RL step does not split", () => {
+  it("slime's --tensor-model-parallel-size and --context-parallel-size import as these keys; --sequence-parallel is dropped with why", () => {
     const keys = new Set(Object.keys(user(base)));
-    for (const k of ["tensor_model_parallel_size", "context_parallel_size", "sequence_parallel"]) {
-      const d = classifySlimeFlag(k, keys);
-      expect(d.kind, k).toBe("dropped");
-    }
-    const tp = classifySlimeFlag("tensor_model_parallel_size", keys);
-    expect(tp.kind === "dropped" && tp.note).toMatch(/does not split yet/);
+    expect(classifySlimeFlag("tensor_model_parallel_size", keys).kind).toBe("same");
+    expect(classifySlimeFlag("context_parallel_size", keys).kind).toBe("same");
+    const sp = classifySlimeFlag("sequence_parallel", keys);
+    expect(sp.kind).toBe("dropped");
+    expect(sp.kind === "dropped" && sp.note).toMatch(/RL step runs tensor_model_parallel_size without it/);
   });
 });

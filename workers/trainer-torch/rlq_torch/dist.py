@@ -53,14 +53,25 @@ class Dist:
         self.world = world
         self.sharding = sharding  # zero1: replicated parameters, owner-sharded moments; fsdp1 | fsdp2: every parameter sharded (fsdp.py)
         self.cancel_requested: Callable[[], bool] = lambda: False
+        # tensor parallel (tensor_parallel.py): tp consecutive ranks share each micro-batch, so the data-parallel
+        # slots are world // tp and rank r is slot r // tp (the mesh's innermost dimension is tp)
+        self.tp = 1
+
+    @property
+    def slots(self) -> int:
+        return self.world // self.tp
+
+    @property
+    def slot(self) -> int:
+        return self.rank // self.tp
 
     @property
     def active(self) -> bool:
         return self.world > 1
 
     def mine(self, k: int) -> bool:
-        """Micro-batch k (of a round-robin split) is this rank's."""
-        return k % self.world == self.rank
+        """Micro-batch k (of a round-robin split) is this rank's (its slot's, under tensor parallel)."""
+        return k % self.slots == self.slot
 
     def agree_cancel(self, check: Callable[[], None]) -> None:
         """Every rank calls this the same number of times; all stop together when rank 0 was asked to."""

@@ -142,7 +142,19 @@ def _wrap_policy(module: torch.nn.Module):
     )
 
 
-def wrap(forward_module: torch.nn.Module, device: torch.device, impl: str = "fsdp1"):
+def optimizer_sharding(dist) -> str:
+    """What a sharded optimizer file's metadata says: the FSDP kind, and the TP size when > 1 (its shards are cut
+    along the TP dimension too, so only a group of the same mesh reads them)."""
+    tag = OPTIMIZER_SHARDING[dist.sharding]
+    return tag if dist.tp == 1 else f"{tag}-tp{dist.tp}"
+
+
+def wrap(
+    forward_module: torch.nn.Module,
+    device: torch.device,
+    impl: str = "fsdp1",
+    tp: int = 1,
+):
     """The training forward (trainer._Forward) sharded: FSDP1 with the original parameters kept, or FSDP2 in place.
 
     FSDP1 is always given the device: without ``device_id`` it computes on CUDA whenever CUDA is
@@ -152,7 +164,13 @@ def wrap(forward_module: torch.nn.Module, device: torch.device, impl: str = "fsd
         fully_shard, _ = _fully_shard()
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+        # tensor parallel: TP inside each layer first, then FSDP2 over the data-parallel ranks (tensor_parallel.py)
+        if tp > 1:
+            from .tensor_parallel import tp_shard_mesh
+
+            mesh = tp_shard_mesh(forward_module.inner, device, tp)
+        else:
+            mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
         classes = _layer_classes(forward_module)
         for m in list(forward_module.modules()):
             if type(m) in classes:
@@ -198,8 +216,12 @@ def full_params(fsdp_module, device: torch.device) -> Iterator[None]:
         mods = [m for m in fsdp_module.modules() if isinstance(m, fs[1])]
         for m in mods:
             m.unshard()
+        from .tensor_parallel import whole_params
+
         try:
-            yield
+            # TP shards, which FSDP's gather leaves cut along the TP dimension, made whole
+            with whole_params(fsdp_module):
+                yield
         finally:
             for m in mods:
                 m.reshard()

@@ -566,7 +566,7 @@ def read_optimizer(
     files = optimizer_files(path)
     if not files:
         return None
-    if sharding in ("fsdp", "fsdp2") and (shard is None or len(files) != shard[1]):
+    if sharding.startswith("fsdp") and (shard is None or len(files) != shard[1]):
         raise CheckpointError(
             f"{path}: {len(files)} optimizer file(s); a --sharding {sharding} group of {shard[1] if shard else 1} ranks resumes "
             "only from the shards of a group of its own size"

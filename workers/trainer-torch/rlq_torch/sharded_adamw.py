@@ -7,6 +7,7 @@ import math
 import torch
 
 from .fsdp import local
+from .tensor_parallel import piece_share
 from .train_config import StepError, TrainConfig
 
 # Devices whose AdamW step runs as torch's fused kernel (one launch per group of tensors instead of ~8 per
@@ -53,9 +54,12 @@ class ShardedAdamW:
         Many ranks: the gradients are already all-reduced (every rank computes the same norm). fsdp: each rank
         holds a shard of every gradient, so the squares are summed over the ranks."""
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        tp = getattr(self.dist, "tp", 1) > 1
         for _, p in params:
             if p.grad is not None:
-                sq = sq + local(p.grad).double().pow(2).sum()
+                part = local(p.grad).double().pow(2).sum()
+                # tensor parallel: a piece several ranks hold is counted once in the all-reduced sum
+                sq = sq + (part * piece_share(p, self.dist.world) if tp else part)
         if getattr(self, "fsdp", False):
             torch.distributed.all_reduce(sq)
         norm = float(sq.sqrt())

@@ -29,6 +29,13 @@ each other, as torchtitan lays its mesh out: torchtitan/distributed/parallel_dim
 - the trainer's own checkpoint: DCP (``torch.distributed.checkpoint``) with
   ``get_state_dict``/``set_state_dict``, which reshards on load, so a run saved at TP=2 resumes at TP=1 or
   another mesh.
+
+The trainer server's RL step (trainer.py, ``--sharding fsdp``) runs TP through four hooks: ``step_refusal``
+(what the step cannot run, as bad_request), ``tp_shard_mesh`` (fsdp.wrap: the TP cut, then FSDP2 over the
+world // tp data-parallel ranks; ``Dist.slot`` gives tp consecutive ranks the same micro-batches),
+``whole_params`` (fsdp.full_params: the weights written and pushed whole) and ``piece_share`` (the
+gradient norm's all-reduced sum of squares counts each piece once). CP and SequenceParallel run in
+tp_train.py only.
 """
 
 from __future__ import annotations
@@ -111,19 +118,89 @@ def parse_config(c: dict, defaults: dict) -> ParallelSizes:
     )
 
 
-def step_refusal(p: ParallelSizes | None) -> str | None:
-    """Why the trainer server's RL step cannot run these sizes, or None.
+def step_refusal(p: ParallelSizes | None, dist) -> str | None:
+    """Why the trainer server's RL step cannot run these sizes on this group, or None.
 
-    The mesh, the TP plan, FSDP2 on dp·cp, ring attention, the gathered weights and DCP resharding are
-    this module (tested by tests/test_tensor_parallel.py through tp_train.py); the RL step's micro-batch
-    rounds, sharded AdamW and checkpoint writer still assume every rank is a data-parallel rank."""
+    TP runs in the step on an FSDP2 group (``--sharding fsdp``): tp consecutive ranks share each
+    micro-batch (``Dist.slot``), FSDP2 shards over the world // tp data-parallel ranks. CP does not: the
+    step packs and indexes whole sequences (rows, columns, segments), which ring attention would cut."""
     if p is None or (p.tp == 1 and p.cp == 1):
         return None
-    return (
-        f"tensor_model_parallel_size {p.tp} / context_parallel_size {p.cp}: the trainer server's RL step runs "
-        "data parallel only so far (--sharding zero1 | fsdp); TP and CP run in rlq_torch/tp_train.py "
-        "(docs/trainer-torch.md, Tensor and context parallel). Set both to 1"
-    )
+    if p.cp > 1:
+        return (
+            f"context_parallel_size {p.cp}: the trainer server's RL step does not split sequences (it indexes whole "
+            "rows at the response positions); CP runs in rlq_torch/tp_train.py on CUDA (docs/trainer-torch.md, "
+            "Tensor and context parallel). Set context_parallel_size 1"
+        )
+    if p.sequence_parallel:
+        # Hugging Face builds the attention mask from the embeddings' sequence length, which SequenceParallel
+        # cuts to 1/tp before the blocks gather it whole (the mask and the scores then disagree in size)
+        return (
+            "sequence_parallel: the trainer server's RL step passes Hugging Face an attention mask, built from the "
+            "sequence length SequenceParallel cuts; set sequence_parallel false (tensor_model_parallel_size alone runs)"
+        )
+    if not dist.active or dist.sharding != "fsdp2" or dist.world % p.tp:
+        return (
+            f"tensor_model_parallel_size {p.tp} needs a trainer group of a multiple of {p.tp} ranks sharded with "
+            f"FSDP2 (server.py --nproc {2 * p.tp} --sharding fsdp); this one has {dist.world} rank(s), "
+            f"--sharding {dist.sharding if dist.active else 'none'}"
+        )
+    return None
+
+
+def tp_shard_mesh(
+    model: torch.nn.Module,
+    device: torch.device,
+    tp: int,
+    sequence_parallel: bool = False,
+):
+    """The trainer's hook (fsdp.wrap): TP applied to the Hugging Face model in place; returns the mesh FSDP2
+    shards over (the world // tp data-parallel ranks). Refuses a model TP cannot cut as bad_request."""
+    from .train_config import bad_request
+
+    world = torch.distributed.get_world_size()
+    d = ParallelDims(world, tp, 1, sequence_parallel)
+    try:
+        check_dims(d)
+        check_model(model, d)
+    except ValueError as e:
+        raise bad_request(str(e)) from e
+    mesh = build_mesh(device.type, d)
+    apply_tp(model, mesh["tp"], sequence_parallel)
+    return mesh["dp_cp"]
+
+
+@contextmanager
+def whole_params(module: torch.nn.Module) -> Iterator[None]:
+    """Inside: every DTensor parameter of ``module`` (the TP shards FSDP2's unshard leaves) replaced by its whole
+    tensor, so the writers and the push read the Hugging Face shapes; a collective on every rank. No-op without TP."""
+    swapped = []
+    for m in module.modules():
+        for name, p in list(m._parameters.items()):
+            if p is not None and hasattr(p, "full_tensor"):
+                whole = torch.nn.Parameter(
+                    p.detach().full_tensor(), requires_grad=p.requires_grad
+                )
+                m._parameters[name] = whole
+                swapped.append((m, name, p))
+    try:
+        yield
+    finally:
+        for m, name, p in swapped:
+            m._parameters[name] = p
+
+
+def piece_share(p: torch.Tensor, world: int) -> float:
+    """The share of a parameter's local piece in an all-reduced sum over ``world`` ranks that counts each piece once:
+    a DTensor cut into k distinct pieces (its Shard dimensions) has each piece on world / k ranks."""
+    if not hasattr(p, "placements"):
+        return 1.0 / world
+    pieces = 1
+    for i, pl in enumerate(p.placements):
+        # FSDP2's dim-0 cut of a TP shard is a _StridedShard, which is_shard() does not count
+        if not pl.is_replicate() and not pl.is_partial():
+            pieces *= p.device_mesh.size(i)
+    return pieces / world
 
 
 def check_model(model: torch.nn.Module, d: ParallelDims) -> None:

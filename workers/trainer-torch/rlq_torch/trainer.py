@@ -367,10 +367,10 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         ``fwd``: the FSDP-wrapped forward (fsdp), which every rank runs in every round."""
         d = self.dist
         mine: dict[int, tuple[Any, Any]] = {}
-        rounds = (len(mbs) + d.world - 1) // d.world
+        rounds = (len(mbs) + d.slots - 1) // d.slots
         for rnd in range(rounds):
             d.agree_cancel(check)
-            k = rnd * d.world + d.rank
+            k = rnd * d.slots + d.slot
             if k < len(mbs):
                 lo, hi = mbs[k]
                 lp, en = self.token_stats(
@@ -390,7 +390,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
             elif fwd is not None:
                 with torch.no_grad():
                     self._dummy_forward(fwd)
-            report(f"{phase} {min((rnd + 1) * d.world, len(mbs))}/{len(mbs)}")
+            report(f"{phase} {min((rnd + 1) * d.slots, len(mbs))}/{len(mbs)}")
         if d.active:
             for part in d.all_gather(mine):
                 mine.update(part)
@@ -413,7 +413,9 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         if self.fsdp:
             policy.packing_unsupported()  # its probe calls the whole module: run (and cache) it before FSDP shards it
             self._ndims = fsdp_mod.ndims(policy)
-            wrapped = fsdp_mod.wrap(_Forward(policy), self.device, self.dist.sharding)
+            wrapped = fsdp_mod.wrap(
+                _Forward(policy), self.device, self.dist.sharding, tp=self.dist.tp
+            )
             self._ddp_cache = (policy, wrapped)
             return wrapped
         from torch.nn.parallel import DistributedDataParallel
@@ -519,8 +521,9 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
     ) -> SimpleNamespace:
         """The step's state: start weights (and critic), gradient flags, moments, packing, the on-policy decision."""
         d = self.dist
-        if (why := tensor_parallel.step_refusal(t.parallel)) is not None:
+        if (why := tensor_parallel.step_refusal(t.parallel, d)) is not None:
             raise bad_request(why)
+        d.tp = t.parallel.tp if t.parallel is not None else 1
         start = self._start(req, t, report)
         # The weights below change in place: never hold a half-trained version.
         self.held = None
@@ -531,7 +534,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                 "advantage_estimator ppo is not supported with --sharding fsdp yet (the critic starts from the policy's full "
                 "weights); use --sharding zero1"
             )
-        c = SimpleNamespace(o=o, start=start, policy=policy, scale=float(d.world))
+        c = SimpleNamespace(o=o, start=start, policy=policy, scale=float(d.slots))
         c.critic = self._critic_start(req, start, policy) if ppo else None
         c.train_actor = not ppo or req["step"] >= t.num_critic_only_steps
         # On every rank, before any collective: a bad batch fails all ranks alike.
@@ -771,6 +774,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                 "train_step_time_s": elapsed,
                 "train_tokens_per_s": tokens * num_opt / max(elapsed, 1e-9),
                 "train_world_size": float(self.dist.world),
+                "train_tensor_parallel_size": float(self.dist.tp),
                 "model_flops_per_step": flops,
             }
         )
@@ -858,11 +862,11 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                     )
                 )
             )
-        rounds = (len(mbs) + d.world - 1) // d.world
+        rounds = (len(mbs) + d.slots - 1) // d.slots
         metrics_by_mb: dict[int, Any] = {}
         for rnd in range(rounds):
             d.agree_cancel(check)
-            k = rnd * d.world + d.rank
+            k = rnd * d.slots + d.slot
             with fsdp_mod.grad_sync(fwd, rnd == rounds - 1):
                 if k >= len(mbs):
                     self._zero_backward(policy, fwd)
@@ -909,8 +913,8 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                             c,
                         )
                     if logp_t.numel() > 0:
-                        # DDP averages gradients over ranks; the loss is a sum over micro-batches, so scale by world
-                        # (exact for a power-of-two world size).
+                        # DDP/FSDP average gradients over the data-parallel ranks (slots: world, or world / tp); the
+                        # loss is a sum over micro-batches, so scale by slots (exact for a power-of-two count).
                         surrogate = (logp_t * (dlp * c.scale).float()).sum()
                         if with_entropy:
                             surrogate = (
@@ -920,7 +924,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                     elif fwd is not None:
                         self._zero_backward(policy, fwd)
             report(
-                f"{phase} micro-batch {min((rnd + 1) * d.world, len(mbs))}/{len(mbs)}"
+                f"{phase} micro-batch {min((rnd + 1) * d.slots, len(mbs))}/{len(mbs)}"
             )
         on_device = [k for k, v in metrics_by_mb.items() if torch.is_tensor(v)]
         if on_device:
@@ -1114,7 +1118,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
             req["step"],
             masters,
             shard=(d.rank, d.world) if d.active else None,
-            sharding=fsdp_mod.OPTIMIZER_SHARDING[d.sharding] if self.fsdp else None,
+            sharding=fsdp_mod.optimizer_sharding(d) if self.fsdp else None,
         )
         d.barrier()
         if self.fsdp:

@@ -94,9 +94,7 @@ class WeightLoading:
             dir_,
             names,
             shard=(self.dist.rank, self.dist.world),
-            sharding=fsdp_mod.OPTIMIZER_SHARDING[self.dist.sharding]
-            if self.fsdp
-            else "zero1",
+            sharding=fsdp_mod.optimizer_sharding(self.dist) if self.fsdp else "zero1",
         )
         moments: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         iteration = 0

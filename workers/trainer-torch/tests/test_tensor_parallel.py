@@ -5,6 +5,9 @@ this process and on 2 or 4 torchrun ranks (rlq_torch/tp_train.py): the loss and 
 within 1e-5 at every step. A checkpoint written at TP=2 (DCP, sharded) loads at TP=1 into exactly the
 weights TP=2 gathered for the engines, and its optimizer state resumes the same next step.
 
+The trainer server's RL step runs TP too (server.py --nproc 2 and 4 --sharding fsdp, tensor_model_parallel_size 2):
+two chained steps equal one rank's weights, loss and gradient norm.
+
 Context parallel cannot run on CPU in torch 2.13 (its ring attention covers the CUDA SDPA kernels only):
 the refusal is tested here, and so is torch's own failure when the check is bypassed, so this test fails
 when a torch release makes CP run on CPU. CP's parity runs on a GPU (bench_tp.py, docs/trainer-torch.md).
@@ -20,7 +23,15 @@ import tempfile
 import unittest
 import urllib.request
 
-from helpers import ROOT, TINY_MODEL, make_batch, request, require
+from helpers import (
+    ROOT,
+    TINY_MODEL,
+    BatchServer,
+    TrainerProcess,
+    make_batch,
+    request,
+    require,
+)
 
 require("torch", "transformers", "safetensors")
 
@@ -264,8 +275,22 @@ class ParallelDimsTest(unittest.TestCase):
             with self.assertRaises(StepError) as e:
                 parse_train_config(bad, {})
             self.assertIn(msg, str(e.exception))
-        self.assertIsNone(step_refusal(ParallelSizes()))
-        self.assertIn("data parallel only", step_refusal(ParallelSizes(tp=2)))
+        from rlq_torch.dist import Dist
+
+        self.assertIsNone(step_refusal(ParallelSizes(), Dist()))
+        self.assertIn("--sharding fsdp", step_refusal(ParallelSizes(tp=2), Dist()))
+        self.assertIn(
+            "--nproc 4", step_refusal(ParallelSizes(tp=2), Dist(0, 3, "fsdp2"))
+        )
+        self.assertIsNone(step_refusal(ParallelSizes(tp=2), Dist(0, 4, "fsdp2")))
+        self.assertIn(
+            "does not split sequences",
+            step_refusal(ParallelSizes(cp=2), Dist(0, 4, "fsdp2")),
+        )
+        sp = ParallelSizes(tp=2, sequence_parallel=True)
+        self.assertIn(
+            "set sequence_parallel false", step_refusal(sp, Dist(0, 4, "fsdp2"))
+        )
 
 
 class TrainStepRefusalTest(unittest.TestCase):
@@ -299,9 +324,172 @@ class TrainStepRefusalTest(unittest.TestCase):
                     lambda: None,
                 )
             self.assertEqual(e.exception.code, "bad_request")
-            self.assertIn("tensor_model_parallel_size 2", str(e.exception))
+            self.assertIn(
+                "tensor_model_parallel_size 2 needs a trainer group", str(e.exception)
+            )
             self.assertEqual(os.listdir(out), [])
 
 
 if __name__ == "__main__":
     unittest.main()
+
+
+TINY_QWEN2 = {
+    "model_type": "qwen2",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 300,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": False,
+}
+STEP_CONFIG = {"max_tokens_per_gpu": 40, "global_batch_size": 8, "seed": 7}
+
+
+class RlStepTensorParallelTest(unittest.TestCase):
+    """The trainer server's RL step (server.py --nproc N --sharding fsdp) with tensor_model_parallel_size 2:
+    the same weights as one rank, the files written whole, and the held version pushed whole."""
+
+    @classmethod
+    def setUpClass(cls):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        cls.tmp = tempfile.mkdtemp(prefix="rlq-tp-step-")
+        cls.base = os.path.join(cls.tmp, "base")
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY_QWEN2))
+        model.save_pretrained(cls.base)  # float32: the parity bound is float32 rounding
+        with open(os.path.join(cls.base, "tokenizer_config.json"), "w") as f:
+            json.dump({"model_max_length": 128}, f)
+        cls.batches = BatchServer()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.batches.close()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def out(self, *parts):
+        d = os.path.join(self.tmp, *parts)
+        os.makedirs(d, exist_ok=True)
+        return d
+
+    def config(self, **extra):
+        return {**STEP_CONFIG, "hf_checkpoint": self.base, **extra}
+
+    def one_rank(self, out, batch, uri=None):
+        from rlq_torch.trainer import TorchTrainer, parse_algorithm, parse_train_config
+
+        r = request(
+            batch.run_id, batch.step, "0", out, "http://unused", self.config(), uri=uri
+        )
+        tr = TorchTrainer("cpu", {})
+        t = parse_train_config(r["config"], tr.defaults)
+        return tr.train_step(
+            r, batch, t, parse_algorithm(r["config"]), lambda *a: None, lambda: None
+        )
+
+    def train(self, trainer, run, step, attempt, uri=None, **extra):
+        batch = make_batch(run, step, groups=4, per_group=4, seed=step + 1)
+        url = self.batches.add(f"{run}-{step}-{attempt}", batch)
+        r = request(
+            run,
+            step,
+            attempt,
+            self.out(run, str(step), attempt),
+            url,
+            self.config(**extra),
+            uri=uri,
+        )
+        code, st = trainer.call("POST", "/v1/steps", r)
+        self.assertEqual(code, 202, st)
+        st = trainer.wait(run, step, timeout=600)
+        return batch, st
+
+    def assert_close_weights(self, a, b, atol=ATOL):
+        from rlq_torch.safetensors_io import read_safetensors
+
+        wa, wb = (
+            read_safetensors(f"{a}/weights.safetensors")[1],
+            read_safetensors(f"{b}/weights.safetensors")[1],
+        )
+        self.assertEqual(sorted(wa), sorted(wb))
+        for n in wa:
+            self.assertEqual(tuple(wa[n].shape), tuple(wb[n].shape), n)
+            diff = float((wa[n].double() - wb[n].double()).abs().max())
+            self.assertLess(diff, atol, f"{n}: max diff {diff}")
+
+    def check_group(
+        self,
+        nproc: int,
+        run: str,
+        tp: int = 2,
+        atol: float = ATOL,
+        resume: bool = False,
+    ):
+        trainer = TrainerProcess("--nproc", str(nproc), "--sharding", "fsdp")
+        try:
+            b0, st0 = self.train(trainer, run, 0, "a", tensor_model_parallel_size=tp)
+            self.assertEqual(st0["state"], "done", st0)
+            s0 = self.out(run, "0", "a")
+            b1, st1 = self.train(
+                trainer,
+                run,
+                1,
+                "held",
+                uri=f"file://{s0}",
+                tensor_model_parallel_size=tp,
+            )
+            self.assertEqual(st1["state"], "done", st1)
+        finally:
+            trainer.close()
+        one0, one1 = self.out(run, "ref0"), self.out(run, "ref1")
+        r0 = self.one_rank(one0, b0)
+        r1 = self.one_rank(one1, b1, uri=f"file://{one0}")
+        for st, r in ((st0, r0), (st1, r1)):
+            m = st["result"]["metrics"]
+            self.assertEqual(
+                (m["train_world_size"], m["train_tensor_parallel_size"]), (nproc, tp)
+            )
+            # the loss, and the gradient norm (each TP piece counted once over the ranks), as one rank has them
+            for k in ("pg_loss", "grad_norm"):
+                self.assertAlmostEqual(
+                    m[k],
+                    r["metrics"][k],
+                    delta=1e-6 * max(1.0, abs(r["metrics"][k])),
+                    msg=k,
+                )
+        self.assert_close_weights(s0, one0, atol)
+        held = self.out(run, "1", "held")
+        self.assert_close_weights(held, one1, atol)
+        if not resume:
+            return
+        # a fresh group of the same mesh resumes from the files (whole weights, its ranks' optimizer shards)
+        fresh = TrainerProcess("--nproc", str(nproc), "--sharding", "fsdp")
+        try:
+            _, st = self.train(
+                fresh, run, 1, "disk", uri=f"file://{s0}", tensor_model_parallel_size=tp
+            )
+            self.assertEqual(st["state"], "done", st)
+        finally:
+            fresh.close()
+        disk = self.out(run, "1", "disk")
+        self.assertEqual(sorted(os.listdir(held)), sorted(os.listdir(disk)))
+        for f in os.listdir(held):
+            with open(f"{held}/{f}", "rb") as a, open(f"{disk}/{f}", "rb") as b:
+                self.assertEqual(a.read(), b.read(), f)
+        # one rank refuses the TP shards by name instead of misreading them
+        with self.assertRaises(Exception) as e:
+            self.one_rank(
+                self.out(run, "cross"),
+                make_batch(run, 1, groups=4, per_group=4, seed=2),
+                uri=f"file://{s0}",
+            )
+        self.assertIn("fsdp2-tp2", str(e.exception))
+
+    def test_tp2_on_two_ranks_trains_the_one_rank_weights(self):
+        self.check_group(2, "tp2", resume=True)
+
+    def test_tp2_with_fsdp2_on_four_ranks_trains_the_one_rank_weights(self):
+        self.check_group(4, "tp2dp2")
