@@ -30,7 +30,9 @@ from rlq_torch import tensor_parallel as tp_mod  # noqa: E402
 VOCAB = 128
 
 
-def tiny_config(arch: str = "qwen2", layers: int = 2, hidden: int = 64):
+def tiny_config(
+    arch: str = "qwen2", layers: int = 2, hidden: int = 64, kv_heads: int = 2
+):
     """A random model small enough for CI: 4 query heads and 2 key/value heads (both cut by TP=2)."""
     from transformers import LlamaConfig, Qwen2Config
 
@@ -41,7 +43,7 @@ def tiny_config(arch: str = "qwen2", layers: int = 2, hidden: int = 64):
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=256,
         tie_word_embeddings=False,
     )
@@ -53,6 +55,7 @@ def make_model(
     hidden: int,
     device: torch.device,
     model_dir: str | None = None,
+    kv_heads: int = 2,
 ):
     from transformers import AutoModelForCausalLM
 
@@ -63,7 +66,7 @@ def make_model(
         )
     else:
         m = AutoModelForCausalLM.from_config(
-            tiny_config(arch, layers, hidden),
+            tiny_config(arch, layers, hidden, kv_heads),
             dtype=torch.float32,
             attn_implementation="sdpa",
         )
@@ -123,7 +126,9 @@ def step_loss(
 def train(args, rank: int, world: int, device: torch.device) -> dict:
     dims = tp_mod.ParallelDims(world, args.tp, args.cp, args.sequence_parallel)
     tp_mod.check_dims(dims)
-    model = make_model(args.arch, args.layers, args.hidden, device, args.model_dir)
+    model = make_model(
+        args.arch, args.layers, args.hidden, device, args.model_dir, args.kv_heads
+    )
     mesh = None
     if world > 1:
         if (
@@ -226,6 +231,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--arch", choices=["qwen2", "llama"], default="qwen2")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument(
+        "--kv-heads",
+        type=int,
+        default=2,
+        help="key/value heads of the random model (4: plain multi-head attention)",
+    )
     ap.add_argument(
         "--model-dir",
         default=None,
