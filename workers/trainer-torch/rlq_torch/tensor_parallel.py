@@ -63,10 +63,6 @@ class ParallelDims:
     def dp(self) -> int:
         return self.world // (self.tp * self.cp)
 
-    @property
-    def active(self) -> bool:
-        return self.tp > 1 or self.cp > 1
-
 
 def check_dims(d: ParallelDims) -> None:
     """A clear refusal for sizes that do not cut the group."""
