@@ -80,7 +80,7 @@ describe("rlq config check: keys that change nothing for this trainer, engine an
       inert({ ...remote, group_rm: true, opd_kl_coef: 0.5, wandb_project: "p", loss_mask_type: "qwen", num_epoch: 2, plugin_api_key: { env: "K" } }),
     ).toEqual({
       group_rm: expect.stringMatching(/group signature of custom_rm_path.*; it takes effect with custom_rm_path naming a group reward function/),
-      opd_kl_coef: expect.stringMatching(/rlq refuses use_opd.*; no rlq setting makes it matter: remove it/),
+      opd_kl_coef: expect.stringMatching(/use_opd is false; it takes effect with use_opd: true/),
       wandb_project: expect.stringMatching(/use_wandb is false/),
       loss_mask_type: expect.stringMatching(/no rlq setting makes it matter/),
       num_epoch: expect.stringMatching(/num_rollout is set/),

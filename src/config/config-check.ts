@@ -128,10 +128,10 @@ const rules: Rule[] = [
     matters: null,
   },
   {
-    keys: ["opd_kl_coef"],
-    isInert: () => true,
-    why: "it weighs on-policy distillation, and rlq refuses use_opd (no trainer provides a teacher's log-probs)",
-    matters: null,
+    keys: ["opd_kl_coef", "opd_type", "opd_teacher"],
+    isInert: (c) => !c.use_opd,
+    why: "it configures on-policy distillation, and use_opd is false",
+    matters: "use_opd: true",
   },
   {
     keys: criticKeys,

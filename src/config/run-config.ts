@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { opdKeys } from "./opd.ts";
 import { trainerTorchKeys, trainerTorchParallelKeys } from "./trainer-torch-keys.ts";
 import { evalDatasetEntrySchema, resolveEvalDatasets } from "./eval-datasets.ts";
 import { algorithmOptionsShape, refineAlgorithmOptions } from "../algorithms/options.ts";
@@ -149,6 +150,8 @@ export const runConfigSchema = z
     ...engineRuntimeKeys,
     // metric sinks: TensorBoard and W&B (observability/metrics-export/config.ts)
     ...metricExportKeys,
+    // on-policy distillation: the teacher engine (config/opd.ts; use_opd and opd_kl_coef are algorithm options)
+    ...opdKeys,
     trainer: trainerSchema.default({ kind: "embedded" }),
     /** Where attempt-scoped and committed checkpoints live (relative to RLQ_HOME when relative). */
     checkpoint_dir: z.string().default("checkpoints"),

@@ -68,6 +68,8 @@ const renamed: Record<string, { key: string; value?: unknown; note: string }> = 
 
 /** Differences in how rlq reads a key it shares with slime. */
 const differences: Record<string, string> = {
+  use_opd:
+    "the teacher is rlq's opd_teacher engine (slime finds it through --rm-url and its OPD reward function): add opd_teacher: {kind: sglang|vllm, url} to the imported run",
   use_dynamic_batch_size:
     "read by the torch trainer (workers/trainer-torch): it packs each micro-batch into one row of up to max_tokens_per_gpu tokens; the embedded trainer ignores it",
   num_critic_only_steps: "read by the torch trainer's critic (advantage_estimator: ppo); the embedded trainer has no critic",
@@ -77,7 +79,10 @@ const differences: Record<string, string> = {
 };
 
 const U = (why: string, instead: string) => ({ why, instead });
-const notOpd = U("on-policy distillation needs a teacher's log-probs, which no rlq trainer provides", "remove it; a KL to the reference is use_kl_loss");
+const megatronTeacher = U(
+  "the teacher of opd_type megatron is a checkpoint loaded inside slime's Megatron trainer, which rlq does not run",
+  "serve the teacher with SGLang or vLLM and write opd_type: sglang with opd_teacher: {kind, url} (docs/algorithms.md On-policy distillation)",
+);
 const notBufferServer = U("slime's external rollout buffer server is not supported", "write rollout_function_path or custom_generate_function_path");
 const allParams = U("rlq's trainers train every parameter", "remove it, or freeze parameters in your own trainer server");
 const customTrainData = U("train data is built by rlq from recorded facts", "shape samples in custom_generate_function_path or a reward plugin");
@@ -101,10 +106,8 @@ const unsupported: Record<string, { why: string; instead: string }> = {
   use_rollout_entropy: U("the trainer computes entropy itself; rollout entropies are not used for masks", "remove it"),
   reset_optimizer_states: U("the optimizer state is part of each committed checkpoint", "remove it"),
   use_stateless_adam: U("rlq's trainers keep Adam state", "remove it"),
-  use_opd: notOpd,
-  opd_type: notOpd,
-  opd_teacher_load: notOpd,
-  opd_teacher_ckpt_step: notOpd,
+  opd_teacher_load: megatronTeacher,
+  opd_teacher_ckpt_step: megatronTeacher,
   ref_update_interval: U("the reference model is fixed", "remove it"),
   keep_old_actor: U("old log-probs come from the trainer's recompute or the rollout", "use_rollout_logprobs: true to use the rollout's"),
   multimodal_keys: U("rlq's prompts are text", "text-only datasets"),

@@ -1,4 +1,5 @@
 import { misKeys } from "../algorithms/mis.ts";
+import { opdIssues, type OpdTeacher } from "./opd.ts";
 import { builtinBufferFilter, builtinDynamicFilter } from "../filters/registry.ts";
 import { nearest } from "../lib/nearest.ts";
 import { slimeBuiltinDefaults, unknownKeyHint } from "./slime-flags.ts";
@@ -135,6 +136,8 @@ interface TrapFields {
   buffer_filter_path: string | null;
   loss_mask_type: string;
   use_opd: boolean;
+  opd_type: "sglang" | "megatron" | null;
+  opd_teacher: OpdTeacher | null;
   advantage_estimator: string;
   trainer: { kind: string };
 }
@@ -169,12 +172,7 @@ export function parsedConfigIssues(c: TrapFields): ConfigIssue[] {
       `slime uses loss_mask_type only to build SFT and rollout-buffer loss masks from chat transcripts (slime/rollout/sft_rollout.py), which rlq does not run; rlq's mask comes from generation (model tokens 1, tool tokens 0): remove loss_mask_type`,
     );
   }
-  if (c.use_opd) {
-    issue(
-      "use_opd",
-      "on-policy distillation needs a teacher's log-probs for every sample, and no rlq trainer provides them yet: remove use_opd (a KL to the reference model is use_kl_loss with ref_load)",
-    );
-  }
+  for (const [key, message] of opdIssues(c)) issue(key, message);
   if (c.advantage_estimator === "ppo" && c.trainer.kind === "embedded") {
     issue(
       "advantage_estimator",
