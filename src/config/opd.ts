@@ -20,6 +20,11 @@ export const opdTeacherSchema = z
     model: z.string().min(1).nullable().default(null),
     /** One request's timeout. A teacher that does not answer is retried, never counted against the sample. */
     request_timeout_s: z.number().positive().default(120),
+    /**
+     * How long one reward job waits out a failing teacher (down, restarting, 5xx) before it fails
+     * retriable and its queue retries it: the sample keeps waiting for its teacher's log-probs.
+     */
+    wait_s: z.number().positive().default(600),
   })
   .strict();
 export type OpdTeacher = z.infer<typeof opdTeacherSchema>;

@@ -45,6 +45,7 @@ export function groupSamples(g: GroupView & { rewards: Map<number, RewardFact> }
       lossMask: new Uint8Array(s.lossMask),
       denomMask: new Uint8Array(s.denomMask),
       rolloutLogProbs: new Float32Array(s.logProbs),
+      ...(r.teacherLogProbs != null && { teacherLogProbs: teacherRow(r.teacherLogProbs, s.responseTokens.length, step, load.groupId, s.sampleIndex) }),
       tokenVersions: new Int32Array(s.tokenVersions),
       reward: r.reward,
       sampleIndex: s.sampleIndex,
@@ -96,4 +97,12 @@ export async function loadTrainBatch(
     numTokens += g.numTokens;
   }
   return { batch: { runId, step, samples }, groupIds: seal.kept, numTokens, stagedGroups };
+}
+
+/** A stored teacher row as the trainer takes it; its length must be the response's (the teacher scored these tokens). */
+function teacherRow(row: readonly number[], responseLength: number, step: number, groupId: number, sampleIndex: number): Float32Array {
+  if (row.length !== responseLength) {
+    throw new RlqError("batch_inconsistent", `train step ${step}: group ${groupId} sample ${sampleIndex} has ${row.length} teacher log-probs for ${responseLength} response tokens`);
+  }
+  return Float32Array.from(row);
 }

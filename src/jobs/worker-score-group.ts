@@ -1,3 +1,4 @@
+import { teacherLogProbsOfRound } from "./teacher-logprobs.ts";
 import type { RewardFact } from "../store/rollout-facts.ts";
 import type { JobStore } from "../store/job-batch.ts";
 import type { RewardJob } from "../queue/payloads.ts";
@@ -9,7 +10,13 @@ import { RlqError } from "../lib/errors.ts";
  * the rewards keyed by (group, sample, round). Idempotent: rewards already
  * there are kept (the first write wins) and not recomputed.
  */
-export async function scoreGroupRound(store: JobStore, ctx: RunContext, job: RewardJob, jobId: string): Promise<void> {
+export async function scoreGroupRound(
+  store: JobStore,
+  ctx: RunContext,
+  job: RewardJob,
+  jobId: string,
+  log: { warn(obj: object, msg: string): void } | null = null,
+): Promise<void> {
   const { runId, groupId, round, step } = job;
   const n = ctx.config.n_samples_per_prompt;
   // One round trip: the round's facts, the decision behind them, rewards already stored, the group.
@@ -31,6 +38,13 @@ export async function scoreGroupRound(store: JobStore, ctx: RunContext, job: Rew
     status: s.status,
   }));
   const scored = await ctx.reward.score(inputs);
-  const facts: RewardFact[] = scored.map((r, i) => ({ sampleIndex: i, reward: r.value, components: r.components }));
+  // use_opd: the teacher's per-token log-probs travel in the same rows as the rewards (jobs/teacher-logprobs.ts).
+  const teacher = ctx.config.use_opd ? await teacherLogProbsOfRound(ctx.config, view.prompt.promptTokens, view.samples, log, jobId) : null;
+  const facts: RewardFact[] = scored.map((r, i) => ({
+    sampleIndex: i,
+    reward: r.value,
+    components: r.components,
+    ...(teacher && { teacherLogProbs: teacher.get(view.samples[i]?.sampleIndex ?? i) ?? null }),
+  }));
   await store.writeRewards({ key: { runId, groupId, round, step, jobId }, rewards: facts });
 }

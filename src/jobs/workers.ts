@@ -90,7 +90,7 @@ export async function startWorkers(
           job.jobId,
         ),
       ),
-    reward: () => start("reward", async (data, job) => scoreGroupRound(store, await contexts.get(data.runId), data, job.jobId)),
+    reward: () => start("reward", async (data, job) => scoreGroupRound(store, await contexts.get(data.runId), data, job.jobId, log)),
     train: () =>
       start("train", async (data, job) =>
         runTrainStep(

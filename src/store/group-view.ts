@@ -75,9 +75,9 @@ export async function loadGroupsWithRewards(
 ): Promise<Map<number, GroupView & { rewards: Map<number, RewardFact> }>> {
   const out = new Map<number, GroupView & { rewards: Map<number, RewardFact> }>();
   if (keys.length === 0) return out;
-  const res = await db.pool.query<GroupRow & { i: string; rewards: Array<[number, number | string, Record<string, unknown>]> | null }>(
+  const res = await db.pool.query<GroupRow & { i: string; rewards: Array<[number, number | string, Record<string, unknown>, number[] | null]> | null }>(
     `SELECT k.i, ${groupColumns("k.run_id", "k.group_id")},
-       (SELECT json_agg(json_build_array(w.sample_index, w.reward, w.components))
+       (SELECT json_agg(json_build_array(w.sample_index, w.reward, w.components, w.teacher_log_probs))
           FROM sample_rewards w WHERE w.run_id = k.run_id AND w.group_id = k.group_id AND w.round = k.round) AS rewards
      FROM ${groupKeysFrom(["run_id text", "group_id bigint", "round int"])}`,
     [keys.map(() => runId), keys.map((k) => k.groupId), keys.map((k) => k.round)],
@@ -86,7 +86,10 @@ export async function loadGroupsWithRewards(
     const view = groupFromRow(runId, k.groupId, row, nSamples, k.maskBeforeRound);
     // JSON has no NaN/Infinity: Postgres quotes them.
     const rewards = new Map<number, RewardFact>(
-      (row.rewards ?? []).map(([sampleIndex, reward, components]) => [sampleIndex, { sampleIndex, reward: Number(reward), components }]),
+      (row.rewards ?? []).map(([sampleIndex, reward, components, teacherLogProbs]) => [
+        sampleIndex,
+        { sampleIndex, reward: Number(reward), components, ...(teacherLogProbs != null && { teacherLogProbs }) },
+      ]),
     );
     return { ...view, rewards };
   });

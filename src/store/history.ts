@@ -42,6 +42,7 @@ export function historyRows(
       responseLength: s.responseTokens.length,
       lossMask: s.lossMask,
       rolloutLogProbs: s.logProbs,
+      teacherLogProbs: r?.teacherLogProbs == null ? null : [...r.teacherLogProbs],
       tokenVersions: s.tokenVersions,
       weightVersions: s.weightVersions,
       numSegments: s.numSegments,

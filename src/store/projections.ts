@@ -183,10 +183,10 @@ export async function insertHistory(tx: Database, rows: HistoryRow[]): Promise<v
   await tx.execute(sql`
     INSERT INTO rollout_history (run_id, step, group_id, sample_index, draw_ordinal, prompt, response, tokens, prompt_length,
       response_length, loss_mask, rollout_log_probs, token_versions, weight_versions, num_segments, status, finish_reason, reward,
-      reward_components, kept, outcome, outcome_reason, trained_step)
+      reward_components, kept, outcome, outcome_reason, trained_step, teacher_log_probs)
     SELECT run_id, step, group_id, sample_index, draw_ordinal, prompt, response, tokens::int4[], prompt_length,
       response_length, loss_mask::int2[], rollout_log_probs::float4[], token_versions::int4[], weight_versions::int4[], num_segments, status,
-      finish_reason, reward, reward_components::jsonb, kept, outcome, outcome_reason, trained_step
+      finish_reason, reward, reward_components::jsonb, kept, outcome, outcome_reason, trained_step, teacher_log_probs::float4[]
     FROM unnest(
       ${col((r) => r.runId)}::text[], ${col((r) => r.step)}::int[], ${col((r) => r.groupId)}::bigint[], ${col((r) => r.sampleIndex)}::int[],
       ${col((r) => r.drawOrdinal)}::bigint[], ${col((r) => r.prompt)}::text[], ${col((r) => r.response)}::text[], ${arr((r) => r.tokens)}::text[],
@@ -195,10 +195,10 @@ export async function insertHistory(tx: Database, rows: HistoryRow[]): Promise<v
       ${col((r) => r.numSegments)}::int[], ${col((r) => r.status)}::text[], ${col((r) => r.finishReason)}::text[],
       ${col((r) => r.reward ?? null)}::float8[], ${col((r) => (r.rewardComponents == null ? null : JSON.stringify(r.rewardComponents)))}::text[],
       ${col((r) => r.isKept)}::boolean[], ${col((r) => r.outcome)}::text[], ${col((r) => r.outcomeReason ?? null)}::text[],
-      ${col((r) => r.trainedStep ?? null)}::int[]
+      ${col((r) => r.trainedStep ?? null)}::int[], ${col((r) => (r.teacherLogProbs == null ? null : `{${r.teacherLogProbs.join(",")}}`))}::text[]
     ) AS t(run_id, step, group_id, sample_index, draw_ordinal, prompt, response, tokens, prompt_length, response_length, loss_mask,
            rollout_log_probs, token_versions, weight_versions, num_segments, status, finish_reason, reward, reward_components, kept,
-           outcome, outcome_reason, trained_step)
+           outcome, outcome_reason, trained_step, teacher_log_probs)
     ON CONFLICT DO NOTHING`);
   // Rows recorded for a step that has trained already (aborted groups that land after its commit):
   // its summary follows them.

@@ -230,6 +230,8 @@ export interface RewardFact {
   sampleIndex: number;
   reward: number;
   components: Record<string, unknown>;
+  /** use_opd: `[response_length]` the teacher's log-probs of the response tokens; absent without OPD. */
+  teacherLogProbs?: readonly number[] | null;
 }
 
 export interface RewardWrite {
@@ -249,8 +251,9 @@ export async function writeRewardsOfRounds(db: Db, writes: readonly RewardWrite[
   // Key order: two overlapping statements take their row locks in the same order.
   rows.sort((a, b) => compareRoundKeys(a, b) || a.sampleIndex - b.sampleIndex);
   await db.pool.query(
-    `INSERT INTO sample_rewards (run_id, group_id, sample_index, round, step, job_id, reward, components)
-     SELECT * FROM unnest($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[], $6::text[], $7::float8[], $8::jsonb[])
+    `INSERT INTO sample_rewards (run_id, group_id, sample_index, round, step, job_id, reward, components, teacher_log_probs)
+     SELECT r, g, s, o, st, j, w, c, t::float4[]
+       FROM unnest($1::text[], $2::bigint[], $3::int[], $4::int[], $5::int[], $6::text[], $7::float8[], $8::jsonb[], $9::text[]) AS u(r, g, s, o, st, j, w, c, t)
      ON CONFLICT DO NOTHING`,
     [
       rows.map((r) => r.runId),
@@ -261,6 +264,8 @@ export async function writeRewardsOfRounds(db: Db, writes: readonly RewardWrite[
       rows.map((r) => r.jobId),
       rows.map((r) => r.reward),
       rows.map((r) => JSON.stringify(r.components)),
+      // Per-token arrays travel as array literals (Postgres arrays cannot be ragged); Float32 values print exactly.
+      rows.map((r) => (r.teacherLogProbs == null ? null : `{${r.teacherLogProbs.join(",")}}`)),
     ],
   );
   await notifyRuns(

@@ -50,6 +50,17 @@ export function encodeBatch(batch: TrainBatch): Uint8Array {
     ["group_index", "int32", Int32Array.from(s, (x) => x.groupIndex)],
     ["sample_index", "int32", Int32Array.from(s, (x) => x.sampleIndex)],
   ];
+  // use_opd: every sample carries its teacher's log-probs (jobs/teacher-logprobs.ts waits for them), or none does.
+  if (s.some((x) => x.teacherLogProbs !== undefined)) {
+    arrays.push([
+      "teacher_log_probs",
+      "float32",
+      cat(Float32Array, responseOffsets[n] as number, (x) => {
+        if (x.teacherLogProbs === undefined) throw new RlqError("trainer_bad_batch", `batch: sample ${x.sampleIndex} of group ${x.groupIndex} has no teacher log-probs`);
+        return x.teacherLogProbs;
+      }),
+    ]);
+  }
   const header = new TextEncoder().encode(
     JSON.stringify({ run_id: batch.runId, step: batch.step, num_samples: n, arrays: arrays.map(([name, dtype, a]) => ({ name, dtype, length: a.length })) }),
   );
@@ -106,6 +117,7 @@ export function decodeBatch(bytes: Uint8Array): TrainBatch {
       denomMask: ((t["denom_mask"] ?? t["loss_mask"]) as Uint8Array).slice(r0, r1),
       rolloutLogProbs: (t["rollout_log_probs"] as Float32Array).slice(r0, r1),
       tokenVersions: (t["token_versions"] as Int32Array).slice(r0, r1),
+      ...(t["teacher_log_probs"] && { teacherLogProbs: (t["teacher_log_probs"] as Float32Array).slice(r0, r1) }),
       reward: (t["rewards"] as Float64Array)[i] as number,
       groupIndex: (t["group_index"] as Int32Array)[i] as number,
       sampleIndex: (t["sample_index"] as Int32Array)[i] as number,

@@ -23,6 +23,8 @@ export const rolloutHistory = pgTable(
     responseLength: integer("response_length").notNull(),
     lossMask: smallint("loss_mask").array().notNull(),
     rolloutLogProbs: real("rollout_log_probs").array().notNull(),
+    /** use_opd: [response_length] the teacher's log-probs of the response tokens (sample_rewards); null without OPD. */
+    teacherLogProbs: real("teacher_log_probs").array(),
     /** [response_length] the weight version that sampled each token (-1: not generated). */
     tokenVersions: integer("token_versions").array().notNull(),
     /** Distinct versions of the segments, in order. */

@@ -1,4 +1,4 @@
-import { bigint, doublePrecision, index, integer, jsonb, pgTable, primaryKey, text, timestamp } from "drizzle-orm/pg-core";
+import { bigint, doublePrecision, index, integer, jsonb, pgTable, primaryKey, real, text, timestamp } from "drizzle-orm/pg-core";
 
 /**
  * `sample_rewards`: one row per (sample, round) scored, insert-only, written by
@@ -16,6 +16,8 @@ export const sampleRewards = pgTable(
     jobId: text("job_id").notNull(),
     reward: doublePrecision("reward").notNull(),
     components: jsonb("components").notNull(),
+    /** use_opd: [response_length] the teacher's log-prob of each response token (engines/teacher.ts); null without OPD. */
+    teacherLogProbs: real("teacher_log_probs").array(),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
   },
   (t) => [primaryKey({ columns: [t.runId, t.groupId, t.sampleIndex, t.round] }), index("sample_rewards_run_step_idx").on(t.runId, t.step)],

@@ -180,8 +180,9 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
     samples.map((s) => s.groupIndex),
     algorithm,
   );
+  const teacherLogProbs = algorithm.use_opd ? opdTeacherLogProbs(samples) : undefined;
   const { advantages } = computeAdvantagesAndReturns(
-    { rewards: rewards.normalized, lossMask, oldLogProbs: old.logp, rolloutLogProbs, ...(ref && { refLogProbs: ref }) },
+    { rewards: rewards.normalized, lossMask, oldLogProbs: old.logp, rolloutLogProbs, ...(ref && { refLogProbs: ref }), ...(teacherLogProbs && { teacherLogProbs }) },
     algorithm,
   );
 
@@ -261,4 +262,12 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
   const result = trainResultSchema.parse({ weightVersionOut: version, checkpointUri: uri, numSamples: samples.length, numTokens, metrics });
   await writeFileAtomic(resultPath, JSON.stringify({ runId: req.runId, step: req.step, weightVersionIn: req.weightVersionIn, result }));
   return result;
+}
+
+/** use_opd: each sample's teacher log-probs (the reward job stored them beside its reward); a sample without them is a bug upstream. */
+function opdTeacherLogProbs(samples: readonly TrainSample[]): Float64Array[] {
+  return samples.map((s) => {
+    if (s.teacherLogProbs === undefined) throw new RlqError("trainer_bad_batch", `use_opd: sample ${s.sampleIndex} of group ${s.groupIndex} has no teacher log-probs`);
+    return Float64Array.from(s.teacherLogProbs);
+  });
 }
