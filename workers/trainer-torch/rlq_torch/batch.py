@@ -52,6 +52,8 @@ class Sample:
     # The loss mask before rlq zeroed off-policy / stale tokens: the loss
     # denominators sum it (DESIGN §1). None: the same as loss_mask.
     denom_mask: np.ndarray | None = None
+    # use_opd: the teacher's log-probs of the response tokens (src/engines/teacher.ts). None: no OPD.
+    teacher_log_probs: np.ndarray | None = None
 
     @property
     def response_length(self) -> int:
@@ -118,6 +120,8 @@ def decode_batch(data: bytes) -> Batch:
     }
     if "denom_mask" in got:  # optional (older clients do not send it)
         checks["denom_mask"] = R
+    if "teacher_log_probs" in got:  # optional: use_opd batches only
+        checks["teacher_log_probs"] = R
     for name, want in checks.items():
         if got[name].shape[0] != want:
             raise BatchError(
@@ -135,6 +139,7 @@ def decode_batch(data: bytes) -> Batch:
                 f"sample {i}: prompt_length {pl} + response {r1 - r0} != {tok.shape[0]} tokens"
             )
         dm = got["denom_mask"][r0:r1] if "denom_mask" in got else None
+        tl = got["teacher_log_probs"][r0:r1] if "teacher_log_probs" in got else None
         samples.append(
             Sample(
                 tok,
@@ -146,6 +151,7 @@ def decode_batch(data: bytes) -> Batch:
                 int(got["group_index"][i]),
                 int(got["sample_index"][i]),
                 dm,
+                tl,
             )
         )
     return Batch(run_id, step, samples)
@@ -178,6 +184,11 @@ def encode_batch(batch: Batch) -> bytes:
         cat(lambda x: x.loss_mask if x.denom_mask is None else x.denom_mask, "u1"),
     ]
     names = ARRAYS + [("denom_mask", "uint8")]
+    if any(x.teacher_log_probs is not None for x in s):
+        if any(x.teacher_log_probs is None for x in s):
+            raise BatchError("teacher_log_probs: every sample or none")
+        arrays.append(cat(lambda x: x.teacher_log_probs, "<f4"))
+        names = names + [("teacher_log_probs", "float32")]
     header = json.dumps(
         {
             "run_id": batch.run_id,

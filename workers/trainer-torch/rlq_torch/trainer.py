@@ -55,6 +55,7 @@ from .micro_batching import (
     validate_samples,
 )
 from .models import SAVE_DTYPES, write_optimizer
+from .opd import opd_teacher_log_probs
 from .sharded_adamw import ShardedAdamW
 
 # Re-exported: server.py, dist_worker.py, dist_front.py, bench.py and the tests import these from here.
@@ -472,6 +473,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                 rollout_log_probs=shape.like(c.rollout),
                 ref_log_probs=None if c.ref is None else shape.like(c.ref),
                 values=None if c.old_values is None else shape.like(c.old_values),
+                teacher_log_probs=opd_teacher_log_probs(o, samples, shape),
             )
         except A.AlgorithmError as e:
             raise bad_request(f"advantages: {e}") from e
