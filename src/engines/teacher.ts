@@ -10,8 +10,8 @@ import { callJson, EngineHttpError } from "./http.ts";
  * - sglang: POST /generate {input_ids, sampling_params: {max_new_tokens: 0}, return_logprob: true,
  *   logprob_start_len: 0}, as slime's teacher call (slime/rollout/on_policy_distillation.py
  *   `_build_payload`); `meta_info.input_token_logprobs` is [[logprob, token_id, text], ...] with a
- *   null log-prob at position 0 (sglang srt/managers/tokenizer_manager.py
- *   `detokenize_logprob_tokens`), and slime keeps its last response_length entries after dropping
+ *   null log-prob at position 0 (sglang srt/managers/scheduler_output_processor_mixin.py
+ *   `_process_input_token_logprobs`), and slime keeps its last response_length entries after dropping
  *   the first (`post_process_rewards`).
  * - vllm: POST /v1/completions {prompt: token ids, max_tokens: 1, prompt_logprobs: 0}; vLLM's
  *   `choices[0].prompt_logprobs` is one {token_id: {logprob, rank, decoded_token}} per prompt
@@ -39,9 +39,7 @@ const sglangAnswer = z.object({
   meta_info: z.object({ input_token_logprobs: z.array(z.tuple([z.number().nullable(), z.number().int()]).rest(z.unknown())) }),
 });
 const vllmAnswer = z.object({
-  choices: z
-    .array(z.object({ prompt_logprobs: z.array(z.record(z.string(), z.object({ logprob: z.number() })).nullable()) }))
-    .min(1),
+  choices: z.array(z.object({ prompt_logprobs: z.array(z.record(z.string(), z.object({ logprob: z.number() })).nullable()) })).min(1),
 });
 const vllmModels = z.object({ data: z.array(z.object({ id: z.string() })).min(1) });
 
@@ -56,7 +54,11 @@ function parseOrThrow<T>(schema: z.ZodType<T>, body: unknown, url: string): T {
 }
 
 /** The response positions' log-probs from per-position (token id, log-prob) pairs of the whole sequence; checks the ids. */
-export function responseLogProbs(url: string, req: TeacherRequest, byPosition: ReadonlyArray<{ tokenId: number; logProb: number | null } | null>): Float32Array {
+export function responseLogProbs(
+  url: string,
+  req: TeacherRequest,
+  byPosition: ReadonlyArray<{ tokenId: number; logProb: number | null } | null>,
+): Float32Array {
   if (byPosition.length !== req.tokens.length) throw badAnswer(url, `${byPosition.length} positions for ${req.tokens.length} tokens`);
   const n = req.tokens.length - req.promptLength;
   const out = new Float32Array(n);
@@ -82,7 +84,11 @@ class SglangTeacher implements TeacherEngine {
       return_logprob: true,
       logprob_start_len: 0,
     };
-    const ans = parseOrThrow(sglangAnswer, await callJson("POST", `${this.url}/generate`, body, { timeoutMs: this.timeoutMs, ...(signal && { signal }) }), this.url);
+    const ans = parseOrThrow(
+      sglangAnswer,
+      await callJson("POST", `${this.url}/generate`, body, { timeoutMs: this.timeoutMs, ...(signal && { signal }) }),
+      this.url,
+    );
     return responseLogProbs(
       this.url,
       req,

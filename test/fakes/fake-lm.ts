@@ -114,3 +114,16 @@ export function instantToken(x: Pick<SampleInput, "seed" | "version" | "position
   const pick = Math.min(others - 1, Math.floor(((u - pStop) / (1 - pStop)) * others));
   return { token: VOCAB[pick] as number, logProb: Math.log((1 - pStop) / others) };
 }
+
+/**
+ * The log-prob at temperature 1 of a GIVEN token at `position` after `prev` (the prefill of an input
+ * token, SGLang's input_token_logprobs): the same logits as `sampleToken`, EOS allowed. A token outside
+ * the fake's 96-token vocabulary (a byte tokenizer's control bytes in a prompt) gets -30, the finite
+ * floor a real model gives its least likely tokens.
+ */
+export const OUT_OF_VOCAB_LOGPROB = -30;
+export function inputTokenLogProb(x: { version: number; position: number; prev: number; token: number; stopProb: number }): number {
+  const d = sampleToken({ ...x, seed: 0, temperature: 1, topP: 1, topK: -1, isEosAllowed: true, mode: "scaled", topN: VOCAB.length });
+  const hit = d.top.find(([, t]) => t === x.token);
+  return hit === undefined ? OUT_OF_VOCAB_LOGPROB : hit[0];
+}

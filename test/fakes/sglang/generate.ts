@@ -3,7 +3,7 @@
  * documents each behaviour and the SGLang source it comes from).
  */
 import type { ServerResponse } from "node:http";
-import { EOS, instantToken, sampleToken } from "../fake-lm.ts";
+import { EOS, inputTokenLogProb, instantToken, sampleToken } from "../fake-lm.ts";
 import {
   hangWhileFaulted,
   isHanging,
@@ -356,6 +356,27 @@ export async function generate(b: Record<string, unknown>, res: ServerResponse):
   } else if (raised) {
     sendRaised(res, raised);
   } else {
-    send(res, 200, { text: "", meta_info: metaInfo(rid, ids.length, g, g.finish) });
+    send(res, 200, { text: "", meta_info: { ...metaInfo(rid, ids.length, g, g.finish), ...inputLogprobs(b, ids) } });
   }
+}
+
+/**
+ * return_logprob with logprob_start_len: the log-prob of each input token from position
+ * logprob_start_len on, [[logprob, id, null]...], computed from the logits at the position before
+ * (the prefill; a prompt-only request with max_new_tokens 0 is how slime's OPD teacher is asked,
+ * slime/rollout/on_policy_distillation.py). The token at position 0 has no logits before it: its
+ * log-prob is null (managers/scheduler_output_processor_mixin.py _process_input_token_logprobs
+ * (via add_input_logprob_return_values) pads the first input position with None; slime drops it with `[1:]`). Without
+ * logprob_start_len (-1, the default) no input log-probs are returned (io_struct.py GenerateReqInput).
+ */
+function inputLogprobs(b: Record<string, unknown>, ids: number[]): { input_token_logprobs?: Array<[number | null, number, null]> } {
+  const start = typeof b.logprob_start_len === "number" ? b.logprob_start_len : -1;
+  if (start < 0) return {};
+  const out: Array<[number | null, number, null]> = [];
+  for (let p = start; p < ids.length; p++) {
+    const token = ids[p] as number;
+    const lp = p === 0 ? null : inputTokenLogProb({ version: st.weightVersion, position: p, prev: ids[p - 1] as number, token, stopProb: opts.stopProb });
+    out.push([lp, token, null]);
+  }
+  return { input_token_logprobs: out };
 }
