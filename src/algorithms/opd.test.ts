@@ -87,7 +87,9 @@ describe("on-policy distillation: advantage goldens (slime's formula, by hand)",
   });
 
   it("refuses use_opd without the teacher's log-probs", () => {
-    expect(() => computeAdvantagesAndReturns({ rewards: [1, 0], lossMask, oldLogProbs: student }, BASE)).toThrow(/use_opd needs oldLogProbs and teacherLogProbs/);
+    expect(() => computeAdvantagesAndReturns({ rewards: [1, 0], lossMask, oldLogProbs: student }, BASE)).toThrow(
+      /use_opd needs oldLogProbs and teacherLogProbs/,
+    );
   });
 });
 

@@ -47,7 +47,10 @@ export function opdIssues(c: { use_opd: boolean; opd_type: "sglang" | "megatron"
     ]);
   }
   if (c.opd_teacher === null) {
-    out.push(["opd_teacher", "use_opd needs a teacher engine: write opd_teacher: {kind: sglang|vllm, url: http://host:port} (a server with the teacher model loaded)"]);
+    out.push([
+      "opd_teacher",
+      "use_opd needs a teacher engine: write opd_teacher: {kind: sglang|vllm, url: http://host:port} (a server with the teacher model loaded)",
+    ]);
   }
   return out;
 }

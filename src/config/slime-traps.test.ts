@@ -72,8 +72,15 @@ describe("slime's silent traps: slime's meaning, or a refusal that says what to 
     );
     expect(refusal({ ...base, use_opd: true })).toMatch(/opd_teacher = \(missing\): use_opd needs a teacher engine: write opd_teacher: \{kind: sglang\|vllm/);
     const teacher = { kind: "vllm", url: "http://127.0.0.1:8001" };
-    expect(refusal({ ...base, use_opd: true, opd_type: "megatron", opd_teacher: teacher })).toMatch(/opd_type = "megatron": megatron loads the teacher inside.*write opd_type: sglang/);
-    expect(user({ ...base, use_opd: true, opd_type: "sglang", opd_teacher: teacher }).opd_teacher).toEqual({ ...teacher, model: null, request_timeout_s: 120, wait_s: 600 });
+    expect(refusal({ ...base, use_opd: true, opd_type: "megatron", opd_teacher: teacher })).toMatch(
+      /opd_type = "megatron": megatron loads the teacher inside.*write opd_type: sglang/,
+    );
+    expect(user({ ...base, use_opd: true, opd_type: "sglang", opd_teacher: teacher }).opd_teacher).toEqual({
+      ...teacher,
+      model: null,
+      request_timeout_s: 120,
+      wait_s: 600,
+    });
     const embedded = { ...base, engine: { kind: "embedded" }, trainer: { kind: "embedded" }, ref_load: "ckpt" };
     expect(refusal({ ...embedded, advantage_estimator: "ppo" })).toMatch(/advantage_estimator = "ppo": ppo needs a critic.*embedded trainer has none/);
     // A remote trainer may declare critic support (the torch trainer): not refused here.

@@ -46,7 +46,8 @@ export async function teacherLogProbsOfRound(
         { tokens: [...promptTokens, ...s.responseTokens], promptLength: promptTokens.length },
         {
           waitMs,
-          onRetry: (e, attempt) => log?.warn({ jobId, sampleIndex: s.sampleIndex, attempt, err: errorMessage(e) }, "OPD teacher failed; the sample waits for it"),
+          onRetry: (e, attempt) =>
+            log?.warn({ jobId, sampleIndex: s.sampleIndex, attempt, err: errorMessage(e) }, "OPD teacher failed; the sample waits for it"),
         },
       );
       return [s.sampleIndex, Array.from(lp)] as const;

@@ -102,7 +102,10 @@ export async function loadTrainBatch(
 /** A stored teacher row as the trainer takes it; its length must be the response's (the teacher scored these tokens). */
 function teacherRow(row: readonly number[], responseLength: number, step: number, groupId: number, sampleIndex: number): Float32Array {
   if (row.length !== responseLength) {
-    throw new RlqError("batch_inconsistent", `train step ${step}: group ${groupId} sample ${sampleIndex} has ${row.length} teacher log-probs for ${responseLength} response tokens`);
+    throw new RlqError(
+      "batch_inconsistent",
+      `train step ${step}: group ${groupId} sample ${sampleIndex} has ${row.length} teacher log-probs for ${responseLength} response tokens`,
+    );
   }
   return Float32Array.from(row);
 }

@@ -56,7 +56,8 @@ export function encodeBatch(batch: TrainBatch): Uint8Array {
       "teacher_log_probs",
       "float32",
       cat(Float32Array, responseOffsets[n] as number, (x) => {
-        if (x.teacherLogProbs === undefined) throw new RlqError("trainer_bad_batch", `batch: sample ${x.sampleIndex} of group ${x.groupIndex} has no teacher log-probs`);
+        if (x.teacherLogProbs === undefined)
+          throw new RlqError("trainer_bad_batch", `batch: sample ${x.sampleIndex} of group ${x.groupIndex} has no teacher log-probs`);
         return x.teacherLogProbs;
       }),
     ]);

@@ -182,7 +182,14 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
   );
   const teacherLogProbs = algorithm.use_opd ? opdTeacherLogProbs(samples) : undefined;
   const { advantages } = computeAdvantagesAndReturns(
-    { rewards: rewards.normalized, lossMask, oldLogProbs: old.logp, rolloutLogProbs, ...(ref && { refLogProbs: ref }), ...(teacherLogProbs && { teacherLogProbs }) },
+    {
+      rewards: rewards.normalized,
+      lossMask,
+      oldLogProbs: old.logp,
+      rolloutLogProbs,
+      ...(ref && { refLogProbs: ref }),
+      ...(teacherLogProbs && { teacherLogProbs }),
+    },
     algorithm,
   );
 
@@ -267,7 +274,8 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
 /** use_opd: each sample's teacher log-probs (the reward job stored them beside its reward); a sample without them is a bug upstream. */
 function opdTeacherLogProbs(samples: readonly TrainSample[]): Float64Array[] {
   return samples.map((s) => {
-    if (s.teacherLogProbs === undefined) throw new RlqError("trainer_bad_batch", `use_opd: sample ${s.sampleIndex} of group ${s.groupIndex} has no teacher log-probs`);
+    if (s.teacherLogProbs === undefined)
+      throw new RlqError("trainer_bad_batch", `use_opd: sample ${s.sampleIndex} of group ${s.groupIndex} has no teacher log-probs`);
     return Float64Array.from(s.teacherLogProbs);
   });
 }
