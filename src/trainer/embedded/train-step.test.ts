@@ -184,4 +184,28 @@ describe("embedded train step", () => {
     }
     expect(up).toBeGreaterThan(down);
   });
+
+  it("use_opd: with zero rewards the teacher alone moves the policy toward itself (pure distillation)", async () => {
+    // GRPO advantages are 0 for every sample; the OPD term gives token t the advantage log π_teacher − log π_student.
+    // The teacher rates even samples 0.5 nats per token above the student and odd ones 0.5 below.
+    const first = await trainRequest({ config: { lr: 3e-3, num_steps_per_rollout: 1, use_tis: false, use_opd: true, opd_kl_coef: 1 } });
+    const samples = first.batch.samples.map((s, i) => {
+      const student = referenceResponseLogProbs(config, weights, Array.from(s.tokens), s.promptLength);
+      return { ...s, reward: 0, teacherLogProbs: Float32Array.from(student, (x) => x + (i % 2 === 0 ? 0.5 : -0.5)) };
+    });
+    const req = { ...first, batch: { ...first.batch, samples } };
+    const after = (await readCheckpoint((await runEmbeddedTrainStep(req, deps, () => undefined)).checkpointUri)).weights;
+    let toward = 0;
+    samples.forEach((s, i) => {
+      const tokens = Array.from(s.tokens);
+      const delta =
+        referenceResponseLogProbs(config, after, tokens, s.promptLength).reduce((a, b) => a + b, 0) -
+        referenceResponseLogProbs(config, weights, tokens, s.promptLength).reduce((a, b) => a + b, 0);
+      if (Math.sign(delta) === (i % 2 === 0 ? 1 : -1)) toward++;
+    });
+    expect(toward).toBeGreaterThan(samples.length * 0.75);
+    // Without its teacher log-probs a use_opd batch is refused, never trained as plain GRPO.
+    const bare = { ...req, outputDir: first.outputDir + "-bare", batch: { ...req.batch, samples: samples.map(({ teacherLogProbs: _, ...s }) => s) } };
+    await expect(runEmbeddedTrainStep(bare, deps, () => undefined)).rejects.toThrow(/use_opd: sample 0 of group 0 has no teacher log-probs/);
+  });
 });
