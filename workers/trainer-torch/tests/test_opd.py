@@ -144,3 +144,59 @@ class OpdBatch(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class OpdTorchStep(unittest.TestCase):
+    """A real torch train step on the tiny model: the batch's teacher log-probs are what moves it."""
+
+    def step(self, teacher_shift, **config):
+        import tempfile
+
+        from helpers import TINY_MODEL, make_batch
+        from rlq_torch.trainer import TorchTrainer, parse_algorithm, parse_train_config
+
+        require("torch")
+        b = make_batch("r", 0, seed=3)
+        for s in b.samples:
+            s.reward = 0.0
+            if teacher_shift is not None:
+                s.teacher_log_probs = s.rollout_log_probs + np.float32(teacher_shift)
+        c = {
+            "lr": 1e-3,
+            "model": TINY_MODEL,
+            "seed": 7,
+            "use_rollout_logprobs": True,
+            "num_steps_per_rollout": 1,
+            **config,
+        }
+        trainer = TorchTrainer("cpu")
+        with tempfile.TemporaryDirectory() as out:
+            r = {
+                "run_id": "r",
+                "step": 0,
+                "attempt": "0",
+                "weight_version_in": 0,
+                "checkpoint_uri_in": None,
+            }
+            r |= {"output_dir": out, "batch_url": "http://unused", "config": c}
+            return trainer.train_step(
+                r,
+                b,
+                parse_train_config(c, trainer.defaults),
+                parse_algorithm(c),
+                lambda *a: None,
+                lambda: None,
+            )
+
+    def test_zero_reward_trains_only_through_the_teacher(self):
+        # use_rollout_logprobs: the student's log-probs are the rollout's. Teacher = student: every advantage is 0.
+        same = self.step(0.0, use_opd=True)
+        self.assertEqual(same["metrics"]["pg_loss"], 0.0)
+        self.assertEqual(same["metrics"]["grad_norm"], 0.0)
+        # Without OPD a zero reward gives no gradient either; a teacher 0.5 nats above the student does.
+        self.assertEqual(self.step(None)["metrics"]["grad_norm"], 0.0)
+        moved = self.step(0.5, use_opd=True)
+        self.assertGreater(moved["metrics"]["grad_norm"], 0.0)
+        self.assertLess(
+            moved["metrics"]["pg_loss"], 0.0
+        )  # -A * ratio with A = +0.5 on every token
