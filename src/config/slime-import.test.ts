@@ -239,3 +239,17 @@ describe("import-slime: Python plugins", () => {
     expect(() => parseRunConfig(rollout, "imported", "user")).toThrow(/rollout_function_path = "my_pkg.rollout.generate_rollout": a Python path/);
   });
 });
+
+describe("import-slime: on-policy distillation", () => {
+  it("imports --use-opd, --opd-type sglang and --opd-kl-coef; the teacher's URL is rlq's opd_teacher, and a Megatron teacher is refused", () => {
+    const { config, report } = importSlimeArgs([...core, "--use-opd", "--opd-type", "sglang", "--opd-kl-coef", "0.5"]);
+    expect(config).toMatchObject({ use_opd: true, opd_type: "sglang", opd_kl_coef: 0.5 });
+    expect(report.mapped.find((m) => m.key === "use_opd")?.difference).toMatch(/add opd_teacher: \{kind: sglang\|vllm, url\}/);
+    // Without opd_teacher the imported run is refused at validation, naming the key to add.
+    expect(report.validation).toMatch(/opd_teacher.*use_opd needs a teacher engine/);
+    const megatron = importSlimeArgs([...core, "--use-opd", "--opd-type", "megatron", "--opd-teacher-load", "/ckpt/teacher"]);
+    expect(megatron.report.unsupported).toEqual([
+      expect.objectContaining({ flag: "--opd-teacher-load /ckpt/teacher", why: expect.stringMatching(/inside slime's Megatron trainer/) }),
+    ]);
+  });
+});
