@@ -7,7 +7,12 @@ import { defineConfig } from "vitest/config";
  * - `python`: the files whose time goes to Python processes: the trainer's own suite, a real vLLM
  *   server, a run on the real stack (`npm run test:python` runs just these).
  */
-const PYTHON_FILES = ["test/integration/trainer-torch-python.test.ts", "test/integration/real-stack.test.ts", "test/integration/real-vllm.test.ts", "test/integration/opd-teacher-vllm.test.ts"];
+const PYTHON_FILES = [
+  "test/integration/trainer-torch-python.test.ts",
+  "test/integration/real-stack.test.ts",
+  "test/integration/real-vllm.test.ts",
+  "test/integration/opd-teacher-vllm.test.ts",
+];
 
 export default defineConfig({
   test: {
