@@ -19,7 +19,8 @@ import type { RunContext } from "../../src/runtime/run-context.ts";
  * land in sample_rewards and rollout_history beside the student's, equal to the teacher model's own
  * (fake-lm.ts computed here, independently), and travel in every train batch. The teacher is
  * SIGKILLed mid-run: its samples wait (no sample fails or is dropped for it) until it is back, and
- * the run completes with every trained sample carrying its teacher's log-probs.
+ * the run completes with every trained sample carrying its teacher's log-probs, exactly as a
+ * deterministic run whose teacher never died (the same samples, teacher log-probs and train batches).
  */
 describe("on-policy distillation: a teacher engine, killed mid-run", () => {
   let w: World;
@@ -36,13 +37,15 @@ describe("on-policy distillation: a teacher engine, killed mid-run", () => {
   it("stores the teacher's log-probs per token, waits out its death, and trains on them", async () => {
     const teacher = teachers[0] as FakeServer;
     const numRollout = 4;
-    const runId = await w.start({
+    const config = {
+      deterministic: true,
       num_rollout: numRollout,
       use_opd: true,
       opd_type: "sglang",
       opd_kl_coef: 1,
       opd_teacher: { kind: "sglang", url: teacher.url, request_timeout_s: 10, wait_s: 600 },
-    });
+    };
+    const runId = await w.start(config);
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     // Kill the teacher once it has scored samples of this run and before the run ends: pause the run
     // first (in-flight jobs go on, nothing new is dispatched) so the kill lands mid-run on any machine.
@@ -106,5 +109,22 @@ describe("on-policy distillation: a teacher engine, killed mid-run", () => {
 
     const replay = spawnRlq(["replay", runId, "--check"], w.env);
     expect(await replay.exited, replay.output()).toBe(0);
+
+    // Exactly: the same run with a teacher that never died (deterministic mode, its own engine at version 0)
+    // trains the same batches and records the same samples, teacher log-probs included.
+    const clean = await w.start({ ...config, engine: { kind: "sglang", urls: [await w.freshEngine()] } });
+    const up2 = spawnRlq(["up", "--run", clean, "--exit-when-done"], w.env);
+    expect(await up2.exited, up2.output()).toBe(0);
+    const history = async (id: string) =>
+      (
+        await w.db.pool.query(
+          "SELECT group_id, sample_index, tokens, teacher_log_probs, reward, outcome, trained_step FROM rollout_history WHERE run_id = $1 ORDER BY group_id, sample_index",
+          [id],
+        )
+      ).rows;
+    const trainedDigests = async (id: string) =>
+      (await w.db.pool.query("SELECT step, value FROM train_metrics WHERE run_id = $1 AND key = 'batch_digest48' ORDER BY step", [id])).rows;
+    expect(await history(clean)).toEqual(await history(runId));
+    expect(await trainedDigests(clean)).toEqual(digests);
   });
 });
