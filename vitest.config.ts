@@ -1,7 +1,9 @@
 import { defineConfig } from "vitest/config";
 
 /**
- * Three projects, run one file at a time (the crash tests spawn processes and this box has 2 cores):
+ * Three projects, run one file at a time (the crash tests spawn processes and this box has 2 cores),
+ * except the integration project under `npm test` and `npm run test:integration`, two files at a
+ * time (scripts/test.mjs says why):
  * - `unit`: pure code next to the source, no services.
  * - `integration`: real Redis + real Postgres, one database per file.
  * - `python`: the files whose time goes to Python processes: the trainer's own suite, a real vLLM
