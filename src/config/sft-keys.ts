@@ -27,7 +27,8 @@ interface SftRuleInput {
   dynamic_sampling_filter_path: string | null;
   over_sampling_batch_size: number | null;
   rollout_batch_size: number;
-  trainer: { kind: string };
+  eval_prompt_data: Record<string, string> | null;
+  eval_label_key: string | null;
 }
 
 /**
@@ -49,17 +50,17 @@ export function refineSft(c: SftRuleInput, ctx: z.RefinementCtx): void {
     );
   if (c.custom_generate_function_path !== null)
     issue("custom_generate_function_path", "loss_type sft_loss generates nothing: remove custom_generate_function_path");
+  if (c.eval_prompt_data !== null && c.eval_label_key === null)
+    issue(
+      "eval_label_key",
+      "loss_type sft_loss reads the training response from label_key, which evals would grade against: set eval_label_key to the eval rows' answer field (e.g. label)",
+    );
   if (c.dynamic_sampling_filter_path !== null)
     issue("dynamic_sampling_filter_path", "loss_type sft_loss trains every drawn row (there are no rewards to filter on): remove dynamic_sampling_filter_path");
   if (c.over_sampling_batch_size !== null && c.over_sampling_batch_size !== c.rollout_batch_size)
     issue(
       "over_sampling_batch_size",
       `loss_type sft_loss draws exactly the rows it trains: leave over_sampling_batch_size out (got ${c.over_sampling_batch_size}, rollout_batch_size ${c.rollout_batch_size})`,
-    );
-  if (c.trainer.kind === "embedded")
-    issue(
-      "trainer",
-      "loss_type sft_loss is trained by the PyTorch trainer: set trainer: {kind: remote, url: ...} with workers/trainer-torch/server.py (the embedded TypeScript trainer has no SFT loss)",
     );
 }
 

@@ -155,4 +155,15 @@ describe("an SFT run (loss_type sft_loss) with the PyTorch trainer", () => {
     const replay = spawnRlq(["replay", killed, "--check"], w.env);
     expect(await replay.exited, replay.output()).toBe(0);
   }, 600_000);
+
+  it("the embedded TypeScript trainer runs an SFT run too (its loss is checked in src/trainer/embedded/sft-step.test.ts)", async () => {
+    const { runId } = await startRun(w.db, { config: { ...config(), num_rollout: 6, trainer: { kind: "embedded" } } });
+    await runToEnd(runId);
+    const loss = (await w.db.pool.query("SELECT value FROM train_metrics WHERE run_id = $1 AND key = 'loss' ORDER BY step", [runId])).rows.map((r) =>
+      Number(r.value),
+    );
+    expect(loss).toHaveLength(6);
+    for (const l of loss) expect(l).toBeGreaterThan(0);
+    expect((await trained(runId)).map((s) => s.rows.length)).toEqual(Array.from({ length: 6 }, () => BATCH));
+  }, 300_000);
 });
