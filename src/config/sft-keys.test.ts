@@ -29,7 +29,8 @@ describe("loss_type sft_loss (SFT as a run mode)", () => {
     ["rollout_function_path", { rollout_function_path: "x.ts:rollout" }, "remove rollout_function_path"],
     ["custom_generate_function_path", { custom_generate_function_path: "x.ts:gen" }, "remove custom_generate_function_path"],
     ["dynamic_sampling_filter_path", { dynamic_sampling_filter_path: "check_reward_nonzero_std" }, "remove dynamic_sampling_filter_path"],
-    ["eval_label_key", { eval_prompt_data: { heldout: "e.jsonl" } }, "set eval_label_key to the eval rows' answer field"],
+    ["eval_label_key", { eval_prompt_data: { heldout: "e.jsonl" } }, "set eval_label_key (or the dataset's label_key) to the eval rows' answer field"],
+    ["eval_label_key", { eval_prompt_data: { a: { path: "a.jsonl", label_key: "label" }, b: "b.jsonl" } }, "the evals (b) would grade against"],
     ["over_sampling_batch_size", { over_sampling_batch_size: 8 }, "leave over_sampling_batch_size out (got 8, rollout_batch_size 4)"],
   ])("refuses %s, naming what to write instead", (key, change, message) => {
     expect(() => parseRunConfig({ ...sft, ...change }, "run.yaml", "user")).toThrow(message);

@@ -27,7 +27,7 @@ interface SftRuleInput {
   dynamic_sampling_filter_path: string | null;
   over_sampling_batch_size: number | null;
   rollout_batch_size: number;
-  eval_prompt_data: Record<string, string> | null;
+  eval_prompt_data: Record<string, string | { label_key?: string | null }> | null;
   eval_label_key: string | null;
 }
 
@@ -50,10 +50,14 @@ export function refineSft(c: SftRuleInput, ctx: z.RefinementCtx): void {
     );
   if (c.custom_generate_function_path !== null)
     issue("custom_generate_function_path", "loss_type sft_loss generates nothing: remove custom_generate_function_path");
-  if (c.eval_prompt_data !== null && c.eval_label_key === null)
+  // An eval dataset without a label key of its own would grade against label_key: the training response.
+  const unlabelled = Object.entries(c.eval_prompt_data ?? {})
+    .filter(([, e]) => c.eval_label_key === null && (typeof e === "string" || e.label_key === undefined))
+    .map(([name]) => name);
+  if (unlabelled.length > 0)
     issue(
       "eval_label_key",
-      "loss_type sft_loss reads the training response from label_key, which evals would grade against: set eval_label_key to the eval rows' answer field (e.g. label)",
+      `loss_type sft_loss reads the training response from label_key, which the evals (${unlabelled.join(", ")}) would grade against: set eval_label_key (or the dataset's label_key) to the eval rows' answer field (e.g. label)`,
     );
   if (c.dynamic_sampling_filter_path !== null)
     issue("dynamic_sampling_filter_path", "loss_type sft_loss trains every drawn row (there are no rewards to filter on): remove dynamic_sampling_filter_path");
