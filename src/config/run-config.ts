@@ -2,6 +2,7 @@ import { z } from "zod";
 import { opdKeys } from "./opd.ts";
 import { trainerTorchKeys, trainerTorchParallelKeys } from "./trainer-torch-keys.ts";
 import { evalDatasetEntrySchema, resolveEvalDatasets } from "./eval-datasets.ts";
+import { refineSft, sftKeys } from "./sft-keys.ts";
 import { algorithmOptionsShape, refineAlgorithmOptions } from "../algorithms/options.ts";
 import { engineRuntimeKeys, openAiEngineConfigSchema, sglangEngineConfigSchema } from "../engines/config-schema.ts";
 import { remoteTrainerConfigSchema } from "../trainer/remote-trainer-config.ts";
@@ -109,6 +110,8 @@ export const runConfigSchema = z
     // trainer-torch (docs/trainer-torch.md): packing, the PPO critic, memory and output options
     ...trainerTorchKeys,
     ...trainerTorchParallelKeys,
+    // SFT as a run mode (config/sft-keys.ts, docs/sft.md)
+    ...sftKeys,
     /** Remote trainers: a local Hugging Face model directory (workers/trainer-torch). */
     hf_checkpoint: z.string().nullable().default(null),
     weight_decay: z.number().nonnegative().default(0),
@@ -189,6 +192,7 @@ export const runConfigSchema = z
   .superRefine((c, ctx) => {
     refineAlgorithmOptions(c, ctx);
     refineMetricExport(c, ctx);
+    refineSft(c, ctx);
     if (c.engine.kind === "openai" && c.weight_sync === "trainer_push") {
       ctx.addIssue({
         code: "custom",

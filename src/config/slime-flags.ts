@@ -76,6 +76,7 @@ const differences: Record<string, string> = {
   save_interval: "a retention policy: every step is committed, and steps t with (t+1) % N == 0 are kept (docs/slime-configs.md)",
   sglang_server_concurrency: "rlq's in-flight requests per engine (slime's client-side semaphore)",
   max_tokens_per_gpu: "bounds a micro-batch's tokens in both trainers",
+  loss_type: "policy_loss or sft_loss (an SFT run: the controller feeds the rows' responses to the PyTorch trainer, docs/sft.md); custom_loss is not supported",
 };
 
 const U = (why: string, instead: string) => ({ why, instead });
@@ -90,7 +91,6 @@ const routing = U("MoE routing replay needs Megatron's router", "remove it (the 
 
 /** Features rlq does not have: dropping the flag changes what the run does. */
 const unsupported: Record<string, { why: string; instead: string }> = {
-  loss_type: U("rlq trains policy_loss only (no sft_loss / custom_loss)", "remove it for policy_loss; SFT is not an rlq run"),
   custom_loss_function_path: U(
     "rlq trains policy_loss only; a loss is not a plugin",
     "pick the built-in terms: eps_clip*, use_kl_loss, entropy_coef, use_opsm",

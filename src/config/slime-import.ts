@@ -12,6 +12,7 @@ import {
 } from "./slime-flags.ts";
 import { isPythonPluginPath, pythonHostKeys } from "./slime-traps.ts";
 import { builtinBufferFilter, builtinDynamicFilter } from "../filters/registry.ts";
+import { isSlimeSft, sftFlagDisposition } from "./slime-sft-import.ts";
 
 /**
  * slime's train.py argv → an rlq run config and a report that names every
@@ -158,6 +159,8 @@ interface ImportState {
   router: { ip: string | null; port: string | null };
   engine: Record<string, unknown>;
   placement: Map<string, string[]>;
+  /** `--loss-type sft_loss`: the SFT recipe's flags import to the SFT run mode (slime-sft-import.ts). */
+  isSft: boolean;
 }
 
 export function importSlimeArgs(
@@ -183,6 +186,7 @@ export function importSlimeArgs(
     router: { ip: null, port: null },
     engine: {},
     placement: new Map(),
+    isSft: false,
   };
   const settings = flagsOf(args);
   // slime applies the custom config last (slime_validate_args), so its keys override the command line.
@@ -200,6 +204,7 @@ export function importSlimeArgs(
     s.report.customConfigs.push({ path, settings: read.length });
     settings.push(...read);
   }
+  s.isSft = isSlimeSft(settings);
   for (const setting of settings) applySetting(s, setting);
   // slime reads eval datasets from --eval-config when it is given (slime/utils/eval_config.py).
   for (const c of settings.filter((x) => x.key === "eval_config")) applyEvalConfig(s, c, options);
@@ -250,6 +255,15 @@ function applySetting(s: ImportState, st: Setting): void {
     const n = s.report.customConfigs.find((c) => c.path === words[0])?.settings;
     if (n !== undefined)
       s.report.renamed.push({ flag: shown, key: "(read)", value: `${n} settings`, note: "imported as if given on the command line, after it" });
+    return;
+  }
+  const sft = sftFlagDisposition(key, words, s.isSft);
+  if (sft?.kind === "built_in") {
+    s.report.renamed.push({ flag: shown, key: "(built in)", value: null, note: sft.note });
+    return;
+  }
+  if (sft?.kind === "dropped") {
+    (s.report.dropped.runtime ??= []).push({ flag: shown, note: sft.note });
     return;
   }
   if (slimeBuiltinDefaults[key] !== undefined && words.length === 1 && words[0] === slimeBuiltinDefaults[key]) {

@@ -169,7 +169,7 @@ export function parsedConfigIssues(c: TrapFields): ConfigIssue[] {
   if (c.loss_mask_type !== "qwen") {
     issue(
       "loss_mask_type",
-      `slime uses loss_mask_type only to build SFT and rollout-buffer loss masks from chat transcripts (slime/rollout/sft_rollout.py), which rlq does not run; rlq's mask comes from generation (model tokens 1, tool tokens 0): remove loss_mask_type`,
+      `slime uses loss_mask_type only to build SFT and rollout-buffer loss masks from chat transcripts (slime/rollout/sft_rollout.py); rlq's SFT runs (loss_type sft_loss, docs/sft.md) train prompt/response rows, whose response tokens all count, and RL masks come from generation (model tokens 1, tool tokens 0): remove loss_mask_type`,
     );
   }
   for (const [key, message] of opdIssues(c)) issue(key, message);

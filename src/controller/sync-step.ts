@@ -8,6 +8,8 @@ import { groupLoad } from "../core/group-load.ts";
 import type { ControllerHost } from "./host.ts";
 import type { RolloutFunctionDriver } from "./rollout-function.ts";
 import { decideReady, dispatchRounds, drawAndDispatch, inflightRounds, landedRounds } from "./groups.ts";
+import { isSftRun } from "../config/sft-keys.ts";
+import { collectSft } from "./sft-collect.ts";
 import { awaitEval, completeRun, dispatchEval, dispatchTrain, isEvalDue, isFirstEvalDue, recordTrained, syncEngines } from "./step-blocks.ts";
 
 /**
@@ -30,6 +32,7 @@ export async function tickSync(h: ControllerHost, rolloutFunction: RolloutFuncti
   if (s.phase === "collect" && s.step === 0 && isFirstEvalDue(h)) return dispatchEval(h, 0, s.weightVersion);
   switch (s.phase) {
     case "collect":
+      if (isSftRun(s.config)) return collectSft(h);
       return rolloutFunction ? rolloutFunction.tick() : collect(h);
     case "drain":
       return dispatchTrain(h, s.step);

@@ -1,5 +1,6 @@
 import { computePolicyLossTerms, type PolicyLossInput } from "../../algorithms/policy-loss-terms.ts";
 import type { AlgorithmOptions } from "../../algorithms/options.ts";
+import { computeSftLossTerms } from "../../algorithms/sft-loss.ts";
 
 /**
  * The trainer's one seam to the loss math: given the current per-token
@@ -22,5 +23,16 @@ export interface ObjectiveOutput {
 
 export function lossAndGrad(perTokenLogp: Float64Array[], perTokenEntropy: Float64Array[], input: ObjectiveInput, options: AlgorithmOptions): ObjectiveOutput {
   const terms = computePolicyLossTerms({ ...input, logProbs: perTokenLogp, entropy: perTokenEntropy }, options);
+  return { loss: terms.loss, dLossDLogp: terms.dLoss_dLogp, dLossDEntropy: terms.dLoss_dEntropy, metrics: terms.metrics };
+}
+
+/** loss_type sft_loss (docs/sft.md): the responses' NLL, aggregated as the policy loss is (src/algorithms/sft-loss.ts). */
+export function sftObjective(
+  perTokenLogp: Float64Array[],
+  lossMask: Float64Array[],
+  denomMask: Float64Array[],
+  calculatePerTokenLoss: boolean,
+): ObjectiveOutput {
+  const terms = computeSftLossTerms(perTokenLogp, lossMask, { calculate_per_token_loss: calculatePerTokenLoss, denomMask });
   return { loss: terms.loss, dLossDLogp: terms.dLoss_dLogp, dLossDEntropy: terms.dLoss_dEntropy, metrics: terms.metrics };
 }

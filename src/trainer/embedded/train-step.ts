@@ -11,7 +11,7 @@ import { adamwStep, zeroOptimizerState } from "./adamw.ts";
 import { bucketSeqLen, microBatchRows, packBatch, packResponses, unpackResponses } from "./batching.ts";
 import type { JaxModel } from "./jax-model.ts";
 import { learningRate } from "./lr-schedule.ts";
-import { lossAndGrad } from "./policy-objective.ts";
+import { lossAndGrad, sftObjective } from "./policy-objective.ts";
 import { optimizerStepPlan, parseTrainConfig } from "./train-config.ts";
 import { ifMissing } from "../../lib/if-missing.ts";
 import { devicePeakFlops, efficiencyMetrics, modelFlops, modelShape, StepClock } from "./efficiency.ts";
@@ -140,6 +140,8 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
     if (saved.runId === req.runId && saved.step === req.step && saved.weightVersionIn === req.weightVersionIn) return trainResultSchema.parse(saved.result);
   }
   const { train, algorithm } = parseTrainConfig(req.config);
+  // loss_type sft_loss (docs/sft.md): the rows' responses' NLL instead of the policy loss.
+  const isSft = (req.config as { loss_type?: unknown }).loss_type === "sft_loss";
   if (algorithm.advantage_estimator === "ppo")
     throw new RlqError("trainer_unsupported", "the embedded trainer has no critic: advantage_estimator ppo is not supported");
   const start = await loadStart(req, train.ref_load, train.seed, deps.initConfig);
@@ -204,19 +206,21 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
     // The first minibatch sees the start weights: its current log-probs are the old ones.
     const current =
       j === 0 ? { logp: old.logp.slice(lo, hi), entropy: old.entropy.slice(lo, hi) } : forwardResponses(model, weights, mb, rows, seqLen, temperature);
-    const objective = lossAndGrad(
-      current.logp,
-      current.entropy,
-      {
-        oldLogProbs: old.logp.slice(lo, hi),
-        rolloutLogProbs: rolloutLogProbs.slice(lo, hi),
-        advantages: advantages.slice(lo, hi),
-        lossMask: lossMask.slice(lo, hi),
-        denomMask: denomMask.slice(lo, hi),
-        ...(ref && { refLogProbs: ref.slice(lo, hi) }),
-      },
-      algorithm,
-    );
+    const objective = isSft
+      ? sftObjective(current.logp, lossMask.slice(lo, hi), denomMask.slice(lo, hi), algorithm.calculate_per_token_loss)
+      : lossAndGrad(
+          current.logp,
+          current.entropy,
+          {
+            oldLogProbs: old.logp.slice(lo, hi),
+            rolloutLogProbs: rolloutLogProbs.slice(lo, hi),
+            advantages: advantages.slice(lo, hi),
+            lossMask: lossMask.slice(lo, hi),
+            denomMask: denomMask.slice(lo, hi),
+            ...(ref && { refLogProbs: ref.slice(lo, hi) }),
+          },
+          algorithm,
+        );
     const grads = microBatchGradient(model, weights, mb, rows, seqLen, objective.dLossDLogp, objective.dLossDEntropy, temperature);
     clock.mark("fwd_bwd_s");
     lr = learningRate(

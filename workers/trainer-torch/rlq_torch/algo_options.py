@@ -18,6 +18,7 @@ ESTIMATORS = (
     "ppo",
 )
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+LOSS_TYPES = ("policy_loss", "sft_loss")
 
 # slime's defaults (src/algorithms/options.ts algorithmOptionsShape).
 DEFAULT_OPTIONS: dict[str, Any] = {
@@ -59,6 +60,8 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "rs_upper_bound": None,
     "rs_veto_threshold": 1e-4,
     "tis_batch_normalize": True,
+    # slime's --loss-type: policy_loss (RL) or sft_loss (sft.py).
+    "loss_type": "policy_loss",
 }
 
 
@@ -82,6 +85,11 @@ def parse_options(options: dict[str, Any] | None = None) -> dict[str, Any]:
     if o["kl_loss_type"] not in KL_TYPES:
         raise AlgorithmError(
             "algo_bad_argument", f'unknown kl_loss_type "{o["kl_loss_type"]}"'
+        )
+    if o["loss_type"] not in LOSS_TYPES:
+        raise AlgorithmError(
+            "algo_bad_argument",
+            f'unknown loss_type "{o["loss_type"]}": expected policy_loss or sft_loss',
         )
     if o["tis_function"] not in ("vanilla", "icepop", "mis"):
         raise AlgorithmError(

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from . import algorithms as A
-from . import device_loss, tensor_parallel, trainer_checkpoint
+from . import device_loss, sft, tensor_parallel, trainer_checkpoint
 from . import fsdp as fsdp_mod
 from .batch import Batch, Sample
 from .critic_step import CriticSteps
@@ -812,8 +812,9 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
 
     def _device_inputs(self, c: SimpleNamespace) -> None:
         """The device loss (device_loss.py) where it covers the algorithm: the batch's per-token inputs on the device once."""
+        c.sft = c.o["loss_type"] == "sft_loss"
         c.device_loss = device_loss.unsupported(c.o) is None
-        if not c.device_loss:
+        if not c.device_loss and not c.sft:
             return
         dev = lambda x: (
             None
@@ -849,7 +850,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         d = self.dist
         o = c.o
         w_d = None
-        if c.device_loss:
+        if c.device_loss or c.sft:
             b = a + int(g_shape.offsets[-1])
             w_d = self._to_device(
                 torch.from_numpy(
@@ -883,7 +884,12 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                         fwd=fwd,
                         packed=c.packed,
                     )
-                    if c.device_loss:
+                    if c.sft:
+                        if c.on_policy:
+                            c.old_parts[k] = logp_t.detach().double()
+                        dlp, dent, metrics_by_mb[k] = sft.loss_terms(logp_t, w_d[ga:gb])
+                        with_entropy = False
+                    elif c.device_loss:
                         old = (
                             logp_t.detach().double()
                             if c.on_policy
