@@ -187,6 +187,9 @@ export const runConfigSchema = z
     max_regenerations: z.number().int().nonnegative().default(2),
     /** Async mode: before engines load new weights, in-flight requests are aborted (and resume as new segments) or drained. */
     weight_update_mode: z.enum(["abort", "drain"]).default("abort"),
+    // rlq: a learned reward model scored in-process (docs/rewards.md "onnx_rm")
+    /** rm_type onnx_rm: the model directory (model.onnx, tokenizer.json, reward_model.json) that scripts/export-reward-model.py writes. */
+    rm_model_path: pathOrNull,
   })
   .strict()
   .superRefine((c, ctx) => {
@@ -323,6 +326,13 @@ export const runConfigSchema = z
         code: "custom",
         path: ["global_batch_size"],
         message: `rollout_batch_size x n_samples_per_prompt (${samples}) must split into whole global batches (got ${gbs})`,
+      });
+    }
+    if (c.rm_type?.trim() === "onnx_rm" && c.rm_model_path === null && c.custom_rm_path === null) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["rm_model_path"],
+        message: "rm_type onnx_rm needs rm_model_path (the directory scripts/export-reward-model.py writes)",
       });
     }
   });

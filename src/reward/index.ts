@@ -9,6 +9,7 @@ export { deepscalerReward } from "./deepscaler.ts";
 export { exactMatchReward } from "./exact-match.ts";
 export { f1Reward, f1Score, normalizeAnswer, type F1Score } from "./f1.ts";
 export { computeGpqaReward, extractLetterFromResponse, gpqaReward } from "./gpqa.ts";
+export { loadOnnxRewardModel, type OnnxRewardModel, type OnnxRewardModelOptions } from "./learned.ts";
 export { gradeAnswerVerl, mathReward } from "./math.ts";
 export { gradeAnswerMathd, mathdNormalizeAnswer } from "./mathd-normalize.ts";
 export {

@@ -20,6 +20,7 @@ export type InProcessRmType = (typeof IN_PROCESS_RM_TYPES)[number];
 /** rm_types that exist in slime but are not served by this registry. */
 const ELSEWHERE: Readonly<Record<string, string>> = {
   remote_rm: "it is an HTTP reward server, scored by the remote reward client",
+  onnx_rm: "it is a learned reward model, scored a group at a time by the reward scorer from rm_model_path",
   ifbench: "it is not implemented in rlq; use custom_rm_path",
   random: "it is not implemented in rlq (a random reward trains nothing); use custom_rm_path",
 };

@@ -3,6 +3,7 @@ import type { RunConfig } from "../config/run-config.ts";
 import { resolvePluginFunction } from "../plugins/http.ts";
 import { pluginHttpOptions, rmHttpOptions } from "./http-auth.ts";
 import { createRemoteReward } from "../reward/remote.ts";
+import { loadOnnxRewardModel } from "../reward/learned.ts";
 import { RlqError } from "../lib/errors.ts";
 
 /**
@@ -102,6 +103,10 @@ export async function createRewardScorer(config: RunConfig, resolveRmType: (rmTy
   if (rmType.trim() === "remote_rm") {
     const rm = createRemoteReward({ url: config.rm_url as string, ...rmHttpOptions(config) });
     return { score: async (g) => (await rm.scoreGroup(g)).map((v, i) => selectReward(v, config.reward_key, where(i))) };
+  }
+  if (rmType.trim() === "onnx_rm") {
+    const model = await loadOnnxRewardModel(config.rm_model_path as string);
+    return { score: async (g) => (await model.score(g)).map((v, i) => selectReward(v, config.reward_key, where(i))) };
   }
   const fn = resolveRmType(rmType);
   if (!fn) throw new RlqError("config_invalid", `rm_type '${rmType}' is not a known reward type`);

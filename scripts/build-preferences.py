@@ -1,0 +1,95 @@
+"""Synthetic preference pairs from the demo task: the correct answer chosen over an incorrect one.
+
+    .venv/bin/python scripts/build-preferences.py --out DIR [--format chat|raw|both] [--seed 1]
+
+Writes DIR/train.jsonl (from examples/demo/train.jsonl) and DIR/eval.jsonl (from examples/demo/eval.jsonl, the
+held-out prompts), one row per prompt: {"prompt", "chosen", "rejected"}. The chosen response is the demo's answer
+format, `\\boxed{N}` with N the label (what rm_type math grades correct); the rejected one is, by a seeded draw,
+- a near miss (40%): N off by 1, 2 or 10, or two digits swapped, so the model must read the sum and not the form;
+- another number (30%): a uniform draw of the same size;
+- a malformed answer (30%): the right number without a box, an unclosed box, an empty box, or nothing,
+  the kinds of failure a sampling policy makes.
+
+`--format chat` renders the prompt with the fixture model's ChatML template (scripts/build-fixture-model.py) and
+ends the responses with `<|im_end|>`, as the real stack's rollouts read; `raw` keeps the demo's bare `13+81=` and
+bare responses, as the embedded demo's rollouts read; `both` (the default) draws one of the two per row.
+"""
+
+import argparse
+import json
+import os
+import random
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def chat_prompt(text: str) -> str:
+    return "<|im_start|>user\n" + text + "<|im_end|>\n<|im_start|>assistant\n"
+
+
+def wrong_number(label: int, rng: random.Random) -> int:
+    while True:
+        kind = rng.random()
+        if kind < 0.4 / 0.7:
+            d = str(label)
+            if len(d) >= 2 and rng.random() < 0.25:
+                i = rng.randrange(len(d) - 1)
+                n = int(d[:i] + d[i + 1] + d[i] + d[i + 2 :])
+            else:
+                n = label + rng.choice([-10, -2, -1, 1, 2, 10])
+        else:
+            n = rng.randrange(0, 10 ** len(str(label)))
+        if n != label and n >= 0:
+            return n
+
+
+def rejected_response(label: int, rng: random.Random) -> str:
+    if rng.random() < 0.7:
+        return "\\boxed{" + str(wrong_number(label, rng)) + "}"
+    return rng.choice([str(label), "\\boxed{" + str(label), "\\boxed{}", ""])
+
+
+def build(rows, fmt: str, rng: random.Random):
+    out = []
+    for r in rows:
+        label = int(r["label"])
+        chosen = "\\boxed{" + str(label) + "}"
+        rejected = rejected_response(label, rng)
+        use_chat = fmt == "chat" or (fmt == "both" and rng.random() < 0.5)
+        if use_chat:
+            out.append(
+                {
+                    "prompt": chat_prompt(r["input"]),
+                    "chosen": chosen + "<|im_end|>",
+                    "rejected": rejected + "<|im_end|>",
+                }
+            )
+        else:
+            out.append({"prompt": r["input"], "chosen": chosen, "rejected": rejected})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--out", required=True, help="directory for train.jsonl and eval.jsonl"
+    )
+    ap.add_argument("--format", choices=["chat", "raw", "both"], default="both")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    os.makedirs(args.out, exist_ok=True)
+    for split in ("train", "eval"):
+        with open(os.path.join(ROOT, "examples", "demo", f"{split}.jsonl")) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        pairs = build(rows, args.format, rng)
+        with open(os.path.join(args.out, f"{split}.jsonl"), "w") as f:
+            for p in pairs:
+                f.write(json.dumps(p) + "\n")
+        print(
+            f"{split}: {len(pairs)} pairs -> {os.path.join(args.out, split + '.jsonl')}"
+        )
+
+
+if __name__ == "__main__":
+    main()
