@@ -5,10 +5,12 @@
 Writes DIR/train.jsonl (from examples/demo/train.jsonl) and DIR/eval.jsonl (from examples/demo/eval.jsonl, the
 held-out prompts), one row per prompt: {"prompt", "chosen", "rejected"}. The chosen response is the demo's answer
 format, `\\boxed{N}` with N the label (what rm_type math grades correct); the rejected one is, by a seeded draw,
-- a near miss (40%): N off by 1, 2 or 10, or two digits swapped, so the model must read the sum and not the form;
-- another number (30%): a uniform draw of the same size;
-- a malformed answer (30%): the right number without a box, an unclosed box, an empty box, or nothing,
-  the kinds of failure a sampling policy makes.
+- a near miss (--near-miss, 40%): N off by 1, 2 or 10, or two digits swapped, so the model must read the sum and
+  not the form;
+- a malformed answer (--malformed, 30%): the right number without a box, an unclosed box, an empty box, or nothing,
+  the kinds of failure a sampling policy makes;
+- another number (the rest): a uniform draw of the same size.
+Each row's "kind" names which, so accuracy can be read per kind.
 
 `--format chat` renders the prompt with the fixture model's ChatML template (scripts/build-fixture-model.py) and
 ends the responses with `<|im_end|>`, as the real stack's rollouts read; `raw` keeps the demo's bare `13+81=` and
@@ -27,10 +29,10 @@ def chat_prompt(text: str) -> str:
     return "<|im_start|>user\n" + text + "<|im_end|>\n<|im_start|>assistant\n"
 
 
-def wrong_number(label: int, rng: random.Random) -> int:
+def wrong_number(label: int, rng: random.Random, near_share: float) -> int:
     while True:
         kind = rng.random()
-        if kind < 0.4 / 0.7:
+        if kind < near_share:
             d = str(label)
             if len(d) >= 2 and rng.random() < 0.25:
                 i = rng.randrange(len(d) - 1)
@@ -43,18 +45,26 @@ def wrong_number(label: int, rng: random.Random) -> int:
             return n
 
 
-def rejected_response(label: int, rng: random.Random) -> str:
-    if rng.random() < 0.7:
-        return "\\boxed{" + str(wrong_number(label, rng)) + "}"
-    return rng.choice([str(label), "\\boxed{" + str(label), "\\boxed{}", ""])
+def rejected_response(
+    label: int, rng: random.Random, near_miss: float, malformed: float
+) -> tuple[str, str]:
+    """(the rejected response, its kind: near_miss, other_number or malformed)."""
+    u = rng.random()
+    if u < near_miss:
+        return "\\boxed{" + str(wrong_number(label, rng, 1.0)) + "}", "near_miss"
+    if u < 1.0 - malformed:
+        return "\\boxed{" + str(wrong_number(label, rng, 0.0)) + "}", "other_number"
+    return rng.choice(
+        [str(label), "\\boxed{" + str(label), "\\boxed{}", ""]
+    ), "malformed"
 
 
-def build(rows, fmt: str, rng: random.Random):
+def build(rows, fmt: str, rng: random.Random, near_miss: float, malformed: float):
     out = []
     for r in rows:
         label = int(r["label"])
         chosen = "\\boxed{" + str(label) + "}"
-        rejected = rejected_response(label, rng)
+        rejected, kind = rejected_response(label, rng, near_miss, malformed)
         use_chat = fmt == "chat" or (fmt == "both" and rng.random() < 0.5)
         if use_chat:
             out.append(
@@ -62,10 +72,18 @@ def build(rows, fmt: str, rng: random.Random):
                     "prompt": chat_prompt(r["input"]),
                     "chosen": chosen + "<|im_end|>",
                     "rejected": rejected + "<|im_end|>",
+                    "kind": kind,
                 }
             )
         else:
-            out.append({"prompt": r["input"], "chosen": chosen, "rejected": rejected})
+            out.append(
+                {
+                    "prompt": r["input"],
+                    "chosen": chosen,
+                    "rejected": rejected,
+                    "kind": kind,
+                }
+            )
     return out
 
 
@@ -76,13 +94,22 @@ def main() -> None:
     )
     ap.add_argument("--format", choices=["chat", "raw", "both"], default="both")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--near-miss", type=float, default=0.4, help="share of near-miss rejections"
+    )
+    ap.add_argument(
+        "--malformed",
+        type=float,
+        default=0.3,
+        help="share of malformed rejections (the rest: other numbers)",
+    )
     args = ap.parse_args()
     rng = random.Random(args.seed)
     os.makedirs(args.out, exist_ok=True)
     for split in ("train", "eval"):
         with open(os.path.join(ROOT, "examples", "demo", f"{split}.jsonl")) as f:
             rows = [json.loads(line) for line in f if line.strip()]
-        pairs = build(rows, args.format, rng)
+        pairs = build(rows, args.format, rng, args.near_miss, args.malformed)
         with open(os.path.join(args.out, f"{split}.jsonl"), "w") as f:
             for p in pairs:
                 f.write(json.dumps(p) + "\n")

@@ -98,6 +98,15 @@ def main() -> None:
             print(json.dumps(history[-1]), flush=True)
     train_s = time.time() - t0
 
+    # Accuracy per kind of rejected answer (scripts/build-preferences.py "kind"): a model that learned only the answer's
+    # form scores near misses at chance.
+    kinds = sorted({p.get("kind", "") for p in held_out} - {""})
+    by_kind = {
+        k: rm.evaluate(
+            net, tok, [p for p in held_out if p.get("kind") == k], args.max_length, pad
+        )
+        for k in kinds
+    }
     critic.save_weights(args.out, 0, "reward-model", args.steps)
     onnx_dir = os.path.join(args.out, "onnx")
     rm.export_onnx(net, model_dir, onnx_dir, args.max_length, pad)
@@ -115,6 +124,7 @@ def main() -> None:
         "held_out_accuracy_before": history[0]["accuracy"],
         "held_out_accuracy": history[-1]["accuracy"],
         "held_out_loss": history[-1]["loss"],
+        "held_out_accuracy_by_kind": {k: v["accuracy"] for k, v in by_kind.items()},
         "history": history,
         "onnx_dir": onnx_dir,
     }

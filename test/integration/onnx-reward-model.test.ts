@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { fixtureModel, repoRoot, venvPython } from "../../scripts/real-stack.ts";
-import { loadOnnxRewardModel } from "../../src/reward/index.ts";
+import { loadOnnxRewardModel, mathReward } from "../../src/reward/index.ts";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 import { spawnRlq } from "../helpers/processes.ts";
 
@@ -135,5 +135,33 @@ describe("a run rewarded by rm_type onnx_rm alone", () => {
     const scores = await model.score(rows);
     await model.close();
     rows.forEach((r, i) => expect(Math.abs(r.reward - (scores[i] as number)), `sample ${i}`).toBeLessThan(1e-5));
+  }, 240_000);
+
+  it("as one component of a multi-component reward (examples/reward-model/rm-plus-math.ts): score = rm + math grade", async () => {
+    const runId = await w.start({
+      num_rollout: 1,
+      engine: { kind: "sglang", urls: [await w.freshEngine()] },
+      custom_rm_path: join(repoRoot, "examples/reward-model/rm-plus-math.ts"),
+      group_rm: true,
+      reward_key: "score",
+      rm_model_path: modelDir,
+    });
+    const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
+    expect(await up.exited, up.output()).toBe(0);
+    const rows = (
+      await w.db.pool.query(
+        "SELECT h.prompt, h.response, d.label, h.reward, h.reward_components FROM rollout_history h JOIN drawn_prompts d USING (run_id, draw_ordinal) WHERE h.run_id = $1 AND h.reward IS NOT NULL",
+        [runId],
+      )
+    ).rows as Array<{ prompt: string; response: string; label: string | null; reward: number; reward_components: { rm: number; acc: number; score: number } }>;
+    expect(rows.length).toBeGreaterThanOrEqual(16);
+    const model = await loadOnnxRewardModel(modelDir);
+    const scores = await model.score(rows);
+    await model.close();
+    rows.forEach((r, i) => {
+      expect(Math.abs(r.reward_components.rm - (scores[i] as number)), `sample ${i}`).toBeLessThan(1e-5);
+      expect(r.reward_components.acc).toBe(mathReward({ response: r.response, label: r.label }));
+      expect(r.reward).toBeCloseTo(r.reward_components.rm + r.reward_components.acc, 6);
+    });
   }, 240_000);
 });
