@@ -1,6 +1,6 @@
 import { RlqError } from "../lib/errors.ts";
 import type { RunConfig } from "../config/run-config.ts";
-import { parseRunConfig } from "../config/run-config.ts";
+import { applyRecordedChanges, decodeRecordedConfig } from "../config/recorded-config.ts";
 import type { Cursor, LoggedDecision } from "./decisions.ts";
 
 /**
@@ -137,7 +137,8 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
   switch (d.kind) {
     case "run.created": {
       const p = d.payload;
-      state.config = parseRunConfig(p.config, `run ${state.runId} stored config`);
+      // Through the version chain: a config recorded by an older rlq folds under this one.
+      state.config = decodeRecordedConfig(p.config, `run ${state.runId} stored config`);
       state.name = p.name;
       state.datasetSize = p.datasetSize;
       state.datasetFingerprint = p.datasetFingerprint;
@@ -150,7 +151,7 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
       if (d.payload.status === "completed") state.phase = "done";
       break;
     case "run.amended":
-      state.config = parseRunConfig({ ...state.config, ...d.payload.changes }, `run ${state.runId} amended config`);
+      state.config = applyRecordedChanges(state.config, d.payload.changes, `run ${state.runId} amended config`);
       break;
     case "step.started":
       state.step = d.payload.step;
