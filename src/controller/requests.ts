@@ -13,8 +13,9 @@ import type { ControllerHost } from "./host.ts";
  * handled at, or with the error that refused it.
  */
 export async function handleRequests(h: ControllerHost, reconcileOnResume: () => Promise<void>): Promise<void> {
-  const s = h.state;
-  for (const r of await pendingRunRequests(h.deps.db, s.runId)) {
+  for (const r of await pendingRunRequests(h.deps.db, h.state.runId)) {
+    // Each request sees the state the ones before it committed.
+    const s = h.state;
     let error: string | null = null;
     try {
       if (r.kind === "pause" && s.status === "running") {

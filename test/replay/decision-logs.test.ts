@@ -2,7 +2,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { parseDecision, type LoggedDecision } from "../../src/core/decisions.ts";
-import { apply, fold, totalSteps, type RunState } from "../../src/core/run-state.ts";
+import { apply, applyDecisions, emptyState, fold, totalSteps, type RunState } from "../../src/core/run-state.ts";
 import { restoreRunState, snapshotRunState } from "../../src/core/run-state-snapshot.ts";
 import { parseRunConfig } from "../../src/config/run-config.ts";
 import { sealDecision, shouldDrawMore } from "../../src/core/decide-groups.ts";
@@ -167,6 +167,29 @@ describe("recorded decision logs replay after a config key they used was renamed
     it(`${name}: takes an amendment recorded under the old key name`, () => {
       const amended: LoggedDecision = { kind: "run.amended", payload: { changes: { max_attempts: 6 } }, seq: log.length };
       expect(fold("r", [...log, amended]).config.train_max_attempts).toBe(6);
+    });
+  }
+});
+
+/**
+ * The controller commits through applyDecisions (controller/controller.ts): a part that holds the
+ * state across `await h.commit(...)` holds the state it read, unchanged. Over the recorded logs,
+ * decision by decision, the state given is left as it was and the states reach the fold.
+ */
+describe("recorded decision logs through applyDecisions", () => {
+  const plain = (s: RunState) =>
+    JSON.parse(JSON.stringify(s, (_k, v: unknown) => (v instanceof Map || v instanceof Set ? { [v.constructor.name]: [...v] } : v))) as unknown;
+  for (const name of ["sync-partial", "async-k1"]) {
+    it(`${name}: no decision changes the state it was applied to`, () => {
+      const log = recorded(name);
+      let state = emptyState("r");
+      for (const d of log) {
+        const before = plain(state);
+        const next = applyDecisions(state, [d]);
+        expect(plain(state), `after ${d.kind} (seq ${d.seq})`).toEqual(before);
+        state = next;
+      }
+      expect(plain(state)).toEqual(plain(fold("r", log)));
     });
   }
 });
