@@ -142,8 +142,9 @@ describe("recorded decision logs replay after a config key they used was renamed
     const recordedConfig = first?.kind === "run.created" ? first.payload.config : {};
 
     it(`${name}: was recorded with the old key, and folds to today's config`, () => {
-      expect(recordedConfig).toHaveProperty("max_attempts", 3);
-      expect(recordedConfig).not.toHaveProperty("config_version");
+      const why = `${name}.json must stay a config-version-1 log (scripts/record-decision-logs.ts): restore it from git`;
+      expect(recordedConfig, why).toHaveProperty("max_attempts", 3);
+      expect(recordedConfig, why).not.toHaveProperty("config_version");
       expect(() => parseRunConfig(recordedConfig, "today's schema alone")).toThrow(/max_attempts/);
       const s = fold("r", log);
       expect(s.config.train_max_attempts).toBe(3);
