@@ -215,7 +215,7 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
   readonly url: string;
   readonly canLoadWeights: boolean;
   private readonly adminMs: number;
-  private readonly mode: VllmLogprobsMode;
+  private readonly logprobsMode: VllmLogprobsMode;
   private readonly headers: Record<string, string> | undefined;
   private version: number;
   /** /v1/models' max_model_len for the served model, read at admission (checkServer); null until then. */
@@ -228,7 +228,7 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
     this.id = this.url;
     this.canLoadWeights = options.loadsWeights === true;
     this.adminMs = options.adminTimeoutMs ?? 10_000;
-    this.mode = options.logprobsMode ?? "raw_logprobs";
+    this.logprobsMode = options.logprobsMode ?? "raw_logprobs";
     this.headers = bearer(options.apiKey);
     this.version = options.initialVersion ?? 0;
   }
@@ -404,9 +404,9 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
     const seen = classifyProbe(await this.probeOnce(inputIds, 1), await this.probeOnce(inputIds, 0.5));
     // What the probe cannot see, the declared --logprobs-mode says.
     return {
-      isTemperatureScaled: seen.isTemperatureScaled ?? this.mode === "processed_logprobs",
-      isBeforeTruncation: seen.isBeforeTruncation ?? this.mode === "raw_logprobs",
-      detail: `${seen.detail}; declared --logprobs-mode ${this.mode}`,
+      isTemperatureScaled: seen.isTemperatureScaled ?? this.logprobsMode === "processed_logprobs",
+      isBeforeTruncation: seen.isBeforeTruncation ?? this.logprobsMode === "raw_logprobs",
+      detail: `${seen.detail}; declared --logprobs-mode ${this.logprobsMode}`,
     };
   }
 
