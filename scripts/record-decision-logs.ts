@@ -5,6 +5,10 @@
  * world: its own database, dropped after) and writes the run's `decisions` to
  * test/fixtures/decision-logs/NAME.json. Needs the test services (Postgres,
  * Redis). Run: npx tsx scripts/record-decision-logs.ts
+ *
+ * sync-partial and async-k1 were recorded at config version 1 (src/config/config-versions.ts), and
+ * the replay tests use them as logs of an older rlq: a new case goes under a new name, and
+ * re-recording those two loses that (test/replay/decision-logs.test.ts then fails, saying so).
  */
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";

@@ -13,6 +13,7 @@ import type { EngineMetricsSnapshot } from "./engines/metrics.ts";
 import { insertRunRequest, type RunRequestKind } from "./store/run-requests.ts";
 import { applyOverrides, readConfigFile } from "./config/load.ts";
 import { parseRunConfig, type RunConfig } from "./config/run-config.ts";
+import { withConfigVersion } from "./config/config-versions.ts";
 import { normalizeSlimeForms } from "./config/slime-traps.ts";
 import { createByteTokenizer } from "./data/tokenizer.ts";
 import { loadRunDataset, tokenizerFor } from "./runtime/plugins-registry.ts";
@@ -85,7 +86,7 @@ export async function startRun(
   await insertRun(db, {
     runId,
     name: options.name ?? runId,
-    config: config,
+    config: withConfigVersion(config),
     datasetFingerprint: dataset.fingerprint,
     datasetSize: dataset.rows.length,
     datasetErrors: dataset.errors,

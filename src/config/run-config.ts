@@ -11,6 +11,7 @@ import { normalizeSlimeForms, parsedConfigIssues, rawConfigIssues, unknownKeyAdv
 import { metricExportKeys, refineMetricExport } from "../observability/metrics-export/config.ts";
 import { redact } from "../lib/redact.ts";
 import { RlqError } from "../lib/errors.ts";
+import { renamedKeyAdvice } from "./config-versions.ts";
 
 /**
  * The run config: one YAML or JSON file, slime's flag names in snake_case
@@ -165,11 +166,12 @@ export const runConfigSchema = z
      */
     deterministic: z.boolean().default(false),
     train_stall_timeout_s: z.number().positive().default(120),
-    max_attempts: z.number().int().positive().default(3),
+    /** Attempts a train job gets before the run pauses (rollout, reward and eval jobs retry by their own rules). Version-1 configs call it max_attempts (config-versions.ts). */
+    train_max_attempts: z.number().int().positive().default(3),
     /**
      * How long a train job waits for a trainer it cannot connect to (a GPU
      * trainer restarting, reloading a model) before the run pauses with that
-     * reason. The wait uses no attempt: max_attempts counts attempts the
+     * reason. The wait uses no attempt: train_max_attempts counts attempts the
      * trainer took and lost (failed, stalled, or died with the process).
      */
     trainer_unreachable_timeout_s: z.number().positive().default(300),
@@ -346,7 +348,7 @@ export const amendableKeys = {
   eval_interval: "only changes when evals are scheduled",
   save_interval: "only changes when checkpoints are kept",
   train_stall_timeout_s: "only changes fault detection",
-  max_attempts: "only changes fault handling",
+  train_max_attempts: "only changes fault handling",
   trainer_unreachable_timeout_s: "only changes fault handling",
 } as const;
 
@@ -376,12 +378,22 @@ export function parseRunConfig(input: unknown, source = "config", origin: "user"
     // redact: a secret pasted where a reference belongs (wandb_key) is registered and never echoed.
     const shown = value === undefined ? "(missing)" : redact(JSON.stringify(value));
     if (issue.code === "unrecognized_keys") {
-      const advice = issue.path.length === 0 ? unknownKeyAdvice(issue.keys, new Set(Object.keys(runConfigSchema.shape))) : "";
+      const advice = issue.path.length === 0 ? topLevelKeyAdvice(issue.keys) : "";
       return `${source}: unknown key(s) ${issue.keys.map((k) => `'${[...issue.path, k].join(".")}'`).join(", ")}${advice ? ` (${advice})` : ""}`;
     }
     return `${source}: ${key || "(root)"} = ${shown}: ${issue.message}`;
   });
   throw new ConfigError([...lines, ...writtenIssues].join("\n"));
+}
+
+/** Advice for unknown top-level keys: a key renamed by a config version first, then slime's traps and near misses. */
+function topLevelKeyAdvice(keys: readonly string[]): string {
+  const renamed = keys.flatMap((k) => {
+    const advice = renamedKeyAdvice(k);
+    return advice === null ? [] : [`'${k}': ${advice}`];
+  });
+  const others = keys.filter((k) => renamedKeyAdvice(k) === null);
+  return [...renamed, unknownKeyAdvice(others, new Set(Object.keys(runConfigSchema.shape)))].filter((a) => a !== "").join("; ");
 }
 
 function lookup(raw: unknown, path: ReadonlyArray<PropertyKey>): unknown {

@@ -17,17 +17,18 @@ export async function tickAsync(h: ControllerHost): Promise<boolean> {
   if (s.step === 0 && s.lastTrainedStep < 0 && isFirstEvalDue(h)) return dispatchEval(h, 0, s.weightVersion);
   let progressed = false;
   if (s.pendingEval) progressed = (await awaitEval(h)) || progressed;
+  // Each part reads the state the parts before it committed (h.state), not `s`.
   progressed = (await collectAsync(h)) || progressed;
   progressed = (await trainAsync(h)) || progressed;
-  const wasSyncing = s.syncing !== null;
+  const wasSyncing = h.state.syncing !== null;
   progressed = (await syncAsync(h)) || progressed;
   // A sync just ended: the rounds it aborted go back out before any new group is drawn, so their
   // requests queue ahead of the new groups'. Drawn first, the new groups took the engines' slots
   // and the resumed long tails waited behind them; the groups in flight then held half the
   // unfinished samples, and at 64 engines with max_staleness 4 the engines ran short of requests
   // late in every step (bench/cluster-sim.ts; docs/performance.md, "Cluster scale").
-  if (wasSyncing && s.syncing === null) progressed = (await collectAsync(h)) || progressed;
-  if (s.status === "running" && s.syncing === null) progressed = (await admitAsync(h)) || progressed;
+  if (wasSyncing && h.state.syncing === null) progressed = (await collectAsync(h)) || progressed;
+  if (h.state.status === "running" && h.state.syncing === null) progressed = (await admitAsync(h)) || progressed;
   return progressed;
 }
 
@@ -97,8 +98,8 @@ async function syncAsync(h: ControllerHost): Promise<boolean> {
   await h.commit(syncDecisions(s, landed));
   // The load is asked for with the intent, not a tick later; the next ticks ask again, a no-op
   // (engine-admin.ts `beginLoad`).
-  const started = h.state.syncing;
-  if (started !== null && s.trainedCheckpointUri !== null) h.engines.beginLoad(started.weightVersion, s.trainedCheckpointUri);
+  const { syncing: started, trainedCheckpointUri } = h.state;
+  if (started !== null && trainedCheckpointUri !== null) h.engines.beginLoad(started.weightVersion, trainedCheckpointUri);
   return true;
 }
 
@@ -114,9 +115,10 @@ async function syncAsync(h: ControllerHost): Promise<boolean> {
  * may end when the loads do. Rounds dispatched at the new version are not waited for.
  */
 async function continueDuringSync(h: ControllerHost, version: number): Promise<{ isLanded: boolean; progressed: boolean }> {
-  const s = h.state;
   const { redo, unlanded } = await landedRounds(h, liveRounds(h));
   if (redo.length > 0) await dispatchRounds(h, redo, version);
+  // The state after the continued rounds' dispatch: they left `draining`, and admission counts them.
+  const s = h.state;
   if ([...s.draining.keys()].some((groupId) => unlanded.has(groupId))) return { isLanded: false, progressed: redo.length > 0 };
   const want = s.status === "running" ? admission(s, version) : 0;
   if (want > 0) await drawAndDispatch(h, want, version);

@@ -3,7 +3,7 @@ import type { Db, Database } from "../store/db.ts";
 import { appendDecisions, LeaseLostError, tryAcquireLease, type Lease } from "../store/decision-log.ts";
 import { loadRunState, saveRunSnapshot, SNAPSHOT_EVERY_DECISIONS } from "../store/run-snapshots.ts";
 import { projectRunInTx, setRunProjection } from "../store/projections.ts";
-import { apply, isAsync, type RunState } from "../core/run-state.ts";
+import { applyDecisions, isAsync, type RunState } from "../core/run-state.ts";
 import type { Decision } from "../core/decisions.ts";
 import type { Dataset } from "../data/dataset.ts";
 import { loadRunDataset } from "../runtime/plugins-registry.ts";
@@ -88,17 +88,25 @@ class RunController implements ControllerHost {
   private rolloutFunction: RolloutFunctionDriver | null = null;
   /** seq of the run's latest snapshot (store/run-snapshots.ts; -1: none). */
   private snapshotSeq = -1;
+  /** The state as of the last commit; each commit replaces it with a new value (`applyDecisions`). */
+  private current: RunState;
+
+  get state(): RunState {
+    return this.current;
+  }
 
   private constructor(
     readonly deps: ControllerDeps,
     private readonly lease: Lease,
-    readonly state: RunState,
+    state: RunState,
     readonly ctx: RunContext,
     readonly dataset: Dataset,
     readonly filter: DynamicFilter,
     readonly bufferFilter: BufferFilter,
     readonly engines: EngineAdmin,
-  ) {}
+  ) {
+    this.current = state;
+  }
 
   static async start(deps: ControllerDeps, lease: Lease, leaseWaitMs = 0): Promise<RunController> {
     const t0 = Date.now();
@@ -153,7 +161,7 @@ class RunController implements ControllerHost {
     // Where a restart's time went: the lease (before t0), the state (snapshot + fold), the engines' weights, the queues.
     const phasesMs = { lease: leaseWaitMs, state: stateMs, setup: t1 - t0 - stateMs, engines: t2 - t1, reconcile: t3 - t2 };
     deps.log.info(
-      { runId: lease.runId, epoch: lease.epoch, seq: state.seq, step: state.step, phase: state.phase, ms: t3 - t0, phasesMs },
+      { runId: lease.runId, epoch: lease.epoch, seq: ctl.state.seq, step: ctl.state.step, phase: ctl.state.phase, ms: t3 - t0, phasesMs },
       "controller took the run",
     );
     return ctl;
@@ -249,7 +257,7 @@ class RunController implements ControllerHost {
         ...(synced && synced.kind === "weights.synced" ? { weightVersion: synced.payload.weightVersion } : {}),
       });
     });
-    for (const d of logged) apply(this.state, d);
+    this.current = applyDecisions(this.current, logged);
     if (this.state.seq - this.snapshotSeq >= SNAPSHOT_EVERY_DECISIONS) await this.snapshot();
   }
 

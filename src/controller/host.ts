@@ -28,14 +28,18 @@ export interface ControllerDeps {
  */
 export interface ControllerHost {
   readonly deps: ControllerDeps;
-  /** The live state (mutated by every commit). */
+  /**
+   * The run's state as of the last commit. A commit replaces it with a new value and never changes
+   * the old one: a part that holds `const s = h.state` across an `await h.commit(...)` holds the
+   * state it decided from, and reads `h.state` again for what the commit decided.
+   */
   readonly state: RunState;
   readonly ctx: RunContext;
   readonly dataset: Dataset;
   readonly filter: DynamicFilter;
   readonly bufferFilter: BufferFilter;
   readonly engines: EngineAdmin;
-  /** Commit decisions (and writes that must land with them), then fold them in. */
+  /** Commit decisions (and writes that must land with them), then fold them into a new `state`. */
   commit(list: Decision[], extra?: (tx: Database) => Promise<void>): Promise<void>;
   /** `commit`, then the crash point (tests), then the decisions' jobs. */
   commitThenEnqueue(list: Decision[], options?: { extra?: (tx: Database) => Promise<void>; crashPoint?: string }): Promise<void>;

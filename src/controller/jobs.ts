@@ -11,14 +11,14 @@ import type { Queues } from "../queue/queues.ts";
  */
 export type Job = { [K in QueueKind]: { kind: K; data: JobData<K>; attempts?: number } }[QueueKind];
 
-export function jobFor(runId: string, config: Pick<RunConfig, "max_attempts">, d: Decision): Job | null {
+export function jobFor(runId: string, config: Pick<RunConfig, "train_max_attempts">, d: Decision): Job | null {
   switch (d.kind) {
     case "group.dispatched": {
       const { groupId, round, step, weightVersion } = d.payload;
       return { kind: "rollout", data: { runId, groupId, round, step, weightVersion } };
     }
     case "train.dispatched":
-      return { kind: "train", data: { runId, step: d.payload.step }, attempts: config.max_attempts };
+      return { kind: "train", data: { runId, step: d.payload.step }, attempts: config.train_max_attempts };
     case "eval.dispatched":
       return { kind: "eval", data: { runId, step: d.payload.step } };
     default:
@@ -35,7 +35,7 @@ export function rewardJobFor(rollout: JobData<"rollout">): Job {
 }
 
 /** Enqueue the jobs of committed decisions (after their commit): rollout jobs in one round trip, the others one by one. */
-export async function enqueueJobsFor(queues: Queues, runId: string, config: Pick<RunConfig, "max_attempts">, list: readonly Decision[]): Promise<void> {
+export async function enqueueJobsFor(queues: Queues, runId: string, config: Pick<RunConfig, "train_max_attempts">, list: readonly Decision[]): Promise<void> {
   const jobs = list.map((d) => jobFor(runId, config, d)).filter((j): j is Job => j !== null);
   const rollouts = jobs.flatMap((j) => (j.kind === "rollout" ? [j.data] : []));
   if (rollouts.length > 0) await queues.enqueueMany("rollout", rollouts);

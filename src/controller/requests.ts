@@ -2,6 +2,7 @@ import { LeaseLostError } from "../store/decision-log.ts";
 import { projectRunInTx } from "../store/projections.ts";
 import { markRunRequest, pendingRunRequests } from "../store/run-requests.ts";
 import { amendableKeys, parseRunConfig } from "../config/run-config.ts";
+import { renamedKeyAdvice, withConfigVersion } from "../config/config-versions.ts";
 import { isAsync } from "../core/run-state.ts";
 import { errorMessage, RlqError } from "../lib/errors.ts";
 import type { ControllerHost } from "./host.ts";
@@ -12,8 +13,9 @@ import type { ControllerHost } from "./host.ts";
  * handled at, or with the error that refused it.
  */
 export async function handleRequests(h: ControllerHost, reconcileOnResume: () => Promise<void>): Promise<void> {
-  const s = h.state;
-  for (const r of await pendingRunRequests(h.deps.db, s.runId)) {
+  for (const r of await pendingRunRequests(h.deps.db, h.state.runId)) {
+    // Each request sees the state the ones before it committed.
+    const s = h.state;
     let error: string | null = null;
     try {
       if (r.kind === "pause" && s.status === "running") {
@@ -26,8 +28,13 @@ export async function handleRequests(h: ControllerHost, reconcileOnResume: () =>
       } else if (r.kind === "amend") {
         const changes = (r.payload as { changes?: Record<string, unknown> }).changes ?? {};
         const bad = Object.keys(changes).filter((k) => !(k in amendableKeys));
-        if (bad.length > 0)
-          throw new RlqError("amend_refused", `keys ${bad.join(", ")} cannot be amended on a live run (allowed: ${Object.keys(amendableKeys).join(", ")})`);
+        if (bad.length > 0) {
+          const renamed = bad.flatMap((k) => (renamedKeyAdvice(k) === null ? [] : [`'${k}' ${renamedKeyAdvice(k)}`]));
+          throw new RlqError(
+            "amend_refused",
+            `keys ${bad.join(", ")} cannot be amended on a live run (allowed: ${Object.keys(amendableKeys).join(", ")})${renamed.length > 0 ? `; ${renamed.join("; ")}` : ""}`,
+          );
+        }
         const next = parseRunConfig({ ...s.config, ...changes }, "amended config");
         if (isAsync(s) && next.num_rollout !== null) {
           // Async mode may have sealed steps ahead of the trainer: they are decided, so they are trained.
@@ -38,8 +45,9 @@ export async function handleRequests(h: ControllerHost, reconcileOnResume: () =>
               `num_rollout ${next.num_rollout} is below the ${sealed} step(s) already sealed; the smallest allowed is ${sealed}`,
             );
         }
-        const amended = { ...s.config, ...changes } as Record<string, unknown>;
-        await h.commit([{ kind: "run.amended", payload: { changes } }], (tx) => projectRunInTx(tx, s.runId, { config: amended }));
+        // Both recorded with this rlq's config version, so a later rlq upgrades them (config/config-versions.ts).
+        const amended = withConfigVersion({ ...s.config, ...changes });
+        await h.commit([{ kind: "run.amended", payload: { changes: withConfigVersion(changes) } }], (tx) => projectRunInTx(tx, s.runId, { config: amended }));
       }
     } catch (e) {
       if (e instanceof LeaseLostError) throw e;

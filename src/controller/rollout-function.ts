@@ -327,9 +327,10 @@ class Driver implements RolloutFunctionDriver {
 
   /** Generate calls waiting on a round: finished and scored → the result; ended unfinished → continue as the next round. */
   private async poll(ex: Execution, calls: Call[]): Promise<void> {
-    const s = this.host.state();
-    const n = s.config.n_samples_per_prompt;
+    const n = this.host.state().config.n_samples_per_prompt;
     for (let pass = 0; pass < 100 && calls.length > 0; pass++) {
+      // Each pass reads the state the previous pass's continued rounds committed.
+      const s = this.host.state();
       const keys = calls.map((c) => ({ c, groupId: (c.input as { groupId: number }).groupId, round: ex.genRound.get(c.ordinal) as number }));
       const statuses = await loadRoundStatuses(this.host.db, s.runId, keys);
       const ready: typeof keys = [];

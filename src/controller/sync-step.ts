@@ -49,8 +49,7 @@ export async function tickSync(h: ControllerHost, rolloutFunction: RolloutFuncti
 }
 
 async function collect(h: ControllerHost): Promise<boolean> {
-  const s = h.state;
-  const c = s.config;
+  const c = h.state.config;
   const keys = inflightRounds(h);
   const { ready, redo } = await landedRounds(h, keys);
   // A round that ended unfinished without a seal (engine abort or failure): continue it as a new round.
@@ -58,13 +57,14 @@ async function collect(h: ControllerHost): Promise<boolean> {
   if (c.deterministic && ready.length < keys.length) return redo.length > 0;
   ready.sort((a, b) => a - b);
   await decideReady(h, ready);
-  const seal = sealDecision(s);
+  // The state after the outcomes just committed.
+  const seal = sealDecision(h.state);
   if (seal) {
     await h.commit([seal]);
     h.deps.crashPoint("controller.after_seal");
     return true;
   }
-  if (shouldDrawMore(s)) {
+  if (shouldDrawMore(h.state)) {
     await drawAndDispatch(h);
     return true;
   }
@@ -106,9 +106,10 @@ async function sync(h: ControllerHost): Promise<boolean> {
   // weight_sync none: the engines keep version 0 for the whole run; nothing is synced.
   if (c.weight_sync !== "none" && ((s.step + 1) % c.update_weights_interval === 0 || isLast) && s.weightVersion !== s.trainedVersion) {
     await syncEngines(h, s.step, s.trainedVersion, s.trainedCheckpointUri as string);
-    if (isEvalDue(h, s.step + 1)) return dispatchEval(h, s.step + 1, s.weightVersion);
+    if (isEvalDue(h, s.step + 1)) return dispatchEval(h, s.step + 1, h.state.weightVersion);
   }
   if (isLast) return completeRun(h);
-  await h.commit([{ kind: "step.started", payload: { step: s.step + 1, weightVersion: s.weightVersion } }]);
+  // The version the engines serve now: the sync above (if any) committed it.
+  await h.commit([{ kind: "step.started", payload: { step: s.step + 1, weightVersion: h.state.weightVersion } }]);
   return true;
 }

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { apply, fold, type RunState } from "./run-state.ts";
+import { apply, applyDecisions, emptyState, fold, type RunState } from "./run-state.ts";
 import { restoreRunState, snapshotRunState } from "./run-state-snapshot.ts";
 import type { Decision, LoggedDecision } from "./decisions.ts";
 
@@ -109,6 +109,21 @@ describe("run state snapshots", () => {
         for (const d of log.slice(k)) apply(restored as RunState, d);
         expect(plain(restored as RunState)).toEqual(plain(whole));
       }
+    });
+  }
+
+  for (const [name, history] of Object.entries(histories)) {
+    it(`${name}: applyDecisions leaves the state it is given as it was, one decision at a time, and ends at the fold`, () => {
+      const log = logged(history);
+      let state = emptyState("r");
+      for (const d of log) {
+        const before = plain(state);
+        const next = applyDecisions(state, [d]);
+        expect(plain(state), `after ${d.kind} (seq ${d.seq})`).toEqual(before);
+        expect(next).not.toBe(state);
+        state = next;
+      }
+      expect(plain(state)).toEqual(plain(fold("r", log)));
     });
   }
 

@@ -1,5 +1,6 @@
 import { z } from "zod";
-import { parseRunConfig } from "../config/run-config.ts";
+import { decodeRecordedConfig } from "../config/recorded-config.ts";
+import { withConfigVersion } from "../config/config-versions.ts";
 import { emptyState, type GroupPhase, type RunState } from "./run-state.ts";
 
 /**
@@ -85,7 +86,7 @@ export function snapshotRunState(s: RunState): RunStateSnapshot {
     runId: s.runId,
     seq: s.seq,
     name: s.name,
-    config: s.config,
+    config: withConfigVersion(s.config),
     status: s.status,
     statusReason: s.statusReason,
     datasetSize: s.datasetSize,
@@ -133,8 +134,8 @@ export function restoreRunState(runId: string, raw: unknown): RunState | null {
     const groupId = g.ids[i] as number;
     state.groups.set(groupId, { groupId, round: g.rounds[i] as number, regenerations: g.regenerations[i] as number, step: g.steps[i] as number, phase });
   }
-  // The stored config is a parsed one; parsing it again is idempotent (run.amended does the same).
-  state.config = parseRunConfig(p.config, `run ${runId} snapshot config`);
+  // A snapshot written by an older rlq holds its config at that rlq's version: decoded like run.created's.
+  state.config = decodeRecordedConfig(p.config, `run ${runId} snapshot config`);
   state.name = p.name;
   state.status = p.status;
   state.statusReason = p.statusReason;

@@ -1,12 +1,13 @@
 import { RlqError } from "../lib/errors.ts";
 import type { RunConfig } from "../config/run-config.ts";
-import { parseRunConfig } from "../config/run-config.ts";
+import { applyRecordedChanges, decodeRecordedConfig } from "../config/recorded-config.ts";
 import type { Cursor, LoggedDecision } from "./decisions.ts";
 
 /**
  * The run's state, folded from its decision log. Pure: no I/O. The controller
- * applies each decision it writes with the same `apply`, so a controller
- * restarted from the log reaches exactly the state it had.
+ * applies each decision it writes with the same `apply` (through `applyDecisions`,
+ * a new state per commit), so a controller restarted from the log reaches exactly
+ * the state it had.
  */
 export type RunStatus = "created" | "running" | "paused" | "cancelled" | "completed";
 export type StepPhase = "collect" | "drain" | "train" | "sync" | "done";
@@ -130,14 +131,59 @@ function group(state: RunState, groupId: number): GroupState {
   return g;
 }
 
-/** Apply one decision (mutates and returns `state`). */
+/**
+ * A group's next value: a new object in the map, never a change to the old one, so a copy of the
+ * state (`copyState`) can share the group objects with the state it was copied from.
+ */
+function setGroup(state: RunState, groupId: number, change: Partial<Omit<GroupState, "groupId">>): GroupState {
+  const g = { ...group(state, groupId), ...change };
+  state.groups.set(groupId, g);
+  return g;
+}
+
+/**
+ * A copy of `state` that `apply` may change without changing `state`: its own maps, sets and
+ * arrays; the values in them (group objects, the config, the cursor) are shared, as `apply`
+ * replaces them and never changes them in place.
+ */
+export function copyState(state: RunState): RunState {
+  return {
+    ...state,
+    pluginFingerprints: { ...state.pluginFingerprints },
+    buffer: [...state.buffer],
+    groups: new Map(state.groups),
+    kept: [...state.kept],
+    inflight: new Set(state.inflight),
+    draining: new Map(state.draining),
+    sealed: [...state.sealed],
+    evalsDispatched: new Set(state.evalsDispatched),
+    trainQueue: [...state.trainQueue],
+  };
+}
+
+/**
+ * The state after `decisions`, as a new value: `state` itself is left as it was. What the
+ * controller commits through, so a part that read the state before an `await h.commit(...)` holds
+ * the state as of its read, not one changed under it halfway through its work.
+ */
+export function applyDecisions(state: RunState, decisions: Iterable<LoggedDecision>): RunState {
+  const next = copyState(state);
+  for (const d of decisions) apply(next, d);
+  return next;
+}
+
+/**
+ * Apply one decision to a state the caller owns alone (a fold's, or a copy from `copyState`):
+ * changes and returns `state`. A state others hold goes through `applyDecisions`.
+ */
 export function apply(state: RunState, d: LoggedDecision): RunState {
   if (d.seq !== state.seq + 1) throw new RlqError("decision_log_corrupt", `run ${state.runId}: decision seq ${d.seq} after ${state.seq}`);
   state.seq = d.seq;
   switch (d.kind) {
     case "run.created": {
       const p = d.payload;
-      state.config = parseRunConfig(p.config, `run ${state.runId} stored config`);
+      // Through the version chain: a config recorded by an older rlq folds under this one.
+      state.config = decodeRecordedConfig(p.config, `run ${state.runId} stored config`);
       state.name = p.name;
       state.datasetSize = p.datasetSize;
       state.datasetFingerprint = p.datasetFingerprint;
@@ -150,7 +196,7 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
       if (d.payload.status === "completed") state.phase = "done";
       break;
     case "run.amended":
-      state.config = parseRunConfig({ ...state.config, ...d.payload.changes }, `run ${state.runId} amended config`);
+      state.config = applyRecordedChanges(state.config, d.payload.changes, `run ${state.runId} amended config`);
       break;
     case "step.started":
       state.step = d.payload.step;
@@ -173,10 +219,7 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
       break;
     }
     case "group.dispatched": {
-      const g = group(state, d.payload.groupId);
-      g.round = d.payload.round;
-      g.step = d.payload.step;
-      g.phase = "inflight";
+      const g = setGroup(state, d.payload.groupId, { round: d.payload.round, step: d.payload.step, phase: "inflight" });
       state.inflight.add(g.groupId);
       state.draining.delete(g.groupId);
       break;
@@ -188,19 +231,16 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
     case "rollout_fn.called":
       break;
     case "group.cut":
-      group(state, d.payload.groupId).regenerations++;
+      setGroup(state, d.payload.groupId, { regenerations: group(state, d.payload.groupId).regenerations + 1 });
       break;
     case "group.aborted": {
-      const g = group(state, d.payload.groupId);
-      g.phase = "draining";
+      const g = setGroup(state, d.payload.groupId, { phase: "draining" });
       state.inflight.delete(g.groupId);
       state.draining.set(g.groupId, d.payload.round);
       break;
     }
     case "group.outcome": {
-      const g = group(state, d.payload.groupId);
-      g.phase = d.payload.outcome;
-      g.step = d.payload.step;
+      const g = setGroup(state, d.payload.groupId, { phase: d.payload.outcome, step: d.payload.step });
       state.inflight.delete(g.groupId);
       state.draining.delete(g.groupId);
       if (d.payload.outcome === "kept") {
@@ -220,7 +260,7 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
       for (const a of d.payload.aborted) {
         state.inflight.delete(a.groupId);
         state.draining.set(a.groupId, a.round);
-        group(state, a.groupId).phase = "draining";
+        setGroup(state, a.groupId, { phase: "draining" });
       }
       break;
     case "train.dispatched":

@@ -201,102 +201,66 @@ export interface OpenAiCompatEngine extends RemoteEngine {
 }
 
 export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCompatEngine {
-  const url = options.url.replace(/\/+$/, "").replace(/\/v1$/, "");
-  const adminMs = options.adminTimeoutMs ?? 10_000;
-  const mode = options.logprobsMode ?? "raw_logprobs";
-  let version = options.initialVersion ?? 0;
-  const headers = bearer(options.apiKey);
-  /** /v1/models' max_model_len for the served model, read at admission (checkServer); null until then. */
-  let maxModelLen: number | null = null;
-  /** Whether the dev-mode RL routes answer (GET /is_paused), read at admission: they hold the abort by id. */
-  let hasDevRoutes = false;
-  /** GET /weight_info: "default" (nothing loaded since start) is version 0; else the version a load named. */
-  const serverVersion = async (): Promise<number> => {
-    const res = (await callJson("GET", `${url}/weight_info`, undefined, { timeoutMs: adminMs, headers })) as { weight_version?: unknown };
-    const w = res.weight_version;
-    if (w === "default" || w === null || w === undefined) return 0;
-    const n = typeof w === "number" ? w : typeof w === "string" && /^\d+$/.test(w) ? Number(w) : NaN;
-    if (!Number.isSafeInteger(n))
-      throw new RlqError("engine_bad_version", `vLLM ${url}/weight_info: weight_version ${JSON.stringify(w)} is not a version rlq loaded (an integer)`, {
-        isRetriable: false,
-      });
-    return n;
-  };
-  const readVersion = async () => (options.loadsWeights ? await serverVersion() : options.versionSource ? await options.versionSource() : version);
-  /** GET /is_paused (rl/online/api_router.py): 200 in dev mode; FastAPI's 404 without it. */
-  const answersDevRoutes = async (): Promise<boolean> => {
-    try {
-      await callJson("GET", `${url}/is_paused`, undefined, { timeoutMs: adminMs, headers });
-      return true;
-    } catch (e) {
-      if (e instanceof EngineHttpError && e.status === 404) return false;
-      throw e;
-    }
-  };
-  const admin = async (path: string, payload: unknown, timeoutMs = adminMs) => callJson("POST", `${url}${path}`, payload, { timeoutMs, headers });
+  return new OpenAiCompatServer(options);
+}
 
-  function body(req: GenerateRequest, isStream: boolean, overrides: Record<string, unknown> = {}) {
-    const s = req.sampling;
-    return {
-      model: options.model,
-      prompt: req.inputIds,
-      max_tokens: s.maxNewTokens,
-      temperature: s.temperature,
-      top_p: s.topP,
-      top_k: s.topK,
-      ...(s.seed === undefined ? {} : { seed: s.seed }),
-      ...(s.stop && s.stop.length > 0 ? { stop: s.stop } : {}),
-      stop_token_ids: s.stopTokenIds,
-      include_stop_str_in_output: true,
-      skip_special_tokens: s.skipSpecialTokens ?? false,
-      spaces_between_special_tokens: false,
-      ...(s.ignoreEos ? { ignore_eos: true } : {}),
-      ...(options.repetitionDetection ? { repetition_detection: options.repetitionDetection } : {}),
-      logprobs: 1,
-      return_tokens_as_token_ids: true,
-      return_token_ids: true,
-      request_id: req.requestId,
-      n: 1,
-      stream: isStream,
-      ...overrides,
-    };
+/**
+ * One OpenAI-compatible server (vLLM). What it learns of the server lives in its fields, each with
+ * one writer: `version` (`setVersion`: the version of record where rlq does not load weights),
+ * `maxModelLen` and `hasDevRoutes` (`checkServer`, at admission).
+ */
+class OpenAiCompatServer implements OpenAiCompatEngine {
+  readonly kind = "openai" as const;
+  readonly id: string;
+  readonly url: string;
+  readonly canLoadWeights: boolean;
+  private readonly adminMs: number;
+  private readonly logprobsMode: VllmLogprobsMode;
+  private readonly headers: Record<string, string> | undefined;
+  private version: number;
+  /** /v1/models' max_model_len for the served model, read at admission (checkServer); null until then. */
+  private maxModelLen: number | null = null;
+  /** Whether the dev-mode RL routes answer (GET /is_paused), read at admission: they hold the abort by id. */
+  private hasDevRoutes = false;
+
+  constructor(private readonly options: OpenAiCompatOptions) {
+    this.url = options.url.replace(/\/+$/, "").replace(/\/v1$/, "");
+    this.id = this.url;
+    this.canLoadWeights = options.loadsWeights === true;
+    this.adminMs = options.adminTimeoutMs ?? 10_000;
+    this.logprobsMode = options.logprobsMode ?? "raw_logprobs";
+    this.headers = bearer(options.apiKey);
+    this.version = options.initialVersion ?? 0;
   }
 
   /**
-   * The max_tokens to send. vLLM refuses max_tokens over max_model_len outright (400, param
-   * max_tokens: renderers/params.py TokenizeParams), yet clamps a smaller one to what is left after
-   * the prompt (serve/utils/api_utils.py get_max_tokens), so rlq clamps both alike: the sample
-   * generates to the end of the context and finishes "length" (truncated). An input that leaves no
-   * room at all is refused here, naming the numbers, as the server would (400 "maximum context
-   * length"); the sample fails with that reason and the engine is not blamed.
+   * True where the dev-mode routes answer: POST /abort_requests ends the request on the server for
+   * certain. Otherwise closing the connection is the only abort, and vLLM acts on it only once it
+   * notices the disconnect (a loaded server was seen finishing the request first).
    */
-  function maxTokensFor(req: GenerateRequest, where: string): number {
-    const wanted = req.sampling.maxNewTokens;
-    if (maxModelLen === null) return wanted;
-    const room = maxModelLen - req.inputIds.length;
-    if (room < 1)
-      throw new EngineRequestError(
-        `${where}: the input is ${req.inputIds.length} tokens (prompt and response so far) and vLLM serves ${options.model} with max_model_len ${maxModelLen}, ` +
-          "which leaves no room for a generated token: start vLLM with a larger --max-model-len, or shorten the prompts (rollout_max_prompt_len) " +
-          "or the context (rollout_max_context_len)",
-      );
-    return Math.min(wanted, room);
+  get canAbortById(): boolean {
+    return this.hasDevRoutes;
   }
 
-  async function generateWith(request: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult> {
+  generate(request: GenerateRequest): Promise<GenerateResult> {
+    return this.generateWith(request, { partial: emptyPartial() });
+  }
+
+  async generateWith(request: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult> {
+    const url = this.url;
     const req = generateRequestSchema.parse(request);
     const where = `${url}/v1/completions (request ${req.requestId})`;
-    const maxTokens = maxTokensFor(req, where);
+    const maxTokens = this.maxTokensFor(req, where);
     // The version is read before generating: the fence guarantees it does not change under a
     // request, and where vLLM loads weights itself it is read again after (below).
-    const v = await readVersion();
+    const v = await this.weightVersion();
     hooks.partial.weightVersion = v;
     let finish: CompletionFinish | null = null;
     try {
       await postStream(
         `${url}/v1/completions`,
-        body(req, true, { max_tokens: maxTokens }),
-        { timeoutMs: options.requestTimeoutMs, signal: hooks.signal, headers: bearer(options.apiKey) },
+        this.body(req, true, { max_tokens: maxTokens }),
+        { timeoutMs: this.options.requestTimeoutMs, signal: hooks.signal, headers: this.headers },
         (payload) => {
           if (typeof payload === "object" && payload !== null && "error" in payload) {
             const failed = errorEventSchema.safeParse(payload);
@@ -319,7 +283,7 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
         isRetriable: true,
       });
     }
-    if (options.loadsWeights && (await serverVersion()) !== v) {
+    if (this.options.loadsWeights && (await this.serverVersion()) !== v) {
       // A load ran between the two reads: which weights made these tokens is unknown.
       hooks.partial.tokenIds.length = 0;
       hooks.partial.logProbs.length = 0;
@@ -336,135 +300,213 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
     };
   }
 
-  return {
-    kind: "openai",
-    id: url,
-    url,
-    /**
-     * True where the dev-mode routes answer: POST /abort_requests ends the request on the server for
-     * certain. Otherwise closing the connection is the only abort, and vLLM acts on it only once it
-     * notices the disconnect (a loaded server was seen finishing the request first).
-     */
-    get canAbortById() {
-      return hasDevRoutes;
-    },
-    canLoadWeights: options.loadsWeights === true,
-    generate: (request) => generateWith(request, { partial: emptyPartial() }),
-    generateWith,
-    async abort(requestIds) {
-      // Without the dev routes the pool closes the connection instead (canAbortById false). An empty
-      // list is never sent: /abort_requests with no ids aborts every request on the server.
-      if (!hasDevRoutes || requestIds.length === 0) return;
-      // vllm/entrypoints/rl/online/api_router.py abort_requests takes external ids, which
-      // completion/serving.py makes "cmpl-<request_id>-<prompt index>" (one prompt: index 0). The
-      // route is outside --api-key's prefixes; the key goes with it all the same.
-      await callJson(
-        "POST",
-        `${url}/abort_requests`,
-        { request_ids: requestIds.map((id) => `cmpl-${id}-0`) },
-        { timeoutMs: adminMs, headers, lane: "control" },
-      );
-    },
-    async health(timeoutMs = adminMs) {
-      try {
-        const res = await requestText("GET", `${url}/health`, undefined, { timeoutMs, headers: bearer(options.apiKey) });
-        return res.status >= 200 && res.status < 300;
-      } catch {
-        // No answer is the check's answer: the pool counts it and logs the engine's death.
-        return false;
-      }
-    },
-    weightVersion: readVersion,
-    setVersion(v) {
-      version = v;
-    },
-    async loadWeights(v, uri) {
-      if (!options.loadsWeights)
-        throw new RlqError(
-          "engine_cannot_load",
-          `${url}: rlq does not load weights into this server (weight_sync none keeps version ${version}); asked for version ${v}`,
-          {
-            isRetriable: false,
-          },
-        );
-      const path = uri.startsWith("file://") ? decodeURIComponent(new URL(uri).pathname) : uri;
-      const loadMs = options.loadTimeoutMs ?? 600_000;
-      await admin("/pause?mode=wait", undefined, loadMs);
-      try {
-        try {
-          await admin("/collective_rpc", { method: "reload_weights", kwargs: { weights_path: path } }, loadMs);
-        } catch (e) {
-          // A failed reload is a 500 naming the worker's error (serve/dev/rpc/api_router.py).
-          if (e instanceof EngineHttpError && e.status !== null && e.status >= 400)
-            throw new RlqError("engine_load_failed", `vLLM ${url}: reload_weights(${path}) for version ${v} failed: ${e.message}`, {
-              cause: e,
-              isRetriable: false,
-            });
-          throw e;
-        }
-        await admin("/update_weight_version", { new_version: String(v) });
-      } finally {
-        await admin("/resume", undefined);
-      }
-      const now = await serverVersion();
-      if (now !== v)
-        throw new RlqError("engine_version_mismatch", `vLLM ${url}: loaded ${path} as version ${v} but /weight_info reports ${now}`, { isRetriable: true });
-    },
-    async checkServer() {
-      if (options.loadsWeights) {
-        try {
-          await serverVersion();
-        } catch (e) {
-          if (e instanceof EngineHttpError && e.status === 404)
-            throw new RlqError(
-              "engine_cannot_load",
-              `vLLM ${url} has no /weight_info: weight_sync disk loads weights through vLLM's RL endpoints, which it serves only when started with VLLM_SERVER_DEV_MODE=1 (or use weight_sync: none)`,
-              { cause: e, isRetriable: false },
-            );
-          throw e;
-        }
-      }
-      const res = (await callJson("GET", `${url}/v1/models`, undefined, { timeoutMs: adminMs, headers: bearer(options.apiKey) })) as {
-        data?: Array<{ id?: string; max_model_len?: unknown }>;
-      };
-      const ids = (res.data ?? []).map((m) => m.id);
-      const served = (res.data ?? []).find((m) => m.id === options.model);
-      if (served === undefined) {
-        throw new RlqError("engine_model_missing", `${url} serves ${JSON.stringify(ids)}, not the configured model ${JSON.stringify(options.model)}`, {
+  async abort(requestIds: readonly string[]): Promise<void> {
+    // Without the dev routes the pool closes the connection instead (canAbortById false). An empty
+    // list is never sent: /abort_requests with no ids aborts every request on the server.
+    if (!this.hasDevRoutes || requestIds.length === 0) return;
+    // vllm/entrypoints/rl/online/api_router.py abort_requests takes external ids, which
+    // completion/serving.py makes "cmpl-<request_id>-<prompt index>" (one prompt: index 0). The
+    // route is outside --api-key's prefixes; the key goes with it all the same.
+    await callJson(
+      "POST",
+      `${this.url}/abort_requests`,
+      { request_ids: requestIds.map((id) => `cmpl-${id}-0`) },
+      { timeoutMs: this.adminMs, headers: this.headers, lane: "control" },
+    );
+  }
+
+  async health(timeoutMs = this.adminMs): Promise<boolean> {
+    try {
+      const res = await requestText("GET", `${this.url}/health`, undefined, { timeoutMs, headers: this.headers });
+      return res.status >= 200 && res.status < 300;
+    } catch {
+      // No answer is the check's answer: the pool counts it and logs the engine's death.
+      return false;
+    }
+  }
+
+  /** The version of record: /weight_info where rlq loads weights, else `versionSource`, else the value `setVersion` gave. */
+  async weightVersion(): Promise<number> {
+    if (this.options.loadsWeights) return this.serverVersion();
+    return this.options.versionSource ? this.options.versionSource() : this.version;
+  }
+
+  setVersion(v: number): void {
+    this.version = v;
+  }
+
+  async loadWeights(v: number, uri: string): Promise<void> {
+    const url = this.url;
+    if (!this.options.loadsWeights)
+      throw new RlqError(
+        "engine_cannot_load",
+        `${url}: rlq does not load weights into this server (weight_sync none keeps version ${this.version}); asked for version ${v}`,
+        {
           isRetriable: false,
-        });
+        },
+      );
+    const path = uri.startsWith("file://") ? decodeURIComponent(new URL(uri).pathname) : uri;
+    const loadMs = this.options.loadTimeoutMs ?? 600_000;
+    await this.admin("/pause?mode=wait", undefined, loadMs);
+    try {
+      try {
+        await this.admin("/collective_rpc", { method: "reload_weights", kwargs: { weights_path: path } }, loadMs);
+      } catch (e) {
+        // A failed reload is a 500 naming the worker's error (serve/dev/rpc/api_router.py).
+        if (e instanceof EngineHttpError && e.status !== null && e.status >= 400)
+          throw new RlqError("engine_load_failed", `vLLM ${url}: reload_weights(${path}) for version ${v} failed: ${e.message}`, {
+            cause: e,
+            isRetriable: false,
+          });
+        throw e;
       }
-      // vllm/entrypoints/openai/models/protocol.py ModelCard.max_model_len (after KV-cache fitting).
-      const len = served.max_model_len;
-      maxModelLen = typeof len === "number" && Number.isSafeInteger(len) && len > 0 ? len : null;
-      hasDevRoutes = await answersDevRoutes();
-    },
-    async probeLogProbs(inputIds): Promise<LogprobProbe> {
-      const run = async (temperature: number) => {
-        const p = emptyPartial();
-        const req: GenerateRequest = {
-          requestId: `rlq-probe-${randomUUID()}`,
-          inputIds: [...inputIds],
-          sampling: { temperature, topP: 1, topK: 1, maxNewTokens: 8, stopTokenIds: [] },
-        };
-        const res = await callJson("POST", `${url}/v1/completions`, body(req, false, { ignore_eos: true }), {
-          timeoutMs: options.requestTimeoutMs,
-          headers: bearer(options.apiKey),
-        });
-        const choice = completionChunkSchema.parse(res).choices[0];
-        if (choice) applyCompletionChoice(p, choice, `${url} probe`);
-        return p;
-      };
-      const seen = classifyProbe(await run(1), await run(0.5));
-      // What the probe cannot see, the declared --logprobs-mode says.
-      return {
-        isTemperatureScaled: seen.isTemperatureScaled ?? mode === "processed_logprobs",
-        isBeforeTruncation: seen.isBeforeTruncation ?? mode === "raw_logprobs",
-        detail: `${seen.detail}; declared --logprobs-mode ${mode}`,
-      };
-    },
-    async close() {},
-  };
+      await this.admin("/update_weight_version", { new_version: String(v) });
+    } finally {
+      await this.admin("/resume", undefined);
+    }
+    const now = await this.serverVersion();
+    if (now !== v)
+      throw new RlqError("engine_version_mismatch", `vLLM ${url}: loaded ${path} as version ${v} but /weight_info reports ${now}`, { isRetriable: true });
+  }
+
+  async checkServer(): Promise<void> {
+    const url = this.url;
+    if (this.options.loadsWeights) {
+      try {
+        await this.serverVersion();
+      } catch (e) {
+        if (e instanceof EngineHttpError && e.status === 404)
+          throw new RlqError(
+            "engine_cannot_load",
+            `vLLM ${url} has no /weight_info: weight_sync disk loads weights through vLLM's RL endpoints, which it serves only when started with VLLM_SERVER_DEV_MODE=1 (or use weight_sync: none)`,
+            { cause: e, isRetriable: false },
+          );
+        throw e;
+      }
+    }
+    const res = (await callJson("GET", `${url}/v1/models`, undefined, { timeoutMs: this.adminMs, headers: this.headers })) as {
+      data?: Array<{ id?: string; max_model_len?: unknown }>;
+    };
+    const ids = (res.data ?? []).map((m) => m.id);
+    const served = (res.data ?? []).find((m) => m.id === this.options.model);
+    if (served === undefined) {
+      throw new RlqError("engine_model_missing", `${url} serves ${JSON.stringify(ids)}, not the configured model ${JSON.stringify(this.options.model)}`, {
+        isRetriable: false,
+      });
+    }
+    // vllm/entrypoints/openai/models/protocol.py ModelCard.max_model_len (after KV-cache fitting).
+    const len = served.max_model_len;
+    this.maxModelLen = typeof len === "number" && Number.isSafeInteger(len) && len > 0 ? len : null;
+    this.hasDevRoutes = await this.answersDevRoutes();
+  }
+
+  async probeLogProbs(inputIds: number[]): Promise<LogprobProbe> {
+    const seen = classifyProbe(await this.probeOnce(inputIds, 1), await this.probeOnce(inputIds, 0.5));
+    // What the probe cannot see, the declared --logprobs-mode says.
+    return {
+      isTemperatureScaled: seen.isTemperatureScaled ?? this.logprobsMode === "processed_logprobs",
+      isBeforeTruncation: seen.isBeforeTruncation ?? this.logprobsMode === "raw_logprobs",
+      detail: `${seen.detail}; declared --logprobs-mode ${this.logprobsMode}`,
+    };
+  }
+
+  async close(): Promise<void> {}
+
+  /** One greedy completion of 8 tokens at `temperature`: one side of the sampling probe. */
+  private async probeOnce(inputIds: number[], temperature: number): Promise<PartialOutput> {
+    const p = emptyPartial();
+    const req: GenerateRequest = {
+      requestId: `rlq-probe-${randomUUID()}`,
+      inputIds: [...inputIds],
+      sampling: { temperature, topP: 1, topK: 1, maxNewTokens: 8, stopTokenIds: [] },
+    };
+    const res = await callJson("POST", `${this.url}/v1/completions`, this.body(req, false, { ignore_eos: true }), {
+      timeoutMs: this.options.requestTimeoutMs,
+      headers: this.headers,
+    });
+    const choice = completionChunkSchema.parse(res).choices[0];
+    if (choice) applyCompletionChoice(p, choice, `${this.url} probe`);
+    return p;
+  }
+
+  /** GET /weight_info: "default" (nothing loaded since start) is version 0; else the version a load named. */
+  private async serverVersion(): Promise<number> {
+    const res = (await callJson("GET", `${this.url}/weight_info`, undefined, { timeoutMs: this.adminMs, headers: this.headers })) as {
+      weight_version?: unknown;
+    };
+    const w = res.weight_version;
+    if (w === "default" || w === null || w === undefined) return 0;
+    const n = typeof w === "number" ? w : typeof w === "string" && /^\d+$/.test(w) ? Number(w) : NaN;
+    if (!Number.isSafeInteger(n))
+      throw new RlqError("engine_bad_version", `vLLM ${this.url}/weight_info: weight_version ${JSON.stringify(w)} is not a version rlq loaded (an integer)`, {
+        isRetriable: false,
+      });
+    return n;
+  }
+
+  /** GET /is_paused (rl/online/api_router.py): 200 in dev mode; FastAPI's 404 without it. */
+  private async answersDevRoutes(): Promise<boolean> {
+    try {
+      await callJson("GET", `${this.url}/is_paused`, undefined, { timeoutMs: this.adminMs, headers: this.headers });
+      return true;
+    } catch (e) {
+      if (e instanceof EngineHttpError && e.status === 404) return false;
+      throw e;
+    }
+  }
+
+  private admin(path: string, payload: unknown, timeoutMs = this.adminMs): Promise<unknown> {
+    return callJson("POST", `${this.url}${path}`, payload, { timeoutMs, headers: this.headers });
+  }
+
+  /** The /v1/completions body for `req` (vLLM's sampling_params names). */
+  private body(req: GenerateRequest, isStream: boolean, overrides: Record<string, unknown> = {}): Record<string, unknown> {
+    const s = req.sampling;
+    return {
+      model: this.options.model,
+      prompt: req.inputIds,
+      max_tokens: s.maxNewTokens,
+      temperature: s.temperature,
+      top_p: s.topP,
+      top_k: s.topK,
+      ...(s.seed === undefined ? {} : { seed: s.seed }),
+      ...(s.stop && s.stop.length > 0 ? { stop: s.stop } : {}),
+      stop_token_ids: s.stopTokenIds,
+      include_stop_str_in_output: true,
+      skip_special_tokens: s.skipSpecialTokens ?? false,
+      spaces_between_special_tokens: false,
+      ...(s.ignoreEos ? { ignore_eos: true } : {}),
+      ...(this.options.repetitionDetection ? { repetition_detection: this.options.repetitionDetection } : {}),
+      logprobs: 1,
+      return_tokens_as_token_ids: true,
+      return_token_ids: true,
+      request_id: req.requestId,
+      n: 1,
+      stream: isStream,
+      ...overrides,
+    };
+  }
+
+  /**
+   * The max_tokens to send. vLLM refuses max_tokens over max_model_len outright (400, param
+   * max_tokens: renderers/params.py TokenizeParams), yet clamps a smaller one to what is left after
+   * the prompt (serve/utils/api_utils.py get_max_tokens), so rlq clamps both alike: the sample
+   * generates to the end of the context and finishes "length" (truncated). An input that leaves no
+   * room at all is refused here, naming the numbers, as the server would (400 "maximum context
+   * length"); the sample fails with that reason and the engine is not blamed.
+   */
+  private maxTokensFor(req: GenerateRequest, where: string): number {
+    const wanted = req.sampling.maxNewTokens;
+    if (this.maxModelLen === null) return wanted;
+    const room = this.maxModelLen - req.inputIds.length;
+    if (room < 1)
+      throw new EngineRequestError(
+        `${where}: the input is ${req.inputIds.length} tokens (prompt and response so far) and vLLM serves ${this.options.model} with max_model_len ${this.maxModelLen}, ` +
+          "which leaves no room for a generated token: start vLLM with a larger --max-model-len, or shorten the prompts (rollout_max_prompt_len) " +
+          "or the context (rollout_max_context_len)",
+      );
+    return Math.min(wanted, room);
+  }
 }
 
 /**

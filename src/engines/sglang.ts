@@ -138,117 +138,287 @@ async function adminCall(
 }
 
 export function createSglangServer(options: SglangServerOptions): RemoteEngine {
-  const url = options.url.replace(/\/+$/, "");
-  const adminMs = options.adminTimeoutMs ?? 10_000;
-  const isStreaming = options.isStreaming ?? false;
-  const headers = bearer(options.apiKey);
-  const adminHeaders = bearer(options.adminApiKey ?? options.apiKey);
-  const hasAdminKey = options.adminApiKey !== undefined;
-  let lastVersion = 0;
-  let versionEndpoint: (typeof VERSION_ENDPOINTS)[number] | null = null;
-  let healthFailure: "busy" | "down" = "down";
-  let seedHonoured: boolean | null = null;
+  return new SglangServer(options);
+}
+
+/** SGLang's sampling_params for one request (python/sglang/srt/sampling/sampling_params.py names). */
+function samplingParams(s: GenerateRequest["sampling"]): Record<string, unknown> {
+  return {
+    temperature: s.temperature,
+    top_p: s.topP,
+    top_k: s.topK,
+    max_new_tokens: s.maxNewTokens,
+    stop_token_ids: s.stopTokenIds,
+    ...(s.stop && s.stop.length > 0 ? { stop: s.stop } : {}),
+    // Token ids are never trimmed; this keeps the text in step with them (slime sets it too).
+    no_stop_trim: true,
+    skip_special_tokens: s.skipSpecialTokens ?? false,
+    spaces_between_special_tokens: false,
+    ...(s.ignoreEos ? { ignore_eos: true } : {}),
+    ...(s.seed === undefined ? {} : { sampling_seed: seed31(s.seed) }),
+  };
+}
+
+/** Fold one answer (a stream event, a whole body, or one output of a batch) into `partial`. */
+function applyAnswer(partial: PartialOutput, payload: unknown, where: string): "stop" | "length" | "abort" | null {
+  const meta = readSglangAnswer(payload, where);
+  if (
+    partial.weightVersion !== null &&
+    meta.weight_version !== undefined &&
+    meta.weight_versions === undefined &&
+    parseWeightVersion(meta.weight_version, where) !== partial.weightVersion
+  ) {
+    // Weights changed under this request (a trainer push with generation paused, not
+    // stopped): one segment holds one version, so it ends at the last event of the old one.
+    throw new VersionChanged();
+  }
+  const finish = applySglangMeta(partial, meta, where);
+  // Cut at a version boundary mid-stream (spans): the tokens past it belong to the next segment,
+  // and later delta events would be appended to a cut output, so the stream stops here.
+  if (partial.isVersionCut === true && (meta.finish_reason === null || meta.finish_reason === undefined)) throw new VersionChanged();
+  return finish;
+}
+
+/**
+ * One SGLang server. What it learns of the server lives in its fields, each with one writer:
+ * `lastVersion` (the last version it reported: an answer's, or the version endpoint's),
+ * `versionEndpoint` (the route that answered, asked first next time), `healthFailure` (set by
+ * `health`), `seedHonoured` and `isRustFrontend` (set by `checkServer` at admission).
+ */
+class SglangServer implements RemoteEngine {
+  readonly kind = "sglang" as const;
+  readonly id: string;
+  readonly url: string;
+  private readonly adminMs: number;
+  private readonly isStreaming: boolean;
+  private readonly headers: Record<string, string> | undefined;
+  private readonly adminHeaders: Record<string, string> | undefined;
+  private readonly hasAdminKey: boolean;
+  private readonly batcher: ReturnType<typeof createBatcher>;
+  private lastVersion = 0;
+  private versionEndpoint: (typeof VERSION_ENDPOINTS)[number] | null = null;
+  private healthFailure: "busy" | "down" = "down";
+  private seedAnswer: boolean | null = null;
   /** /server_info `frontend` is "rust" (SGLANG_RUST_SERVER): no /abort_request, so the pool closes connections instead. */
-  let isRustFrontend = false;
+  private isRustFrontend = false;
 
-  function samplingParams(s: GenerateRequest["sampling"]): Record<string, unknown> {
-    return {
-      temperature: s.temperature,
-      top_p: s.topP,
-      top_k: s.topK,
-      max_new_tokens: s.maxNewTokens,
-      stop_token_ids: s.stopTokenIds,
-      ...(s.stop && s.stop.length > 0 ? { stop: s.stop } : {}),
-      // Token ids are never trimmed; this keeps the text in step with them (slime sets it too).
-      no_stop_trim: true,
-      skip_special_tokens: s.skipSpecialTokens ?? false,
-      spaces_between_special_tokens: false,
-      ...(s.ignoreEos ? { ignore_eos: true } : {}),
-      ...(s.seed === undefined ? {} : { sampling_seed: seed31(s.seed) }),
-    };
+  constructor(private readonly options: SglangServerOptions) {
+    this.url = options.url.replace(/\/+$/, "");
+    this.id = this.url;
+    this.adminMs = options.adminTimeoutMs ?? 10_000;
+    this.isStreaming = options.isStreaming ?? false;
+    this.headers = bearer(options.apiKey);
+    this.adminHeaders = bearer(options.adminApiKey ?? options.apiKey);
+    this.hasAdminKey = options.adminApiKey !== undefined;
+    this.batcher = createBatcher({
+      url: this.url,
+      isBatching: options.isBatchingGroups ?? false,
+      timeoutMs: options.requestTimeoutMs,
+      headers: this.headers,
+      samplingParams,
+      finish: (item, payload) => this.resultOf(item.hooks.partial, applyAnswer(item.hooks.partial, payload, item.where), item.hooks.signal, item.where),
+      aborted: (item) => abortedResult(item.hooks.partial, this.url, this.lastVersion),
+      httpError: (e, item) => generateHttpError(e, item.where),
+    });
   }
 
-  /** Fold one answer (a stream event, a whole body, or one output of a batch) into `partial`. */
-  function applyAnswer(partial: PartialOutput, payload: unknown, where: string): "stop" | "length" | "abort" | null {
-    const meta = readSglangAnswer(payload, where);
-    if (
-      partial.weightVersion !== null &&
-      meta.weight_version !== undefined &&
-      meta.weight_versions === undefined &&
-      parseWeightVersion(meta.weight_version, where) !== partial.weightVersion
-    ) {
-      // Weights changed under this request (a trainer push with generation paused, not
-      // stopped): one segment holds one version, so it ends at the last event of the old one.
-      throw new VersionChanged();
-    }
-    const finish = applySglangMeta(partial, meta, where);
-    // Cut at a version boundary mid-stream (spans): the tokens past it belong to the next segment,
-    // and later delta events would be appended to a cut output, so the stream stops here.
-    if (partial.isVersionCut === true && (meta.finish_reason === null || meta.finish_reason === undefined)) throw new VersionChanged();
-    return finish;
+  get canAbortById(): boolean {
+    return !this.isRustFrontend;
   }
 
-  /** The result once the answer is in (or the request was cancelled locally). */
-  function resultOf(partial: PartialOutput, finish: "stop" | "length" | "abort" | null, signal: AbortSignal | undefined, where: string): GenerateResult {
-    if (finish === null) {
-      if (signal?.aborted) return abortedResult(partial, url, lastVersion);
-      throw new RlqError("engine_unreachable", `${where}: the stream ended without a finish_reason after ${partial.tokenIds.length} token(s)`, {
-        isRetriable: true,
-      });
-    }
-    if (partial.weightVersion !== null) lastVersion = partial.weightVersion;
-    return {
-      tokenIds: [...partial.tokenIds],
-      logProbs: [...partial.logProbs],
-      finishReason: finish,
-      weightVersion: partial.weightVersion ?? lastVersion,
-      engineId: url,
-    };
+  get canLoadWeights(): boolean {
+    return !this.isRustFrontend;
   }
 
-  /** `request` is already validated: by `generate` below, or by the pool that calls this (validated once per request). */
-  async function generateWith(req: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult> {
-    const where = `SGLang ${url}/generate (rid ${req.requestId})`;
-    if (!isStreaming) return batcher.submit(req, hooks, where);
+  get seedHonoured(): boolean | null {
+    return this.seedAnswer;
+  }
+
+  generate(request: GenerateRequest): Promise<GenerateResult> {
+    return this.generateWith(generateRequestSchema.parse(request), { partial: emptyPartial() });
+  }
+
+  /** `request` is already validated: by `generate` above, or by the pool that calls this (validated once per request). */
+  async generateWith(req: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult> {
+    const where = `SGLang ${this.url}/generate (rid ${req.requestId})`;
+    if (!this.isStreaming) return this.batcher.submit(req, hooks, where);
     const body = { rid: req.requestId, input_ids: req.inputIds, return_logprob: true, stream: true, sampling_params: samplingParams(req.sampling) };
     const partial = hooks.partial;
     let finish: "stop" | "length" | "abort" | null = null;
     try {
-      await postStream(`${url}/generate`, body, { timeoutMs: options.requestTimeoutMs, signal: hooks.signal, headers }, (payload) => {
+      await postStream(`${this.url}/generate`, body, { timeoutMs: this.options.requestTimeoutMs, signal: hooks.signal, headers: this.headers }, (payload) => {
         finish = applyAnswer(partial, payload, where) ?? finish;
       });
     } catch (e) {
-      if (isLocalCancel(e, hooks.signal)) return abortedResult(partial, url, lastVersion);
+      if (isLocalCancel(e, hooks.signal)) return abortedResult(partial, this.url, this.lastVersion);
       if (e instanceof VersionChanged) {
         // The abort by id only frees the server's slot sooner: the tokens kept are in `partial`, and
         // SGLang aborts a request whose client went away 2 s later (tokenizer_manager.py create_abort_task).
-        await engine.abort([req.requestId]).catch(() => undefined); // nothing lost: the stream is closed already
+        await this.abort([req.requestId]).catch(() => undefined); // nothing lost: the stream is closed already
 
-        return abortedResult(partial, url, lastVersion);
+        return abortedResult(partial, this.url, this.lastVersion);
       }
       throw generateHttpError(e, where);
     }
-    return resultOf(partial, finish, hooks.signal, where);
+    return this.resultOf(partial, finish, hooks.signal, where);
   }
 
-  const batcher = createBatcher({
-    url,
-    isBatching: options.isBatchingGroups ?? false,
-    timeoutMs: options.requestTimeoutMs,
-    headers,
-    samplingParams,
-    finish: (item, payload) => resultOf(item.hooks.partial, applyAnswer(item.hooks.partial, payload, item.where), item.hooks.signal, item.where),
-    aborted: (item) => abortedResult(item.hooks.partial, url, lastVersion),
-    httpError: (e, item) => generateHttpError(e, item.where),
-  });
+  async abort(requestIds: readonly string[]): Promise<void> {
+    // The server answers each aborted request with its tokens so far; the
+    // caller (the pool) waits for those answers.
+    // The control lane: a sync's burst of aborts shares a few connections to this server (lib/http-client.ts).
+    await Promise.all(requestIds.map((rid) => this.admin("/abort_request", { rid, abort_all: false }, this.adminMs, "control")));
+  }
 
-  async function readVersion(): Promise<number> {
-    const order = versionEndpoint === null ? VERSION_ENDPOINTS : [versionEndpoint, ...VERSION_ENDPOINTS.filter((x) => x !== versionEndpoint)];
+  async abortAll(): Promise<void> {
+    // tokenizer_manager.py abort_request(abort_all=True): the scheduler ends every waiting and
+    // running request, each answering with its tokens so far; a request held behind a load's
+    // model update lock is not in the scheduler yet and runs after the load.
+    await this.admin("/abort_request", { abort_all: true }, this.adminMs, "control");
+  }
+
+  async health(timeoutMs = this.adminMs): Promise<boolean> {
+    try {
+      const res = await requestText("GET", `${this.url}/health_generate`, undefined, { timeoutMs, headers: this.headers });
+      if (res.status >= 200 && res.status < 300) return true;
+      // 503 while weights load or generation is paused (http_server.py health_generate): busy if the
+      // server still answers its version endpoint, which takes no model lock.
+      this.healthFailure =
+        res.status === 503 &&
+        (await this.readVersion().then(
+          () => true,
+          () => false,
+        ))
+          ? "busy"
+          : "down";
+      return false;
+    } catch {
+      // No answer is the check's answer ("down"): the pool counts it and logs the engine's death.
+      this.healthFailure = "down";
+      return false;
+    }
+  }
+
+  lastHealthFailure(): "busy" | "down" {
+    return this.healthFailure;
+  }
+
+  async weightVersion(): Promise<number> {
+    this.lastVersion = await this.readVersion();
+    return this.lastVersion;
+  }
+
+  async loadWeights(version: number, uri: string): Promise<void> {
+    const modelPath = uri.startsWith("file://") ? decodeURIComponent(new URL(uri).pathname) : uri;
+    let res: { success?: boolean; message?: string };
+    try {
+      res = (await this.admin(
+        "/update_weights_from_disk",
+        { model_path: modelPath, weight_version: String(version) },
+        this.options.loadTimeoutMs ?? 600_000,
+      )) as typeof res;
+    } catch (e) {
+      // A failed load is HTTP 400 {success: false, message} (http_server.py update_weights_from_disk).
+      if (e instanceof EngineHttpError && e.status === 400) res = { success: false, message: e.message };
+      else throw e;
+    }
+    if (res.success === false) {
+      throw new RlqError(
+        "engine_load_failed",
+        `SGLang ${this.url}: update_weights_from_disk(${modelPath}, version ${version}) failed: ${res.message ?? "no message"}`,
+        { isRetriable: false },
+      );
+    }
+    const now = await this.weightVersion();
+    if (now !== version) {
+      throw new RlqError("engine_version_mismatch", `SGLang ${this.url}: loaded ${modelPath} as version ${version} but it reports version ${now}`, {
+        isRetriable: true,
+      });
+    }
+  }
+
+  async probeLogProbs(inputIds: number[]): Promise<LogprobProbe> {
+    const a = await this.probeOnce(inputIds, 1, -1);
+    const b = await this.probeOnce(inputIds, 0.5, -1);
+    const c = await this.probeOnce(inputIds, 1, 2);
+    return classifySamplingProbe(a, b, c);
+  }
+
+  async checkServer(): Promise<void> {
+    await checkSglangModel(this.url, this.adminMs, this.headers);
+    // /server_info, or /get_server_info on servers without it. A server that answers neither
+    // leaves the seed question open (null) and the frontend and DP checks below unasked: 0.5.x
+    // builds without them run the Python frontend, and their pushes are checked by the push.
+    const info = (await getFirstServed(this.url, ["/server_info", "/get_server_info"], { timeoutMs: this.adminMs, headers: this.headers }).catch(
+      (e: unknown) => {
+        if (e instanceof EngineHttpError && e.status === 404) return null;
+        throw e;
+      },
+    )) as ServerInfo | null;
+    this.seedAnswer = info === null ? null : info.enable_deterministic_inference === true;
+    this.isRustFrontend = info?.frontend === "rust";
+    refuseUnfit(this.url, info, this.options.weightSync ?? "disk");
+  }
+
+  async close(): Promise<void> {}
+
+  /** One generated token's top log-probs at `temperature` and `topK`: one step of the sampling probe. */
+  private async probeOnce(inputIds: number[], temperature: number, topK: number): Promise<TopLogprob[]> {
+    // On the sampling path (top_k -1): with top_k <= 1 SGLang takes the greedy path and returns
+    // log_softmax(logits) without temperature (layers/sampler.py), which would hide the scaling.
+    const res = await callJson(
+      "POST",
+      `${this.url}/generate`,
+      {
+        rid: `rlq-probe-${randomUUID()}`,
+        input_ids: inputIds,
+        return_logprob: true,
+        top_logprobs_num: 2,
+        sampling_params: { temperature, top_p: 1, top_k: topK, max_new_tokens: 1, ignore_eos: true, stop_token_ids: [], no_stop_trim: true },
+      },
+      { timeoutMs: this.options.requestTimeoutMs, headers: this.headers },
+    );
+    const where = `SGLang ${this.url} probe`;
+    const meta = readSglangAnswer(res, where);
+    return readTopLogprobs(meta.output_top_logprobs, where);
+  }
+
+  /** An admin route, with the admin key (adminCall names it when refused). */
+  private admin(path: string, body: unknown, timeoutMs: number, lane?: "control"): Promise<unknown> {
+    return adminCall(this.url, path, body, {
+      timeoutMs,
+      headers: this.adminHeaders,
+      hasAdminKey: this.hasAdminKey,
+      ...(lane === undefined ? {} : { lane }),
+    });
+  }
+
+  /** The result once the answer is in (or the request was cancelled locally). */
+  private resultOf(partial: PartialOutput, finish: "stop" | "length" | "abort" | null, signal: AbortSignal | undefined, where: string): GenerateResult {
+    if (finish === null) {
+      if (signal?.aborted) return abortedResult(partial, this.url, this.lastVersion);
+      throw new RlqError("engine_unreachable", `${where}: the stream ended without a finish_reason after ${partial.tokenIds.length} token(s)`, {
+        isRetriable: true,
+      });
+    }
+    if (partial.weightVersion !== null) this.lastVersion = partial.weightVersion;
+    return {
+      tokenIds: [...partial.tokenIds],
+      logProbs: [...partial.logProbs],
+      finishReason: finish,
+      weightVersion: partial.weightVersion ?? this.lastVersion,
+      engineId: this.url,
+    };
+  }
+
+  private async readVersion(): Promise<number> {
+    const endpoint = this.versionEndpoint;
+    const order = endpoint === null ? VERSION_ENDPOINTS : [endpoint, ...VERSION_ENDPOINTS.filter((x) => x !== endpoint)];
     let lastError: unknown = null;
     for (const path of order) {
       let body: { weight_version?: unknown };
       try {
-        body = (await callJson("GET", `${url}${path}`, undefined, { timeoutMs: adminMs, headers })) as { weight_version?: unknown };
+        body = (await callJson("GET", `${this.url}${path}`, undefined, { timeoutMs: this.adminMs, headers: this.headers })) as { weight_version?: unknown };
       } catch (e) {
         // 404: this build does not have it (yet, or any more): try the next one.
         if (e instanceof EngineHttpError && e.status === 404) {
@@ -258,143 +428,15 @@ export function createSglangServer(options: SglangServerOptions): RemoteEngine {
         throw e;
       }
       if (body.weight_version === undefined) continue;
-      versionEndpoint = path;
-      return parseWeightVersion(body.weight_version, `SGLang ${url}${path}`);
+      this.versionEndpoint = path;
+      return parseWeightVersion(body.weight_version, `SGLang ${this.url}${path}`);
     }
     throw new RlqError(
       "engine_no_version",
-      `SGLang ${url}: none of ${VERSION_ENDPOINTS.join(", ")} reports weight_version${lastError ? ` (${errorMessage(lastError)})` : ""}`,
+      `SGLang ${this.url}: none of ${VERSION_ENDPOINTS.join(", ")} reports weight_version${lastError ? ` (${errorMessage(lastError)})` : ""}`,
       { isRetriable: true },
     );
   }
-
-  const engine: RemoteEngine = {
-    kind: "sglang",
-    id: url,
-    url,
-    get canAbortById() {
-      return !isRustFrontend;
-    },
-    get canLoadWeights() {
-      return !isRustFrontend;
-    },
-    get seedHonoured() {
-      return seedHonoured;
-    },
-    generate: (request) => generateWith(generateRequestSchema.parse(request), { partial: emptyPartial() }),
-    generateWith,
-    async abort(requestIds) {
-      // The server answers each aborted request with its tokens so far; the
-      // caller (the pool) waits for those answers.
-      // The control lane: a sync's burst of aborts shares a few connections to this server (lib/http-client.ts).
-      await Promise.all(
-        requestIds.map((rid) =>
-          adminCall(url, "/abort_request", { rid, abort_all: false }, { timeoutMs: adminMs, headers: adminHeaders, lane: "control", hasAdminKey }),
-        ),
-      );
-    },
-    async abortAll() {
-      // tokenizer_manager.py abort_request(abort_all=True): the scheduler ends every waiting and
-      // running request, each answering with its tokens so far; a request held behind a load's
-      // model update lock is not in the scheduler yet and runs after the load.
-      await adminCall(url, "/abort_request", { abort_all: true }, { timeoutMs: adminMs, headers: adminHeaders, lane: "control", hasAdminKey });
-    },
-    async health(timeoutMs = adminMs) {
-      try {
-        const res = await requestText("GET", `${url}/health_generate`, undefined, { timeoutMs, headers });
-        if (res.status >= 200 && res.status < 300) return true;
-        // 503 while weights load or generation is paused (http_server.py health_generate): busy if the
-        // server still answers its version endpoint, which takes no model lock.
-        healthFailure =
-          res.status === 503 &&
-          (await readVersion().then(
-            () => true,
-            () => false,
-          ))
-            ? "busy"
-            : "down";
-        return false;
-      } catch {
-        // No answer is the check's answer ("down"): the pool counts it and logs the engine's death.
-        healthFailure = "down";
-        return false;
-      }
-    },
-    lastHealthFailure: () => healthFailure,
-    async weightVersion() {
-      lastVersion = await readVersion();
-      return lastVersion;
-    },
-    async loadWeights(version, uri) {
-      const modelPath = uri.startsWith("file://") ? decodeURIComponent(new URL(uri).pathname) : uri;
-      let res: { success?: boolean; message?: string };
-      try {
-        res = (await adminCall(
-          url,
-          "/update_weights_from_disk",
-          { model_path: modelPath, weight_version: String(version) },
-          { timeoutMs: options.loadTimeoutMs ?? 600_000, headers: adminHeaders, hasAdminKey },
-        )) as typeof res;
-      } catch (e) {
-        // A failed load is HTTP 400 {success: false, message} (http_server.py update_weights_from_disk).
-        if (e instanceof EngineHttpError && e.status === 400) res = { success: false, message: e.message };
-        else throw e;
-      }
-      if (res.success === false) {
-        throw new RlqError(
-          "engine_load_failed",
-          `SGLang ${url}: update_weights_from_disk(${modelPath}, version ${version}) failed: ${res.message ?? "no message"}`,
-          { isRetriable: false },
-        );
-      }
-      const now = await engine.weightVersion();
-      if (now !== version) {
-        throw new RlqError("engine_version_mismatch", `SGLang ${url}: loaded ${modelPath} as version ${version} but it reports version ${now}`, {
-          isRetriable: true,
-        });
-      }
-    },
-    async probeLogProbs(inputIds) {
-      // On the sampling path (top_k -1): with top_k <= 1 SGLang takes the greedy path and returns
-      // log_softmax(logits) without temperature (layers/sampler.py), which would hide the scaling.
-      const run = async (temperature: number, topK: number) => {
-        const res = await callJson(
-          "POST",
-          `${url}/generate`,
-          {
-            rid: `rlq-probe-${randomUUID()}`,
-            input_ids: inputIds,
-            return_logprob: true,
-            top_logprobs_num: 2,
-            sampling_params: { temperature, top_p: 1, top_k: topK, max_new_tokens: 1, ignore_eos: true, stop_token_ids: [], no_stop_trim: true },
-          },
-          { timeoutMs: options.requestTimeoutMs, headers },
-        );
-        const where = `SGLang ${url} probe`;
-        const meta = readSglangAnswer(res, where);
-        return readTopLogprobs(meta.output_top_logprobs, where);
-      };
-      const a = await run(1, -1);
-      const b = await run(0.5, -1);
-      const c = await run(1, 2);
-      return classifySamplingProbe(a, b, c);
-    },
-    async checkServer() {
-      await checkSglangModel(url, adminMs, headers);
-      // /server_info, or /get_server_info on servers without it. A server that answers neither
-      // leaves the seed question open (null) and the frontend and DP checks below unasked: 0.5.x
-      // builds without them run the Python frontend, and their pushes are checked by the push.
-      const info = (await getFirstServed(url, ["/server_info", "/get_server_info"], { timeoutMs: adminMs, headers }).catch((e: unknown) => {
-        if (e instanceof EngineHttpError && e.status === 404) return null;
-        throw e;
-      })) as ServerInfo | null;
-      seedHonoured = info === null ? null : info.enable_deterministic_inference === true;
-      isRustFrontend = info?.frontend === "rust";
-      refuseUnfit(url, info, options.weightSync ?? "disk");
-    },
-    async close() {},
-  };
-  return engine;
 }
 
 /** The /server_info fields admission reads (the resolved server args, plus `frontend` on newest SGLang). */

@@ -175,6 +175,10 @@ export const ERROR_CODES = {
   no_fact_behind_job: { retriable: false, meaning: "A job whose input facts are missing." },
   group_not_found: { retriable: false, meaning: "A group id with no draw behind it." },
   decision_log_corrupt: { retriable: false, meaning: "The decision log has a gap or a decision of an unknown kind." },
+  config_version_unknown: {
+    retriable: false,
+    meaning: "A recorded run config has a config_version newer than this rlq knows (config/config-versions.ts): the run was recorded by a newer rlq.",
+  },
   lease_lost: { retriable: false, meaning: "This controller no longer holds the run's lease." },
   embedded_pg_failed: { retriable: false, meaning: "The embedded Postgres could not start." },
   embedded_pg_unreachable: { retriable: false, meaning: "The embedded Postgres did not accept connections." },

@@ -124,68 +124,88 @@ class RunRouter {
   }
 }
 
-export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null, log: Logger = createLogger("info", "rlq-engines")) {
-  const engines = new Map<string, Promise<Engine>>();
-  const routers = new Map<string, RunRouter>();
+export function createEngineProvider(db: Db, embedded: EmbeddedFactories | null, log: Logger = createLogger("info", "rlq-engines")): EngineProvider {
+  return new EngineProvider(db, embedded, log);
+}
+
+/**
+ * Each run's engine in this worker process: a pool of remote engines with its router (the
+ * router follows the run's weight sync from the log and its rlq_weights hints), or an embedded
+ * engine that loads the version each job asks for, one load at a time.
+ */
+export class EngineProvider {
+  private readonly engines = new Map<string, Promise<Engine>>();
+  private readonly routers = new Map<string, RunRouter>();
   /** Embedded engines only: the version each run's engine in this process has loaded. */
-  const embeddedVersions = new Map<string, number>();
-  const locks = new Map<string, Promise<void>>();
-  const unsubscribes: Array<() => void> = [];
-  const createPool = async (ctx: RunContext): Promise<Engine> => {
+  private readonly embeddedVersions = new Map<string, number>();
+  /** Embedded engines only: each run's chain of loads (one at a time). */
+  private readonly locks = new Map<string, Promise<void>>();
+  private readonly unsubscribes: Array<() => void> = [];
+
+  constructor(
+    private readonly db: Db,
+    private readonly embedded: EmbeddedFactories | null,
+    private readonly log: Logger,
+  ) {}
+
+  async engineFor(ctx: RunContext, version: number): Promise<Engine> {
+    const e = ctx.config.engine;
+    let p = this.engines.get(ctx.runId);
+    if (!p) {
+      if (e.kind === "sglang" || e.kind === "openai") p = this.createPool(ctx);
+      else if (this.embedded) p = this.embedded.createEngine(ctx);
+      else throw new RlqError("config_invalid", "engine.kind 'embedded' is not available in this build");
+      this.engines.set(ctx.runId, p);
+    }
+    const engine = await p;
+    this.routers.get(ctx.runId)?.onJob(version);
+    if (e.kind === "embedded" && this.embeddedVersions.get(ctx.runId) !== version) await this.loadEmbedded(ctx, engine, version);
+    return engine;
+  }
+
+  /** Per-engine metrics of this process's pools (requests, tokens/s, errors, latency percentiles), by run. */
+  metrics(): Array<{ runId: string; snapshot: ReturnType<RequestPool["snapshot"]> }> {
+    return [...this.routers].map(([runId, router]) => ({ runId, snapshot: router.pool.snapshot() }));
+  }
+
+  async close(): Promise<void> {
+    for (const unsubscribe of this.unsubscribes.splice(0)) unsubscribe();
+    for (const [runId, p] of this.engines) {
+      await (await p).close().catch((err: unknown) => this.log.warn({ runId, err: errorMessage(err) }, "closing a run's engine failed"));
+    }
+  }
+
+  /** A run's pool of remote engines, with its router subscribed to the run's weight hints. */
+  private async createPool(ctx: RunContext): Promise<Engine> {
     const e = ctx.config.engine;
     if (e.kind === "embedded") throw new RlqError("config_invalid", "engine.kind 'embedded' has no pool");
-    const pool = await createEnginesFromConfig(e, ctx.config, { fencedVersion: async () => routers.get(ctx.runId)?.pool.currentVersion() ?? 0 });
-    const router = new RunRouter(db, ctx.runId, pool, log);
-    routers.set(ctx.runId, router);
+    const pool = await createEnginesFromConfig(e, ctx.config, { fencedVersion: async () => this.routers.get(ctx.runId)?.pool.currentVersion() ?? 0 });
+    const router = new RunRouter(this.db, ctx.runId, pool, this.log);
+    this.routers.set(ctx.runId, router);
     const onHint = () =>
       void router
         .onLogAdvanced()
         .catch((err: unknown) =>
-          log.warn({ runId: ctx.runId, err: errorMessage(err) }, "reading the weight sync from the log failed; the next hint or job retries"),
+          this.log.warn({ runId: ctx.runId, err: errorMessage(err) }, "reading the weight sync from the log failed; the next hint or job retries"),
         );
-    unsubscribes.push(db.notifications.subscribe("rlq_weights", ctx.runId, onHint));
+    this.unsubscribes.push(this.db.notifications.subscribe("rlq_weights", ctx.runId, onHint));
     return pool;
-  };
+  }
+
   /** Embedded engine: one load at a time; concurrent jobs for the same version wait for it. */
-  const loadEmbedded = async (ctx: RunContext, engine: Engine, version: number): Promise<void> => {
-    const prev = locks.get(ctx.runId) ?? Promise.resolve();
+  private async loadEmbedded(ctx: RunContext, engine: Engine, version: number): Promise<void> {
+    const prev = this.locks.get(ctx.runId) ?? Promise.resolve();
     const next = prev.then(async () => {
-      if (embeddedVersions.get(ctx.runId) === version) return;
-      const uri = await checkpointForVersion(db, ctx, version);
-      if (uri) await engine.loadWeights(version, await ensureCheckpointHere(db, ctx, version, uri));
-      embeddedVersions.set(ctx.runId, version);
+      if (this.embeddedVersions.get(ctx.runId) === version) return;
+      const uri = await checkpointForVersion(this.db, ctx, version);
+      if (uri) await engine.loadWeights(version, await ensureCheckpointHere(this.db, ctx, version, uri));
+      this.embeddedVersions.set(ctx.runId, version);
     });
     // Nothing lost: the failure is thrown to this job by `await next`; the chain only orders loads.
     const ordered = next.catch(() => undefined);
-    locks.set(ctx.runId, ordered);
+    this.locks.set(ctx.runId, ordered);
     await next;
-  };
-  return {
-    async engineFor(ctx: RunContext, version: number): Promise<Engine> {
-      const e = ctx.config.engine;
-      let p = engines.get(ctx.runId);
-      if (!p) {
-        if (e.kind === "sglang" || e.kind === "openai") p = createPool(ctx);
-        else if (embedded) p = embedded.createEngine(ctx);
-        else throw new RlqError("config_invalid", "engine.kind 'embedded' is not available in this build");
-        engines.set(ctx.runId, p);
-      }
-      const engine = await p;
-      routers.get(ctx.runId)?.onJob(version);
-      if (e.kind === "embedded" && embeddedVersions.get(ctx.runId) !== version) await loadEmbedded(ctx, engine, version);
-      return engine;
-    },
-    /** Per-engine metrics of this process's pools (requests, tokens/s, errors, latency percentiles), by run. */
-    metrics() {
-      return [...routers].map(([runId, router]) => ({ runId, snapshot: router.pool.snapshot() }));
-    },
-    async close() {
-      for (const unsubscribe of unsubscribes.splice(0)) unsubscribe();
-      for (const [runId, p] of engines) {
-        await (await p).close().catch((err: unknown) => log.warn({ runId, err: errorMessage(err) }, "closing a run's engine failed"));
-      }
-    },
-  };
+  }
 }
 
 export function createTrainerProvider(embedded: EmbeddedFactories | null) {

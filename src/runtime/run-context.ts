@@ -1,6 +1,7 @@
 import type { Db } from "../store/db.ts";
 import { loadRunRow } from "../store/run-facts.ts";
-import { parseRunConfig, type RunConfig } from "../config/run-config.ts";
+import type { RunConfig } from "../config/run-config.ts";
+import { decodeRecordedConfig } from "../config/recorded-config.ts";
 import { createByteTokenizer, type Tokenizer } from "../data/tokenizer.ts";
 import { createRewardScorer, type RewardInput, type RewardScorer } from "./reward-scorer.ts";
 import { RlqError } from "../lib/errors.ts";
@@ -33,7 +34,7 @@ export function createRunContextCache(db: Db, options: { resolveRmType?: RmTypeR
   const build = async (runId: string): Promise<RunContext> => {
     const row = await loadRunRow(db, runId);
     if (!row) throw new RlqError("run_not_found", `run ${runId} does not exist`);
-    const config = parseRunConfig(row.config, `run ${runId} config`);
+    const config = decodeRecordedConfig(row.config, `run ${runId} config`);
     const tokenizer = config.tokenizer === "bytes" || !options.tokenizerFor ? createByteTokenizer() : await options.tokenizerFor(config);
     const reward = await createRewardScorer(config, options.resolveRmType ?? (() => null));
     const customGenerate = config.custom_generate_function_path

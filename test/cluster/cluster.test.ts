@@ -220,7 +220,7 @@ describe.skipIf(skip !== null)("rlq on seven hosts (network namespaces) through 
         `trainer={kind: remote, url: '${trainerUrl()}', api_key: {env: RLQ_TRAINER_TOKEN}, checkpoints: fetch}`,
         "train_stall_timeout_s=120",
         "trainer_unreachable_timeout_s=600",
-        "max_attempts=20",
+        "train_max_attempts=20",
       ],
     }));
     for (const h of ["trainer", "ctl", "r1", "r2", "reward"]) startRole(h);

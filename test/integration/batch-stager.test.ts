@@ -6,7 +6,7 @@ import { loadTrainBatch } from "../../src/jobs/train-batch.ts";
 import { createBatchStager } from "../../src/jobs/batch-stager.ts";
 import { encodeBatch } from "../../src/trainer/batch-codec.ts";
 import { loadRunRow } from "../../src/store/run-facts.ts";
-import { parseRunConfig } from "../../src/config/run-config.ts";
+import { decodeRecordedConfig } from "../../src/config/recorded-config.ts";
 import type { RunContext } from "../../src/runtime/run-context.ts";
 
 /**
@@ -28,7 +28,7 @@ describe("train batch staged while the step collects", () => {
 
   async function contextOf(runId: string): Promise<RunContext> {
     const row = await loadRunRow(w.db, runId);
-    return { runId, config: parseRunConfig(row?.config) } as RunContext;
+    return { runId, config: decodeRecordedConfig(row?.config, "batch-stager run") } as RunContext;
   }
 
   // Both modes train groups resumed over several rounds (sync: buffered at a seal; async: aborted at

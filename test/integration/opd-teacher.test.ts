@@ -9,7 +9,7 @@ import { insertRunRequest } from "../../src/store/run-requests.ts";
 import { loadTrainBatch } from "../../src/jobs/train-batch.ts";
 import { encodeBatch } from "../../src/trainer/batch-codec.ts";
 import { loadRunRow } from "../../src/store/run-facts.ts";
-import { parseRunConfig } from "../../src/config/run-config.ts";
+import { decodeRecordedConfig } from "../../src/config/recorded-config.ts";
 import type { RunContext } from "../../src/runtime/run-context.ts";
 
 /**
@@ -91,7 +91,7 @@ describe("on-policy distillation: a teacher engine, killed mid-run", () => {
     expect(missing.rows[0]?.n).toBe(0);
 
     // Each step's batch, as served to the trainer, is the one built afresh from SQL, teacher log-probs included.
-    const ctx = { runId, config: parseRunConfig((await loadRunRow(w.db, runId))?.config) } as RunContext;
+    const ctx = { runId, config: decodeRecordedConfig((await loadRunRow(w.db, runId))?.config, `run ${runId} config`) } as RunContext;
     const digests = (await w.db.pool.query("SELECT step, value FROM train_metrics WHERE run_id = $1 AND key = 'batch_digest48' ORDER BY step", [runId])).rows;
     expect(digests.map((d) => d.step)).toEqual([0, 1, 2, 3]);
     for (const d of digests) {

@@ -362,13 +362,12 @@ describe("the real vLLM server, and the fake held to it", () => {
     for (const t of targets) {
       // The pool's engine, tapped so the test sees the request's partial output as it streams.
       let streaming: PartialOutput | null = null;
-      const e = engine(t);
-      const tapped: OpenAiCompatEngine = {
-        ...e,
-        generateWith: (req, hooks) => {
-          streaming = hooks.partial;
-          return e.generateWith(req, hooks);
-        },
+      // Tapped on the engine itself: a copy ({...e}) would lose the methods and getters of its class.
+      const tapped: OpenAiCompatEngine = engine(t);
+      const generateWith = tapped.generateWith.bind(tapped);
+      tapped.generateWith = (req, hooks) => {
+        streaming = hooks.partial;
+        return generateWith(req, hooks);
       };
       const p = h.pool([tapped], { healthTimeoutMs: 10_000 });
       await p.awaitReady(60_000);

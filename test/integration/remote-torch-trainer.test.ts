@@ -78,7 +78,7 @@ describe("the PyTorch trainer behind the trainer protocol", () => {
     // Every step waits 2 s (reporting progress) before training, so the kill lands mid-step.
     const first = await startTrainer(py, 0, ["--debug-delay-s", "2"]);
     const url = `http://127.0.0.1:${first.port}`;
-    // Default max_attempts (3): the killed attempt is one; the wait for the restarted trainer uses none.
+    // Default train_max_attempts (3): the killed attempt is one; the wait for the restarted trainer uses none.
     const runId = await w.start({ trainer: { kind: "remote", url }, num_rollout: 3, lr: 1e-3, train_stall_timeout_s: 30 });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     try {
@@ -164,7 +164,7 @@ describe("the PyTorch trainer behind the trainer protocol", () => {
     const py = python;
     const first = await startTrainer(py, 0, ["--debug-delay-s", "2"]);
     const url = `http://127.0.0.1:${first.port}`;
-    // The default max_attempts: the train job waits for the new trainer (Python and torch import
+    // The default train_max_attempts: the train job waits for the new trainer (Python and torch import
     // take seconds) without spending attempts (trainer_unreachable_timeout_s).
     const { runId } = await startRun(w.db, { config: join(repoRoot, "examples/demo.yaml"), set: ["num_rollout=3", `trainer={kind: remote, url: '${url}'}`] });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);

@@ -14,7 +14,7 @@ import { runStatus } from "../../src/api.ts";
  * checkpoint but before committing leaves no trace once the step commits,
  * and the retried step's weights equal an uninterrupted run's; a trainer
  * that stops reporting progress is cancelled and retried; after
- * max_attempts the run pauses with its reason and `rlq run resume` continues;
+ * train_max_attempts the run pauses with its reason and `rlq run resume` continues;
  * a trainer that cannot be reached (restarting) is waited for, using no
  * attempt, up to trainer_unreachable_timeout_s, then the run pauses.
  */
@@ -101,11 +101,11 @@ describe("train step faults", () => {
     expect(steps[0].attempt).toMatch(/^0-/);
   });
 
-  it("after max_attempts the run pauses with its reason, and rlq run resume continues it", async () => {
+  it("after train_max_attempts the run pauses with its reason, and rlq run resume continues it", async () => {
     const trainer = await spawnFake("test/fakes/fake-trainer.ts", ["--step-ms", "20", "--fail-step", "1"]);
     const runId = await w.start({
       num_rollout: 3,
-      max_attempts: 2,
+      train_max_attempts: 2,
       trainer: { kind: "remote", url: trainer.url },
       engine: { kind: "sglang", urls: [await w.freshEngine()] },
     });
@@ -153,11 +153,11 @@ describe("train step faults", () => {
 
   it("a trainer that is down longer than the retries' backoff is waited for, using no attempt; SIGTERM stops the wait", async () => {
     const port = await deadTrainerPort();
-    // max_attempts 1: any attempt spent on the outage would pause the run. train_stall_timeout_s 2:
+    // train_max_attempts 1: any attempt spent on the outage would pause the run. train_stall_timeout_s 2:
     // the wait below outlasts it, so a watchdog that counted the outage as a stall would too.
     const runId = await w.start({
       num_rollout: 2,
-      max_attempts: 1,
+      train_max_attempts: 1,
       train_stall_timeout_s: 2,
       trainer: { kind: "remote", url: `http://127.0.0.1:${port}` },
       engine: { kind: "sglang", urls: [await w.freshEngine()] },
@@ -238,7 +238,7 @@ describe("train step faults", () => {
     const port = new URL(trainer.url).port;
     const runId = await w.start({
       num_rollout: 1,
-      max_attempts: 2,
+      train_max_attempts: 2,
       trainer: { kind: "remote", url: trainer.url },
       engine: { kind: "sglang", urls: [await w.freshEngine()] },
     });

@@ -54,7 +54,7 @@ describe("committing a train step", () => {
   });
 
   it("commits a checkpoint of 2.2 GiB with its sha256, and rlq retrain compares its tensors", async () => {
-    const runId = await w.start({ num_rollout: 1, deterministic: true, max_attempts: 1 });
+    const runId = await w.start({ num_rollout: 1, deterministic: true, train_max_attempts: 1 });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     const code = await up.exited;
     const run = (await w.db.pool.query("SELECT status, last_error FROM runs WHERE id = $1", [runId])).rows[0] as { status: string; last_error: string | null };

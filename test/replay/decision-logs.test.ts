@@ -2,7 +2,9 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { parseDecision, type LoggedDecision } from "../../src/core/decisions.ts";
-import { fold, totalSteps } from "../../src/core/run-state.ts";
+import { apply, applyDecisions, emptyState, fold, totalSteps, type RunState } from "../../src/core/run-state.ts";
+import { restoreRunState, snapshotRunState } from "../../src/core/run-state-snapshot.ts";
+import { parseRunConfig } from "../../src/config/run-config.ts";
 import { sealDecision, shouldDrawMore } from "../../src/core/decide-groups.ts";
 import { outcomeLoads, stepLoads } from "../../src/core/group-load.ts";
 import { admission, isSyncDue, syncDecisions } from "../../src/core/pipeline.ts";
@@ -121,4 +123,74 @@ describe("recorded decision log: async mode, k = 1, mask (async-k1)", () => {
     checkLoads(log);
     for (const o of outcomeLoads(fold("r", log).config, log)) expect(o.load.minVersion).toBe(o.outcome === "kept" ? o.step - 1 : null);
   });
+});
+
+/**
+ * Both logs were recorded before the config's version 2 (scripts/record-decision-logs.ts at the
+ * commit that wrote them): their run.created config has no config_version and names the train
+ * job's attempts `max_attempts`, a key today's schema no longer has (config/config-versions.ts).
+ * They fold through the version chain; a restart from a snapshot the older rlq wrote (its config
+ * at version 1) reaches the same state as the fold, and so does an amendment recorded under the old name.
+ */
+describe("recorded decision logs replay after a config key they used was renamed", () => {
+  const plain = (s: RunState) =>
+    JSON.parse(JSON.stringify(s, (_k, v: unknown) => (v instanceof Map || v instanceof Set ? { [v.constructor.name]: [...v] } : v))) as unknown;
+
+  for (const name of ["sync-partial", "async-k1"]) {
+    const log = recorded(name);
+    const first = log[0];
+    const recordedConfig = first?.kind === "run.created" ? first.payload.config : {};
+
+    it(`${name}: was recorded with the old key, and folds to today's config`, () => {
+      const why = `${name}.json must stay a config-version-1 log (scripts/record-decision-logs.ts): restore it from git`;
+      expect(recordedConfig, why).toHaveProperty("max_attempts", 3);
+      expect(recordedConfig, why).not.toHaveProperty("config_version");
+      expect(() => parseRunConfig(recordedConfig, "today's schema alone")).toThrow(/max_attempts/);
+      const s = fold("r", log);
+      expect(s.config.train_max_attempts).toBe(3);
+      expect(s.config).not.toHaveProperty("max_attempts");
+      expect(s.status).toBe("completed");
+    });
+
+    it(`${name}: restarts from the older rlq's snapshot (config at version 1) to the state of the whole fold`, () => {
+      const whole = fold("r", log);
+      for (const cut of [2, Math.floor(log.length / 3), Math.floor((2 * log.length) / 3), log.length - 1]) {
+        // What the older rlq wrote: its state's config was the recorded one, with no version key.
+        const written = { ...snapshotRunState(fold("r", log.slice(0, cut))), config: recordedConfig };
+        const restored = restoreRunState("r", JSON.parse(JSON.stringify(written)));
+        expect(restored, `cut ${cut}`).not.toBeNull();
+        const state = restored as RunState;
+        for (const d of log.slice(cut)) apply(state, d);
+        expect(plain(state), `cut ${cut}`).toEqual(plain(whole));
+      }
+    });
+
+    it(`${name}: takes an amendment recorded under the old key name`, () => {
+      const amended: LoggedDecision = { kind: "run.amended", payload: { changes: { max_attempts: 6 } }, seq: log.length };
+      expect(fold("r", [...log, amended]).config.train_max_attempts).toBe(6);
+    });
+  }
+});
+
+/**
+ * The controller commits through applyDecisions (controller/controller.ts): a part that holds the
+ * state across `await h.commit(...)` holds the state it read, unchanged. Over the recorded logs,
+ * decision by decision, the state given is left as it was and the states reach the fold.
+ */
+describe("recorded decision logs through applyDecisions", () => {
+  const plain = (s: RunState) =>
+    JSON.parse(JSON.stringify(s, (_k, v: unknown) => (v instanceof Map || v instanceof Set ? { [v.constructor.name]: [...v] } : v))) as unknown;
+  for (const name of ["sync-partial", "async-k1"]) {
+    it(`${name}: no decision changes the state it was applied to`, () => {
+      const log = recorded(name);
+      let state = emptyState("r");
+      for (const d of log) {
+        const before = plain(state);
+        const next = applyDecisions(state, [d]);
+        expect(plain(state), `after ${d.kind} (seq ${d.seq})`).toEqual(before);
+        state = next;
+      }
+      expect(plain(state)).toEqual(plain(fold("r", log)));
+    });
+  }
 });
