@@ -236,6 +236,14 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
   const admin = async (path: string, payload: unknown, timeoutMs = adminMs) => callJson("POST", `${url}${path}`, payload, { timeoutMs, headers });
 
   function body(req: GenerateRequest, isStream: boolean, overrides: Record<string, unknown> = {}) {
+    // vLLM's /v1/completions takes a prompt (token ids included) or prompt_embeds, no images
+    // (vllm/entrypoints/openai/completion/protocol.py CompletionRequest); its images come only as
+    // chat content parts, which re-render the prompt from messages instead of rlq's token ids.
+    if (req.imageData?.length)
+      throw new RlqError(
+        "config_invalid",
+        `request ${req.requestId} has ${req.imageData.length} image(s): rlq sends token ids to vLLM's /v1/completions, which takes no images; use an SGLang engine (engine.kind: sglang) for multimodal_keys`,
+      );
     const s = req.sampling;
     return {
       model: options.model,
