@@ -1,6 +1,7 @@
 import { mkdirSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
 import { isAbsolute, join, resolve } from "node:path";
 import { sha256Hex } from "../lib/hash.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /**
  * Images of a prompt row, named by slime's `multimodal_keys` (`{"image": "images"}`:
@@ -157,9 +158,15 @@ export function loadRecordImages(record: Record<string, unknown>, keys: Multimod
 
 /** An image's bytes for an engine request, refusing a file that changed since the dataset was loaded. */
 export function readPromptImage(img: PromptImage): Buffer {
-  const bytes = readFileSync(img.path);
+  let bytes: Buffer;
+  try {
+    bytes = readFileSync(img.path);
+  } catch (e) {
+    throw new RlqError("dataset_changed", `image ${img.path} (sha256 ${img.sha256}) cannot be read: ${(e as Error).message}`, { cause: e });
+  }
   const sha = sha256Hex(bytes);
-  if (sha !== img.sha256) throw new Error(`image ${img.path} changed since the dataset was loaded (sha256 ${sha}, expected ${img.sha256})`);
+  if (sha !== img.sha256)
+    throw new RlqError("dataset_changed", `image ${img.path} changed since the dataset was loaded (sha256 ${sha}, expected ${img.sha256}); restore it`);
   return bytes;
 }
 

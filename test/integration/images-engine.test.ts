@@ -39,4 +39,24 @@ describe("SGLang image_data", () => {
     expect(of("red-blue")).toEqual([sha256Hex(red), sha256Hex(blue)]);
     expect(of("none")).toBeUndefined();
   });
+
+  it("engine.batch_group: a batch /generate carries one image list per item, each answered as if sent alone", async () => {
+    const f = await h.fake(["--stop-prob", "0"]);
+    const batched = h.pool([createSglangServer({ url: f.url, requestTimeoutMs: 10_000, isStreaming: false, isBatchingGroups: true })], {
+      healthTimeoutMs: 2_000,
+    });
+    await batched.awaitReady(10_000);
+    const red = solidPng([255, 0, 0]);
+    const blue = solidPng([0, 0, 255]);
+    const asked = [[red], [], [blue, red]].map((imgs, i) => ({
+      ...request(`b-${i}`, { maxNewTokens: 8, seed: 5, sessionKey: "g" }),
+      batchKey: "g",
+      ...(imgs.length ? { imageData: imgs.map(uri) } : {}),
+    }));
+    const got = await Promise.all(asked.map((r) => batched.generate(r)));
+    expect((await fakeStats(f.url)).batches).toBe(1);
+    const alone = createSglangServer({ url: f.url, requestTimeoutMs: 10_000 });
+    for (const [i, r] of asked.entries()) expect(got[i]?.tokenIds).toEqual((await alone.generate({ ...r, requestId: `alone-${i}` })).tokenIds);
+    expect(got[0]?.tokenIds).not.toEqual(got[1]?.tokenIds);
+  });
 });
