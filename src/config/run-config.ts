@@ -53,6 +53,17 @@ export const runConfigSchema = z
     bad_row_policy: z.enum(["skip", "fail"]).default("skip"),
     rollout_max_prompt_len: z.number().int().positive().nullable().default(null),
     /**
+     * slime --multimodal-keys: media type → dataset key holding the row's images (`{image: images}`);
+     * needs apply_chat_template. Images: paths relative to the dataset, data URIs, bytes (src/data/images.ts).
+     */
+    multimodal_keys: z
+      .record(z.string(), z.string().min(1))
+      .refine((m) => Object.keys(m).every((t) => t === "image"), {
+        error: "the only media type rlq reads is image: write {image: <dataset key>} (video and audio are not read)",
+      })
+      .nullable()
+      .default(null),
+    /**
      * bytes: UTF-8 bytes + BOS/EOS (what the test engines speak); model: the embedded model's tokenizer;
      * hf: hf_checkpoint's. Left out with a remote engine: hf when hf_checkpoint is set, else refused
      * (config/slime-traps.ts).

@@ -68,6 +68,8 @@ const renamed: Record<string, { key: string; value?: unknown; note: string }> = 
 
 /** Differences in how rlq reads a key it shares with slime. */
 const differences: Record<string, string> = {
+  multimodal_keys:
+    "images are loaded and checked when the dataset loads (a missing one is a bad row); media type image only; needs apply_chat_template; the trainer side is not built yet",
   use_opd:
     "the teacher is rlq's opd_teacher engine (slime finds it through --rm-url and its OPD reward function): add opd_teacher: {kind: sglang|vllm, url} to the imported run",
   use_dynamic_batch_size:
@@ -110,7 +112,6 @@ const unsupported: Record<string, { why: string; instead: string }> = {
   opd_teacher_ckpt_step: megatronTeacher,
   ref_update_interval: U("the reference model is fixed", "remove it"),
   keep_old_actor: U("old log-probs come from the trainer's recompute or the rollout", "use_rollout_logprobs: true to use the rollout's"),
-  multimodal_keys: U("rlq's prompts are text", "text-only datasets"),
   rollout_sample_hook_path: U("no per-sample hooks", "do the same work in custom_generate_function_path"),
   rollout_data_postprocess_path: customTrainData,
   custom_reward_post_process_path: U("reward post-processing is built in", "rewards_normalization, grpo_std_normalization, or a group_rm reward"),

@@ -253,3 +253,18 @@ describe("import-slime: on-policy distillation", () => {
     ]);
   });
 });
+
+describe("import-slime: --multimodal-keys", () => {
+  it("imports slime's JSON value as multimodal_keys, and the run config accepts it", () => {
+    const { config, report } = importSlimeArgs([...core, "--apply-chat-template", "--multimodal-keys", '{"image": "images"}']);
+    expect(report.isOk, formatImportReport(report)).toBe(true);
+    expect(config.multimodal_keys).toEqual({ image: "images" });
+    expect(parseRunConfig(config, "imported", "user").multimodal_keys).toEqual({ image: "images" });
+    expect(formatImportReport(report)).toMatch(/multimodal-keys/);
+  });
+
+  it("refuses a media type rlq does not read, naming what to write", () => {
+    const { config } = importSlimeArgs([...core, "--apply-chat-template", "--multimodal-keys", '{"video": "clips"}']);
+    expect(() => parseRunConfig(config, "imported", "user")).toThrow(/only media type rlq reads is image/);
+  });
+});

@@ -67,6 +67,16 @@ const secretFallback: Record<string, string> = {
 /** `${NAME}` or `$NAME`: a shell reference to one environment variable. */
 const envReference = /^\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?$/;
 
+/** A `type=json.loads` flag's word (slime's --multimodal-keys, --apply-chat-template-kwargs): its JSON object, else undefined. */
+function jsonWord(word: string | undefined): unknown {
+  if (word === undefined || !word.trimStart().startsWith("{")) return undefined;
+  try {
+    return JSON.parse(word) as unknown;
+  } catch {
+    return undefined;
+  }
+}
+
 /** The first reading of the flag's words that the rlq key accepts: bare flag → true, one word → number or string, several → a list. */
 function convertValue(key: string, words: readonly string[]): unknown {
   const field = shape[key];
@@ -74,13 +84,20 @@ function convertValue(key: string, words: readonly string[]): unknown {
     words.length === 0
       ? [true]
       : words.length === 1
-        ? [Number(words[0]), words[0] === "true" ? true : words[0] === "false" ? false : undefined, words[0], [Number(words[0])], [words[0]]]
+        ? [
+            Number(words[0]),
+            words[0] === "true" ? true : words[0] === "false" ? false : undefined,
+            words[0],
+            [Number(words[0])],
+            [words[0]],
+            jsonWord(words[0]),
+          ]
         : [words.map(Number), words];
   for (const c of candidates) {
     if (c === undefined || (typeof c === "number" && Number.isNaN(c))) continue;
     if (field?.safeParse(c).success) return c;
   }
-  return words.length === 0 ? true : words.length === 1 ? words[0] : [...words];
+  return words.length === 0 ? true : words.length === 1 ? (jsonWord(words[0]) ?? words[0]) : [...words];
 }
 
 /** One setting as slime would apply it: a flag and its words, or a key and its YAML value from a custom config. */

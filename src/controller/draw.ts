@@ -52,6 +52,7 @@ export async function planDraw(src: DrawSource, state: RunState, want: number, s
       label: row.label,
       metadata: row.metadata,
       promptTokens: src.tokenizer.encode(row.prompt),
+      images: row.images ?? [],
     };
   });
   return { fromBuffer, draws, cursor, rows };

@@ -1,7 +1,9 @@
+import { dirname, resolve as resolvePath } from "node:path";
 import { z } from "zod";
 import type { ChatMessage, HfTokenizer } from "../engines/hf-tokenizer.ts";
 import { RlqError } from "../lib/errors.ts";
 import type { Dataset, DatasetKeys, PromptRow } from "./prompt-row.ts";
+import { loadRecordImages, type MultimodalKeys, type PromptImage } from "./images.ts";
 
 /**
  * From a dataset record to the prompt text, as slime's `Dataset`
@@ -33,6 +35,12 @@ export interface PromptRenderOptions {
   chatTemplate?: ChatTemplateRenderer | null;
   /** slime --apply-chat-template-kwargs: extra template variables (e.g. `enable_thinking: false`). */
   chatTemplateKwargs?: Record<string, unknown>;
+  /** slime --multimodal-keys (media type → record key); needs applyChatTemplate. See images.ts. */
+  multimodalKeys?: MultimodalKeys | null;
+  /** The dataset file's directory: relative image paths are read from here. */
+  imageBaseDir?: string;
+  /** Content-addressed directory for inline (data URI, bytes) images. */
+  imageStoreDir?: string | null;
 }
 
 /** Dataset keys plus slime's `tool_key` (default `tools`). */
@@ -52,7 +60,13 @@ function show(v: unknown): string {
  * throws for bad data: returns the reason, which the loader prefixes with the
  * line or row number.
  */
-export function renderPromptInput(value: unknown, tools: unknown, keys: PromptRecordKeys, options: PromptRenderOptions = {}): Decoded<string> {
+export function renderPromptInput(
+  value: unknown,
+  tools: unknown,
+  keys: PromptRecordKeys,
+  options: PromptRenderOptions = {},
+  imageTypes: readonly string[] | null = null,
+): Decoded<string> {
   const toolKey = keys.tool_key ?? "tools";
   if (!options.applyChatTemplate) {
     if (typeof value === "string" && value.length > 0) return { ok: true, value };
@@ -65,7 +79,18 @@ export function renderPromptInput(value: unknown, tools: unknown, keys: PromptRe
   }
   if (!options.chatTemplate) throw new RlqError("config_invalid", "apply_chat_template: true needs a tokenizer with a chat template (hf_checkpoint)");
   let messages: ChatMessage[];
-  if (typeof value === "string" && value.length > 0) messages = [{ role: "user", content: value }];
+  if (imageTypes !== null) {
+    // slime's Dataset (slime/utils/data.py): with multimodal_keys the user turn's content is a
+    // part list, the text first then one part per image; the template renders each image part as
+    // the model's placeholder (Qwen2-VL: <|vision_start|><|image_pad|><|vision_end|>).
+    if (typeof value !== "string" || value.length === 0)
+      return {
+        ok: false,
+        error: `input_key '${keys.input_key}' must be a non-empty string when multimodal_keys is set (slime wraps it as the user turn), got ${show(value)}`,
+      };
+    const parts = [{ type: "text", text: value }, ...imageTypes.map((type) => ({ type }))];
+    messages = [{ role: "user", content: parts as unknown as string }];
+  } else if (typeof value === "string" && value.length > 0) messages = [{ role: "user", content: value }];
   else {
     const parsed = chatMessagesSchema.safeParse(value);
     if (!parsed.success) {
@@ -126,7 +151,16 @@ export function promptRowFromRecord(
   options: PromptRenderOptions = {},
 ): Decoded<Omit<PromptRow, "index">> {
   const rec = plainJson(record) as Record<string, unknown>;
-  const prompt = renderPromptInput(rec[keys.input_key], rec[keys.tool_key ?? "tools"], keys, options);
+  const mm = options.multimodalKeys && Object.keys(options.multimodalKeys).length > 0 ? options.multimodalKeys : null;
+  let images: PromptImage[] | null = null;
+  if (mm !== null) {
+    if (!options.applyChatTemplate)
+      throw new RlqError("config_invalid", "multimodal_keys needs apply_chat_template: true (the chat template puts the image placeholders in the prompt)");
+    const loaded = loadRecordImages(rec, mm, { baseDir: options.imageBaseDir ?? ".", imageStoreDir: options.imageStoreDir ?? null });
+    if (!loaded.ok) return loaded;
+    images = loaded.value;
+  }
+  const prompt = renderPromptInput(rec[keys.input_key], rec[keys.tool_key ?? "tools"], keys, options, images?.map((i) => i.type) ?? null);
   if (!prompt.ok) return prompt;
   const rawLabel = keys.label_key === null ? undefined : rec[keys.label_key];
   const label = rawLabel === undefined || rawLabel === null ? null : typeof rawLabel === "string" ? rawLabel : JSON.stringify(rawLabel);
@@ -141,7 +175,8 @@ export function promptRowFromRecord(
   if (meta !== undefined && meta !== null && (typeof meta !== "object" || Array.isArray(meta))) {
     return { ok: false, error: `metadata_key '${keys.metadata_key}' must be an object, got ${show(meta)}` };
   }
-  return { ok: true, value: { line: lineOrRow, prompt: prompt.value, label, metadata: (meta as Record<string, unknown> | null | undefined) ?? {} } };
+  const metadata = (meta as Record<string, unknown> | null | undefined) ?? {};
+  return { ok: true, value: { line: lineOrRow, prompt: prompt.value, label, metadata, ...(images !== null ? { images } : {}) } };
 }
 
 /** What `filterLongPrompts` removed, for the run's dataset report. */
@@ -186,4 +221,9 @@ export function filterLongPrompts(
     );
   }
   return { dataset: { ...dataset, rows: kept }, report };
+}
+
+/** Options with the dataset file's directory as the base of relative image paths (unless set). */
+export function withImageDir<T extends PromptRenderOptions>(datasetPath: string, options: T): T {
+  return options.imageBaseDir !== undefined ? options : { ...options, imageBaseDir: dirname(resolvePath(datasetPath)) };
 }

@@ -1,7 +1,7 @@
 import { readFile } from "node:fs/promises";
 import { sha256Hex } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
-import { promptRowFromRecord, type PromptRecordKeys } from "./chat-template.ts";
+import { promptRowFromRecord, withImageDir, type PromptRecordKeys } from "./chat-template.ts";
 import type { PromptDatasetOptions } from "./parquet.ts";
 import type { Dataset, PromptRow } from "./prompt-row.ts";
 
@@ -37,7 +37,7 @@ export async function loadJsonlDataset(path: string, keys: PromptRecordKeys, opt
       errors.push(`${where}: expected a JSON object, got ${Array.isArray(obj) ? "an array" : typeof obj}`);
       continue;
     }
-    const d = promptRowFromRecord(obj as Record<string, unknown>, i + 1, keys, options);
+    const d = promptRowFromRecord(obj as Record<string, unknown>, i + 1, keys, withImageDir(path, options));
     if (!d.ok) {
       if (options.isBadRowFatal) throw new RlqError("dataset_bad_row", `${where}: ${d.error}`);
       errors.push(`${where}: ${d.error}`);

@@ -3,7 +3,7 @@ import { parquetMetadata, parquetReadObjects, parquetSchema } from "hyparquet";
 import { sha256Hex } from "../lib/hash.ts";
 import { RlqError } from "../lib/errors.ts";
 import type { Dataset, PromptRow } from "./prompt-row.ts";
-import { promptRowFromRecord, type PromptRecordKeys, type PromptRenderOptions } from "./chat-template.ts";
+import { promptRowFromRecord, withImageDir, type PromptRecordKeys, type PromptRenderOptions } from "./chat-template.ts";
 
 /**
  * Prompt datasets in Parquet (slime's `--prompt-data x.parquet`), read with
@@ -17,7 +17,8 @@ import { promptRowFromRecord, type PromptRecordKeys, type PromptRenderOptions } 
  * stored as their JSON, INT64 included); `metadata_key` a struct/map or a JSON
  * string; `tool_key` a list or a JSON string. Compression: uncompressed and
  * snappy (what pandas/pyarrow write by default); other codecs fail with a
- * `dataset_invalid` naming the file.
+ * `dataset_invalid` naming the file. Images (multimodal_keys): a binary column
+ * or a Hugging Face image struct<bytes: binary, path: string> (images.ts).
  */
 export interface PromptDatasetOptions extends PromptRenderOptions {
   /**
@@ -48,7 +49,8 @@ export async function loadParquetDataset(path: string, keys: PromptRecordKeys, o
     if (!names.has(keys.input_key)) {
       throw new RlqError("dataset_invalid", `prompt_data ${path}: no column input_key '${keys.input_key}' (columns: ${[...names].join(", ")})`);
     }
-    records = (await parquetReadObjects({ file, metadata })) as Array<Record<string, unknown>>;
+    // utf8: false: a binary column (an image's bytes) stays bytes; STRING/UTF8 columns are still text.
+    records = (await parquetReadObjects({ file, metadata, utf8: false })) as Array<Record<string, unknown>>;
   } catch (e) {
     if (e instanceof RlqError) throw e;
     throw new RlqError("dataset_invalid", `prompt_data ${path}: not a readable Parquet file: ${(e as Error).message}`, { cause: e });
@@ -57,7 +59,7 @@ export async function loadParquetDataset(path: string, keys: PromptRecordKeys, o
   const errors: string[] = [];
   records.forEach((rec, i) => {
     const rowNumber = i + 1;
-    const decoded = promptRowFromRecord(rec, rowNumber, keys, options);
+    const decoded = promptRowFromRecord(rec, rowNumber, keys, withImageDir(path, options));
     if (decoded.ok) {
       rows.push({ index: rows.length, ...decoded.value });
       return;

@@ -1,3 +1,5 @@
+import type { PromptImage } from "./images.ts";
+
 /** The shapes of a loaded prompt dataset, apart from the loaders so that they import no loader (no import cycle). */
 export interface PromptRow {
   /** Index among the valid rows: what the cursor permutes. */
@@ -6,6 +8,8 @@ export interface PromptRow {
   prompt: string;
   label: string | null;
   metadata: Record<string, unknown>;
+  /** With multimodal_keys: the row's images, in the order of their placeholders in the prompt. */
+  images?: PromptImage[];
 }
 
 export interface Dataset {

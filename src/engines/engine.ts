@@ -38,6 +38,11 @@ export const generateRequestSchema = z.object({
   inputIds: z.array(z.number().int().nonnegative()).min(1),
   sampling: samplingParamsSchema,
   /**
+   * The prompt's images as `data:` URIs, in the order of their placeholders in inputIds
+   * (src/data/images.ts imageDataUri). Every segment of a sample re-sends them with the prompt.
+   */
+  imageData: z.array(z.string().min(1)).optional(),
+  /**
    * Prefix affinity for multi-turn sessions: requests with the same key go to
    * the same engine while it is healthy (its prefix cache holds the earlier turns).
    */

@@ -461,6 +461,14 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
 
   /** The /v1/completions body for `req` (vLLM's sampling_params names). */
   private body(req: GenerateRequest, isStream: boolean, overrides: Record<string, unknown> = {}): Record<string, unknown> {
+    // vLLM's /v1/completions takes a prompt (token ids included) or prompt_embeds, no images
+    // (vllm/entrypoints/openai/completion/protocol.py CompletionRequest); its images come only as
+    // chat content parts, which re-render the prompt from messages instead of rlq's token ids.
+    if (req.imageData?.length)
+      throw new RlqError(
+        "config_invalid",
+        `request ${req.requestId} has ${req.imageData.length} image(s): rlq sends token ids to vLLM's /v1/completions, which takes no images; use an SGLang engine (engine.kind: sglang) for multimodal_keys`,
+      );
     const s = req.sampling;
     return {
       model: this.options.model,

@@ -80,13 +80,22 @@ export function createBatcher(deps: {
     }
     const one = live.length === 1 ? live[0] : undefined;
     const body = one
-      ? { rid: one.req.requestId, input_ids: one.req.inputIds, return_logprob: true, stream: false, sampling_params: deps.samplingParams(one.req.sampling) }
+      ? {
+          rid: one.req.requestId,
+          input_ids: one.req.inputIds,
+          return_logprob: true,
+          stream: false,
+          sampling_params: deps.samplingParams(one.req.sampling),
+          ...(one.req.imageData?.length ? { image_data: one.req.imageData } : {}),
+        }
       : {
           rid: live.map((x) => x.req.requestId),
           input_ids: live.map((x) => x.req.inputIds),
           return_logprob: true,
           stream: false,
           sampling_params: live.map((x) => deps.samplingParams(x.req.sampling)),
+          // io_struct.py GenerateReqInput.image_data in a batch: one entry (a list of images) per item.
+          ...(live.some((x) => x.req.imageData?.length) ? { image_data: live.map((x) => x.req.imageData ?? []) } : {}),
         };
     try {
       let answer: unknown;

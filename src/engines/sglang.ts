@@ -242,7 +242,15 @@ class SglangServer implements RemoteEngine {
   async generateWith(req: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult> {
     const where = `SGLang ${this.url}/generate (rid ${req.requestId})`;
     if (!this.isStreaming) return this.batcher.submit(req, hooks, where);
-    const body = { rid: req.requestId, input_ids: req.inputIds, return_logprob: true, stream: true, sampling_params: samplingParams(req.sampling) };
+    const body = {
+      rid: req.requestId,
+      input_ids: req.inputIds,
+      return_logprob: true,
+      stream: true,
+      sampling_params: samplingParams(req.sampling),
+      // python/sglang/srt/managers/io_struct.py GenerateReqInput.image_data: a list of images for one request.
+      ...(req.imageData?.length ? { image_data: req.imageData } : {}),
+    };
     const partial = hooks.partial;
     let finish: "stop" | "length" | "abort" | null = null;
     try {

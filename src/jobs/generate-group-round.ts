@@ -10,6 +10,7 @@ import { errorMessage, RlqError } from "../lib/errors.ts";
 import { isRequestError } from "../engines/remote.ts";
 import { generateCustomRound } from "../rollout/custom-generate-round.ts";
 import { runSampling } from "../rollout/sampling-params.ts";
+import { imageDataUri, type PromptImage } from "../data/images.ts";
 
 /**
  * Rounds one group may take. A sample aborted again and again (a server that
@@ -124,7 +125,7 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
           segments.push(...(await generateCustomRound(ctx.customGenerate, engine, input, inflight, () => wasAborted)));
           return;
         }
-        const seg = await generateSegment(engine, ctx, view.prompt.promptTokens, s, job, inflight, () => wasAborted);
+        const seg = await generateSegment(engine, ctx, view.prompt.promptTokens, s, job, inflight, () => wasAborted, view.prompt.images ?? []);
         if (seg) segments.push(seg);
       }),
     );
@@ -160,6 +161,7 @@ async function generateSegment(
   job: RolloutJob,
   inflight: Set<string>,
   isAborted: () => boolean,
+  images: readonly PromptImage[] = [],
 ): Promise<RoundFacts["segments"][number] | null> {
   const c = ctx.config;
   const segmentIndex = sample.nextSegmentIndex;
@@ -199,6 +201,9 @@ async function generateSegment(
       // With engine.batch_group: one batch /generate per group at most (engines/sglang.ts createBatcher).
       batchKey: `${job.runId}-${job.groupId}`,
       inputIds: [...promptTokens, ...sample.responseTokens],
+      // Every segment re-sends the prompt's images with the prompt (a continued segment, a resumed
+      // run): read from where drawn_prompts says they are, checked against their recorded sha256.
+      ...(images.length > 0 ? { imageData: images.map(imageDataUri) } : {}),
       sampling: {
         ...runSampling(c, ctx.tokenizer.eosId),
         maxNewTokens: budget,

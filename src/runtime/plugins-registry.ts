@@ -1,5 +1,5 @@
 import { readFile } from "node:fs/promises";
-import { dirname, join } from "node:path";
+import { dirname, join, resolve } from "node:path";
 import type { RunConfig } from "../config/run-config.ts";
 import type { Tokenizer } from "../data/tokenizer.ts";
 import type { RewardInput } from "./reward-scorer.ts";
@@ -10,6 +10,7 @@ import { Tokenizer as ModelTokenizer } from "../model/tokenizer.ts";
 import { loadPromptData } from "../data/dataset.ts";
 import { filterLongPrompts, type PromptRecordKeys } from "../data/chat-template.ts";
 import type { EvalDataset } from "../config/eval-datasets.ts";
+import { readEnv } from "../config/env.ts";
 
 /**
  * Where the built-in capabilities are looked up by name: reward types from
@@ -97,6 +98,8 @@ async function loadPromptDataset(
     chatTemplate,
     chatTemplateKwargs: o.chatTemplateKwargs,
     isBadRowFatal: c.bad_row_policy === "fail",
+    // Inline images (data URIs, Parquet bytes) are kept by content hash under RLQ_HOME, never in Postgres.
+    ...(c.multimodal_keys ? { multimodalKeys: c.multimodal_keys, imageStoreDir: resolve(readEnv().RLQ_HOME, "images") } : {}),
   });
   return filterLongPrompts(ds, (p) => tokenizer.encode(p).length, o.maxPromptLen, o.names);
 }

@@ -1,5 +1,6 @@
 import type { Db } from "./db.ts";
 import type { DrawnPromptRow } from "./run-facts.ts";
+import type { PromptImage } from "../data/images.ts";
 import type { RewardFact } from "./rollout-facts.ts";
 import {
   assembleResponse,
@@ -111,7 +112,7 @@ export async function loadGroupsWithRewards(
  */
 export function groupColumns(runId: string, groupId: string, perToken: "all" | "tokens" = "all"): string {
   return `
-  p.draw_ordinal, p.epoch, p.dataset_index, p.step AS draw_step, p.prompt, p.label, p.metadata, p.prompt_tokens,
+  p.draw_ordinal, p.epoch, p.dataset_index, p.step AS draw_step, p.prompt, p.label, p.metadata, p.prompt_tokens, p.images,
   (SELECT json_agg(json_build_array(s.sample_index, s.segment_index, s.round, s.weight_version, s.tokens,
                                     ${perToken === "all" ? "s.log_probs, s.loss_mask" : "NULL, NULL"}, s.finish_reason, s.status, s.engine))
      FROM sample_segments s WHERE s.run_id = ${runId} AND s.group_id = ${groupId}) AS segments,
@@ -137,6 +138,7 @@ export interface GroupRow {
   label: string | null;
   metadata: unknown;
   prompt_tokens: number[];
+  images: PromptImage[] | null;
   /** [sample_index, segment_index, round, weight_version, tokens, log_probs, loss_mask, finish_reason, status, engine]; log_probs and loss_mask null when loaded with `perToken` "tokens". */
   segments: Array<[number, number, number, number, number[], Array<number | string> | null, number[] | null, string, string, string]> | null;
   cuts: unknown[] | null;
@@ -173,6 +175,7 @@ function promptFromRow(runId: string, groupId: number, row: GroupRow): DrawnProm
     label: row.label,
     metadata: row.metadata,
     promptTokens: row.prompt_tokens,
+    ...(row.images && row.images.length > 0 ? { images: row.images } : {}),
   };
 }
 

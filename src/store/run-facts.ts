@@ -1,5 +1,6 @@
 import { and, asc, eq, gt, gte, inArray, sql } from "drizzle-orm";
 import type { Db } from "./db.ts";
+import type { PromptImage } from "../data/images.ts";
 import { decisions, drawnPrompts, runLeases, runs } from "./schema/index.ts";
 import { insertFirstDecisions } from "./decision-log.ts";
 import { insertRunProjection } from "./projections.ts";
@@ -119,6 +120,8 @@ export interface DrawnPromptRow {
   label: string | null;
   metadata: unknown;
   promptTokens: number[];
+  /** The prompt's images (multimodal_keys); absent or empty for a text prompt. */
+  images?: PromptImage[];
 }
 
 export async function loadDrawnPrompts(db: Db, runId: string, groupIds: readonly number[]): Promise<Map<number, DrawnPromptRow>> {
@@ -140,11 +143,11 @@ export async function insertDrawnPrompts(tx: import("./db.ts").Database, rows: R
   if (rows.length === 0) return;
   const col = (f: (r: (typeof rows)[number]) => unknown) => sql.param(rows.map(f));
   await tx.execute(sql`
-    INSERT INTO drawn_prompts (run_id, draw_ordinal, epoch, dataset_index, step, prompt, label, metadata, prompt_tokens)
-    SELECT run_id, draw_ordinal, epoch, dataset_index, step, prompt, label, metadata::jsonb, prompt_tokens::int4[]
+    INSERT INTO drawn_prompts (run_id, draw_ordinal, epoch, dataset_index, step, prompt, label, metadata, prompt_tokens, images)
+    SELECT run_id, draw_ordinal, epoch, dataset_index, step, prompt, label, metadata::jsonb, prompt_tokens::int4[], images::jsonb
       FROM unnest(${col((r) => r.runId)}::text[], ${col((r) => r.drawOrdinal)}::bigint[], ${col((r) => r.epoch)}::int[],
                   ${col((r) => r.datasetIndex)}::int[], ${col((r) => r.step)}::int[], ${col((r) => r.prompt)}::text[],
                   ${col((r) => r.label ?? null)}::text[], ${col((r) => JSON.stringify(r.metadata))}::text[],
-                  ${col((r) => `{${r.promptTokens.join(",")}}`)}::text[])
-        AS t(run_id, draw_ordinal, epoch, dataset_index, step, prompt, label, metadata, prompt_tokens)`);
+                  ${col((r) => `{${r.promptTokens.join(",")}}`)}::text[], ${col((r) => JSON.stringify(r.images ?? []))}::text[])
+        AS t(run_id, draw_ordinal, epoch, dataset_index, step, prompt, label, metadata, prompt_tokens, images)`);
 }

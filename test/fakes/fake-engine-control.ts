@@ -59,6 +59,7 @@ export interface FakeSglangStats {
   pauses: number;
   flushes: number;
   seedsSeen: number[];
+  imagesSeen: Record<string, string[]>;
   lastPush: null | { names: unknown; dtypes: unknown; shapes: unknown; group_name: unknown };
   lastTensorPush: null | { count: number; bytes: number[]; load_format: unknown; flush_cache: boolean; weight_version: unknown };
   calls: string[];

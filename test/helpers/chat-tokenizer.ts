@@ -50,3 +50,20 @@ export function chatTokenizerDir(): string {
   );
   return dir;
 }
+
+/**
+ * chatTokenizerDir with a vision-language template: a content part list renders each image part
+ * as Qwen2-VL's placeholder (<|vision_start|><|image_pad|><|vision_end|>), text parts as their text.
+ */
+export function visionChatTokenizerDir(): string {
+  const dir = chatTokenizerDir();
+  writeFileSync(
+    join(dir, "tokenizer_config.json"),
+    JSON.stringify({
+      eos_token: "<|im_end|>",
+      chat_template:
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+    }),
+  );
+  return dir;
+}

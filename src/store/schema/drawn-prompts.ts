@@ -1,4 +1,6 @@
+import { sql } from "drizzle-orm";
 import { bigint, integer, jsonb, pgTable, primaryKey, text, index } from "drizzle-orm/pg-core";
+import type { PromptImage } from "../../data/images.ts";
 
 /**
  * `drawn_prompts`: one row per prompt draw (insert-only), written by the
@@ -20,6 +22,16 @@ export const drawnPrompts = pgTable(
     label: text("label"),
     metadata: jsonb("metadata").notNull(),
     promptTokens: integer("prompt_tokens").array().notNull(),
+    /**
+     * With multimodal_keys: the prompt's images in placeholder order, each by sha256 with where its
+     * bytes are (`path`: the dataset's file, or RLQ_HOME/images/<sha256> for inline ones) and where
+     * it came from (`origin`, `source`, `key`). Never the bytes. Query:
+     * `SELECT p.draw_ordinal, i->>'sha256' FROM drawn_prompts p, jsonb_array_elements(p.images) i`.
+     */
+    images: jsonb("images")
+      .$type<PromptImage[]>()
+      .notNull()
+      .default(sql`'[]'::jsonb`),
   },
   (t) => [primaryKey({ columns: [t.runId, t.drawOrdinal] }), index("drawn_prompts_run_step_idx").on(t.runId, t.step)],
 );

@@ -2,6 +2,8 @@
  * The fake SGLang's /generate, single and batch, streamed and not (test/fakes/fake-sglang.ts
  * documents each behaviour and the SGLang source it comes from).
  */
+import { createHash } from "node:crypto";
+import { readFileSync } from "node:fs";
 import type { ServerResponse } from "node:http";
 import { EOS, inputTokenLogProb, instantToken, sampleToken } from "../fake-lm.ts";
 import {
@@ -19,6 +21,50 @@ import {
   type Generated,
   type LiveRequest,
 } from "./state.ts";
+
+/**
+ * One request's images, as SGLang reads `image_data` (python/sglang/srt/managers/io_struct.py
+ * GenerateReqInput: one image, or a list of them for a single request; a list with one entry per
+ * item for a batch), each loaded as python/sglang/srt/utils.py load_image does: a `data:` URI is
+ * decoded after its comma, a name with an image extension is a file, anything else is base64
+ * (URLs are not fetched here). Returns the
+ * sha256 of each image's bytes, or the reason it cannot be loaded (SGLang fails the request).
+ */
+export function imagesOf(value: unknown): { hashes: string[] } | { error: string } {
+  if (value === undefined || value === null) return { hashes: [] };
+  const list = Array.isArray(value) ? value : [value];
+  const hashes: string[] = [];
+  for (const [i, x] of list.entries()) {
+    if (typeof x !== "string" || x === "") return { error: `image_data[${i}]: expected a path or base64 string` };
+    let bytes: Buffer;
+    if (x.startsWith("data:")) {
+      const comma = x.indexOf(",");
+      if (comma === -1) return { error: `image_data[${i}]: a data URI without a comma` };
+      bytes = Buffer.from(x.slice(comma + 1), "base64");
+    } else if (/\.(png|jpe?g|gif|bmp|webp)$/i.test(x)) {
+      try {
+        bytes = readFileSync(x);
+      } catch (e) {
+        return { error: `image_data[${i}]: ${(e as Error).message}` };
+      }
+    } else {
+      bytes = Buffer.from(x, "base64");
+    }
+    if (bytes.length === 0) return { error: `image_data[${i}]: empty image` };
+    hashes.push(createHash("sha256").update(bytes).digest("hex"));
+  }
+  return { hashes };
+}
+
+/**
+ * The fake's answer depends on the images: their hashes are folded into the sampling seed, so
+ * another image (or none) gives other tokens, and a test sees that the bytes arrived.
+ */
+function withImages(sp: Record<string, unknown>, hashes: readonly string[]): Record<string, unknown> {
+  if (hashes.length === 0) return sp;
+  const h = createHash("sha256").update(hashes.join(",")).digest().readUInt32BE(0) & 0x7fffffff;
+  return { ...sp, sampling_seed: (Number(sp.sampling_seed ?? 0) ^ h) >>> 0 };
+}
 
 /** Why SGLang would refuse this request before generating (tokenizer_manager.py _validate_one_request), or null. */
 export function refusal(ids: unknown, sp: Record<string, unknown>, rid: string): string | null {
@@ -267,6 +313,16 @@ export async function generateBatch(b: Record<string, unknown>, res: ServerRespo
       return send(res, 400, { error: { message: why } });
     }
   }
+  const imageData = b.image_data;
+  if (imageData !== undefined && imageData !== null && (!Array.isArray(imageData) || imageData.length !== ids.length))
+    return send(res, 400, { error: { message: "image_data must have one entry per input in a batch" } });
+  const images: string[][] = [];
+  for (let i = 0; i < ids.length; i++) {
+    const got = imagesOf(Array.isArray(imageData) ? imageData[i] : undefined);
+    if ("error" in got) return send(res, 400, { error: { message: got.error } });
+    images.push(got.hashes);
+    if (got.hashes.length > 0) stats.imagesSeen[String(rids[i])] = got.hashes;
+  }
   stats.batches++;
   const states = ids.map((_, i) => {
     const s = { aborted: false };
@@ -275,7 +331,9 @@ export async function generateBatch(b: Record<string, unknown>, res: ServerRespo
   });
   const isGone = watchDisconnect(res, states);
   const topN = Number(b.top_logprobs_num ?? 0);
-  const gens = await Promise.all(ids.map((x, i) => generateOne(x as number[], spOf(i), topN, String(rids[i]), states[i] as LiveRequest, null)));
+  const gens = await Promise.all(
+    ids.map((x, i) => generateOne(x as number[], withImages(spOf(i), images[i] ?? []), topN, String(rids[i]), states[i] as LiveRequest, null)),
+  );
   if (isGone()) return;
   // tokenizer_manager.py _handle_batch_request: asyncio.gather of the items, so one raising item fails the batch.
   const raised = gens.map(raisedBy).find((r) => r !== null);
@@ -289,8 +347,11 @@ export async function generateBatch(b: Record<string, unknown>, res: ServerRespo
 
 export async function generate(b: Record<string, unknown>, res: ServerResponse): Promise<void> {
   const ids = b.input_ids as number[];
-  const sp = (b.sampling_params ?? {}) as Record<string, unknown>;
   if (Array.isArray(ids) && Array.isArray(ids[0])) return generateBatch(b, res);
+  const imgs = imagesOf(b.image_data);
+  if ("error" in imgs) return send(res, 400, { error: { message: imgs.error } });
+  const sp = withImages((b.sampling_params ?? {}) as Record<string, unknown>, imgs.hashes);
+  if (imgs.hashes.length > 0 && typeof b.rid === "string") stats.imagesSeen[b.rid] = imgs.hashes;
   if (b.return_logprob !== true) return send(res, 400, { error: { message: "rlq always asks for return_logprob" } });
   if (take5xx("generate")) return send(res, 503, { error: { message: "injected 5xx" } });
   await waitForTurn();

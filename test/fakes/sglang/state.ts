@@ -100,6 +100,8 @@ export const stats = {
   flushRefused: 0,
   cacheFlushes: 0,
   seedsSeen: [] as number[],
+  /** Per request id: the sha256 of each image of its image_data, in order (generate.ts imagesOf). */
+  imagesSeen: {} as Record<string, string[]>,
   /** TCP connections accepted (a client's connection pooling shows here). */
   connections: 0,
   /** Per weight version, when (epoch ms) the first request started generating on it. */

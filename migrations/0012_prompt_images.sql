@@ -1,0 +1,1 @@
+ALTER TABLE "drawn_prompts" ADD COLUMN "images" jsonb DEFAULT '[]'::jsonb NOT NULL;
