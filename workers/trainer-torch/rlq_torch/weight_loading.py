@@ -43,7 +43,12 @@ class WeightLoading:
     def _init_policy(self, t: TrainConfig):
         """Version 0 without a checkpoint: hf_checkpoint, else the embedded model from seed."""
         if t.hf_checkpoint:
-            return load_hf_dir(path_from_uri(t.hf_checkpoint), self.device)
+            policy = load_hf_dir(path_from_uri(t.hf_checkpoint), self.device)
+            if t.lora is not None:
+                from .lora import wrap
+
+                return wrap(policy, t.lora, t.seed)
+            return policy
         if t.model is None:
             raise bad_request(
                 "checkpoint_uri_in is null and the config has no model to initialise (set model: {...}, hf_checkpoint or ref_load, "
@@ -81,7 +86,12 @@ class WeightLoading:
             raise bad_request(
                 f"checkpoint {uri} holds weight version {stored}, the request says weight_version_in {v_in}"
             )
-        policy = load_policy(dir_, self.device)
+        if t.lora is not None:
+            from . import lora
+
+            policy = lora.load(dir_, t, self.device)
+        else:
+            policy = load_policy(dir_, self.device)
         if self.fsdp:
             self._ddp(
                 policy
