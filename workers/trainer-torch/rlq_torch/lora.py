@@ -55,17 +55,17 @@ def parse(c: dict[str, Any], t: Any) -> LoraOptions | None:
         if k in c and c[k] is not None
     ]
     if rank == 0:
-        if extra and any(k != "target_modules" or c[k] != "all-linear" for k in extra):
+        if extra:
             raise ValueError(
                 f"config.{extra[0]} is set but lora_rank is 0 (LoRA off): set lora_rank (e.g. 8) or drop {', '.join(extra)}"
             )
         return None
-    alpha = c.get("lora_alpha", 16)
+    alpha = _or(c, "lora_alpha", 16)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
         raise ValueError(
             f"config.lora_alpha = {alpha!r}: expected a number > 0 (e.g. 16; the scale is alpha / rank)"
         )
-    dropout = c.get("lora_dropout", 0.0)
+    dropout = _or(c, "lora_dropout", 0.0)
     if (
         isinstance(dropout, bool)
         or not isinstance(dropout, (int, float))
@@ -74,7 +74,7 @@ def parse(c: dict[str, Any], t: Any) -> LoraOptions | None:
         raise ValueError(
             f"config.lora_dropout = {dropout!r}: expected a number in [0, 1)"
         )
-    target = c.get("target_modules", "all-linear")
+    target = _or(c, "target_modules", "all-linear")
     if target != "all-linear" and (
         not isinstance(target, list)
         or not target
@@ -99,6 +99,12 @@ def parse(c: dict[str, Any], t: Any) -> LoraOptions | None:
         float(dropout),
         target if isinstance(target, str) else list(target),
     )
+
+
+def _or(c: dict[str, Any], key: str, default):
+    """The key's value; absent or null (the run config's default): ``default``."""
+    v = c.get(key)
+    return default if v is None else v
 
 
 def peft_config(o: LoraOptions):
