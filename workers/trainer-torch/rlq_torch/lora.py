@@ -20,6 +20,7 @@ How it fits the trainer:
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -141,17 +142,36 @@ def wrap(policy, o: LoraOptions, seed: int):
     return policy
 
 
-def load(path: str, t: Any, device: torch.device):
-    """A LoRA checkpoint: the base from hf_checkpoint, the adapters from path/adapter (bit-exact, fp32)."""
+def load(path: str, t: Any, device: torch.device, version: int):
+    """(policy, fresh) for a LoRA step starting from checkpoint ``path``:
+
+    - a LoRA checkpoint (``adapter/``): its base (the adapter config's ``base_model_name_or_path``, the directory
+      the run started from; else hf_checkpoint) with the adapters bit-exact (fp32); fresh is False;
+    - at version 0, a plain HF directory (rlq passes ref_load as the first checkpoint): it is the base, the adapters
+      start from peft's initialisation and fresh is True (its optimizer state, if any, belongs to other weights)."""
     f = os.path.join(path, ADAPTER_DIR, "adapter_model.safetensors")
     if not os.path.isfile(f):
+        if version == 0:
+            return wrap(load_hf_dir(path, device), t.lora, t.seed), True
         raise CheckpointError(
-            f"{path}: no {ADAPTER_DIR}/adapter_model.safetensors; it is not a LoRA checkpoint (lora_rank was 0 when it was "
-            "written): resume it with lora_rank 0"
+            f"{path}: no {ADAPTER_DIR}/adapter_model.safetensors, so it is not a LoRA checkpoint (lora_rank was 0 when "
+            f"version {version} was written): resume it with lora_rank 0, or start LoRA from version 0"
         )
-    policy = wrap(load_hf_dir(path_from_uri(t.hf_checkpoint), device), t.lora, t.seed)
+    base = None
+    try:
+        with open(os.path.join(path, ADAPTER_DIR, "adapter_config.json")) as fh:
+            base = json.load(fh).get("base_model_name_or_path")
+    except (OSError, ValueError):
+        base = None
+    if not (isinstance(base, str) and os.path.isdir(base)):
+        if t.hf_checkpoint is None:
+            raise CheckpointError(
+                f"{path}: its adapter's base model is not a directory here ({base!r}) and the config has no hf_checkpoint"
+            )
+        base = path_from_uri(t.hf_checkpoint)
+    policy = wrap(load_hf_dir(base, device), t.lora, t.seed)
     policy.load_adapter_file(f)
-    return policy
+    return policy, False
 
 
 def _merged(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -89,9 +89,9 @@ class WeightLoading:
         if t.lora is not None:
             from . import lora
 
-            policy = lora.load(dir_, t, self.device)
+            policy, fresh = lora.load(dir_, t, self.device, v_in)
         else:
-            policy = load_policy(dir_, self.device)
+            policy, fresh = load_policy(dir_, self.device), False
         if self.fsdp:
             self._ddp(
                 policy
@@ -100,11 +100,17 @@ class WeightLoading:
         names = [
             n for n, _ in policy.named_params() if owner[n] == self.dist.rank
         ]  # sharded: this rank's moments only
-        opt = read_optimizer(
-            dir_,
-            names,
-            shard=(self.dist.rank, self.dist.world),
-            sharding=fsdp_mod.optimizer_sharding(self.dist) if self.fsdp else "zero1",
+        opt = (
+            None
+            if fresh
+            else read_optimizer(
+                dir_,
+                names,
+                shard=(self.dist.rank, self.dist.world),
+                sharding=fsdp_mod.optimizer_sharding(self.dist)
+                if self.fsdp
+                else "zero1",
+            )
         )
         moments: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         iteration = 0

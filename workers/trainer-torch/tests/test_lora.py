@@ -89,8 +89,18 @@ class LoraTest(unittest.TestCase):
         from transformers import AutoModelForCausalLM
 
         t1 = TorchTrainer("cpu")
-        r0 = self.step(t1, 0, None, "v1")
+        # version 0 from the base directory (rlq sends ref_load as the first checkpoint) equals version 0 from nothing
+        r0 = self.step(t1, 0, f"file://{self.base}", "v1")
         v1 = r0["checkpoint_uri"].removeprefix("file://")
+        self.step(TorchTrainer("cpu"), 0, None, "v1-init")
+        self.assertEqual(
+            read(f"{v1}/weights.safetensors"),
+            read(f"{self.tmp}/v1-init/weights.safetensors"),
+        )
+        with open(f"{v1}/adapter/adapter_config.json") as f:
+            self.assertEqual(
+                json.load(f)["base_model_name_or_path"], self.base
+            )  # what a resume (and peft) loads
         # only the adapters have optimizer state; the base is untouched in the policy
         opt = tensors(f"{v1}/optimizer.safetensors")
         names = {n.split(".", 1)[1] for n in opt if n.startswith("exp_avg.")}
