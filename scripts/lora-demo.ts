@@ -3,7 +3,7 @@
  * (scripts/demo-vllm.ts: vLLM on the CPU, the PyTorch trainer on two FSDP2 ranks) with LoRA (lora_rank 8 through
  * peft, workers/trainer-torch/rlq_torch/lora.py). vLLM loads the merged weights at every version (weight_sync: disk).
  * Writes the per-step reward and train/rollout log-prob difference, and the reward before/after, as JSON
- * (default bench/results/lora-demo.json).
+ * (default bench/results/lora-demo.json). `--full-ft` runs the same without LoRA, as a baseline.
  */
 import { spawn } from "node:child_process";
 import { mkdirSync, writeFileSync } from "node:fs";
@@ -12,9 +12,15 @@ import { parseArgs } from "node:util";
 import { repoRoot } from "./real-stack.ts";
 
 const { values } = parseArgs({
-  options: { out: { type: "string", default: join(repoRoot, "bench/results/lora-demo.json") }, set: { type: "string", multiple: true } },
+  options: {
+    out: { type: "string", default: join(repoRoot, "bench/results/lora-demo.json") },
+    set: { type: "string", multiple: true },
+    "full-ft": { type: "boolean", default: false },
+  },
 });
-const sets = ["lora_rank=8", "lora_alpha=16", "lr=5.0e-4", ...(values.set ?? [])];
+// --full-ft: the same run without LoRA (examples/vllm-demo.yaml's lr), the baseline the LoRA run is compared with.
+const lora = values["full-ft"] === true ? [] : ["lora_rank=8", "lora_alpha=16", "lr=1.0e-3"];
+const sets = ["num_rollout=20", ...lora, ...(values.set ?? [])];
 const child = spawn(
   process.execPath,
   ["--max-semi-space-size=64", "--import", "tsx", join(repoRoot, "scripts/demo-vllm.ts"), ...sets.flatMap((s) => ["--set", s])],
@@ -45,7 +51,10 @@ const before = mean(steps.slice(0, 3).map((s) => s.reward));
 const after = mean(steps.slice(-3).map((s) => s.reward));
 const diffs = steps.map((s) => s.train_rollout_logprob_abs_diff).filter((d): d is number => d !== null);
 const result = {
-  what: "the demo task (examples/vllm-demo.yaml) on vLLM CPU + the torch trainer (2 FSDP2 ranks) with LoRA; engines load the merged weights",
+  what:
+    lora.length > 0
+      ? "the demo task (examples/vllm-demo.yaml) on vLLM CPU + the torch trainer (2 FSDP2 ranks) with LoRA; engines load the merged weights"
+      : "the same run as a full fine-tune (lora_rank 0), the baseline",
   sets,
   steps,
   reward_first_3_steps: before,
