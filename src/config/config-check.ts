@@ -32,6 +32,10 @@ const torchTrainerKeys = [
   "tensor_model_parallel_size",
   "context_parallel_size",
   "sequence_parallel",
+  "lora_rank",
+  "lora_alpha",
+  "lora_dropout",
+  "target_modules",
 ] as const;
 const criticKeys = ["value_clip", "num_critic_only_steps", "critic_lr"] as const;
 const remoteEngineKeys = [

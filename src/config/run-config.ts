@@ -1,6 +1,6 @@
 import { z } from "zod";
 import { opdKeys } from "./opd.ts";
-import { trainerTorchKeys, trainerTorchParallelKeys } from "./trainer-torch-keys.ts";
+import { refineLora, trainerTorchKeys, trainerTorchLoraKeys, trainerTorchParallelKeys } from "./trainer-torch-keys.ts";
 import { evalDatasetEntrySchema, resolveEvalDatasets } from "./eval-datasets.ts";
 import { refineSft, sftKeys } from "./sft-keys.ts";
 import { algorithmOptionsShape, refineAlgorithmOptions } from "../algorithms/options.ts";
@@ -124,6 +124,7 @@ export const runConfigSchema = z
     ...trainerTorchParallelKeys,
     // SFT as a run mode (config/sft-keys.ts, docs/sft.md)
     ...sftKeys,
+    ...trainerTorchLoraKeys,
     /** Remote trainers: a local Hugging Face model directory (workers/trainer-torch). */
     hf_checkpoint: z.string().nullable().default(null),
     weight_decay: z.number().nonnegative().default(0),
@@ -207,6 +208,7 @@ export const runConfigSchema = z
   .strict()
   .superRefine((c, ctx) => {
     refineAlgorithmOptions(c, ctx);
+    refineLora(c, ctx);
     refineMetricExport(c, ctx);
     refineSft(c, ctx);
     if (c.engine.kind === "openai" && c.weight_sync === "trainer_push") {

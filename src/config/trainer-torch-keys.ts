@@ -31,3 +31,65 @@ export const trainerTorchParallelKeys = {
   /** slime's --sequence-parallel: with tensor_model_parallel_size > 1, the norms are cut along the sequence too. */
   sequence_parallel: z.boolean().default(false),
 };
+
+/**
+ * LoRA RL on a Hugging Face model through peft (docs/trainer-torch.md, workers/trainer-torch/rlq_torch/lora.py),
+ * verl's names (actor_rollout_ref.model.lora_rank / lora_alpha / target_modules). Only the adapters train; engines
+ * load the merged weights at every version, and each checkpoint holds the adapter in peft's layout (adapter/).
+ */
+export const trainerTorchLoraKeys = {
+  /** The adapters' rank; 0: LoRA off (a full fine-tune). */
+  lora_rank: z.number().int().nonnegative().default(0),
+  /** peft's lora_alpha: the adapters' delta is scaled by lora_alpha / lora_rank; null: 16. */
+  lora_alpha: z.number().positive().nullable().default(null),
+  /** peft's lora_dropout on the adapters' input; null: 0. */
+  lora_dropout: z.number().min(0).lt(1).nullable().default(null),
+  /** The modules that get adapters: "all-linear" (every linear layer but the output head) or module names; null: all-linear. */
+  target_modules: z
+    .union([z.literal("all-linear"), z.array(z.string().min(1)).min(1)])
+    .nullable()
+    .default(null),
+};
+
+interface LoraConfigView {
+  lora_rank: number;
+  lora_alpha: number | null;
+  lora_dropout: number | null;
+  target_modules: "all-linear" | string[] | null;
+  hf_checkpoint: string | null;
+  tensor_model_parallel_size: number;
+  trainer: { kind: string };
+}
+
+/** The LoRA keys' refusals, each naming the key and what to write instead (the torch trainer repeats them: lora.py). */
+export function refineLora(c: LoraConfigView, ctx: z.RefinementCtx): void {
+  const set = (["lora_alpha", "lora_dropout", "target_modules"] as const).filter((k) => c[k] !== null);
+  if (c.lora_rank === 0) {
+    for (const k of set) {
+      ctx.addIssue({ code: "custom", path: [k], message: `${k} is set but lora_rank is 0 (LoRA off): set lora_rank (e.g. 8) or drop ${k}` });
+    }
+    return;
+  }
+  if (c.hf_checkpoint === null) {
+    ctx.addIssue({
+      code: "custom",
+      path: ["lora_rank"],
+      message: "lora_rank needs a Hugging Face model (hf_checkpoint): rlq's embedded model has no peft LoRA; set hf_checkpoint or lora_rank: 0",
+    });
+  }
+  if (c.trainer.kind === "embedded") {
+    ctx.addIssue({
+      code: "custom",
+      path: ["lora_rank"],
+      message:
+        "lora_rank needs the torch trainer (trainer: {kind: remote, url: ...} served by workers/trainer-torch/server.py); the embedded trainer trains every weight",
+    });
+  }
+  if (c.tensor_model_parallel_size > 1) {
+    ctx.addIssue({
+      code: "custom",
+      path: ["lora_rank"],
+      message: "lora_rank with tensor_model_parallel_size > 1 is not supported: use FSDP (--sharding fsdp) for LoRA, or lora_rank: 0",
+    });
+  }
+}

@@ -10,6 +10,8 @@ export const trainerCapabilitiesSchema = z
   .object({
     /** A value model: `advantage_estimator: ppo` (GAE, value loss with value_clip, critic checkpoints). */
     critic: z.boolean().default(false),
+    /** LoRA adapters on a Hugging Face model: `lora_rank` > 0 (workers/trainer-torch/rlq_torch/lora.py). */
+    lora: z.boolean().default(false),
   })
   .passthrough();
 export type TrainerCapabilities = z.infer<typeof trainerCapabilitiesSchema>;
@@ -18,7 +20,9 @@ const healthSchema = z.object({ capabilities: trainerCapabilitiesSchema.optional
 
 /** The capabilities a run config needs from its trainer. */
 export function requiredCapabilities(config: Record<string, unknown>): Array<keyof TrainerCapabilities> {
-  return config.advantage_estimator === "ppo" ? ["critic"] : [];
+  const needed: Array<keyof TrainerCapabilities> = config.advantage_estimator === "ppo" ? ["critic"] : [];
+  if (typeof config.lora_rank === "number" && config.lora_rank > 0) needed.push("lora");
+  return needed;
 }
 
 /**

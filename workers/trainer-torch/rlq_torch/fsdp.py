@@ -245,7 +245,9 @@ def full_named_params(
     with full_params(fsdp_module, device):
         if rank != 0:
             return None
-        return [(n, p.detach().clone()) for n, p in policy.named_params()]
+        # LoRA: the merged weights an engine loads, not the adapters the optimizer updates (lora.py)
+        named = getattr(policy, "engine_params", policy.named_params)()
+        return [(n, p.detach().clone()) for n, p in named]
 
 
 def ndims(policy) -> dict[str, int]:

@@ -205,6 +205,10 @@ class HFPolicy:
     def named_params(self) -> list[tuple[str, nn.Parameter]]:
         return self._params
 
+    def _engine_params(self) -> list[tuple[str, torch.Tensor]]:
+        """The weights an engine loads, under their HF names (lora.py: the merged ones)."""
+        return self._params
+
     def set_gradient_checkpointing(self, on: bool) -> None:
         if on:
             self.module.gradient_checkpointing_enable()
@@ -314,7 +318,9 @@ class HFPolicy:
         optimizer.safetensors, so a reload resumes bit-exactly)."""
         if dtype is not None:
             self.save_dtype = SAVE_DTYPES[dtype]
-        tensors = [(n, p.detach().to(self.save_dtype)) for n, p in self._params]
+        tensors = [
+            (n, p.detach().to(self.save_dtype)) for n, p in self._engine_params()
+        ]
         meta = {
             "format": "pt",
             "rlq_format": HF_FORMAT,

@@ -57,6 +57,7 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     save_dtype: str | None = None
     parallel: Any = None  # tensor_parallel.ParallelSizes: tensor_model_parallel_size, context_parallel_size, sequence_parallel
+    lora: Any = None  # lora.LoraOptions: lora_rank > 0 (lora.py)
 
 
 def _num(
@@ -164,7 +165,17 @@ def parse_train_config(c: dict[str, Any], defaults: dict[str, Any]) -> TrainConf
         )
     t.save_dtype = sd
     t.parallel = _parallel(c, defaults)
+    t.lora = _lora(c, t)
     return t
+
+
+def _lora(c: dict[str, Any], t: TrainConfig):
+    from .lora import parse
+
+    try:
+        return parse(c, t)
+    except ValueError as e:
+        raise bad_request(str(e)) from e
 
 
 def _parallel(c: dict[str, Any], defaults: dict[str, Any]):

@@ -43,7 +43,12 @@ class WeightLoading:
     def _init_policy(self, t: TrainConfig):
         """Version 0 without a checkpoint: hf_checkpoint, else the embedded model from seed."""
         if t.hf_checkpoint:
-            return load_hf_dir(path_from_uri(t.hf_checkpoint), self.device)
+            policy = load_hf_dir(path_from_uri(t.hf_checkpoint), self.device)
+            if t.lora is not None:
+                from .lora import wrap
+
+                return wrap(policy, t.lora, t.seed)
+            return policy
         if t.model is None:
             raise bad_request(
                 "checkpoint_uri_in is null and the config has no model to initialise (set model: {...}, hf_checkpoint or ref_load, "
@@ -81,7 +86,12 @@ class WeightLoading:
             raise bad_request(
                 f"checkpoint {uri} holds weight version {stored}, the request says weight_version_in {v_in}"
             )
-        policy = load_policy(dir_, self.device)
+        if t.lora is not None:
+            from . import lora
+
+            policy, fresh = lora.load(dir_, t, self.device, v_in)
+        else:
+            policy, fresh = load_policy(dir_, self.device), False
         if self.fsdp:
             self._ddp(
                 policy
@@ -90,11 +100,17 @@ class WeightLoading:
         names = [
             n for n, _ in policy.named_params() if owner[n] == self.dist.rank
         ]  # sharded: this rank's moments only
-        opt = read_optimizer(
-            dir_,
-            names,
-            shard=(self.dist.rank, self.dist.world),
-            sharding=fsdp_mod.optimizer_sharding(self.dist) if self.fsdp else "zero1",
+        opt = (
+            None
+            if fresh
+            else read_optimizer(
+                dir_,
+                names,
+                shard=(self.dist.rank, self.dist.world),
+                sharding=fsdp_mod.optimizer_sharding(self.dist)
+                if self.fsdp
+                else "zero1",
+            )
         )
         moments: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         iteration = 0

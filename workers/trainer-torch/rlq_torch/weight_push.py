@@ -739,7 +739,9 @@ def push_held(
         ):  # replicated weights: this process holds them whole (with FSDP the caller gathers them)
             policy = held.policy
             named = (
-                policy.named_params()
+                policy.engine_params()  # LoRA: the merged weights (lora.py)
+                if hasattr(policy, "engine_params")
+                else policy.named_params()
                 if hasattr(policy, "named_params")
                 else policy.module.named_parameters()
             )
