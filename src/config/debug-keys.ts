@@ -27,7 +27,6 @@ interface DebugRuleInput {
   train_async: boolean;
   partial_rollout: boolean;
   rollout_function_path: string | null;
-  weight_sync: string;
 }
 
 /** What the debug modes refuse: each message names the key, the value, and what to write instead. */
@@ -40,7 +39,6 @@ export function refineDebug(c: DebugRuleInput, ctx: z.RefinementCtx): void {
   if (c.train_async) issue("train_async", `${mode} runs in sync mode only: set train_async: false`);
   if (c.loss_type !== "policy_loss") issue("loss_type", `${mode} replays or records RL rollouts: set loss_type: policy_loss`);
   if (c.debug_rollouts_from !== null) {
-    if (c.weight_sync !== "none") issue("weight_sync", "debug_rollouts_from generates nothing, so no engine loads the trained weights: set weight_sync: none");
     if (c.partial_rollout) issue("partial_rollout", "debug_rollouts_from trains recorded groups whole: set partial_rollout: false");
     if (c.rollout_function_path !== null)
       issue("rollout_function_path", "debug_rollouts_from takes its rollouts from the recorded run: remove rollout_function_path");

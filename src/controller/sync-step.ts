@@ -107,8 +107,9 @@ async function sync(h: ControllerHost): Promise<boolean> {
   const isLast = s.step + 1 >= totalSteps(s);
   // Evals run after the step's sync, on the synced version (weights.synced is then already recorded).
   if (s.weightVersion === s.trainedVersion && isEvalDue(h, s.step + 1)) return dispatchEval(h, s.step + 1, s.weightVersion);
-  // weight_sync none: the engines keep version 0 for the whole run; nothing is synced.
-  if (c.weight_sync !== "none" && ((s.step + 1) % c.update_weights_interval === 0 || isLast) && s.weightVersion !== s.trainedVersion) {
+  // weight_sync none: the engines keep version 0 for the whole run; nothing is synced. Nor in a
+  // train-only run (debug_rollouts_from): it uses no engine.
+  if (c.weight_sync !== "none" && !isReplayRun(c) && ((s.step + 1) % c.update_weights_interval === 0 || isLast) && s.weightVersion !== s.trainedVersion) {
     await syncEngines(h, s.step, s.trainedVersion, s.trainedCheckpointUri as string);
     if (isEvalDue(h, s.step + 1)) return dispatchEval(h, s.step + 1, h.state.weightVersion);
   }

@@ -6,8 +6,8 @@ import { spawnRlq, waitFor } from "../helpers/processes.ts";
 /**
  * slime's debug replay (config/debug-keys.ts). Train only: a run recorded with the fake SGLang
  * engine and the fake trainer (which hashes each batch's tokens, loss masks and rewards into its
- * weights, test/fakes/fake-trainer.ts), then a run with `debug_rollouts_from` on it, no engine
- * (weight_sync none: nothing generates or loads weights), must commit the same weights at every
+ * weights, test/fakes/fake-trainer.ts), then a run with `debug_rollouts_from` on it, which calls
+ * no engine (the shared one serves the recorded run's last version: a call would pause or fail the run), must commit the same weights at every
  * step. Rollout only: a run records its history and no train step, and resumes after a SIGKILL.
  */
 describe("debug replay", () => {
@@ -41,8 +41,8 @@ describe("debug replay", () => {
     const want = await shas(recorded);
     expect(want).toHaveLength(3);
 
-    // Train only: the engine is never called (weight_sync none, and no rollout worker runs).
-    const replayed = await w.start({ ...config, debug_rollouts_from: recorded, weight_sync: "none" });
+    // Train only: no rollout worker runs, and the engine is never called.
+    const replayed = await w.start({ ...config, debug_rollouts_from: recorded });
     await runToEnd(replayed, ["train"]);
     const batches = async (runId: string) =>
       (
@@ -58,10 +58,8 @@ describe("debug replay", () => {
     await replayCheck(replayed);
 
     // A source that does not draw the same prompts is refused at start.
-    await expect(w.start({ ...config, debug_rollouts_from: "no-such-run", weight_sync: "none" })).rejects.toThrow(
-      /debug_rollouts_from: run no-such-run does not exist/,
-    );
-    await expect(w.start({ ...config, debug_rollouts_from: recorded, weight_sync: "none", n_samples_per_prompt: 2 })).rejects.toThrow(
+    await expect(w.start({ ...config, debug_rollouts_from: "no-such-run" })).rejects.toThrow(/debug_rollouts_from: run no-such-run does not exist/);
+    await expect(w.start({ ...config, debug_rollouts_from: recorded, n_samples_per_prompt: 2 })).rejects.toThrow(
       /has n_samples_per_prompt 4, this run 2: set n_samples_per_prompt: 4/,
     );
   }, 300_000);
@@ -71,7 +69,7 @@ describe("debug replay", () => {
     await runToEnd(recorded, ["rollout", "reward", "train"]);
     // One step recorded, three asked: the second step's draws have nothing recorded.
     const { runId } = await startRun(w.db, {
-      config: w.baseConfig({ deterministic: true, num_rollout: 3, debug_rollouts_from: recorded, weight_sync: "none" }),
+      config: w.baseConfig({ deterministic: true, num_rollout: 3, debug_rollouts_from: recorded }),
     });
     const up = spawnRlq(["up", "--run", runId], w.env);
     const worker = spawnRlq(["worker", "train"], w.env);
