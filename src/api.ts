@@ -18,6 +18,7 @@ import { normalizeSlimeForms } from "./config/slime-traps.ts";
 import { createByteTokenizer } from "./data/tokenizer.ts";
 import { loadRunDataset, tokenizerFor } from "./runtime/plugins-registry.ts";
 import { fingerprintPlugins, pluginKeys } from "./controller/fingerprints.ts";
+import { refuseIncompatibleSource } from "./controller/recorded-collect.ts";
 import type { Queues } from "./queue/queues.ts";
 import type { QueueWatchReport } from "./queue/queue-watch.ts";
 import { jobIds } from "./queue/payloads.ts";
@@ -81,6 +82,7 @@ export async function startRun(
   const tokenizer = config.tokenizer === "bytes" ? createByteTokenizer() : await tokenizerFor(config);
   const { dataset, report } = await loadRunDataset(config, tokenizer);
   if (report) dataset.errors.push(`rollout_max_prompt_len ${report.maxPromptLen}: dropped ${report.filtered} longer prompt(s)`);
+  await refuseIncompatibleSource(db, config, dataset.fingerprint);
   const pluginFingerprints = await fingerprintPlugins(config);
   const runId = newRunId();
   await insertRun(db, {

@@ -3,6 +3,7 @@ import { opdKeys } from "./opd.ts";
 import { refineLora, trainerTorchKeys, trainerTorchLoraKeys, trainerTorchParallelKeys } from "./trainer-torch-keys.ts";
 import { evalDatasetEntrySchema, resolveEvalDatasets } from "./eval-datasets.ts";
 import { refineSft, sftKeys } from "./sft-keys.ts";
+import { debugKeys, refineDebug } from "./debug-keys.ts";
 import { algorithmOptionsShape, refineAlgorithmOptions } from "../algorithms/options.ts";
 import { engineRuntimeKeys, openAiEngineConfigSchema, sglangEngineConfigSchema } from "../engines/config-schema.ts";
 import { remoteTrainerConfigSchema } from "../trainer/remote-trainer-config.ts";
@@ -125,6 +126,8 @@ export const runConfigSchema = z
     // SFT as a run mode (config/sft-keys.ts, docs/sft.md)
     ...sftKeys,
     ...trainerTorchLoraKeys,
+    // slime's debug replay: train only on a recorded run, or roll out only (config/debug-keys.ts, docs/observability.md)
+    ...debugKeys,
     /** Remote trainers: a local Hugging Face model directory (workers/trainer-torch). */
     hf_checkpoint: z.string().nullable().default(null),
     weight_decay: z.number().nonnegative().default(0),
@@ -211,6 +214,7 @@ export const runConfigSchema = z
     refineLora(c, ctx);
     refineMetricExport(c, ctx);
     refineSft(c, ctx);
+    refineDebug(c, ctx);
     if (c.engine.kind === "openai" && c.weight_sync === "trainer_push") {
       ctx.addIssue({
         code: "custom",

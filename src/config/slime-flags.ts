@@ -63,6 +63,11 @@ const renamed: Record<string, { key: string; value?: unknown; note: string }> = 
   wandb_key: { key: "wandb_key", note: "a reference to the key ({env: NAME}), never the key itself" },
   sglang_api_key: { key: "engine.api_key", note: "rlq sends it ({env: NAME}); start the SGLang server with the same --api-key" },
   sglang_admin_api_key: { key: "engine.admin_api_key", note: "rlq sends it on admin routes ({env: NAME}); start the server with the same --admin-api-key" },
+  debug_train_only: {
+    key: "debug_rollouts_from",
+    value: "RUN_ID",
+    note: "train only on a recorded run's rollouts (rlq keeps every rollout in Postgres): put that run's id here",
+  },
   router_api_key: { key: "engine.router_api_key", note: "rlq sends it to the router ({env: NAME}); start the router with the same --api-key" },
 };
 
@@ -132,11 +137,12 @@ const unsupported: Record<string, { why: string; instead: string }> = {
   eval_reward_key: U("rlq has no per-eval reward key", "reward_key (the rollout's)"),
   rollout_skip_special_tokens: U("rlq decodes token ids itself (the tokenizer from hf_checkpoint)", "remove it"),
   rollout_stop: U("stop strings are not supported", "rollout_stop_token_ids"),
-  load_debug_rollout_data: U("rollouts are not loaded from files", "rlq retrain RUN --step S replays a recorded step's batch into the trainer"),
+  load_debug_rollout_data: U(
+    "rollouts are not loaded from files",
+    "debug_rollouts_from: RUN_ID (rlq keeps every rollout in Postgres: a train-only run trains on a recorded run's samples); rlq retrain RUN --step S replays one step's batch",
+  ),
   load_debug_rollout_data_subsample: U("rollouts are not loaded from files", "rlq retrain RUN --step S replays a whole step's batch"),
   load_forge_rollout_data: U("forged rollouts are not supported", "rlq retrain RUN --step S replays a recorded step"),
-  debug_rollout_only: U("no rollout-only mode: every step trains", "remove it"),
-  debug_train_only: U("no train-only mode", "rlq retrain RUN --step S"),
   freeze_params_name_list: allParams,
   only_train_params_name_list: allParams,
   freeze_indexer: allParams,
@@ -204,7 +210,10 @@ const dropped: Record<string, [DropGroup, string]> = {
   update_weight_local_checkpoint_dir: ["runtime", "weights sync through weight_sync (disk or trainer_push)"],
   custom_update_weight_post_write_path: ["runtime", "weights sync through weight_sync (disk or trainer_push)"],
   check_weight_update_equal: ["debug", "rlq verifies weight syncs by checkpoint hash"],
-  save_debug_rollout_data: ["debug", "every sample is a row already: rlq export RUN --format jsonl"],
+  save_debug_rollout_data: [
+    "debug",
+    "every sample is a row already: a train-only run reads them with debug_rollouts_from: RUN_ID (rlq export RUN --format jsonl for files)",
+  ],
   save_debug_train_data: ["debug", "train batches are rebuilt from facts (rlq retrain)"],
   dump_details: ["debug", "every sample is a row already: rlq export RUN --format jsonl"],
   record_memory_history: ["debug", "profiling belongs to the trainer's own tools"],

@@ -268,3 +268,46 @@ describe("import-slime: --multimodal-keys", () => {
     expect(() => parseRunConfig(config, "imported", "user")).toThrow(/only media type rlq reads is image/);
   });
 });
+
+describe("import-slime: the debug replay flags (config/debug-keys.ts)", () => {
+  it("--debug-rollout-only is debug_rollout_only; --save-debug-rollout-data is dropped (the history is the save)", () => {
+    const { config, report } = importSlimeArgs([...core, "--debug-rollout-only", "--save-debug-rollout-data", "/tmp/rollout_{rollout_id}.pt"]);
+    expect(report.isOk, formatImportReport(report)).toBe(true);
+    expect(config.debug_rollout_only).toBe(true);
+    expect(
+      Object.values(report.dropped)
+        .flat()
+        .map((d) => d.flag),
+    ).toEqual(expect.arrayContaining([expect.stringContaining("--save-debug-rollout-data")]));
+    expect(parseRunConfig(config, "imported", "user").debug_rollout_only).toBe(true);
+  });
+
+  it("--debug-train-only becomes debug_rollouts_from with a run id to fill in; --load-debug-rollout-data's files are refused, naming debug_rollouts_from", () => {
+    const { config, report } = importSlimeArgs([...core, "--debug-train-only"]);
+    expect(config.debug_rollouts_from).toBe("RUN_ID");
+    expect(report.added).toEqual(expect.arrayContaining([expect.objectContaining({ key: "debug_rollouts_from", why: expect.stringMatching(/recorded run/) })]));
+    expect(parseRunConfig(config, "imported", "user").debug_rollouts_from).toBe("RUN_ID");
+
+    const files = importSlimeArgs([...core, "--debug-train-only", "--load-debug-rollout-data", "/tmp/rollout_{rollout_id}.pt"]).report;
+    expect(files.isOk).toBe(false);
+    expect(files.unsupported).toEqual([
+      expect.objectContaining({ flag: expect.stringContaining("load-debug-rollout-data"), instead: expect.stringMatching(/debug_rollouts_from: RUN_ID/) }),
+    ]);
+  });
+
+  it("a run config refuses the two debug modes together, and a train-only run in async mode", () => {
+    const base = {
+      prompt_data: "/data/train.jsonl",
+      rollout_batch_size: 4,
+      rollout_max_response_len: 16,
+      engine: { kind: "sglang", urls: ["http://127.0.0.1:30000"] },
+      trainer: { kind: "embedded" },
+    };
+    expect(() => parseRunConfig({ ...base, debug_rollouts_from: "r1", debug_rollout_only: true }, "c.yaml", "user")).toThrow(
+      /debug_rollout_only trains nothing and debug_rollouts_from generates nothing/,
+    );
+    expect(() => parseRunConfig({ ...base, debug_rollouts_from: "r1", train_async: true }, "c.yaml", "user")).toThrow(
+      /debug_rollouts_from runs in sync mode only: set train_async: false/,
+    );
+  });
+});

@@ -388,6 +388,13 @@ function applyRenamed(s: ImportState, st: Setting, target: string, fixed: unknow
       value = Number(words[0]);
       s.engine.request_timeout_s = value;
       break;
+    case "debug_train_only":
+      s.report.added.push({
+        key: target,
+        value,
+        why: "slime loads the rollouts from --load-debug-rollout-data's files; rlq trains on a recorded run's: put its id here (rlq run list)",
+      });
+      break;
     case "rollout_external_engine_addrs":
       value = words.map((w) => (/^https?:\/\//.test(w) ? w : `http://${w}`));
       s.engine.urls = value;

@@ -43,12 +43,13 @@ describe("import-slime: an SFT script (--loss-type sft_loss) imports to rlq's SF
     expect(parseRunConfig(config, "imported", "user").loss_type).toBe("sft_loss");
   });
 
-  it("outside an SFT script the same flags keep their dispositions: slime's SFT rollout is a module rlq cannot load, the others unsupported", () => {
+  it("outside an SFT script the same flags keep their dispositions: slime's SFT rollout is a module rlq cannot load, --debug-train-only a train-only run on a recorded run", () => {
     const rl = sftScript.filter((w, i) => w !== "--loss-type" && sftScript[i - 1] !== "--loss-type");
     const { report } = importSlimeArgs(rl);
     expect(report.isOk).toBe(false);
-    expect(report.unsupported.map((u) => u.flag)).toEqual(
-      expect.arrayContaining([expect.stringContaining("--disable-compute-advantages-and-returns"), expect.stringContaining("--debug-train-only")]),
+    expect(report.unsupported.map((u) => u.flag)).toEqual(expect.arrayContaining([expect.stringContaining("--disable-compute-advantages-and-returns")]));
+    expect(report.renamed).toEqual(
+      expect.arrayContaining([expect.objectContaining({ flag: expect.stringContaining("--debug-train-only"), key: "debug_rollouts_from" })]),
     );
   });
 });

@@ -1,4 +1,5 @@
 import { pathToFileURL } from "node:url";
+import { isReplayRun } from "../config/debug-keys.ts";
 import type { Db, Database } from "../store/db.ts";
 import { appendDecisions, LeaseLostError, tryAcquireLease, type Lease } from "../store/decision-log.ts";
 import { loadRunState, saveRunSnapshot, SNAPSHOT_EVERY_DECISIONS } from "../store/run-snapshots.ts";
@@ -217,6 +218,8 @@ class RunController implements ControllerHost {
    */
   async resyncEngines(): Promise<void> {
     const s = this.state;
+    // A train-only run (debug_rollouts_from) generates nothing: its engines, if any are configured, are never used.
+    if (isReplayRun(s.config)) return;
     // A sync that dispatched at its version before it ended (async-pipeline.ts continueDuringSync):
     // requests may be running on it already, so the engines get that version, not the last synced one.
     if (s.syncing !== null && this.engines.isEarlyDispatch && s.config.weight_update_mode === "abort") {

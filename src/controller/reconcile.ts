@@ -9,6 +9,7 @@ import type { ControllerHost } from "./host.ts";
 import { inflightRounds, unlandedDispatchVersion, liveRounds } from "./groups.ts";
 import { enqueueJob, jobFor, rewardJobFor, type Job } from "./jobs.ts";
 import { isSftRun } from "../config/sft-keys.ts";
+import { isReplayRun } from "../config/debug-keys.ts";
 
 /**
  * Make the queues match the state (docs/architecture.md "The fact model"): for each job the state expects
@@ -41,8 +42,9 @@ async function reconcileJobs(h: ControllerHost, isResume: boolean, ensure: Ensur
   const n = s.config.n_samples_per_prompt;
   const async = isAsync(s);
   // Sync mode drains the sealed step's aborted rounds while it trains (sync-step.ts): their jobs too.
-  // An SFT run's rounds are written by the controller itself (sft-collect.ts): no rollout or reward job.
-  if (!isSftRun(s.config) && (s.phase === "collect" || s.draining.size > 0)) {
+  // An SFT run's rounds are written by the controller itself (sft-collect.ts), as are a train-only
+  // run's (recorded-collect.ts): no rollout or reward job.
+  if (!isSftRun(s.config) && !isReplayRun(s.config) && (s.phase === "collect" || s.draining.size > 0)) {
     const keys = async ? liveRounds(h) : s.phase === "collect" ? inflightRounds(h) : [...s.draining].map(([groupId, round]) => ({ groupId, round }));
     const statuses = await loadRoundStatuses(db, s.runId, keys);
     const expected: Array<{ job: Job; hasFact: () => Promise<boolean> }> = [];

@@ -22,9 +22,22 @@ import { decideReady, inflightRounds, landedRounds, type RoundKey } from "./grou
  * Reconcile expects no rollout job for these rounds (reconcile.ts).
  */
 export async function collectSft(h: ControllerHost): Promise<boolean> {
+  return collectWritten(h, writeMissingRounds);
+}
+
+/**
+ * The collect phase of a run whose rounds the controller writes itself (SFT here, a train-only
+ * replay in recorded-collect.ts): `write` writes the dispatched rounds that have no facts yet and
+ * returns how many, or null when the run was paused; `draw` draws and dispatches in one commit.
+ */
+export async function collectWritten(
+  h: ControllerHost,
+  write: (h: ControllerHost, keys: readonly RoundKey[]) => Promise<number | null>,
+  draw: (h: ControllerHost) => Promise<void> = drawRows,
+): Promise<boolean> {
   const s = h.state;
   const keys = inflightRounds(h);
-  const written = await writeMissingRounds(h, keys);
+  const written = await write(h, keys);
   if (written === null) return true; // paused on a bad row
   const { ready } = await landedRounds(h, keys);
   ready.sort((a, b) => a - b);
@@ -36,7 +49,7 @@ export async function collectSft(h: ControllerHost): Promise<boolean> {
     return true;
   }
   if (shouldDrawMore(s)) {
-    await drawRows(h);
+    await draw(h);
     return true;
   }
   return ready.length > 0 || written > 0;

@@ -10,6 +10,8 @@ import type { RolloutFunctionDriver } from "./rollout-function.ts";
 import { decideReady, dispatchRounds, drawAndDispatch, inflightRounds, landedRounds } from "./groups.ts";
 import { isSftRun } from "../config/sft-keys.ts";
 import { collectSft } from "./sft-collect.ts";
+import { isReplayRun, isRolloutOnly } from "../config/debug-keys.ts";
+import { collectRecorded } from "./recorded-collect.ts";
 import { awaitEval, completeRun, dispatchEval, dispatchTrain, isEvalDue, isFirstEvalDue, recordTrained, syncEngines } from "./step-blocks.ts";
 
 /**
@@ -33,8 +35,10 @@ export async function tickSync(h: ControllerHost, rolloutFunction: RolloutFuncti
   switch (s.phase) {
     case "collect":
       if (isSftRun(s.config)) return collectSft(h);
+      if (isReplayRun(s.config)) return collectRecorded(h);
       return rolloutFunction ? rolloutFunction.tick() : collect(h);
     case "drain":
+      if (isRolloutOnly(s.config)) return endRolloutOnlyStep(h);
       return dispatchTrain(h, s.step);
     case "train": {
       const drained = await drain(h);
@@ -103,13 +107,27 @@ async function sync(h: ControllerHost): Promise<boolean> {
   const isLast = s.step + 1 >= totalSteps(s);
   // Evals run after the step's sync, on the synced version (weights.synced is then already recorded).
   if (s.weightVersion === s.trainedVersion && isEvalDue(h, s.step + 1)) return dispatchEval(h, s.step + 1, s.weightVersion);
-  // weight_sync none: the engines keep version 0 for the whole run; nothing is synced.
-  if (c.weight_sync !== "none" && ((s.step + 1) % c.update_weights_interval === 0 || isLast) && s.weightVersion !== s.trainedVersion) {
+  // weight_sync none: the engines keep version 0 for the whole run; nothing is synced. Nor in a
+  // train-only run (debug_rollouts_from): it uses no engine.
+  if (c.weight_sync !== "none" && !isReplayRun(c) && ((s.step + 1) % c.update_weights_interval === 0 || isLast) && s.weightVersion !== s.trainedVersion) {
     await syncEngines(h, s.step, s.trainedVersion, s.trainedCheckpointUri as string);
     if (isEvalDue(h, s.step + 1)) return dispatchEval(h, s.step + 1, h.state.weightVersion);
   }
   if (isLast) return completeRun(h);
   // The version the engines serve now: the sync above (if any) committed it.
   await h.commit([{ kind: "step.started", payload: { step: s.step + 1, weightVersion: h.state.weightVersion } }]);
+  return true;
+}
+
+/**
+ * debug_rollout_only (slime's --debug-rollout-only, config/debug-keys.ts): the sealed step trains
+ * nothing. Once its aborted rounds drained, the next step starts on the same weights (version 0
+ * for the whole run: there is nothing to sync or to evaluate anew), or the run completes.
+ */
+async function endRolloutOnlyStep(h: ControllerHost): Promise<boolean> {
+  const s = h.state;
+  if (s.draining.size > 0) return drain(h);
+  if (s.step + 1 >= totalSteps(s)) return completeRun(h);
+  await h.commit([{ kind: "step.started", payload: { step: s.step + 1, weightVersion: s.weightVersion } }]);
   return true;
 }
