@@ -3,6 +3,7 @@ import { opdKeys } from "./opd.ts";
 import { trainerTorchKeys, trainerTorchParallelKeys } from "./trainer-torch-keys.ts";
 import { evalDatasetEntrySchema, resolveEvalDatasets } from "./eval-datasets.ts";
 import { refineSft, sftKeys } from "./sft-keys.ts";
+import { colocateKeys, refineColocate } from "./colocate-keys.ts";
 import { algorithmOptionsShape, refineAlgorithmOptions } from "../algorithms/options.ts";
 import { engineRuntimeKeys, openAiEngineConfigSchema, sglangEngineConfigSchema } from "../engines/config-schema.ts";
 import { remoteTrainerConfigSchema } from "../trainer/remote-trainer-config.ts";
@@ -113,6 +114,7 @@ export const runConfigSchema = z
     ...trainerTorchParallelKeys,
     // SFT as a run mode (config/sft-keys.ts, docs/sft.md)
     ...sftKeys,
+    ...colocateKeys,
     /** Remote trainers: a local Hugging Face model directory (workers/trainer-torch). */
     hf_checkpoint: z.string().nullable().default(null),
     weight_decay: z.number().nonnegative().default(0),
@@ -198,6 +200,7 @@ export const runConfigSchema = z
     refineAlgorithmOptions(c, ctx);
     refineMetricExport(c, ctx);
     refineSft(c, ctx);
+    refineColocate(c, ctx);
     if (c.engine.kind === "openai" && c.weight_sync === "trainer_push") {
       ctx.addIssue({
         code: "custom",
