@@ -4,6 +4,7 @@ import { refineLora, trainerTorchKeys, trainerTorchLoraKeys, trainerTorchParalle
 import { evalDatasetEntrySchema, resolveEvalDatasets } from "./eval-datasets.ts";
 import { refineSft, sftKeys } from "./sft-keys.ts";
 import { debugKeys, refineDebug } from "./debug-keys.ts";
+import { colocateKeys, refineColocate } from "./colocate-keys.ts";
 import { algorithmOptionsShape, refineAlgorithmOptions } from "../algorithms/options.ts";
 import { engineRuntimeKeys, openAiEngineConfigSchema, sglangEngineConfigSchema } from "../engines/config-schema.ts";
 import { remoteTrainerConfigSchema } from "../trainer/remote-trainer-config.ts";
@@ -128,6 +129,7 @@ export const runConfigSchema = z
     ...trainerTorchLoraKeys,
     // slime's debug replay: train only on a recorded run, or roll out only (config/debug-keys.ts, docs/observability.md)
     ...debugKeys,
+    ...colocateKeys,
     /** Remote trainers: a local Hugging Face model directory (workers/trainer-torch). */
     hf_checkpoint: z.string().nullable().default(null),
     weight_decay: z.number().nonnegative().default(0),
@@ -215,6 +217,7 @@ export const runConfigSchema = z
     refineMetricExport(c, ctx);
     refineSft(c, ctx);
     refineDebug(c, ctx);
+    refineColocate(c, ctx);
     if (c.engine.kind === "openai" && c.weight_sync === "trainer_push") {
       ctx.addIssue({
         code: "custom",
