@@ -101,6 +101,8 @@ export interface VllmOptions {
   /** Seconds to wait for /health (vLLM on 2 CPU cores starts in 1-3 minutes). */
   startTimeoutS?: number;
   extraArgs?: string[];
+  /** Listen on this port (a restart on the port the run knows); a free one if unset. */
+  port?: number;
 }
 
 /**
@@ -110,7 +112,7 @@ export interface VllmOptions {
  * if the process exits first or the wait runs out.
  */
 export async function startVllm(o: VllmOptions): Promise<Server> {
-  const port = await freePort();
+  const port = o.port ?? (await freePort());
   const args = ["-m", "vllm.entrypoints.openai.api_server", "--model", o.model, "--host", "127.0.0.1", "--port", String(port)];
   args.push("--dtype", "float32", "--max-model-len", String(o.maxModelLen ?? 128), "--seed", "0");
   if (o.servedModelName) args.push("--served-model-name", o.servedModelName);
@@ -139,7 +141,10 @@ export async function startVllm(o: VllmOptions): Promise<Server> {
   return { url, child: p.child, log: p.log, stop };
 }
 
-/** The PyTorch trainer (workers/trainer-torch/server.py --port 0 --device cpu ...); resolves once it prints `listening PORT`. */
+/**
+ * The PyTorch trainer (workers/trainer-torch/server.py --port 0 --device cpu ...); resolves once it prints `listening PORT`.
+ * A `--port P` in `args` wins over the default (argparse keeps an option's last value).
+ */
 export async function startTorchTrainer(python: string, args: string[], env: Record<string, string> = {}): Promise<Server> {
   const p = spawnGroup(python, [join(repoRoot, "workers/trainer-torch/server.py"), "--port", "0", "--device", "cpu", ...args], env);
   const port = await new Promise<number>((resolve, reject) => {
