@@ -296,6 +296,11 @@ def main(argv=None) -> int:
         out = train(args, rank, world, device)
         if rank == 0 and args.out:
             torch.save(out, args.out)
+        if world > 1:
+            # Every rank done (rank 0's save included) before the group goes: a rank that tears
+            # gloo down while another still runs aborted once with "terminate called without an
+            # active exception".
+            torch.distributed.barrier()
     finally:
         if world > 1:
             torch.distributed.destroy_process_group()
