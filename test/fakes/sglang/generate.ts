@@ -25,8 +25,9 @@ import {
 /**
  * One request's images, as SGLang reads `image_data` (python/sglang/srt/managers/io_struct.py
  * GenerateReqInput: one image, or a list of them for a single request; a list with one entry per
- * item for a batch), each loaded as python/sglang/srt/utils.py load_image does: a `data:` URI is
- * decoded after its comma, a name with an image extension is a file, anything else is base64
+ * item for a batch), each loaded as SGLang's load_image does (python/sglang/srt/utils/common.py;
+ * python/sglang/srt/utils.py before the utils package): a name with an image extension is a file,
+ * a `data:` URI is decoded after its comma, anything else is base64
  * (URLs are not fetched here). Returns the
  * sha256 of each image's bytes, or the reason it cannot be loaded (SGLang fails the request).
  */
