@@ -26,7 +26,7 @@ import {
  * One request's images, as SGLang reads `image_data` (python/sglang/srt/managers/io_struct.py
  * GenerateReqInput: one image, or a list of them for a single request; a list with one entry per
  * item for a batch), each loaded as SGLang's load_image does (python/sglang/srt/utils/common.py;
- * python/sglang/srt/utils.py before the utils package): a name with an image extension is a file,
+ * python/sglang/srt/utils.py before the utils package): a name ending in png, jpg, jpeg, webp or gif is a file,
  * a `data:` URI is decoded after its comma, anything else is base64
  * (URLs are not fetched here). Returns the
  * sha256 of each image's bytes, or the reason it cannot be loaded (SGLang fails the request).
@@ -38,16 +38,16 @@ export function imagesOf(value: unknown): { hashes: string[] } | { error: string
   for (const [i, x] of list.entries()) {
     if (typeof x !== "string" || x === "") return { error: `image_data[${i}]: expected a path or base64 string` };
     let bytes: Buffer;
-    if (x.startsWith("data:")) {
-      const comma = x.indexOf(",");
-      if (comma === -1) return { error: `image_data[${i}]: a data URI without a comma` };
-      bytes = Buffer.from(x.slice(comma + 1), "base64");
-    } else if (/\.(png|jpe?g|gif|bmp|webp)$/i.test(x)) {
+    if (/(png|jpg|jpeg|webp|gif)$/i.test(x)) {
       try {
         bytes = readFileSync(x);
       } catch (e) {
         return { error: `image_data[${i}]: ${(e as Error).message}` };
       }
+    } else if (x.startsWith("data:")) {
+      const comma = x.indexOf(",");
+      if (comma === -1) return { error: `image_data[${i}]: a data URI without a comma` };
+      bytes = Buffer.from(x.slice(comma + 1), "base64");
     } else {
       bytes = Buffer.from(x, "base64");
     }
