@@ -318,7 +318,7 @@ describe.skipIf(skip !== null)("rlq on seven hosts (network namespaces) through 
     const finalSteps = (await committed()) + 2;
     await requestRunChange(db, runId, "amend", { changes: { num_rollout: finalSteps } });
 
-    // To the end: the run completes (the controller now on ctl2).
+    // To the end: the run completes (the controller now on the standby's host).
     await until(
       "the run to complete",
       async () => (await db.pool.query("SELECT status FROM runs WHERE id = $1", [runId])).rows[0]?.status === "completed",
@@ -337,7 +337,9 @@ describe.skipIf(skip !== null)("rlq on seven hosts (network namespaces) through 
     expect(fenced.rows[0].n).toBe(0);
 
     await checkRunInvariants(db, runId, { numRollout, datasetSize: await datasetSize(), shuffle: true, seed: 42, rbs: RBS });
-    const replay = rlq("ctl2", ["replay", runId, "--check"]);
+    // On the standby, which led the run to its end: the old leader's host has just come back from
+    // its partition (a replay there once failed with EHOSTUNREACH to the database host).
+    const replay = rlq(standbyHost, ["replay", runId, "--check"]);
     expect(await replay.exited, replay.output()).toBe(0);
     expect(replay.output()).toMatch(/0 difference\(s\)/);
 
