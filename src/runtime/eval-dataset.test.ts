@@ -28,23 +28,28 @@ function chatRows(dir: string): string {
   return path;
 }
 
+/** A run whose prompts are `rows` as message lists, rendered by the chat template with kwargs. */
+const chatRunConfig = (rows: string) => ({
+  prompt_data: rows,
+  input_key: "messages",
+  apply_chat_template: true,
+  apply_chat_template_kwargs: { enable_thinking: false },
+  tokenizer: "hf",
+  hf_checkpoint: chatTokenizerDir(),
+  rollout_batch_size: 1,
+  n_samples_per_prompt: 1,
+  num_rollout: 1,
+  rollout_max_response_len: 16,
+  rm_type: "math",
+  engine: { kind: "sglang", urls: ["http://127.0.0.1:30000"] },
+});
+
 describe("evals through the rollout's prompt pipeline", () => {
   it("an eval set of message lists gets the same prompt tokens as the rollout path for the same rows (chat template, kwargs, tools)", async () => {
     const dir = mkdtempSync(join(tmpdir(), "rlq-eval-ds-"));
     const rows = chatRows(dir);
     const c = parseRunConfig({
-      prompt_data: rows,
-      input_key: "messages",
-      apply_chat_template: true,
-      apply_chat_template_kwargs: { enable_thinking: false },
-      tokenizer: "hf",
-      hf_checkpoint: chatTokenizerDir(),
-      rollout_batch_size: 1,
-      n_samples_per_prompt: 1,
-      num_rollout: 1,
-      rollout_max_response_len: 16,
-      rm_type: "math",
-      engine: { kind: "sglang", urls: ["http://127.0.0.1:30000"] },
+      ...chatRunConfig(rows),
       eval_prompt_data: { same: rows },
     });
     const tokenizer = await tokenizerFor(c);
@@ -64,18 +69,7 @@ describe("evals through the rollout's prompt pipeline", () => {
     const dir = mkdtempSync(join(tmpdir(), "rlq-eval-ds-"));
     const rows = chatRows(dir);
     const c = parseRunConfig({
-      prompt_data: rows,
-      input_key: "messages",
-      apply_chat_template: true,
-      apply_chat_template_kwargs: { enable_thinking: false },
-      tokenizer: "hf",
-      hf_checkpoint: chatTokenizerDir(),
-      rollout_batch_size: 1,
-      n_samples_per_prompt: 1,
-      num_rollout: 1,
-      rollout_max_response_len: 16,
-      rm_type: "math",
-      engine: { kind: "sglang", urls: ["http://127.0.0.1:30000"] },
+      ...chatRunConfig(rows),
       eval_max_prompt_len: 30,
       eval_prompt_data: {
         thinking: { path: rows, apply_chat_template_kwargs: { enable_thinking: true } },

@@ -298,8 +298,7 @@ def main(argv=None) -> int:
             torch.save(out, args.out)
         if world > 1:
             # Every rank done (rank 0's save included) before the group goes: a rank that tears
-            # gloo down while another still runs aborted once with "terminate called without an
-            # active exception".
+            # gloo down while another still runs can abort the process.
             torch.distributed.barrier()
     finally:
         if world > 1:
