@@ -35,7 +35,7 @@ export async function startProcessExtras(
       process.stderr.write(`metrics listening ${m.port}\n`);
     }
     if (options.dashboardPort !== null) {
-      // The page reads as rlq_reader: it serves read-only SQL over HTTP (issue 22).
+      // The page reads as rlq_reader: it serves read-only SQL over HTTP (docs/security.md).
       const readerDb = createDb(s.urls.reader, { max: 4, applicationName: "rlq-dashboard" });
       closers.push(() => readerDb.close());
       // Express and Bull Board load only with a dashboard: every `rlq up` and worker would pay for them.

@@ -4,7 +4,7 @@ import { z } from "zod";
  * Colocated mode (slime's --colocate, --offload-train, --offload-rollout; slime/utils/arguments.py):
  * the trainer and the engines share GPUs and take turns, each releasing its memory while the
  * other runs. The keys parse and resolve here; the run itself (its phases as decisions in the
- * event log) is refused until the controller runs it (issue 46), so a config that asks for it
+ * event log) is refused until the controller runs those phases, so a config that asks for it
  * never starts a run that would silently keep both resident.
  */
 export const colocateKeys = {
@@ -50,6 +50,6 @@ export function refineColocate(c: ColocateRuleInput, ctx: z.RefinementCtx): void
   if (c.colocate && !c.train_async)
     issue(
       "colocate",
-      "colocate: true is not run by rlq yet (the colocated phases, rollout, engines released, train, push, engines resumed, are issue 46): set colocate: false and start the trainer and the engines on GPUs of their own",
+      "colocate: true is not run by rlq yet (its phases, rollout, engines released, train, push, engines resumed, are not built): set colocate: false and start the trainer and the engines on GPUs of their own",
     );
 }

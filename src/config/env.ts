@@ -32,7 +32,7 @@ const envSchema = z.object({
    */
   RLQ_OUTAGE_TIMEOUT_S: z.coerce.number().positive().default(300),
   /**
-   * The dashboard's pause/resume token (issue 19): a POST must carry `Authorization: Bearer <it>`.
+   * The dashboard's pause/resume token (docs/security.md): a POST must carry `Authorization: Bearer <it>`.
    * Unset: the dashboard is read-only.
    */
   RLQ_DASHBOARD_TOKEN: z.string().min(16, "at least 16 characters").optional(),

@@ -14,11 +14,9 @@ import { RlqError, type ErrorCode } from "./errors.ts";
  *   server refused the request and asking again gives the same answer.
  *
  * The transport is node:http with a keep-alive agent, not fetch: undici's
- * fetch costs about 4x more CPU per request (WHATWG streams, an AbortSignal
- * and a Request object each), which was the largest single cost of a rollout
- * job against an instant engine (bench/control-plane.ts; measured with the
- * same server: 2048 small POSTs, ~1.8 s of CPU with fetch, ~0.4 s with
- * node:http). Idle sockets are closed after IDLE_SOCKET_MS, under the 5 s
+ * fetch costs several times more CPU per request (WHATWG streams, an AbortSignal
+ * and a Request object each), the largest single cost of a rollout job
+ * against an instant engine (bench/control-plane.ts measures it). Idle sockets are closed after IDLE_SOCKET_MS, under the 5 s
  * keep-alive of uvicorn (SGLang, vLLM) and Node servers, so a request is not
  * written to a socket the server is closing; if that still happens on a
  * reused socket before any answer, the request is sent once more on a new one.

@@ -5,7 +5,7 @@ import type { QueueBackend } from "./backend.ts";
 import { queueKinds, type QueueKind } from "./payloads.ts";
 
 /**
- * @file The queue watch: rlq notices what was done to its queues that it did not do (issue 40),
+ * @file The queue watch: rlq notices what was done to its queues that it did not do,
  * says so (`rlq run status`, the dashboard's banner), and repairs what it can.
  *
  * What it sees, and what it does:

@@ -5,8 +5,8 @@ import { RlqError } from "../lib/errors.ts";
  * The one door through which the dashboard, the metric sinks and the
  * Prometheus collectors read the store: a single parameterised SELECT in a
  * READ ONLY transaction with a statement timeout. Keeping every read here
- * means the lead can point it at the restricted reader role (issue 22) by
- * changing this function only. Values always travel as parameters ($1...),
+ * is what lets it run as the restricted reader role (docs/security.md), set
+ * in this function only. Values always travel as parameters ($1...),
  * never spliced into the text.
  */
 export async function readSelect<Row = Record<string, unknown>>(db: Db, text: string, params: readonly unknown[] = [], timeoutMs = 10_000): Promise<Row[]> {

@@ -7,7 +7,7 @@ import { RlqError } from "../../lib/errors.ts";
 /**
  * The two ONNX sessions (prefill, decode) of one model config, and the weight
  * feeds of the current version. Weight tensors are wrapped once per version
- * (re-wrapping every call costs ~22 µs, measured). No state beyond that:
+ * (re-wrapping them every call costs more than the call's own overhead). No state beyond that:
  * the KV cache belongs to the caller.
  */
 export interface PrefillOutput {
