@@ -1,6 +1,6 @@
 import { readFile } from "node:fs/promises";
 import { parse as parseYaml } from "yaml";
-import { ConfigError, parseRunConfig, type RunConfig } from "./run-config.ts";
+import { ConfigError } from "./run-config.ts";
 
 /** Parse `--set key=value` (value as a YAML scalar/flow value; dotted keys reach nested objects). */
 export function applyOverrides(raw: Record<string, unknown>, sets: readonly string[]): Record<string, unknown> {
@@ -45,9 +45,4 @@ export async function readConfigFile(path: string): Promise<Record<string, unkno
     throw new ConfigError(`config file ${path}: expected a mapping of keys to values`);
   }
   return raw as Record<string, unknown>;
-}
-
-export async function loadRunConfig(path: string, sets: readonly string[] = []): Promise<RunConfig> {
-  const raw = applyOverrides(await readConfigFile(path), sets);
-  return parseRunConfig(raw, path, "user");
 }

@@ -1,9 +1,9 @@
 import { pathToFileURL } from "node:url";
 import { isReplayRun } from "../config/debug-keys.ts";
-import type { Db, Database } from "../store/db.ts";
+import type { Database } from "../store/db.ts";
 import { appendDecisions, LeaseLostError, tryAcquireLease, type Lease } from "../store/decision-log.ts";
 import { loadRunState, saveRunSnapshot, SNAPSHOT_EVERY_DECISIONS } from "../store/run-snapshots.ts";
-import { projectRunInTx, setRunProjection } from "../store/projections.ts";
+import { projectRunInTx } from "../store/projections.ts";
 import { applyDecisions, isAsync, type RunState } from "../core/run-state.ts";
 import type { Decision } from "../core/decisions.ts";
 import type { Dataset } from "../data/dataset.ts";
@@ -302,8 +302,4 @@ class RunController implements ControllerHost {
     this.lastReconcile = Date.now();
     await reconcile(this, isResume);
   }
-}
-
-export async function setRunError(db: Db, runId: string, message: string): Promise<void> {
-  await setRunProjection(db, runId, { lastError: message });
 }

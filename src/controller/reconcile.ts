@@ -30,13 +30,13 @@ export async function reconcile(h: ControllerHost, isResume: boolean): Promise<v
   const ensure = async (job: Job, hasFact: () => Promise<boolean>, known?: JobInfo) => {
     if (await ensureJob(h, job, isResume, hasFact, known)) readded.set(job.kind, [...(readded.get(job.kind) ?? []), jobIdOf(job)]);
   };
-  await reconcileJobs(h, isResume, ensure);
+  await reconcileJobs(h, ensure);
   for (const [kind, ids] of readded) await h.deps.queues.watch.recordJobsMissing(h.deps.log, s.runId, queueName(kind), ids);
 }
 
 type Ensure = (job: Job, hasFact: () => Promise<boolean>, known?: JobInfo) => Promise<void>;
 
-async function reconcileJobs(h: ControllerHost, isResume: boolean, ensure: Ensure): Promise<void> {
+async function reconcileJobs(h: ControllerHost, ensure: Ensure): Promise<void> {
   const s = h.state;
   const { db } = h.deps;
   const n = s.config.n_samples_per_prompt;

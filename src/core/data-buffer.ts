@@ -53,8 +53,3 @@ export function drawFresh(order: DatasetOrder, cursor: Cursor, n: number): { dra
   }
   return { draws, cursor: { epoch, offset, nextOrdinal } };
 }
-
-/** slime's default buffer filter: the first min(len, n) groups, FIFO. */
-export function popFirst(buffer: readonly number[], n: number): number[] {
-  return buffer.slice(0, Math.min(buffer.length, n));
-}

@@ -342,11 +342,6 @@ function readLog(mode: RouterMode, target: number | null, synced: number | null)
   }
 }
 
-/** The version requests go to (null: any healthy engine's, until one reports). */
-export function routedVersion(mode: RouterMode): number | null {
-  return mode.version;
-}
-
 /** Whether new requests may be sent now. */
 export function isAdmitting(mode: RouterMode): boolean {
   return mode.kind !== "held";

@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { generateRequestSchema, type Engine, type GenerateRequest, type GenerateResult } from "./engine.ts";
+import { generateRequestSchema, type GenerateRequest, type GenerateResult } from "./engine.ts";
 import { bearer, callJson, EngineHttpError, isLocalCancel, postStream } from "./http.ts";
 import { classifySamplingProbe, type LogprobProbe, type TopLogprob } from "./logprob-check.ts";
 import {
@@ -12,7 +12,6 @@ import {
   type PartialOutput,
   type RemoteEngine,
 } from "./remote.ts";
-import { createEnginePool } from "./pool.ts";
 import { applySglangMeta, readSglangAnswer } from "./sglang-answer.ts";
 import { createBatcher } from "./sglang-batcher.ts";
 import { errorMessage, RlqError } from "../lib/errors.ts";
@@ -519,15 +518,3 @@ export async function checkSglangModel(url: string, timeoutMs = 10_000, headers?
 }
 
 export type { LogprobProbe };
-
-/**
- * Compatibility entry point (src/runtime/engines.ts and
- * src/controller/engine-admin.ts call it): several SGLang URLs as one pooled
- * Engine with default pool settings. New code should build the pool with
- * createEnginesFromConfig (engines/from-config.ts).
- */
-export function createSglangEngine(options: { urls: readonly string[]; requestTimeoutMs: number }): Engine {
-  return createEnginePool({
-    members: options.urls.map((u) => createSglangServer({ url: u, requestTimeoutMs: options.requestTimeoutMs })),
-  });
-}

@@ -93,7 +93,6 @@ export const generateStepSchema = z.discriminatedUnion("action", [
     .refine((s) => (s.text === undefined) !== (s.tokens === undefined), { message: "a tool step carries exactly one of text or tokens" }),
   z.strictObject({ action: z.literal("finish"), status: z.enum(["completed", "truncated", "failed"]).optional() }),
 ]);
-export type GenerateStep = z.infer<typeof generateStepSchema>;
 
 /**
  * `custom_generate_function_path: http://...`. The engine lives in rlq, so

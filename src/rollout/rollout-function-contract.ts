@@ -119,7 +119,6 @@ export const trainOutputSchema = z.union([
   z.strictObject({ samples: z.array(z.array(sampleRefSchema)), metrics: metricsSchema.optional() }),
   z.array(z.array(sampleRefSchema)).transform((samples) => ({ samples, metrics: undefined })),
 ]);
-export type TrainOutput = z.infer<typeof trainOutputSchema>;
 
 /** slime's RolloutFnEvalOutput: per dataset the rewards, truncation flags and samples, index-aligned. */
 export const evalOutputSchema = z.strictObject({
@@ -133,7 +132,6 @@ export const evalOutputSchema = z.strictObject({
   ),
   metrics: metricsSchema.optional(),
 });
-export type EvalOutput = z.infer<typeof evalOutputSchema>;
 
 /** `path (step N) returned ...` errors: non-retriable, they pause the run with this message. */
 export function badReturn(path: string, step: number, evaluation: boolean, detail: string): RlqError {

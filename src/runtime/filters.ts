@@ -2,14 +2,7 @@ import type { RunConfig } from "../config/run-config.ts";
 import { resolvePluginFunction } from "../plugins/http.ts";
 import { pluginHttpOptions } from "./http-auth.ts";
 import { RlqError } from "../lib/errors.ts";
-import {
-  builtinBufferFilter,
-  builtinDynamicFilter,
-  shouldDropDynamicFilterOutput,
-  toDynamicFilterOutput,
-  validateBufferFilterResult,
-  type DynamicFilterOutput,
-} from "../filters/index.ts";
+import { builtinBufferFilter, builtinDynamicFilter, toDynamicFilterOutput, validateBufferFilterResult, type DynamicFilterOutput } from "../filters/index.ts";
 
 /**
  * The run's dynamic sampling filter and buffer filter, from the filter hub
@@ -25,11 +18,6 @@ export interface FilterGroup {
 
 export type DynamicFilter = (group: FilterGroup) => Promise<DynamicFilterOutput>;
 export type BufferFilter = (buffer: readonly number[], n: number) => Promise<number[]>;
-
-/** slime's should_drop: a rejected group is kept when dropping it would force another over-sampling round. */
-export function shouldDrop(out: DynamicFilterOutput, remainingBatchSize: number, target: number): boolean {
-  return shouldDropDynamicFilterOutput(out, { remainingBatchSize, targetDataSize: target });
-}
 
 export async function createDynamicFilter(config: RunConfig, baseDir: string): Promise<DynamicFilter> {
   const path = config.dynamic_sampling_filter_path;

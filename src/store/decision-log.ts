@@ -1,7 +1,7 @@
 import pg from "pg";
 import { asc, eq, sql } from "drizzle-orm";
 import type { Db, Database } from "./db.ts";
-import { decisions, runLeases } from "./schema/index.ts";
+import { decisions } from "./schema/index.ts";
 import { decisionKeys, parseDecision, type Decision, type LoggedDecision } from "../core/decisions.ts";
 import { RlqError } from "../lib/errors.ts";
 import { projectLastSeq } from "./projections.ts";
@@ -173,11 +173,6 @@ export async function appendDecisions(
  */
 export async function insertFirstDecisions(tx: Database, runId: string, list: readonly Decision[]): Promise<void> {
   await tx.insert(decisions).values(list.map((d, seq) => ({ runId, seq, leaseEpoch: 0, kind: d.kind, payload: d.payload })));
-}
-
-export async function currentEpoch(db: Db, runId: string): Promise<number | null> {
-  const rows = await db.db.select({ epoch: runLeases.epoch }).from(runLeases).where(eq(runLeases.runId, runId));
-  return rows[0]?.epoch ?? null;
 }
 
 /** Decisions that abort in-flight rounds (store/rollout-facts.ts `roundAbortedSql` reads the same two). */

@@ -9,7 +9,6 @@ import { registerSecret } from "../lib/redact.ts";
  * database on one server shares them; grants are per database.
  */
 export const roles = { owner: "rlq_owner", runtime: "rlq_runtime", reader: "rlq_reader" } as const;
-export type RoleKind = keyof typeof roles;
 
 /** The same server and database as `url`, logged in as `user` (with `password`, or none: trust, .pgpass). */
 export function urlAs(url: string, user: string, password?: string): string {

@@ -27,4 +27,3 @@ export const remoteTrainerConfigSchema = z
     checkpoints: z.enum(["shared", "fetch"]).default("shared"),
   })
   .strict();
-export type RemoteTrainerConfig = z.infer<typeof remoteTrainerConfigSchema>;

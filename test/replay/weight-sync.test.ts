@@ -37,7 +37,8 @@ describe.each(names)("weight sync replayed from the recorded log %s", (name) => 
   it("re-makes one transition per weights decision, each the one recorded", () => {
     const { mode, transitions } = foldRunSync(log);
     const weights = log.filter((d) => d.kind === "weights.syncing" || d.kind === "weights.synced");
-    expect(weights.length).toBeGreaterThan(0);
+    // A log that ends (paused for a fault) before its first step trained has no weights to sync.
+    expect(weights.length > 0, "weights decisions iff a step was trained").toBe(log.some((d) => d.kind === "step.trained"));
     expect(transitions.map((t) => t.seq)).toEqual(weights.map((d) => d.seq));
     for (const [i, d] of weights.entries()) {
       const t = transitions[i]?.mode as RunSyncMode;
@@ -77,6 +78,8 @@ describe.each(names)("weight sync replayed from the recorded log %s", (name) => 
         highest = router.version;
       }
     }
-    expect(router).toEqual({ kind: "open", version: fold("r", log).weightVersion, isPinned: true });
+    // A log that paused before its first dispatch never pinned the router.
+    const isPinned = log.some((d) => d.kind === "group.dispatched");
+    expect(router).toEqual(isPinned ? { kind: "open", version: fold("r", log).weightVersion, isPinned } : initialRouter);
   });
 });
