@@ -13,7 +13,8 @@ import type { EngineMetricsSnapshot } from "./engines/metrics.ts";
 import { insertRunRequest, type RunRequestKind } from "./store/run-requests.ts";
 import { applyOverrides, readConfigFile } from "./config/load.ts";
 import { parseRunConfig, type RunConfig } from "./config/run-config.ts";
-import { withConfigVersion } from "./config/config-versions.ts";
+import { upgradeRecordedConfig, withConfigVersion } from "./config/config-versions.ts";
+import { checkAmend } from "./config/amend.ts";
 import { normalizeSlimeForms } from "./config/slime-traps.ts";
 import { createByteTokenizer } from "./data/tokenizer.ts";
 import { loadRunDataset, tokenizerFor } from "./runtime/plugins-registry.ts";
@@ -218,10 +219,17 @@ async function trainJobReport(queues: Queues, runId: string, step: number): Prom
 
 /**
  * Ask the run's controller to pause, resume, cancel or amend (it records the decision). An amend's
- * payload is the changed keys (`{num_rollout: 10}`) or, as the CLI sends it, `{changes: {...}}`.
+ * payload is the changed keys (`{num_rollout: 10}`) or, as the CLI sends it, `{changes: {...}}`; it
+ * is checked (config/amend.ts) before it is recorded, so a key that cannot be amended or a bad
+ * value throws ConfigError here. Returns the request's id: `changeOutcome` / `waitForChange`
+ * (run-watch.ts) read whether the controller applied or refused it.
  */
 export async function requestRunChange(db: Db, runId: string, kind: RunRequestKind, payload: Record<string, unknown> = {}): Promise<number> {
-  if (!(await loadRunRow(db, runId))) throw new RlqError("run_not_found", `run ${runId} does not exist`);
+  const row = await loadRunRow(db, runId);
+  if (!row) throw new RlqError("run_not_found", `run ${runId} does not exist`);
   const isWrapped = Object.keys(payload).length === 1 && typeof payload.changes === "object" && payload.changes !== null;
-  return insertRunRequest(db, runId, kind, kind === "amend" && !isWrapped ? { changes: payload } : payload);
+  if (kind !== "amend") return insertRunRequest(db, runId, kind, payload);
+  const changes = (isWrapped ? payload.changes : payload) as Record<string, unknown>;
+  checkAmend(changes, upgradeRecordedConfig(row.config, `run ${runId}'s config`), `amend of run ${runId}`);
+  return insertRunRequest(db, runId, kind, { changes });
 }

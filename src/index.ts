@@ -1,10 +1,13 @@
 /**
  * rlq's programmatic API for scripts:
- *   import { runUntilDone, startRun, runStatus, createServices, readEnv } from "rlq";
+ *   import { runUntilDone, startRun, runStatus, watchRun, requestRunChange, waitForChange, createServices, readEnv } from "rlq";
  */
 export { startRun, runStatus, requestRunChange, newRunId, type StartRunOptions, type RunStatusReport } from "./api.ts";
 export { createServices, type Services } from "./runtime/services.ts";
 export { runUntilDone, type RunUntilDoneOptions, type RunUntilDoneResult } from "./run-until-done.ts";
+export { watchRun, changeOutcome, waitForChange, type RunProgress, type WatchOptions, type ChangeOutcome } from "./run-watch.ts";
+export { checkAmend } from "./config/amend.ts";
+export type { RunRequestKind } from "./store/run-requests.ts";
 export { readEnv } from "./config/env.ts";
 export { runConfigSchema, parseRunConfig, type RunConfig, type RunConfigInput } from "./config/run-config.ts";
 export type { Engine, GenerateRequest, GenerateResult } from "./engines/engine.ts";

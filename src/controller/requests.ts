@@ -1,8 +1,8 @@
 import { LeaseLostError } from "../store/decision-log.ts";
 import { projectRunInTx } from "../store/projections.ts";
 import { markRunRequest, pendingRunRequests } from "../store/run-requests.ts";
-import { amendableKeys, parseRunConfig } from "../config/run-config.ts";
-import { renamedKeyAdvice, withConfigVersion } from "../config/config-versions.ts";
+import { checkAmend } from "../config/amend.ts";
+import { withConfigVersion } from "../config/config-versions.ts";
 import { isAsync } from "../core/run-state.ts";
 import { errorMessage, RlqError } from "../lib/errors.ts";
 import type { ControllerHost } from "./host.ts";
@@ -27,15 +27,7 @@ export async function handleRequests(h: ControllerHost, reconcileOnResume: () =>
         await h.commit([{ kind: "run.status", payload: { status: "cancelled", reason: "cancelled by operator" } }]);
       } else if (r.kind === "amend") {
         const changes = (r.payload as { changes?: Record<string, unknown> }).changes ?? {};
-        const bad = Object.keys(changes).filter((k) => !(k in amendableKeys));
-        if (bad.length > 0) {
-          const renamed = bad.flatMap((k) => (renamedKeyAdvice(k) === null ? [] : [`'${k}' ${renamedKeyAdvice(k)}`]));
-          throw new RlqError(
-            "amend_refused",
-            `keys ${bad.join(", ")} cannot be amended on a live run (allowed: ${Object.keys(amendableKeys).join(", ")})${renamed.length > 0 ? `; ${renamed.join("; ")}` : ""}`,
-          );
-        }
-        const next = parseRunConfig({ ...s.config, ...changes }, "amended config");
+        const next = checkAmend(changes, s.config, "amended config");
         if (isAsync(s) && next.num_rollout !== null) {
           // Async mode may have sealed steps ahead of the trainer: they are decided, so they are trained.
           const sealed = s.lastTrainedStep + 1 + (s.training !== null ? 1 : 0) + s.trainQueue.length;

@@ -21,6 +21,7 @@ export const ERROR_CODES = {
   db_not_migrated: { retriable: false, meaning: "The database has no rlq schema yet: run `rlq migrate`." },
   run_not_found: { retriable: false, meaning: "No run with that id." },
   sample_not_found: { retriable: false, meaning: "No such sample (dashboard)." },
+  run_request_not_found: { retriable: false, meaning: "No run change request with that id (changeOutcome, waitForChange)." },
   resume_refused: { retriable: false, meaning: "The run's dataset or a plugin changed since it started; it will not resume." },
   dataset_changed: { retriable: false, meaning: "The dataset's fingerprint differs from the one recorded when the run started." },
   dataset_missing: { retriable: false, meaning: "The prompt data file does not exist." },

@@ -35,18 +35,20 @@ describe("the rlq CLI", () => {
 
     const amend = await rlq(["run", "amend", runId, "--set", "num_rollout=4"]);
     expect(amend.code, amend.out).toBe(0);
+    // Refused before it is recorded (config/amend.ts, the check the controller applies too).
     const bad = await rlq(["run", "amend", runId, "--set", "lr=0.5"]);
-    expect(bad.code).toBe(0); // accepted as a request; the controller refuses it with a reason
+    expect(bad.code).toBe(2);
+    expect(bad.out).toMatch(/keys lr cannot be amended on a live run/);
+    // A key under its name before config version 2: refused with its new name.
     const renamed = await rlq(["run", "amend", runId, "--set", "max_attempts=5"]);
-    expect(renamed.code).toBe(0);
+    expect(renamed.code).toBe(2);
+    expect(renamed.out).toMatch(/keys max_attempts cannot be amended .*'max_attempts' renamed to 'train_max_attempts' \(config version 2\)/);
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     expect(await up.exited, up.output()).toBe(0);
     expect(await runRow(runId)).toMatchObject({ status: "completed", step: 4 });
     const reqs = (await w.db.pool.query("SELECT kind, payload, error FROM run_requests WHERE run_id = $1 ORDER BY id", [runId])).rows;
+    expect(reqs).toHaveLength(1);
     expect(reqs[0]).toMatchObject({ kind: "amend", error: null });
-    expect(reqs[1].error).toMatch(/keys lr cannot be amended on a live run/);
-    // A key under its name before config version 2: refused with its new name.
-    expect(reqs[2].error).toMatch(/keys max_attempts cannot be amended .*'max_attempts' renamed to 'train_max_attempts' \(config version 2\)/);
     const amended = (await w.db.pool.query("SELECT payload FROM decisions WHERE run_id = $1 AND kind = 'run.amended'", [runId])).rows;
     expect(amended).toEqual([{ payload: { changes: { num_rollout: 4, config_version: CONFIG_VERSION } } }]);
 

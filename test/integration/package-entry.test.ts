@@ -9,7 +9,8 @@ import { createTestDatabase, redisUrl } from "../helpers/services.ts";
  * The package as a user's script meets it: a project of its own whose node_modules/rlq is this
  * package, a TypeScript file that imports "rlq" (package.json's exports: dist/, which npm install
  * builds), type-checked by tsc against dist's declarations and run by Node through tsx. It runs the
- * demo config to completion with runUntilDone, no CLI involved.
+ * demo config to completion with runUntilDone, no CLI involved, then reads it back through
+ * watchRun and has a bad amend refused by requestRunChange.
  */
 function newestMtime(dir: string): number {
   let newest = 0;
@@ -62,11 +63,18 @@ describe('import ... from "rlq"', () => {
     writeFileSync(
       join(project, "train.ts"),
       [
-        'import { runUntilDone, type RunUntilDoneResult } from "rlq";',
+        'import { createServices, readEnv, requestRunChange, runUntilDone, waitForChange, watchRun, type ChangeOutcome, type RunProgress, type RunUntilDoneResult } from "rlq";',
         "",
         "const config = process.argv[2] as string;",
         'const result: RunUntilDoneResult = await runUntilDone(config, { set: ["num_rollout=3"], name: "from-a-user-script" });',
-        "console.log(`RESULT ${JSON.stringify({ runId: result.runId, outcome: result.outcome, steps: result.status.trainSteps, status: result.status.status })}`);",
+        // The finished run through the watch and change API: the watch yields its last state and ends.
+        'const s = await createServices(readEnv(), { applicationName: "my-rl-script" });',
+        "const watched: RunProgress[] = [];",
+        "for await (const p of watchRun(s.db, result.runId)) watched.push(p);",
+        'const refused = await requestRunChange(s.db, result.runId, "amend", { lr: 1 }).then(() => "recorded", (e: Error) => e.message);',
+        "const wait: (db: typeof s.db, id: number) => Promise<ChangeOutcome> = waitForChange;",
+        "await s.close();",
+        "console.log(`RESULT ${JSON.stringify({ runId: result.runId, outcome: result.outcome, steps: result.status.trainSteps, status: result.status.status, watched: watched.at(-1), refused, hasWait: typeof wait })}`);",
         'process.exit(result.outcome === "completed" ? 0 : 1);',
         "",
       ].join("\n"),
@@ -96,8 +104,15 @@ describe('import ... from "rlq"', () => {
     );
     const line = out.split("\n").find((l) => l.startsWith("RESULT "));
     expect(line, out.slice(-3000)).toBeDefined();
-    const result = JSON.parse(line!.slice(7)) as { runId: string; outcome: string; steps: number; status: string };
-    expect(result).toMatchObject({ outcome: "completed", steps: 3, status: "completed" });
+    const result = JSON.parse(line!.slice(7)) as { runId: string; outcome: string; steps: number; status: string; refused: string };
+    expect(result).toMatchObject({
+      outcome: "completed",
+      steps: 3,
+      status: "completed",
+      watched: { runId: result.runId, status: "completed", trainSteps: 3 },
+      hasWait: "function",
+    });
+    expect(result.refused).toMatch(/keys lr cannot be amended on a live run/);
     const rows = await import("pg").then(async ({ default: pg }) => {
       const c = new pg.Client({ connectionString: database.url });
       await c.connect();

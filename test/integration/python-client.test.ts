@@ -9,8 +9,9 @@ import { rlqNodeFlags } from "../../src/runtime/node-flags.ts";
 /**
  * The Python client (python/rlq_client, standard library only) against a real
  * rlq: its own unittest suite, given this world's database, queue prefix, fake
- * engine and trainer, starts a run, waits for it through `rlq up`, reads its
- * status and queries its rollouts through `rlq sql`.
+ * engines and trainer, starts a run, waits for it through `rlq up`, reads its
+ * status and queries its rollouts through `rlq sql`; and pauses a second run,
+ * sees it paused, resumes it and sees it complete.
  */
 let w: World;
 beforeAll(async () => {
@@ -21,7 +22,7 @@ afterAll(async () => {
 });
 
 describe("python/rlq_client", () => {
-  it("starts, amends, waits for and queries a run (python -m unittest)", async () => {
+  it("starts, amends, pauses, resumes, waits for and queries runs (python -m unittest)", async () => {
     const child = spawn("python3", ["-m", "unittest", "-v", "tests.test_client"], {
       cwd: join(repoRoot, "python/rlq_client"),
       env: {
@@ -29,6 +30,8 @@ describe("python/rlq_client", () => {
         RLQ_CLIENT_TEST_COMMAND: JSON.stringify([process.execPath, ...rlqNodeFlags, join(repoRoot, "bin/rlq.js")]),
         RLQ_CLIENT_TEST_ENV: JSON.stringify({ ...w.env, NODE_COMPILE_CACHE: join(tmpdir(), "node-compile-cache") }),
         RLQ_CLIENT_TEST_CONFIG: JSON.stringify(w.baseConfig({ num_rollout: 1, engine: { kind: "sglang", urls: [await w.freshEngine()] } })),
+        // Its own engine: the engines of the first run serve that run's weight versions.
+        RLQ_CLIENT_TEST_PAUSE_CONFIG: JSON.stringify(w.baseConfig({ num_rollout: 2, engine: { kind: "sglang", urls: [await w.freshEngine()] } })),
       },
       stdio: ["ignore", "pipe", "pipe"],
     });
@@ -37,6 +40,6 @@ describe("python/rlq_client", () => {
     child.stderr.on("data", (d: Buffer) => (output += d.toString()));
     const code = await new Promise<number | null>((r) => child.on("exit", r));
     expect(code, output).toBe(0);
-    expect(output).toMatch(/Ran 2 tests/);
+    expect(output).toMatch(/Ran 3 tests/);
   });
 });

@@ -1,9 +1,9 @@
-import { spawnSync } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 import { repoRoot, waitFor } from "../helpers/processes.ts";
+import { fixtureLabels, pythonRewards, SLIME_PLUGINS } from "../helpers/slime-plugins.ts";
 import { runUntilDone } from "../../src/index.ts";
 import { resolvePluginFunction } from "../../src/plugins/http.ts";
 import { closePythonHosts, pythonHostPid } from "../../src/plugins/python.ts";
@@ -16,7 +16,7 @@ import { closePythonHosts, pythonHostPid } from "../../src/plugins/python.ts";
  * that raises or returns the wrong type pauses the run with a message naming
  * the plugin, the sample and what to return, as a JS plugin does.
  */
-const PLUGINS = "test/fixtures/slime/plugins";
+const PLUGINS = SLIME_PLUGINS;
 const rewards = `py:${PLUGINS}/my_rewards.py`;
 const filters = `py:${PLUGINS}/my_filters.py`;
 let w: World;
@@ -28,21 +28,6 @@ afterAll(async () => {
   closePythonHosts();
   await w?.close();
 });
-
-/** What slime's reward function gives for these samples, computed by Python itself (the fixture, through the shim's Sample). */
-function pythonRewards(rows: Array<{ response: string; label: string | null; status: string }>): number[] {
-  const script = [
-    "import asyncio, json, sys",
-    `sys.path[:0] = [${JSON.stringify(join(repoRoot, PLUGINS))}, ${JSON.stringify(join(repoRoot, "python/rlq_plugin_host/shim"))}]`,
-    "from my_rewards import reward_func",
-    "from slime.utils.types import Sample",
-    "rows = json.load(sys.stdin)",
-    "print(json.dumps([asyncio.run(reward_func(None, Sample(response=r['response'], label=r['label'], status=Sample.Status(r['status'])))) for r in rows]))",
-  ].join("\n");
-  const r = spawnSync("python3", ["-c", script], { input: JSON.stringify(rows), encoding: "utf8" });
-  if (r.status !== 0) throw new Error(r.stderr);
-  return JSON.parse(r.stdout) as number[];
-}
 
 describe("Python plugins in slime's signatures", () => {
   it("a slime reward function and dynamic filter run unmodified in a run: recorded rewards and verdicts are Python's", async () => {
@@ -59,13 +44,7 @@ describe("Python plugins in slime's signatures", () => {
     expect(outcome, status.lastError ?? "").toBe("completed");
     expect(status.trainSteps).toBe(2);
 
-    const labels = new Map(
-      readFileSync(join(repoRoot, "test/fixtures/prompts.jsonl"), "utf8")
-        .trim()
-        .split("\n")
-        .map((l) => JSON.parse(l) as { input: string; label: string })
-        .map((r) => [r.input, r.label]),
-    );
+    const labels = fixtureLabels();
     const rows = (
       await w.db.pool.query<{
         group_id: string;

@@ -149,6 +149,19 @@ class Run:
                 )
             time.sleep(poll_s)
 
+    def up(self, **popen_kwargs: Any) -> subprocess.Popen:
+        """Drive the run in the background: `rlq up --run ID --exit-when-done` (the controller and
+        every worker), for a caller that steers it (pause, resume, amend) while it runs.
+
+        Returns the process: wait() for its exit code (0 once the run completes or is cancelled; an
+        operator's pause keeps it waiting for the resume), or terminate() it. popen_kwargs go to
+        subprocess.Popen (e.g. stderr=a file).
+        """
+        argv = [*self.client.command, "up", "--run", self.id, "--exit-when-done"]
+        return subprocess.Popen(
+            argv, env=self.client.env, cwd=self.client.cwd, **popen_kwargs
+        )
+
     def pause(self) -> None:
         self.client._run(["run", "pause", self.id])
 

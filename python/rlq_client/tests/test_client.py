@@ -5,6 +5,7 @@ database, queue and fake engine/trainer in RLQ_CLIENT_TEST_* (the rlq command, i
 import json
 import os
 import sys
+import tempfile
 import unittest
 from pathlib import Path
 
@@ -56,6 +57,33 @@ class ClientTest(unittest.TestCase):
             f"SELECT count(*)::int AS n FROM rollout_history WHERE run_id = '{run.id}' AND kept"
         )
         self.assertEqual(n, [{"n": len(rows)}])
+
+    def test_pause_observe_resume_completes(self):
+        config = json.loads(_given("RLQ_CLIENT_TEST_PAUSE_CONFIG"))
+        run = self.rlq.start(config, name="paused-from-python")
+        # Recorded before anything drives the run: its controller applies it first.
+        run.pause()
+        with tempfile.TemporaryFile() as log:
+            driver = run.up(stdout=log, stderr=log)
+            try:
+                paused = run.wait(drive=False, timeout=300, poll_s=0.2)
+                self.assertEqual(paused["status"], "paused", paused["lastError"])
+                self.assertEqual(paused["lastError"], "paused by operator")
+                self.assertEqual(paused["trainSteps"], 0)
+                # Still paused on a second look: the operator's pause holds until the resume.
+                self.assertEqual(run.status()["status"], "paused")
+                run.resume()
+                code = driver.wait(timeout=300)
+            finally:
+                if driver.poll() is None:
+                    driver.kill()
+                    driver.wait()
+            log.seek(0)
+            output = log.read().decode(errors="replace")[-3000:]
+        self.assertEqual(code, 0, output)
+        final = run.status()
+        self.assertEqual(final["status"], "completed", final["lastError"])
+        self.assertEqual(final["trainSteps"], config["num_rollout"])
 
     def test_errors_name_the_command_and_its_message(self):
         with self.assertRaises(RlqCommandError) as e:
