@@ -55,8 +55,11 @@ async function bufferAtDraws(runId: string): Promise<Array<{ buffer: number[]; f
 
 describe("a run of four slime-signature Python plugins", () => {
   it("rewards, filters, buffer choices and tool-turn loss masks are Python's, through a SIGKILL of the plugin host", async () => {
-    const engineUrl = await w.freshEngine();
+    // Turns that often stop early: response lengths, and so the rewards within a group, vary, and most groups pass the filter.
+    const engineUrl = await w.freshEngine(["--stop-prob", "0.2"]);
     let killedPid: number | undefined;
+    let killedAfterSteps = 0;
+    let restartedPid: number | undefined;
     const { runId, outcome, status } = await runUntilDone(
       w.baseConfig({
         custom_rm_path: `${PLUGINS}/my_rewards.py:reward_func`,
@@ -67,7 +70,8 @@ describe("a run of four slime-signature Python plugins", () => {
         partial_rollout: true,
         rollout_batch_size: RBS,
         n_samples_per_prompt: 2,
-        over_sampling_batch_size: 4,
+        // Twice and more what a step keeps: the groups left at the seal (surplus or aborted) fill the buffer faster than a draw takes them.
+        over_sampling_batch_size: 8,
         rollout_max_response_len: 48,
         num_rollout: NUM_ROLLOUT,
       }),
@@ -80,14 +84,17 @@ describe("a run of four slime-signature Python plugins", () => {
           const pid = pythonHostPid(repoRoot);
           if (killedPid === undefined && s.trainSteps >= 1 && pid !== undefined) {
             killedPid = pid;
+            killedAfterSteps = s.trainSteps;
             process.kill(pid, "SIGKILL");
-          }
+          } else if (killedPid !== undefined && pid !== undefined && pid !== killedPid) restartedPid = pid;
         },
       },
     );
     expect(outcome, status.lastError ?? "").toBe("completed");
     expect(killedPid).toBeDefined();
-    expect(pythonHostPid(repoRoot)).not.toBe(killedPid);
+    expect(killedAfterSteps).toBeLessThan(NUM_ROLLOUT);
+    // rlq started a new host, which ran the plugins for the steps after the kill.
+    expect(restartedPid).toBeDefined();
     expect(status.trainSteps).toBe(NUM_ROLLOUT);
 
     // Exact: steps once each, draw ordinals gapless in dataset order, no group or sample trained twice.
