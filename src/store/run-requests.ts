@@ -22,3 +22,9 @@ export async function pendingRunRequests(db: Db, runId: string) {
 export async function markRunRequest(db: Db, id: number, handledSeq: number, error: string | null): Promise<void> {
   await db.db.update(runRequests).set({ handledSeq, error }).where(eq(runRequests.id, id));
 }
+
+/** One request by id (run-watch.ts `changeOutcome`); null when there is none. */
+export async function loadRunRequest(db: Db, id: number) {
+  const rows = await db.db.select().from(runRequests).where(eq(runRequests.id, id));
+  return rows[0] ?? null;
+}
