@@ -125,6 +125,7 @@ class TrainerService:
                 sharding=args.sharding,
             )
             self.pusher = None  # the front holds no weights: rank 0 of the group pushes (dist_worker.py)
+            self.trainer.start_group_in_background()
         else:
             self.trainer = TorchTrainer(
                 device,

@@ -3,7 +3,8 @@
 ``DistTrainer`` has the ``TorchTrainer`` interface server.py uses (``train_step``,
 ``weight_version``, ``defaults``, ``device``, ``bf16``, ``held``), and runs each step on a
 process group that torchrun starts (``rlq_torch/dist_worker.py``): one process, the front, serves
-the protocol for all ranks. The group is started on the first step and kept warm; the
+the protocol for all ranks. The group starts when the server does (``start_group_in_background``),
+so the first step does not wait for torchrun and the ranks' imports, and is kept warm; the
 weights and the sharded optimizer state stay in the ranks' memory between steps.
 
 When the group fails (a rank killed or crashed, a lost peer, a collective timeout), the step
@@ -300,6 +301,25 @@ class DistTrainer:
 
             shutil.rmtree(self._logs, ignore_errors=True)
             self._logs = None
+
+    def start_group_in_background(self) -> None:
+        """Starts the group on a thread, holding the step lock, so a step that arrives meanwhile waits
+        for it. A start that fails is logged and left to the first step, which starts the group again
+        and reports the failure as that step's error."""
+
+        def start() -> None:
+            with self._lock:
+                if self.proc is not None:
+                    return
+                try:
+                    self._start_group()
+                except Exception as e:  # noqa: BLE001 (the first step starts it again and reports it)
+                    self.log(
+                        f"the process group did not start ahead of the first step: {e}"
+                    )
+                    self._teardown()
+
+        threading.Thread(target=start, name="rlq-group-start", daemon=True).start()
 
     # ----------------------------------------------------------- a step
 

@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     import torch.distributed as tdist
 
     from rlq_torch.dist import Dist
-    from rlq_torch.models import CheckpointError
+    from rlq_torch.models import CheckpointError, preload_hf
     from rlq_torch.trainer import Cancelled, StepError, TorchTrainer
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -151,6 +151,7 @@ def main(argv=None) -> int:
 
         pusher = pusher_from_args(args, push_api_key(args, os.environ))
     watch_front(int(os.environ.get("RLQ_FRONT_PID", "0")))
+    preload_hf()  # before the hello: the group starts ahead of the first step, which then finds them imported
     conn = None
     if rank == 0:
         host, port = os.environ["RLQ_FRONT_ADDR"].rsplit(":", 1)

@@ -56,6 +56,13 @@ def path_from_uri(uri: str) -> str:
     return uri
 
 
+def preload_hf() -> None:
+    """Imports transformers' model classes now (seconds of Python imports), so that a process started ahead of
+    its first step does not spend them inside that step. Nothing when transformers is not installed."""
+    if hf_available():
+        from transformers import AutoConfig, AutoModelForCausalLM  # noqa: F401
+
+
 def hf_available() -> bool:
     try:
         import transformers  # noqa: F401
