@@ -151,7 +151,7 @@ export class SglangBatcher {
 
   /** The /generate body: the single form for one item, lists (io_struct.py GenerateReqInput) for a batch. */
   private requestBody(live: readonly BatchItem[]): Record<string, unknown> {
-    const { samplingParams } = this.deps;
+    const { deps } = this;
     const one = live.length === 1 ? live[0] : undefined;
     return one
       ? {
@@ -159,7 +159,7 @@ export class SglangBatcher {
           input_ids: one.req.inputIds,
           return_logprob: true,
           stream: false,
-          sampling_params: samplingParams(one.req.sampling),
+          sampling_params: deps.samplingParams(one.req.sampling),
           ...(one.req.imageData?.length ? { image_data: one.req.imageData } : {}),
         }
       : {
@@ -167,7 +167,7 @@ export class SglangBatcher {
           input_ids: live.map((x) => x.req.inputIds),
           return_logprob: true,
           stream: false,
-          sampling_params: live.map((x) => samplingParams(x.req.sampling)),
+          sampling_params: live.map((x) => deps.samplingParams(x.req.sampling)),
           // io_struct.py GenerateReqInput.image_data in a batch: one entry (a list of images) per item.
           ...(live.some((x) => x.req.imageData?.length) ? { image_data: live.map((x) => x.req.imageData ?? []) } : {}),
         };
