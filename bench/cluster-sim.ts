@@ -492,7 +492,7 @@ for (const e of values.engines.split(",").map(Number)) {
     const policy = simulatePolicy(p, e, benchModePolicies[m], Math.max(1, Math.round((e * p.maxRunning) / 8)), 8, steps);
     const policySps = policy.samplesPerS * p.timeScale;
     // The same, with rlq's pool cap and its batch /generate holding a finished request's slot until
-    // its batch-mates finish (src/engines/pool.ts runOn, src/engines/sglang.ts createBatcher).
+    // its batch-mates finish (src/engines/pool.ts runOn, src/engines/sglang-batcher.ts SglangBatcher).
     const serverConcurrency = values["server-concurrency"] ? Number(values["server-concurrency"]) : p.maxRunning;
     const coupled = simulatePolicy(
       p,

@@ -85,7 +85,7 @@ export interface PolicyMode {
   poolCap?: number;
   /**
    * With poolCap: the requests sent to one engine at one instant travel as one batch /generate
-   * (src/engines/sglang.ts createBatcher, stream: false), whose answer comes when its last item
+   * (src/engines/sglang-batcher.ts SglangBatcher, stream: false), whose answer comes when its last item
    * ends; the pool frees their slots only then (pool.ts runOn).
    */
   isBatchCoupled?: boolean;

@@ -15,6 +15,25 @@ export interface BatchItem {
 /** Most requests in one batch /generate. */
 const MAX_BATCH = 64;
 
+export interface BatcherDeps {
+  url: string;
+  timeoutMs: number;
+  /** false: every request goes alone (the single form), whatever its batchKey. */
+  isBatching: boolean;
+  headers: Record<string, string> | undefined;
+  httpError(e: unknown, item: BatchItem): unknown;
+  samplingParams(s: GenerateRequest["sampling"]): Record<string, unknown>;
+  finish(item: BatchItem, payload: unknown): GenerateResult;
+  aborted(item: BatchItem): GenerateResult;
+}
+
+/** Settle an item once: a local cancel, the batch's answer and its failure may all reach it. */
+function settle(item: BatchItem, fn: () => void): void {
+  if (item.isSettled) return;
+  item.isSettled = true;
+  fn();
+}
+
 /**
  * With `isBatching` (engine.batch_group), non-streaming requests to one server
  * that arrive in the same event-loop turn with the same batchKey (a rollout
@@ -39,47 +58,102 @@ const MAX_BATCH = 64;
  * items' events, and the per-request stream is what keeps a dying server's
  * tokens.
  */
-export function createBatcher(deps: {
-  url: string;
-  timeoutMs: number;
-  /** false: every request goes alone (the single form), whatever its batchKey. */
-  isBatching: boolean;
-  headers: Record<string, string> | undefined;
-  httpError(e: unknown, item: BatchItem): unknown;
-  samplingParams(s: GenerateRequest["sampling"]): Record<string, unknown>;
-  finish(item: BatchItem, payload: unknown): GenerateResult;
-  aborted(item: BatchItem): GenerateResult;
-}) {
-  let queued: BatchItem[] = [];
-  let isScheduled = false;
+export class SglangBatcher {
+  /** Requests of this event-loop turn, sent by the next `flush`; written by `submit` and `flush` only. */
+  private queued: BatchItem[] = [];
+  private isScheduled = false;
 
-  function settle(item: BatchItem, fn: () => void): void {
-    if (item.isSettled) return;
-    item.isSettled = true;
-    fn();
+  constructor(private readonly deps: BatcherDeps) {}
+
+  submit(req: GenerateRequest, hooks: GenerateHooks, where: string): Promise<GenerateResult> {
+    return new Promise<GenerateResult>((resolve, reject) => {
+      this.queued.push({ req, hooks, where, resolve, reject, isSettled: false });
+      if (!this.isScheduled) {
+        this.isScheduled = true;
+        // After the current turn's microtasks: every sample of a job has reached here by then.
+        setImmediate(() => this.flush());
+      }
+    });
   }
 
-  async function send(items: BatchItem[]): Promise<void> {
+  private flush(): void {
+    this.isScheduled = false;
+    const all = this.queued;
+    this.queued = [];
+    // One batch per batchKey (a group), in arrival order; requests without a key batch together.
+    // Not batching: each request is its own batch of one, which goes in the single form.
+    const byKey = new Map<string, BatchItem[]>();
+    for (const item of all) {
+      const key = this.deps.isBatching ? (item.req.batchKey ?? "") : item.req.requestId;
+      const list = byKey.get(key);
+      if (list) list.push(item);
+      else byKey.set(key, [item]);
+    }
+    for (const items of byKey.values()) for (let i = 0; i < items.length; i += MAX_BATCH) void this.send(items.slice(i, i + MAX_BATCH));
+  }
+
+  /** One /generate for `items` (the single form for one); every item is settled when this returns. */
+  private async send(items: BatchItem[]): Promise<void> {
     const live = items.filter((item) => {
       if (!item.hooks.signal?.aborted) return true;
-      settle(item, () => item.resolve(deps.aborted(item)));
+      settle(item, () => item.resolve(this.deps.aborted(item)));
       return false;
     });
     if (live.length === 0) return;
     const http = new AbortController();
+    const detach = this.watchAborts(live, http);
+    const one = live.length === 1 ? live[0] : undefined;
+    try {
+      let answer: unknown;
+      try {
+        answer = await callJson("POST", `${this.deps.url}/generate`, this.requestBody(live), {
+          timeoutMs: this.deps.timeoutMs,
+          signal: http.signal,
+          headers: this.deps.headers,
+        });
+      } catch (e) {
+        // One invalid item fails the whole batch with 400 (tokenizer_manager.py validates every item
+        // before sending any): resend the items one by one, so only the bad one fails.
+        if (!one && e instanceof EngineHttpError && e.status === 400) {
+          for (const d of detach.splice(0)) d();
+          await Promise.all(live.map((item) => this.send([item])));
+          return;
+        }
+        throw e;
+      }
+      this.settleAnswers(live, one ? [answer] : answer, answer);
+    } catch (e) {
+      for (const item of live)
+        settle(item, () => (isLocalCancel(e, item.hooks.signal) ? item.resolve(this.deps.aborted(item)) : item.reject(this.deps.httpError(e, item))));
+    } finally {
+      for (const d of detach) d();
+    }
+  }
+
+  /**
+   * A local cancel resolves its item at once as an aborted partial; the HTTP request is cancelled
+   * when every item of it is. Returns the listeners' removers.
+   */
+  private watchAborts(live: readonly BatchItem[], http: AbortController): Array<() => void> {
     const detach: Array<() => void> = [];
     for (const item of live) {
       const signal = item.hooks.signal;
       if (!signal) continue;
       const onAbort = () => {
-        settle(item, () => item.resolve(deps.aborted(item)));
+        settle(item, () => item.resolve(this.deps.aborted(item)));
         if (live.every((x) => x.isSettled)) http.abort();
       };
       signal.addEventListener("abort", onAbort, { once: true });
       detach.push(() => signal.removeEventListener("abort", onAbort));
     }
+    return detach;
+  }
+
+  /** The /generate body: the single form for one item, lists (io_struct.py GenerateReqInput) for a batch. */
+  private requestBody(live: readonly BatchItem[]): Record<string, unknown> {
+    const { deps } = this;
     const one = live.length === 1 ? live[0] : undefined;
-    const body = one
+    return one
       ? {
           rid: one.req.requestId,
           input_ids: one.req.inputIds,
@@ -97,71 +171,25 @@ export function createBatcher(deps: {
           // io_struct.py GenerateReqInput.image_data in a batch: one entry (a list of images) per item.
           ...(live.some((x) => x.req.imageData?.length) ? { image_data: live.map((x) => x.req.imageData ?? []) } : {}),
         };
-    try {
-      let answer: unknown;
-      try {
-        answer = await callJson("POST", `${deps.url}/generate`, body, { timeoutMs: deps.timeoutMs, signal: http.signal, headers: deps.headers });
-      } catch (e) {
-        // One invalid item fails the whole batch with 400 (tokenizer_manager.py validates every item
-        // before sending any): resend the items one by one, so only the bad one fails.
-        if (!one && e instanceof EngineHttpError && e.status === 400) {
-          for (const d of detach.splice(0)) d();
-          await Promise.all(live.map((item) => send([item])));
-          return;
-        }
-        throw e;
-      }
-      const outputs = one ? [answer] : answer;
-      if (!Array.isArray(outputs) || outputs.length !== live.length) {
-        throw new RlqError(
-          "engine_bad_response",
-          `SGLang ${deps.url}/generate: a batch of ${live.length} was answered with ${JSON.stringify(answer)?.slice(0, 200)}`,
-          { isRetriable: true },
-        );
-      }
-      live.forEach((item, i) =>
-        settle(item, () => {
-          try {
-            item.resolve(deps.finish(item, outputs[i]));
-          } catch (e) {
-            item.reject(e);
-          }
-        }),
+  }
+
+  /** Each item's output, in order; an answer that is not one output per item fails the batch (retriable). */
+  private settleAnswers(live: readonly BatchItem[], outputs: unknown, answer: unknown): void {
+    if (!Array.isArray(outputs) || outputs.length !== live.length) {
+      throw new RlqError(
+        "engine_bad_response",
+        `SGLang ${this.deps.url}/generate: a batch of ${live.length} was answered with ${JSON.stringify(answer)?.slice(0, 200)}`,
+        { isRetriable: true },
       );
-    } catch (e) {
-      for (const item of live)
-        settle(item, () => (isLocalCancel(e, item.hooks.signal) ? item.resolve(deps.aborted(item)) : item.reject(deps.httpError(e, item))));
-    } finally {
-      for (const d of detach) d();
     }
-  }
-
-  function flush(): void {
-    isScheduled = false;
-    const all = queued;
-    queued = [];
-    // One batch per batchKey (a group), in arrival order; requests without a key batch together.
-    // Not batching: each request is its own batch of one, which goes in the single form.
-    const byKey = new Map<string, BatchItem[]>();
-    for (const item of all) {
-      const key = deps.isBatching ? (item.req.batchKey ?? "") : item.req.requestId;
-      const list = byKey.get(key);
-      if (list) list.push(item);
-      else byKey.set(key, [item]);
-    }
-    for (const items of byKey.values()) for (let i = 0; i < items.length; i += MAX_BATCH) void send(items.slice(i, i + MAX_BATCH));
-  }
-
-  return {
-    submit(req: GenerateRequest, hooks: GenerateHooks, where: string): Promise<GenerateResult> {
-      return new Promise<GenerateResult>((resolve, reject) => {
-        queued.push({ req, hooks, where, resolve, reject, isSettled: false });
-        if (!isScheduled) {
-          isScheduled = true;
-          // After the current turn's microtasks: every sample of a job has reached here by then.
-          setImmediate(flush);
+    live.forEach((item, i) =>
+      settle(item, () => {
+        try {
+          item.resolve(this.deps.finish(item, outputs[i]));
+        } catch (e) {
+          item.reject(e);
         }
-      });
-    },
-  };
+      }),
+    );
+  }
 }

@@ -13,7 +13,7 @@ import {
   type RemoteEngine,
 } from "./remote.ts";
 import { applySglangMeta, readSglangAnswer } from "./sglang-answer.ts";
-import { createBatcher } from "./sglang-batcher.ts";
+import { SglangBatcher } from "./sglang-batcher.ts";
 import { errorMessage, RlqError } from "../lib/errors.ts";
 import { requestText } from "../lib/http-client.ts";
 
@@ -35,7 +35,7 @@ import { requestText } from "../lib/http-client.ts";
  * Without streaming (the default, engine.stream false) each request is one
  * /generate, as slime sends them; with engine.batch_group the samples of one
  * group that arrive in one event-loop turn go out as one batch /generate
- * (`createBatcher` below). Streamed (engine.stream true), SGLang's events carry
+ * (engines/sglang-batcher.ts `SglangBatcher`). Streamed (engine.stream true), SGLang's events carry
  * the cumulative meta_info.output_token_logprobs, so if the server dies
  * mid-generation the tokens received so far are kept and the request comes
  * back as an aborted partial (the rollout resumes it) instead of being lost.
@@ -193,7 +193,7 @@ class SglangServer implements RemoteEngine {
   private readonly headers: Record<string, string> | undefined;
   private readonly adminHeaders: Record<string, string> | undefined;
   private readonly hasAdminKey: boolean;
-  private readonly batcher: ReturnType<typeof createBatcher>;
+  private readonly batcher: SglangBatcher;
   private lastVersion = 0;
   private versionEndpoint: (typeof VERSION_ENDPOINTS)[number] | null = null;
   private healthFailure: "busy" | "down" = "down";
@@ -209,7 +209,7 @@ class SglangServer implements RemoteEngine {
     this.headers = bearer(options.apiKey);
     this.adminHeaders = bearer(options.adminApiKey ?? options.apiKey);
     this.hasAdminKey = options.adminApiKey !== undefined;
-    this.batcher = createBatcher({
+    this.batcher = new SglangBatcher({
       url: this.url,
       isBatching: options.isBatchingGroups ?? false,
       timeoutMs: options.requestTimeoutMs,

@@ -198,7 +198,7 @@ async function generateSegment(
       requestId: rid,
       // Prefix affinity: a continued segment goes back to the engine holding its prefix cache.
       sessionKey: `${job.runId}-${job.groupId}-${sample.sampleIndex}`,
-      // With engine.batch_group: one batch /generate per group at most (engines/sglang.ts createBatcher).
+      // With engine.batch_group: one batch /generate per group at most (engines/sglang-batcher.ts `SglangBatcher`).
       batchKey: `${job.runId}-${job.groupId}`,
       inputIds: [...promptTokens, ...sample.responseTokens],
       // Every segment re-sends the prompt's images with the prompt (a continued segment, a resumed

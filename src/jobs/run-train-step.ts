@@ -9,7 +9,7 @@ import { loadTrainBatch } from "./train-batch.ts";
 import { commitTrainStep, loadTrainStep } from "../store/train-facts.ts";
 import type { TrainJob } from "../queue/payloads.ts";
 import type { RunContext } from "../runtime/run-context.ts";
-import type { Trainer, TrainProgress, TrainSample } from "../trainer/trainer.ts";
+import type { Trainer, TrainProgress, TrainRequest, TrainResult, TrainSample } from "../trainer/trainer.ts";
 import { sha256File } from "../lib/hash.ts";
 import { stepVersionIn } from "../core/sample.ts";
 import { stalenessHistogram } from "../core/staleness.ts";
@@ -60,96 +60,153 @@ export async function runTrainStep(deps: TrainDeps, ctx: RunContext, job: TrainJ
   }
   const prev = step === 0 ? null : await loadTrainStep(db, runId, step - 1);
   const checkpointUriIn = prev ? prev.checkpointUri : ctx.config.ref_load ? pathToFileURL(ctx.config.ref_load).href : null;
-  const { batch, groupIds, numTokens, stagedGroups } = await loadTrainBatch(db, ctx, step, deps.stager?.take(ctx, step));
-  deps.log?.debug({ runId, step, groups: groupIds.length, stagedGroups }, "train batch built");
+  const loaded = await loadTrainBatch(db, ctx, step, deps.stager?.take(ctx, step));
+  deps.log?.debug({ runId, step, groups: loaded.groupIds.length, stagedGroups: loaded.stagedGroups }, "train batch built");
   const attempt = `${attemptNo}-${randomUUID().slice(0, 8)}`;
   const root = checkpointRootFor(deps.checkpointRoot, ctx.config.checkpoint_dir);
   const dir = stepDir(root, runId, step);
   const outputDir = join(dir, `attempt-${attempt}`);
   await mkdir(outputDir, { recursive: true });
-
-  const trainer = await deps.trainerFor(ctx);
-  const controller = new AbortController();
-  const stallMs = ctx.config.train_stall_timeout_s * 1000;
-  let lastProgressAt = Date.now();
-  // An outage (trainer unreachable) is not a stall: the watchdog pauses for it, and its length is
-  // added back, so a step that makes no progress around an outage is still cancelled.
-  let outageSince: number | null = null;
-  const watchdog = setInterval(
-    () => {
-      if (outageSince === null && Date.now() - lastProgressAt > stallMs) controller.abort(`no progress for ${ctx.config.train_stall_timeout_s}s`);
-    },
-    Math.min(1000, stallMs / 4),
-  );
-  // A progress report only shows the job alive (the watchdog reads lastProgressAt): one that fails is told, and the next replaces it.
-  const report = (p: TrainProgress) =>
-    void deps.reportProgress(p).catch((e: unknown) => deps.log?.warn({ runId, step, phase: p.phase, err: errorMessage(e) }, "train progress not reported"));
-  const onOutage = (waitedMs: number | null) => {
-    if (waitedMs === null) {
-      if (outageSince !== null) lastProgressAt += Date.now() - outageSince;
-      outageSince = null;
-      report({ done: 0, total: 1, phase: "the trainer answers again" });
-      return;
-    }
-    outageSince ??= Date.now();
-    report({ done: 0, total: 1, phase: `waiting for the trainer: unreachable for ${Math.round(waitedMs / 1000)} s` });
+  const request: TrainRequest = {
+    runId,
+    step,
+    attempt: attemptNo,
+    weightVersionIn: dispatched.weightVersionIn,
+    checkpointUriIn,
+    outputDir,
+    config: ctx.config,
+    batch: loaded.batch,
   };
-  let result;
-  try {
-    result = await trainer.trainStep(
-      { runId, step, attempt: attemptNo, weightVersionIn: dispatched.weightVersionIn, checkpointUriIn, outputDir, config: ctx.config, batch },
-      (p) => {
-        lastProgressAt = Date.now();
-        report(p);
-      },
-      controller.signal,
-      { shutdown: deps.shutdown, onOutage },
-    );
-  } catch (e) {
-    // On shutdown the trainer may still be running this attempt (the job comes back with the same
-    // attempt number and joins it), so its directory stays; the commit collects it if it loses.
-    if (!(e instanceof RlqError && e.code === "worker_shutdown")) await rm(outputDir, { recursive: true, force: true });
-    if (controller.signal.aborted)
-      throw new RlqError("train_stalled", `train step ${step} attempt ${attempt}: ${String(controller.signal.reason)}`, { cause: e, isRetriable: true });
-    throw e;
-  } finally {
-    clearInterval(watchdog);
-  }
+  const result = await trainAttempt(deps, ctx, request, attempt);
   if (result.weightVersionOut !== dispatched.weightVersionIn + 1) {
     throw new RlqError(
       "trainer_bad_response",
       `trainer returned weight version ${result.weightVersionOut} for step ${step}; expected ${dispatched.weightVersionIn + 1}`,
     );
   }
-  // The trainer is idempotent per (run, step): it may answer with an earlier
-  // attempt's finished checkpoint. Commit what it actually produced.
-  const ckptPath = result.checkpointUri.startsWith("file:") ? fileURLToPath(result.checkpointUri) : result.checkpointUri;
-  if (dirname(ckptPath) !== dir) {
-    throw new RlqError("trainer_bad_response", `trainer wrote step ${step} to ${ckptPath}, outside the step's directory ${dir}`);
+  await commitAttempt(deps, ctx, { request, result, loaded, root, dir });
+}
+
+/**
+ * The trainer's step for one attempt under the stall watchdog. A failed attempt's directory is
+ * removed, except on shutdown: the trainer may still be running it (the job comes back with the
+ * same attempt number and joins it), and the commit collects it if it loses.
+ */
+async function trainAttempt(deps: TrainDeps, ctx: RunContext, request: TrainRequest, attempt: string): Promise<TrainResult> {
+  const { runId, step } = request;
+  const trainer = await deps.trainerFor(ctx);
+  // A progress report only shows the job alive (the watchdog reads its own clock): one that fails is told, and the next replaces it.
+  const report = (p: TrainProgress) =>
+    void deps.reportProgress(p).catch((e: unknown) => deps.log?.warn({ runId, step, phase: p.phase, err: errorMessage(e) }, "train progress not reported"));
+  const watchdog = new StallWatchdog(ctx.config.train_stall_timeout_s, report);
+  try {
+    return await trainer.trainStep(
+      request,
+      (p) => {
+        watchdog.progressed();
+        report(p);
+      },
+      watchdog.signal,
+      { shutdown: deps.shutdown, onOutage: (waitedMs) => watchdog.outage(waitedMs) },
+    );
+  } catch (e) {
+    if (!(e instanceof RlqError && e.code === "worker_shutdown")) await rm(request.outputDir, { recursive: true, force: true });
+    if (watchdog.signal.aborted)
+      throw new RlqError("train_stalled", `train step ${step} attempt ${attempt}: ${String(watchdog.signal.reason)}`, { cause: e, isRetriable: true });
+    throw e;
+  } finally {
+    watchdog.stop();
+  }
+}
+
+/**
+ * Cancels a train attempt that reports no progress for train_stall_timeout_s. Its modes: watching
+ * (`outageSince` null) and paused for an outage (the trainer unreachable, which is not a stall);
+ * the outage's length is added back to `lastProgressAt` when it ends, so a step that makes no
+ * progress around an outage is still cancelled.
+ */
+class StallWatchdog {
+  private readonly controller = new AbortController();
+  private readonly timer: NodeJS.Timeout;
+  private lastProgressAt = Date.now();
+  private outageSince: number | null = null;
+
+  constructor(
+    private readonly stallS: number,
+    private readonly report: (p: TrainProgress) => void,
+  ) {
+    const stallMs = stallS * 1000;
+    this.timer = setInterval(
+      () => {
+        if (this.outageSince === null && Date.now() - this.lastProgressAt > stallMs) this.controller.abort(`no progress for ${this.stallS}s`);
+      },
+      Math.min(1000, stallMs / 4),
+    );
+  }
+
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  progressed(): void {
+    this.lastProgressAt = Date.now();
+  }
+
+  /** The trainer's outage hook: `waitedMs` how long it has been unreachable, null when it answers again. */
+  outage(waitedMs: number | null): void {
+    if (waitedMs === null) {
+      if (this.outageSince !== null) this.lastProgressAt += Date.now() - this.outageSince;
+      this.outageSince = null;
+      this.report({ done: 0, total: 1, phase: "the trainer answers again" });
+      return;
+    }
+    this.outageSince ??= Date.now();
+    this.report({ done: 0, total: 1, phase: `waiting for the trainer: unreachable for ${Math.round(waitedMs / 1000)} s` });
+  }
+
+  stop(): void {
+    clearInterval(this.timer);
+  }
+}
+
+/**
+ * Commit what the trainer produced (it is idempotent per (run, step): it may answer with an earlier
+ * attempt's finished checkpoint). The winner collects the other attempts and prunes old
+ * checkpoints; a loser removes whatever it left that is not the committed checkpoint.
+ */
+async function commitAttempt(
+  deps: TrainDeps,
+  ctx: RunContext,
+  a: { request: TrainRequest; result: TrainResult; loaded: Awaited<ReturnType<typeof loadTrainBatch>>; root: string; dir: string },
+): Promise<void> {
+  const { runId, step, weightVersionIn, outputDir } = a.request;
+  const ckptPath = a.result.checkpointUri.startsWith("file:") ? fileURLToPath(a.result.checkpointUri) : a.result.checkpointUri;
+  if (dirname(ckptPath) !== a.dir) {
+    throw new RlqError("trainer_bad_response", `trainer wrote step ${step} to ${ckptPath}, outside the step's directory ${a.dir}`);
   }
   const checkpointSha256 = await sha256File(join(ckptPath, WEIGHTS_FILE));
   deps.crashPoint("train.before_commit");
-  const { isWinner, row } = await commitTrainStep(db, {
+  const { batch, numTokens, groupIds } = a.loaded;
+  const { isWinner, row } = await commitTrainStep(deps.db, {
     runId,
     step,
     attempt: basename(ckptPath).replace(/^attempt-/, ""),
-    weightVersionIn: dispatched.weightVersionIn,
-    weightVersionOut: result.weightVersionOut,
+    weightVersionIn,
+    weightVersionOut: a.result.weightVersionOut,
     numSamples: batch.samples.length,
     numTokens,
     checkpointUri: pathToFileURL(ckptPath).href,
     checkpointSha256,
-    metrics: { ...result.metrics, ...stalenessMetrics(batch.samples, dispatched.weightVersionIn) },
+    metrics: { ...a.result.metrics, ...stalenessMetrics(batch.samples, weightVersionIn) },
     groupIds,
   });
   if (!isWinner) {
-    // Another attempt committed first: remove whatever this attempt left that is not the committed checkpoint.
     const committed = fileURLToPath(row.checkpointUri);
     for (const d of new Set([outputDir, ckptPath])) if (d !== committed) await rm(d, { recursive: true, force: true });
     return;
   }
-  await collectLosingAttempts(root, runId, step, basename(ckptPath));
-  await pruneCommittedCheckpoints(root, runId, step, ctx.config);
+  await collectLosingAttempts(a.root, runId, step, basename(ckptPath));
+  await pruneCommittedCheckpoints(a.root, runId, step, ctx.config);
 }
 
 /** Delete every attempt directory of a committed step except the committed one. */

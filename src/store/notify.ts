@@ -73,112 +73,134 @@ export interface NotificationOptions {
  * does: notifications sent while it was down are lost.
  */
 export function createNotifications(url: string, options: NotificationOptions = {}): Notifications {
-  const subs = new Map<string, Set<() => void>>(); // `${channel}\0${runId}` → callbacks
-  const listening = new Set<Channel>();
-  let client: pg.Client | null = null;
-  let connecting: Promise<void> | null = null;
-  let retryTimer: NodeJS.Timeout | null = null;
-  let retryMs = options.retryMs ?? 1000;
-  let closed = false;
+  return new ListenConnection(url, options);
+}
 
-  const wakeAll = () => {
-    for (const set of subs.values()) for (const cb of set) cb();
-  };
-  const channelsInUse = () => new Set([...subs.keys()].map((k) => k.slice(0, k.indexOf("\0")) as Channel));
+/**
+ * The connection's life: none (`client` null, `connecting` null), connecting (`connecting` set),
+ * listening (`client` set; `listening` the channels it has LISTENed on), waiting to reconnect
+ * (`retryTimer` set), closed (`isClosed`, terminal). `connect` is the only writer of `client` on the
+ * way up, `drop` on the way down, `close` at the end.
+ */
+class ListenConnection implements Notifications {
+  /** `${channel}\0${runId}` → callbacks. */
+  private readonly subs = new Map<string, Set<() => void>>();
+  private readonly listening = new Set<Channel>();
+  private client: pg.Client | null = null;
+  private connecting: Promise<void> | null = null;
+  private retryTimer: NodeJS.Timeout | null = null;
+  private retryMs: number;
+  private isClosed = false;
 
-  const scheduleReconnect = () => {
-    if (closed || retryTimer !== null || subs.size === 0) return;
-    retryTimer = setTimeout(() => {
-      retryTimer = null;
-      void ensureConnected();
-    }, retryMs);
-    retryTimer.unref();
-    retryMs = Math.min(retryMs * 2, 10_000);
-  };
+  constructor(
+    private readonly url: string,
+    private readonly options: NotificationOptions,
+  ) {
+    this.retryMs = options.retryMs ?? 1000;
+  }
 
-  const drop = (c: pg.Client) => {
-    if (client !== c) return;
-    client = null;
-    listening.clear();
+  subscribe(channel: Channel, runId: string, onWake: () => void): () => void {
+    const key = `${channel}\0${runId}`;
+    let set = this.subs.get(key);
+    if (!set) this.subs.set(key, (set = new Set()));
+    const cb = () => onWake();
+    set.add(cb);
+    if (!this.isClosed) void this.ensureConnected();
+    return () => {
+      set.delete(cb);
+      if (set.size === 0) this.subs.delete(key);
+    };
+  }
+
+  async close(): Promise<void> {
+    this.isClosed = true;
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.retryTimer = null;
+    this.subs.clear();
+    // Nothing lost: closing; a failed connect or end leaves nothing to deliver.
+    if (this.connecting) await this.connecting.catch(() => undefined);
+    const c = this.client;
+    this.client = null;
+    if (c) await c.end().catch(() => undefined); // closing, as above
+  }
+
+  private wakeAll(): void {
+    for (const set of this.subs.values()) for (const cb of set) cb();
+  }
+
+  private channelsInUse(): Set<Channel> {
+    return new Set([...this.subs.keys()].map((k) => k.slice(0, k.indexOf("\0")) as Channel));
+  }
+
+  private scheduleReconnect(): void {
+    if (this.isClosed || this.retryTimer !== null || this.subs.size === 0) return;
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = null;
+      void this.ensureConnected();
+    }, this.retryMs);
+    this.retryTimer.unref();
+    this.retryMs = Math.min(this.retryMs * 2, 10_000);
+  }
+
+  private drop(c: pg.Client): void {
+    if (this.client !== c) return;
+    this.client = null;
+    this.listening.clear();
     // Nothing lost: the connection is being dropped; its notifications are replaced by wakeAll below.
     c.end().catch(() => undefined);
-    wakeAll();
-    scheduleReconnect();
-  };
+    this.wakeAll();
+    this.scheduleReconnect();
+  }
 
-  const ensureConnected = (): Promise<void> => {
-    if (closed || client !== null) return listenAll();
-    connecting ??= (async () => {
-      const c = new pg.Client({ connectionString: url, application_name: options.applicationName ?? "rlq-listen" });
-      c.on("error", () => drop(c));
-      c.on("end", () => drop(c));
-      c.on("notification", (n) => {
-        const set = subs.get(`${n.channel}\0${n.payload ?? ""}`);
-        if (set) for (const cb of set) cb();
-      });
-      try {
-        await c.connect();
-      } catch {
-        // Nothing lost: no connection means no notifications; the reconnect wakes every subscriber.
-        c.end().catch(() => undefined);
-        scheduleReconnect();
-        return;
-      }
-      if (closed) {
-        // Nothing lost: closed while connecting; nobody listens any more.
-        await c.end().catch(() => undefined);
-        return;
-      }
-      client = c;
-      retryMs = options.retryMs ?? 1000;
-      await listenAll();
-      wakeAll(); // anything sent before this connection listened was missed
-    })().finally(() => {
-      connecting = null;
+  private ensureConnected(): Promise<void> {
+    if (this.isClosed || this.client !== null) return this.listenAll();
+    this.connecting ??= this.connect().finally(() => {
+      this.connecting = null;
     });
-    return connecting;
-  };
+    return this.connecting;
+  }
 
-  const listenAll = async (): Promise<void> => {
-    const c = client;
+  private async connect(): Promise<void> {
+    const c = new pg.Client({ connectionString: this.url, application_name: this.options.applicationName ?? "rlq-listen" });
+    c.on("error", () => this.drop(c));
+    c.on("end", () => this.drop(c));
+    c.on("notification", (n) => {
+      const set = this.subs.get(`${n.channel}\0${n.payload ?? ""}`);
+      if (set) for (const cb of set) cb();
+    });
+    try {
+      await c.connect();
+    } catch {
+      // Nothing lost: no connection means no notifications; the reconnect wakes every subscriber.
+      c.end().catch(() => undefined);
+      this.scheduleReconnect();
+      return;
+    }
+    if (this.isClosed) {
+      // Nothing lost: closed while connecting; nobody listens any more.
+      await c.end().catch(() => undefined);
+      return;
+    }
+    this.client = c;
+    this.retryMs = this.options.retryMs ?? 1000;
+    await this.listenAll();
+    this.wakeAll(); // anything sent before this connection listened was missed
+  }
+
+  private async listenAll(): Promise<void> {
+    const c = this.client;
     if (c === null) return;
-    for (const ch of channelsInUse()) {
-      if (listening.has(ch)) continue;
-      listening.add(ch);
+    for (const ch of this.channelsInUse()) {
+      if (this.listening.has(ch)) continue;
+      this.listening.add(ch);
       try {
         await c.query(`LISTEN ${ch}`); // a fixed identifier from the Channel type, never input
       } catch {
-        drop(c);
+        this.drop(c);
         return;
       }
     }
-  };
-
-  return {
-    subscribe(channel, runId, onWake) {
-      const key = `${channel}\0${runId}`;
-      let set = subs.get(key);
-      if (!set) subs.set(key, (set = new Set()));
-      const cb = () => onWake();
-      set.add(cb);
-      if (!closed) void ensureConnected();
-      return () => {
-        set.delete(cb);
-        if (set.size === 0) subs.delete(key);
-      };
-    },
-    async close() {
-      closed = true;
-      if (retryTimer) clearTimeout(retryTimer);
-      retryTimer = null;
-      subs.clear();
-      // Nothing lost: closing; a failed connect or end leaves nothing to deliver.
-      if (connecting) await connecting.catch(() => undefined);
-      const c = client;
-      client = null;
-      if (c) await c.end().catch(() => undefined); // closing, as above
-    },
-  };
+  }
 }
 
 /**

@@ -55,22 +55,72 @@ export async function writeRound(db: Db, facts: RoundFacts): Promise<boolean> {
  */
 export async function writeRounds(db: Db, rounds: readonly RoundFacts[]): Promise<boolean[]> {
   if (rounds.length === 0) return [];
-  const keyOf = (r: { runId: string; groupId: number; round: number }) => `${r.runId}\u0000${r.groupId}\u0000${r.round}`;
   const firstIndex = new Map<string, number>();
   rounds.forEach((r, i) => {
-    if (!firstIndex.has(keyOf(r))) firstIndex.set(keyOf(r), i);
+    if (!firstIndex.has(roundKey(r))) firstIndex.set(roundKey(r), i);
   });
   const unique = [...firstIndex.values()].map((i) => rounds[i] as RoundFacts);
   unique.sort(compareRoundKeys);
-  const m = {
-    runId: [] as string[],
-    groupId: [] as number[],
-    round: [] as number[],
-    step: [] as number[],
-    jobId: [] as string[],
-    isComplete: [] as boolean[],
-    wasAborted: [] as boolean[],
-  };
+  const res = await db.pool.query<{ run_id: string; group_id: string; round: number }>(WRITE_ROUNDS_SQL, [...markerColumns(unique), ...segmentColumns(unique)]);
+  // A wake-up for the controllers of these runs (store/notify.ts: a hint; the round is committed).
+  await notifyRuns(
+    db.pool,
+    "rlq_facts",
+    unique.map((r) => r.runId),
+  );
+  const won = new Set(res.rows.map((r) => roundKey({ runId: r.run_id, groupId: Number(r.group_id), round: r.round })));
+  return rounds.map((r, i) => firstIndex.get(roundKey(r)) === i && won.has(roundKey(r)));
+}
+
+function roundKey(r: { runId: string; groupId: number; round: number }): string {
+  return `${r.runId}\u0000${r.groupId}\u0000${r.round}`;
+}
+
+/**
+ * `writeRounds`' statement: $1..$7 the markers' columns (`markerColumns`), $8..$30 the segments'
+ * columns with each per-token array's offset and length, $31..$33 the per-token arrays of all
+ * segments, one binary array each (`segmentColumns`).
+ */
+const WRITE_ROUNDS_SQL = `WITH marker AS (
+       INSERT INTO group_rounds (run_id, group_id, round, step, job_id, is_complete, was_aborted)
+       SELECT * FROM unnest($1::text[], $2::bigint[], $3::int[], $4::int[], $5::text[], $6::boolean[], $7::boolean[])
+       ON CONFLICT DO NOTHING RETURNING run_id, group_id, round),
+     segments AS (
+       INSERT INTO sample_segments (run_id, group_id, sample_index, segment_index, round, step, job_id,
+         weight_version, expected_weight_version, is_version_mismatch, token_start, token_end, tokens, log_probs, loss_mask,
+         engine, finish_reason, status, error)
+       SELECT v.run_id, v.group_id, v.sample_index, v.segment_index, v.seg_round, v.step, v.job_id, v.weight_version, v.expected,
+              v.is_mismatch, v.token_start, v.token_end,
+              a.tokens[v.tokens_at : v.tokens_at + v.tokens_len - 1],
+              a.log_probs[v.log_probs_at : v.log_probs_at + v.log_probs_len - 1],
+              a.loss_mask[v.loss_mask_at : v.loss_mask_at + v.loss_mask_len - 1],
+              v.engine, v.finish_reason, v.status, v.error
+         FROM unnest($8::text[], $9::bigint[], $10::int[], $11::int[], $12::text[], $13::int[], $14::int[], $15::int[], $16::int[], $17::int[],
+                     $18::boolean[], $19::int[], $20::int[], $21::int[], $22::int[], $23::int[], $24::int[], $25::int[], $26::int[],
+                     $27::text[], $28::text[], $29::text[], $30::text[])
+           AS v(run_id, group_id, round, step, job_id, expected, sample_index, segment_index, seg_round, weight_version,
+                is_mismatch, token_start, token_end, tokens_at, tokens_len, log_probs_at, log_probs_len, loss_mask_at, loss_mask_len,
+                engine, finish_reason, status, error)
+         JOIN marker w ON w.run_id = v.run_id AND w.group_id = v.group_id AND w.round = v.round
+         CROSS JOIN (SELECT $31::int4[] AS tokens, $32::float4[] AS log_probs, $33::int2[] AS loss_mask) a
+       RETURNING 1)
+     SELECT run_id, group_id, round FROM marker`;
+
+/** The `group_rounds` markers, one array per column ($1..$7 of WRITE_ROUNDS_SQL). */
+function markerColumns(unique: readonly RoundFacts[]): unknown[] {
+  return [
+    unique.map((r) => r.runId),
+    unique.map((r) => r.groupId),
+    unique.map((r) => r.round),
+    unique.map((r) => r.step),
+    unique.map((r) => r.jobId),
+    unique.map((r) => r.isComplete),
+    unique.map((r) => r.wasAborted),
+  ];
+}
+
+/** The segments of every round, one array per column ($8..$33 of WRITE_ROUNDS_SQL). */
+function segmentColumns(unique: readonly RoundFacts[]): unknown[] {
   const g = {
     runId: [] as string[],
     groupId: [] as number[],
@@ -94,13 +144,6 @@ export async function writeRounds(db: Db, rounds: readonly RoundFacts[]): Promis
     error: [] as Array<string | null>,
   };
   for (const r of unique) {
-    m.runId.push(r.runId);
-    m.groupId.push(r.groupId);
-    m.round.push(r.round);
-    m.step.push(r.step);
-    m.jobId.push(r.jobId);
-    m.isComplete.push(r.isComplete);
-    m.wasAborted.push(r.wasAborted);
     for (const seg of r.segments) {
       g.runId.push(r.runId);
       g.groupId.push(r.groupId);
@@ -124,75 +167,34 @@ export async function writeRounds(db: Db, rounds: readonly RoundFacts[]): Promis
       g.error.push(seg.error);
     }
   }
-  const res = await db.pool.query<{ run_id: string; group_id: string; round: number }>(
-    `WITH marker AS (
-       INSERT INTO group_rounds (run_id, group_id, round, step, job_id, is_complete, was_aborted)
-       SELECT * FROM unnest($1::text[], $2::bigint[], $3::int[], $4::int[], $5::text[], $6::boolean[], $7::boolean[])
-       ON CONFLICT DO NOTHING RETURNING run_id, group_id, round),
-     segments AS (
-       INSERT INTO sample_segments (run_id, group_id, sample_index, segment_index, round, step, job_id,
-         weight_version, expected_weight_version, is_version_mismatch, token_start, token_end, tokens, log_probs, loss_mask,
-         engine, finish_reason, status, error)
-       SELECT v.run_id, v.group_id, v.sample_index, v.segment_index, v.seg_round, v.step, v.job_id, v.weight_version, v.expected,
-              v.is_mismatch, v.token_start, v.token_end,
-              a.tokens[v.tokens_at : v.tokens_at + v.tokens_len - 1],
-              a.log_probs[v.log_probs_at : v.log_probs_at + v.log_probs_len - 1],
-              a.loss_mask[v.loss_mask_at : v.loss_mask_at + v.loss_mask_len - 1],
-              v.engine, v.finish_reason, v.status, v.error
-         FROM unnest($8::text[], $9::bigint[], $10::int[], $11::int[], $12::text[], $13::int[], $14::int[], $15::int[], $16::int[], $17::int[],
-                     $18::boolean[], $19::int[], $20::int[], $21::int[], $22::int[], $23::int[], $24::int[], $25::int[], $26::int[],
-                     $27::text[], $28::text[], $29::text[], $30::text[])
-           AS v(run_id, group_id, round, step, job_id, expected, sample_index, segment_index, seg_round, weight_version,
-                is_mismatch, token_start, token_end, tokens_at, tokens_len, log_probs_at, log_probs_len, loss_mask_at, loss_mask_len,
-                engine, finish_reason, status, error)
-         JOIN marker w ON w.run_id = v.run_id AND w.group_id = v.group_id AND w.round = v.round
-         CROSS JOIN (SELECT $31::int4[] AS tokens, $32::float4[] AS log_probs, $33::int2[] AS loss_mask) a
-       RETURNING 1)
-     SELECT run_id, group_id, round FROM marker`,
-    [
-      m.runId,
-      m.groupId,
-      m.round,
-      m.step,
-      m.jobId,
-      m.isComplete,
-      m.wasAborted,
-      g.runId,
-      g.groupId,
-      g.round,
-      g.step,
-      g.jobId,
-      g.expected,
-      g.sampleIndex,
-      g.segmentIndex,
-      g.segRound,
-      g.weightVersion,
-      g.isMismatch,
-      g.tokenStart,
-      g.tokenEnd,
-      g.tokens.at,
-      g.tokens.len,
-      g.logProbs.at,
-      g.logProbs.len,
-      g.lossMask.at,
-      g.lossMask.len,
-      g.engine,
-      g.finishReason,
-      g.status,
-      g.error,
-      g.tokens.binary(),
-      g.logProbs.binary(),
-      g.lossMask.binary(),
-    ],
-  );
-  // A wake-up for the controllers of these runs (store/notify.ts: a hint; the round is committed).
-  await notifyRuns(
-    db.pool,
-    "rlq_facts",
-    unique.map((r) => r.runId),
-  );
-  const won = new Set(res.rows.map((r) => keyOf({ runId: r.run_id, groupId: Number(r.group_id), round: r.round })));
-  return rounds.map((r, i) => firstIndex.get(keyOf(r)) === i && won.has(keyOf(r)));
+  return [
+    g.runId,
+    g.groupId,
+    g.round,
+    g.step,
+    g.jobId,
+    g.expected,
+    g.sampleIndex,
+    g.segmentIndex,
+    g.segRound,
+    g.weightVersion,
+    g.isMismatch,
+    g.tokenStart,
+    g.tokenEnd,
+    g.tokens.at,
+    g.tokens.len,
+    g.logProbs.at,
+    g.logProbs.len,
+    g.lossMask.at,
+    g.lossMask.len,
+    g.engine,
+    g.finishReason,
+    g.status,
+    g.error,
+    g.tokens.binary(),
+    g.logProbs.binary(),
+    g.lossMask.binary(),
+  ];
 }
 
 export interface RoundStatus {

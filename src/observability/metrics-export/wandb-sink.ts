@@ -103,27 +103,132 @@ function historyLine(p: MetricPoint, offset: number): Record<string, number> {
   return line;
 }
 
-export async function openWandbSink(settings: WandbSettings): Promise<WandbSink> {
-  const doFetch = settings.fetchImpl ?? fetch;
-  mkdirSync(settings.dir, { recursive: true });
-  const statePath = join(settings.dir, "state.json");
-  let state: State = existsSync(statePath)
-    ? stateSchema.parse(JSON.parse(readFileSync(statePath, "utf8")))
-    : { runName: settings.runName, entity: settings.entity, project: settings.project, offset: 0, written: [], summary: {}, finished: false };
-  const written = new Set(state.written);
-  const auth = settings.apiKey ? `Basic ${Buffer.from(`api:${settings.apiKey}`).toString("base64")}` : null;
+/** The file_stream body's path for the run (filestream.js). */
+function fileStreamPath(s: State): string {
+  return `/files/${s.entity}/${s.project}/${s.runName}/file_stream`;
+}
 
-  const post = async (path: string, body: unknown): Promise<unknown> => {
-    if (!auth) throw new RlqError("wandb_no_key", "use_wandb with wandb_mode online needs wandb_key: {env: WANDB_API_KEY} (or {file: PATH})");
+/**
+ * Offline: the history lines from `offset` on replaced by `lines` in files/wandb-history.jsonl (the
+ * same rule as the server's file_stream), and the summary rewritten.
+ */
+function putOffline(filesDir: string, offset: number, lines: string[], summary: string): void {
+  mkdirSync(filesDir, { recursive: true });
+  const path = join(filesDir, "wandb-history.jsonl");
+  const existing = existsSync(path)
+    ? readFileSync(path, "utf8")
+        .split("\n")
+        .filter((l) => l.length > 0)
+    : [];
+  const next = [...existing.slice(0, offset), ...lines];
+  const tmp = `${path}.tmp`;
+  const fd = openSync(tmp, "w");
+  writeSync(fd, next.map((l) => l + "\n").join(""));
+  fsyncSync(fd);
+  closeSync(fd);
+  renameSync(tmp, path);
+  writeFileSync(join(filesDir, "wandb-summary.json"), summary + "\n");
+}
+
+/**
+ * One W&B run's sink. Its state (offset, points acknowledged, summary, finished) is `state`, written
+ * only by `write`, `finish` and `upsertRun`, and saved to state.json after each change the server
+ * (or the offline file) took.
+ */
+class WandbRunSink implements WandbSink {
+  private state: State;
+  private readonly written: Set<string>;
+  private readonly auth: string | null;
+  private readonly doFetch: typeof fetch;
+
+  constructor(
+    private readonly settings: WandbSettings,
+    state: State,
+  ) {
+    this.state = state;
+    this.written = new Set(state.written);
+    this.auth = settings.apiKey ? `Basic ${Buffer.from(`api:${settings.apiKey}`).toString("base64")}` : null;
+    this.doFetch = settings.fetchImpl ?? fetch;
+  }
+
+  has(p: { stream: string; step: number }): boolean {
+    return this.written.has(pointKey(p));
+  }
+
+  offset(): number {
+    return this.state.offset;
+  }
+
+  lastTrainStep(): number {
+    return Math.max(-1, ...[...this.written].filter((k) => k.startsWith("train@")).map((k) => Number(k.slice(6))));
+  }
+
+  /** Online: create or resume the W&B run (`UpsertBucket`) and take the names the server answers with. */
+  async upsertRun(): Promise<void> {
+    const s = this.settings;
+    const answer = upsertAnswer.safeParse(
+      await this.post("/graphql", {
+        query: upsertBucket,
+        variables: {
+          name: s.runName,
+          project: s.project,
+          entity: s.entity,
+          groupName: s.group,
+          displayName: s.displayName,
+          config: JSON.stringify(Object.fromEntries(Object.entries(s.config).map(([k, v]) => [k, { value: v }]))),
+        },
+      }),
+    );
+    if (!answer.success) throw new RlqError("wandb_bad_answer", `W&B upsertBucket answered an unexpected shape: ${answer.error.issues[0]?.message}`);
+    const b = answer.data.data.upsertBucket.bucket;
+    this.state = { ...this.state, runName: b.name, project: b.project.name, entity: b.project.entity.name };
+  }
+
+  async write(points: readonly MetricPoint[]): Promise<number> {
+    const todo = points.filter((p) => !this.written.has(pointKey(p)) && p.scalars.length > 0);
+    let n = 0;
+    for (let i = 0; i < todo.length; i += 100) n += await this.writeChunk(todo.slice(i, i + 100));
+    return n;
+  }
+
+  async finish(): Promise<void> {
+    if (this.state.finished) return;
+    if (this.settings.mode === "online") await this.post(fileStreamPath(this.state), { complete: true, exitcode: 0 });
+    this.state = { ...this.state, finished: true };
+    saveState(this.settings.dir, this.state);
+  }
+
+  /** One chunk of history lines at the current offset; the state is saved only after they were taken. */
+  private async writeChunk(chunk: readonly MetricPoint[]): Promise<number> {
+    const { state } = this;
+    const lines = chunk.map((p, j) => JSON.stringify(historyLine(p, state.offset + j)));
+    const summary = { ...state.summary };
+    for (const p of chunk) for (const s of p.scalars) summary[s.tag] = s.value;
+    const summaryText = JSON.stringify(summary);
+    if (this.settings.mode === "online") {
+      await this.post(fileStreamPath(state), {
+        files: { "wandb-history.jsonl": { offset: state.offset, content: lines }, "wandb-summary.json": { offset: 0, content: [summaryText] } },
+      });
+    } else putOffline(join(this.settings.dir, "files"), state.offset, lines, summaryText);
+    for (const p of chunk) this.written.add(pointKey(p));
+    this.state = { ...this.state, offset: state.offset + lines.length, written: [...this.written], summary };
+    saveState(this.settings.dir, this.state);
+    return lines.length;
+  }
+
+  /** A POST to W&B with the API key; its errors say whether a retry can help. */
+  private async post(path: string, body: unknown): Promise<unknown> {
+    const { host } = this.settings;
+    if (!this.auth) throw new RlqError("wandb_no_key", "use_wandb with wandb_mode online needs wandb_key: {env: WANDB_API_KEY} (or {file: PATH})");
     let res: Response;
     try {
-      res = await doFetch(`${settings.host.replace(/\/$/, "")}${path}`, {
+      res = await this.doFetch(`${host.replace(/\/$/, "")}${path}`, {
         method: "POST",
-        headers: { "content-type": "application/json", authorization: auth, "user-agent": "rlq metric sink" },
+        headers: { "content-type": "application/json", authorization: this.auth, "user-agent": "rlq metric sink" },
         body: JSON.stringify(body),
       });
     } catch (e) {
-      throw new RlqError("wandb_unreachable", `W&B at ${settings.host} did not answer ${path}: ${(e as Error).message}`, { cause: e, isRetriable: true });
+      throw new RlqError("wandb_unreachable", `W&B at ${host} did not answer ${path}: ${(e as Error).message}`, { cause: e, isRetriable: true });
     }
     const text = await res.text();
     if (!res.ok)
@@ -131,77 +236,16 @@ export async function openWandbSink(settings: WandbSettings): Promise<WandbSink>
         isRetriable: res.status >= 500 || res.status === 429,
       });
     return text.length > 0 ? JSON.parse(text) : null;
-  };
-
-  if (settings.mode === "online") {
-    const answer = upsertAnswer.safeParse(
-      await post("/graphql", {
-        query: upsertBucket,
-        variables: {
-          name: settings.runName,
-          project: settings.project,
-          entity: settings.entity,
-          groupName: settings.group,
-          displayName: settings.displayName,
-          config: JSON.stringify(Object.fromEntries(Object.entries(settings.config).map(([k, v]) => [k, { value: v }]))),
-        },
-      }),
-    );
-    if (!answer.success) throw new RlqError("wandb_bad_answer", `W&B upsertBucket answered an unexpected shape: ${answer.error.issues[0]?.message}`);
-    const b = answer.data.data.upsertBucket.bucket;
-    state = { ...state, runName: b.name, project: b.project.name, entity: b.project.entity.name };
   }
+}
 
-  const filesDir = join(settings.dir, "files");
-  const putOffline = (offset: number, lines: string[], summary: string) => {
-    mkdirSync(filesDir, { recursive: true });
-    const path = join(filesDir, "wandb-history.jsonl");
-    // Same rule as the server: the content replaces the lines from `offset` on.
-    const existing = existsSync(path)
-      ? readFileSync(path, "utf8")
-          .split("\n")
-          .filter((l) => l.length > 0)
-      : [];
-    const next = [...existing.slice(0, offset), ...lines];
-    const tmp = `${path}.tmp`;
-    const fd = openSync(tmp, "w");
-    writeSync(fd, next.map((l) => l + "\n").join(""));
-    fsyncSync(fd);
-    closeSync(fd);
-    renameSync(tmp, path);
-    writeFileSync(join(filesDir, "wandb-summary.json"), summary + "\n");
-  };
-
-  return {
-    has: (p) => written.has(pointKey(p)),
-    offset: () => state.offset,
-    lastTrainStep: () => Math.max(-1, ...[...written].filter((k) => k.startsWith("train@")).map((k) => Number(k.slice(6)))),
-    async write(points) {
-      const todo = points.filter((p) => !written.has(pointKey(p)) && p.scalars.length > 0);
-      let n = 0;
-      for (let i = 0; i < todo.length; i += 100) {
-        const chunk = todo.slice(i, i + 100);
-        const lines = chunk.map((p, j) => JSON.stringify(historyLine(p, state.offset + j)));
-        const summary = { ...state.summary };
-        for (const p of chunk) for (const s of p.scalars) summary[s.tag] = s.value;
-        const summaryText = JSON.stringify(summary);
-        if (settings.mode === "online") {
-          await post(`/files/${state.entity}/${state.project}/${state.runName}/file_stream`, {
-            files: { "wandb-history.jsonl": { offset: state.offset, content: lines }, "wandb-summary.json": { offset: 0, content: [summaryText] } },
-          });
-        } else putOffline(state.offset, lines, summaryText);
-        for (const p of chunk) written.add(pointKey(p));
-        state = { ...state, offset: state.offset + lines.length, written: [...written], summary };
-        saveState(settings.dir, state);
-        n += lines.length;
-      }
-      return n;
-    },
-    async finish() {
-      if (state.finished) return;
-      if (settings.mode === "online") await post(`/files/${state.entity}/${state.project}/${state.runName}/file_stream`, { complete: true, exitcode: 0 });
-      state = { ...state, finished: true };
-      saveState(settings.dir, state);
-    },
-  };
+export async function openWandbSink(settings: WandbSettings): Promise<WandbSink> {
+  mkdirSync(settings.dir, { recursive: true });
+  const statePath = join(settings.dir, "state.json");
+  const state: State = existsSync(statePath)
+    ? stateSchema.parse(JSON.parse(readFileSync(statePath, "utf8")))
+    : { runName: settings.runName, entity: settings.entity, project: settings.project, offset: 0, written: [], summary: {}, finished: false };
+  const sink = new WandbRunSink(settings, state);
+  if (settings.mode === "online") await sink.upsertRun();
+  return sink;
 }

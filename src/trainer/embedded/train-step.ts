@@ -1,18 +1,18 @@
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { computeAdvantagesAndReturns } from "../../algorithms/advantages.ts";
-import { postProcessRewards } from "../../algorithms/rewards.ts";
+import { postProcessRewards, type PostProcessedRewards } from "../../algorithms/rewards.ts";
 import { readCheckpoint, readOptimizerState, writeCheckpoint, writeFileAtomic, type OptimizerState } from "../../model/checkpoint.ts";
 import type { ModelConfig } from "../../model/config.ts";
-import { initWeights, parameterSpecs, type Weights } from "../../model/weights.ts";
+import { initWeights, parameterSpecs, type ParameterSpec, type Weights } from "../../model/weights.ts";
 import { RlqError } from "../../lib/errors.ts";
 import { trainResultSchema, type TrainProgress, type TrainRequest, type TrainResult, type TrainSample } from "../trainer.ts";
 import { adamwStep, zeroOptimizerState } from "./adamw.ts";
 import { bucketSeqLen, microBatchRows, packBatch, packResponses, unpackResponses } from "./batching.ts";
 import type { JaxModel } from "./jax-model.ts";
 import { learningRate } from "./lr-schedule.ts";
-import { lossAndGrad, sftObjective } from "./policy-objective.ts";
-import { optimizerStepPlan, parseTrainConfig } from "./train-config.ts";
+import { lossAndGrad, sftObjective, type ObjectiveOutput } from "./policy-objective.ts";
+import { optimizerStepPlan, parseTrainConfig, type ParsedTrainConfig } from "./train-config.ts";
 import { ifMissing } from "../../lib/if-missing.ts";
 import { devicePeakFlops, efficiencyMetrics, modelFlops, modelShape, StepClock } from "./efficiency.ts";
 
@@ -133,14 +133,61 @@ function maskedMeanAbsDiff(a: readonly Float64Array[], samples: readonly TrainSa
 export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDeps, onProgress: (p: TrainProgress) => void): Promise<TrainResult> {
   const clock = new StepClock();
   const resultPath = join(req.outputDir, RESULT_FILE);
+  const finished = await readFinishedResult(resultPath, req);
+  if (finished) return finished;
+  const loaded = await loadStep(req, deps);
+  clock.mark("load_s");
+  const plan = planBatch(req, loaded);
+  onProgress({ done: 0, total: plan.numOptimizerSteps, phase: "old_logprobs" });
+  const inputs = await lossInputs(loaded, plan, deps, clock);
+  clock.mark("prepare_s");
+  const trained = runOptimizerSteps(loaded, plan, inputs, clock, onProgress);
+
+  const version = req.weightVersionIn + 1;
+  const { uri } = await writeCheckpoint(
+    req.outputDir,
+    { config: loaded.start.config, weights: loaded.start.weights, version, runId: req.runId, step: req.step },
+    loaded.optimizer,
+  );
+  clock.mark("save_s");
+  const metrics = stepMetrics(loaded, plan, inputs, trained);
+  const { samples } = plan;
+  const numTokens = samples.reduce((a, s) => a + s.lossMask.reduce((x, y) => x + y, 0), 0);
+  // As the torch trainer counts: one forward and backward per sample, plus each whole-batch forward alone
+  // (old, reference); the current log-probs of later minibatches are recomputation and count nothing.
+  const lengths = samples.map((s) => Math.max(s.tokens.length - 1, 1));
+  const shape = modelShape(loaded.start.config);
+  const flops = modelFlops(shape, lengths) + modelFlops(shape, lengths, true) * (inputs.ref ? 2 : 1);
+  const tokens = samples.reduce((a, s) => a + s.tokens.length, 0);
+  clock.mark("other_s");
+  // The result file below holds these metrics, so its write falls outside the step's measured time.
+  Object.assign(metrics, efficiencyMetrics(clock, tokens, flops, devicePeakFlops()));
+  const result = trainResultSchema.parse({ weightVersionOut: version, checkpointUri: uri, numSamples: samples.length, numTokens, metrics });
+  await writeFileAtomic(resultPath, JSON.stringify({ runId: req.runId, step: req.step, weightVersionIn: req.weightVersionIn, result }));
+  return result;
+}
+
+/** Idempotent per (run, step): the result of this attempt directory's finished step, if it holds one for this request. */
+async function readFinishedResult(resultPath: string, req: TrainRequest): Promise<TrainResult | null> {
   const previous = await readFile(resultPath, "utf8").catch(ifMissing(null));
-  if (previous !== null) {
-    // Idempotent per (run, step): this attempt directory already holds the finished step.
-    const saved = JSON.parse(previous) as { runId: string; step: number; weightVersionIn: number; result: unknown };
-    if (saved.runId === req.runId && saved.step === req.step && saved.weightVersionIn === req.weightVersionIn) return trainResultSchema.parse(saved.result);
-  }
+  if (previous === null) return null;
+  const saved = JSON.parse(previous) as { runId: string; step: number; weightVersionIn: number; result: unknown };
+  if (saved.runId === req.runId && saved.step === req.step && saved.weightVersionIn === req.weightVersionIn) return trainResultSchema.parse(saved.result);
+  return null;
+}
+
+/** The step's config, start weights and optimizer state (both updated in place by the optimizer steps), and its compiled model. */
+interface LoadedStep extends ParsedTrainConfig {
+  /** loss_type sft_loss (docs/sft.md): the rows' responses' NLL instead of the policy loss. */
+  isSft: boolean;
+  start: StartPoint;
+  model: JaxModel;
+  specs: ParameterSpec[];
+  optimizer: OptimizerState;
+}
+
+async function loadStep(req: TrainRequest, deps: TrainStepDeps): Promise<LoadedStep> {
   const { train, algorithm } = parseTrainConfig(req.config);
-  // loss_type sft_loss (docs/sft.md): the rows' responses' NLL instead of the policy loss.
   const isSft = (req.config as { loss_type?: unknown }).loss_type === "sft_loss";
   if (algorithm.advantage_estimator === "ppo")
     throw new RlqError("trainer_unsupported", "the embedded trainer has no critic: advantage_estimator ppo is not supported");
@@ -150,33 +197,59 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
   }
   const model = await deps.modelFor(start.config);
   const specs = parameterSpecs(start.config);
-  const weights = start.weights;
-  const optimizer = start.optimizer ?? zeroOptimizerState(specs, weights);
-  clock.mark("load_s");
+  const optimizer = start.optimizer ?? zeroOptimizerState(specs, start.weights);
+  return { train, algorithm, isSft, start, model, specs, optimizer };
+}
 
+/** The batch in (groupIndex, sampleIndex) order and its shapes: optimizer steps, padded length, rows per micro-batch. */
+interface BatchPlan {
+  samples: TrainSample[];
+  globalBatchSize: number;
+  numOptimizerSteps: number;
+  seqLen: number;
+  rows: number;
+  temperature: number;
+}
+
+function planBatch(req: TrainRequest, { train, start }: LoadedStep): BatchPlan {
   const samples = [...req.batch.samples].sort((a, b) => a.groupIndex - b.groupIndex || a.sampleIndex - b.sampleIndex);
   if (samples.length === 0) throw new RlqError("trainer_empty_batch", `train step ${req.step} has no samples`);
   const { globalBatchSize, numOptimizerSteps } = optimizerStepPlan(train, samples.length);
   const seqLen = bucketSeqLen(samples, start.config.context_length);
   const rows = microBatchRows(train.max_tokens_per_gpu, seqLen, globalBatchSize);
-  const temperature = train.rollout_temperature;
-  onProgress({ done: 0, total: numOptimizerSteps, phase: "old_logprobs" });
+  return { samples, globalBatchSize, numOptimizerSteps, seqLen, rows, temperature: train.rollout_temperature };
+}
 
+/** What the loss reads besides the current log-probs, per sample `[samples][response]`. */
+interface LossInputs {
+  lossMask: Float64Array[];
+  /** The mask before rlq zeroed off-policy/stale tokens (docs/architecture.md "The loop"): the denominators. */
+  denomMask: Float64Array[];
+  rolloutLogProbs: Float64Array[];
+  /** Under the start weights. */
+  old: { logp: Float64Array[]; entropy: Float64Array[] };
+  /** Under the reference weights, when a KL term needs them. */
+  ref: Float64Array[] | undefined;
+  rewards: PostProcessedRewards;
+  advantages: Float64Array[];
+}
+
+/** Steps 2 and 3: old (and reference) log-probs over the whole batch, then advantages. */
+async function lossInputs(loaded: LoadedStep, plan: BatchPlan, deps: TrainStepDeps, clock: StepClock): Promise<LossInputs> {
+  const { train, algorithm, model, start } = loaded;
+  const { samples, rows, seqLen, temperature } = plan;
   const lossMask = samples.map((s) => Float64Array.from(s.lossMask));
-  // Denominators: the mask before rlq zeroed off-policy/stale tokens (docs/architecture.md "The loop").
   const denomMask = samples.map((s) => Float64Array.from(s.denomMask ?? s.lossMask));
   const rolloutLogProbs = samples.map((s) => Float64Array.from(s.rolloutLogProbs));
   clock.mark("prepare_s");
-  const old = forwardResponses(model, weights, samples, rows, seqLen, temperature);
+  const old = forwardResponses(model, start.weights, samples, rows, seqLen, temperature);
   clock.mark("old_logprobs_s");
-  const needsRef = algorithm.use_kl_loss || algorithm.kl_coef !== 0;
   let ref: Float64Array[] | undefined;
-  if (needsRef) {
+  if (algorithm.use_kl_loss || algorithm.kl_coef !== 0) {
     if (train.ref_load === null) throw new RlqError("trainer_config", "use_kl_loss / kl_coef need ref_load (the reference checkpoint)");
     ref = forwardResponses(model, await deps.loadReference(train.ref_load), samples, rows, seqLen, temperature).logp;
     clock.mark("ref_logprobs_s");
   }
-
   const rewards = postProcessRewards(
     samples.map((s) => s.reward),
     samples.map((s) => s.groupIndex),
@@ -194,36 +267,35 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
     },
     algorithm,
   );
+  return { lossMask, denomMask, rolloutLogProbs, old, ref, rewards, advantages };
+}
 
-  clock.mark("prepare_s");
-  const sums: Record<string, number> = {};
-  let gradNormSum = 0;
-  let lr = 0;
+/** What the optimizer steps leave for the metrics: loss metrics and grad norms summed over the steps, the last learning rate. */
+interface Trained {
+  sums: Record<string, number>;
+  gradNormSum: number;
+  lr: number;
+}
+
+/** Step 4: num_optimizer_steps AdamW steps, each over global_batch_size samples in order. */
+function runOptimizerSteps(loaded: LoadedStep, plan: BatchPlan, inputs: LossInputs, clock: StepClock, onProgress: (p: TrainProgress) => void): Trained {
+  const { train, model, specs, optimizer, start } = loaded;
+  const { samples, globalBatchSize, numOptimizerSteps, rows, seqLen, temperature } = plan;
+  const weights = start.weights;
+  const out: Trained = { sums: {}, gradNormSum: 0, lr: 0 };
   for (let j = 0; j < numOptimizerSteps; j++) {
     const lo = j * globalBatchSize;
     const hi = lo + globalBatchSize;
     const mb = samples.slice(lo, hi);
     // The first minibatch sees the start weights: its current log-probs are the old ones.
     const current =
-      j === 0 ? { logp: old.logp.slice(lo, hi), entropy: old.entropy.slice(lo, hi) } : forwardResponses(model, weights, mb, rows, seqLen, temperature);
-    const objective = isSft
-      ? sftObjective(current.logp, lossMask.slice(lo, hi), denomMask.slice(lo, hi), algorithm.calculate_per_token_loss)
-      : lossAndGrad(
-          current.logp,
-          current.entropy,
-          {
-            oldLogProbs: old.logp.slice(lo, hi),
-            rolloutLogProbs: rolloutLogProbs.slice(lo, hi),
-            advantages: advantages.slice(lo, hi),
-            lossMask: lossMask.slice(lo, hi),
-            denomMask: denomMask.slice(lo, hi),
-            ...(ref && { refLogProbs: ref.slice(lo, hi) }),
-          },
-          algorithm,
-        );
+      j === 0
+        ? { logp: inputs.old.logp.slice(lo, hi), entropy: inputs.old.entropy.slice(lo, hi) }
+        : forwardResponses(model, weights, mb, rows, seqLen, temperature);
+    const objective = minibatchObjective(loaded, inputs, current, lo, hi);
     const grads = microBatchGradient(model, weights, mb, rows, seqLen, objective.dLossDLogp, objective.dLossDEntropy, temperature);
     clock.mark("fwd_bwd_s");
-    lr = learningRate(
+    out.lr = learningRate(
       {
         lr: train.lr,
         minLr: train.min_lr,
@@ -233,46 +305,60 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
       },
       optimizer.iteration,
     );
-    gradNormSum += adamwStep(specs, weights, grads, optimizer, {
-      lr,
+    out.gradNormSum += adamwStep(specs, weights, grads, optimizer, {
+      lr: out.lr,
       beta1: train.adam_beta1,
       beta2: train.adam_beta2,
       eps: train.adam_eps,
       weightDecay: train.weight_decay,
       clipGrad: train.clip_grad,
     });
-    for (const [k, v] of Object.entries(objective.metrics)) sums[k] = (sums[k] ?? 0) + v;
+    for (const [k, v] of Object.entries(objective.metrics)) out.sums[k] = (out.sums[k] ?? 0) + v;
     onProgress({ done: j + 1, total: numOptimizerSteps, phase: "optimizer_step" });
     clock.mark("optimizer_s");
   }
+  return out;
+}
 
-  const version = req.weightVersionIn + 1;
-  const { uri } = await writeCheckpoint(req.outputDir, { config: start.config, weights, version, runId: req.runId, step: req.step }, optimizer);
-  clock.mark("save_s");
+/** The loss of samples [lo, hi) and its gradient by log-prob and entropy: the SFT NLL or the policy loss (src/algorithms). */
+function minibatchObjective(
+  { isSft, algorithm }: LoadedStep,
+  inputs: LossInputs,
+  current: { logp: Float64Array[]; entropy: Float64Array[] },
+  lo: number,
+  hi: number,
+): ObjectiveOutput {
+  if (isSft) return sftObjective(current.logp, inputs.lossMask.slice(lo, hi), inputs.denomMask.slice(lo, hi), algorithm.calculate_per_token_loss);
+  return lossAndGrad(
+    current.logp,
+    current.entropy,
+    {
+      oldLogProbs: inputs.old.logp.slice(lo, hi),
+      rolloutLogProbs: inputs.rolloutLogProbs.slice(lo, hi),
+      advantages: inputs.advantages.slice(lo, hi),
+      lossMask: inputs.lossMask.slice(lo, hi),
+      denomMask: inputs.denomMask.slice(lo, hi),
+      ...(inputs.ref && { refLogProbs: inputs.ref.slice(lo, hi) }),
+    },
+    algorithm,
+  );
+}
+
+/** The step's metrics: loss metrics averaged over the optimizer steps, grad norm, lr, and the batch's own. */
+function stepMetrics(loaded: LoadedStep, plan: BatchPlan, inputs: LossInputs, trained: Trained): Record<string, number> {
+  const { samples, numOptimizerSteps } = plan;
   const metrics: Record<string, number> = {};
-  for (const [k, v] of Object.entries(sums)) metrics[k] = v / numOptimizerSteps;
+  for (const [k, v] of Object.entries(trained.sums)) metrics[k] = v / numOptimizerSteps;
   Object.assign(metrics, {
-    grad_norm: gradNormSum / numOptimizerSteps,
-    lr,
+    grad_norm: trained.gradNormSum / numOptimizerSteps,
+    lr: trained.lr,
     // Engine vs trainer on the same tokens and weights, over every trained token of the step.
-    train_rollout_logprob_abs_diff: maskedMeanAbsDiff(old.logp, samples),
-    raw_reward: rewards.raw.reduce((a, b) => a + b, 0) / samples.length,
+    train_rollout_logprob_abs_diff: maskedMeanAbsDiff(inputs.old.logp, samples),
+    raw_reward: inputs.rewards.raw.reduce((a, b) => a + b, 0) / samples.length,
     response_length: samples.reduce((a, s) => a + s.responseLength, 0) / samples.length,
     num_optimizer_steps: numOptimizerSteps,
   });
-  const numTokens = samples.reduce((a, s) => a + s.lossMask.reduce((x, y) => x + y, 0), 0);
-  // As the torch trainer counts: one forward and backward per sample, plus each whole-batch forward alone
-  // (old, reference); the current log-probs of later minibatches are recomputation and count nothing.
-  const lengths = samples.map((s) => Math.max(s.tokens.length - 1, 1));
-  const shape = modelShape(start.config);
-  const flops = modelFlops(shape, lengths) + modelFlops(shape, lengths, true) * (needsRef ? 2 : 1);
-  const tokens = samples.reduce((a, s) => a + s.tokens.length, 0);
-  clock.mark("other_s");
-  // The result file below holds these metrics, so its write falls outside the step's measured time.
-  Object.assign(metrics, efficiencyMetrics(clock, tokens, flops, devicePeakFlops()));
-  const result = trainResultSchema.parse({ weightVersionOut: version, checkpointUri: uri, numSamples: samples.length, numTokens, metrics });
-  await writeFileAtomic(resultPath, JSON.stringify({ runId: req.runId, step: req.step, weightVersionIn: req.weightVersionIn, result }));
-  return result;
+  return metrics;
 }
 
 /** use_opd: each sample's teacher log-probs (the reward job stored them beside its reward); a sample without them is a bug upstream. */
