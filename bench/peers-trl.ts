@@ -157,6 +157,7 @@ async function runRlq(arm: "rlq_sync" | "rlq_async", rep: number, python: string
       lr: shared.lr,
       clip_grad: shared.clip_grad,
       seed: 1234 + rep,
+      rollout_seed: 42 + rep,
       engine: { kind: "openai", urls: [vllm.url], model: "fixture" },
       weight_sync: "disk",
       trainer: { kind: "remote", url: trainer.url },
