@@ -53,6 +53,7 @@ export default tseslint.config(
       "dist/**",
       "node_modules/**",
       ".venv/**",
+      ".venv-peers/**",
       "migrations/**",
       "coverage/**",
       ".rlq/**",
