@@ -3,6 +3,7 @@ import { insertDrawnPrompts, loadDrawnPrompts } from "../store/run-facts.ts";
 import { dispatchDecision, sealDecision, shouldDrawMore } from "../core/decide-groups.ts";
 import type { Decision } from "../core/decisions.ts";
 import type { Tokenizer } from "../data/tokenizer.ts";
+import { conversationResponse, readConversationLabel, type ConversationResponse, type ConversationTokenizer } from "../data/sft-conversation.ts";
 import { planDraw } from "./draw.ts";
 import type { ControllerHost } from "./host.ts";
 import { decideReady, inflightRounds, landedRounds, type RoundKey } from "./groups.ts";
@@ -11,7 +12,8 @@ import { decideReady, inflightRounds, landedRounds, type RoundKey } from "./grou
  * The collect phase of an SFT run (loss_type sft_loss; docs/sft.md): what slime's
  * slime/rollout/sft_rollout.py does in its rollout function, without an engine. Each drawn row
  * becomes a group of one sample whose response is the row's label (label_key), tokenized, with
- * EOS, loss mask 1 and reward 0.
+ * EOS, loss mask 1 and reward 0; or, for a conversation, the turns after its prompt with loss mask
+ * 1 on its assistant turns (src/data/sft-conversation.ts).
  *
  * The decisions are the RL run's (`prompts.drawn`, `group.dispatched`, outcomes, `step.sealed`),
  * so epochs, the cursor, history rows, the train job, syncs, evals and replay are unchanged. Only
@@ -95,10 +97,15 @@ async function writeMissingRounds(h: ControllerHost, keys: readonly RoundKey[]):
       );
       return null;
     }
-    const tokens = responseTokens(h.ctx.tokenizer, row.label);
+    const response = sftResponse(h.ctx.tokenizer, row.label, row.prompt, s.config.apply_chat_template_kwargs);
+    if (!response.ok) {
+      await h.pause(`SFT: dataset row ${row.datasetIndex} (draw ${k.groupId}): ${response.error}`);
+      return null;
+    }
+    const { tokens, lossMask } = response.value;
     if (tokens.length > s.config.rollout_max_response_len) {
       await h.pause(
-        `SFT: the response of dataset row ${row.datasetIndex} (draw ${k.groupId}) is ${tokens.length} tokens with EOS, over rollout_max_response_len ${s.config.rollout_max_response_len}: raise rollout_max_response_len or shorten the row`,
+        `SFT: the response of dataset row ${row.datasetIndex} (draw ${k.groupId}) is ${tokens.length} tokens with its end token, over rollout_max_response_len ${s.config.rollout_max_response_len}: raise rollout_max_response_len or shorten the row`,
       );
       return null;
     }
@@ -108,7 +115,7 @@ async function writeMissingRounds(h: ControllerHost, keys: readonly RoundKey[]):
       );
       return null;
     }
-    rounds.push(roundFacts(s.runId, k, step, s.weightVersion, tokens));
+    rounds.push(roundFacts(s.runId, k, step, s.weightVersion, tokens, lossMask));
   }
   await writeRounds(h.deps.db, rounds);
   await writeRewardsOfRounds(
@@ -121,8 +128,18 @@ async function writeMissingRounds(h: ControllerHost, keys: readonly RoundKey[]):
   return rounds.length;
 }
 
-/** One round of one sample: the response as if generated (loss mask 1, rollout log-probs 0, finished by EOS). */
-export function roundFacts(runId: string, key: RoundKey, step: number, weightVersion: number, tokens: readonly number[]): RoundFacts {
+/**
+ * One round of one sample: the response as if generated (rollout log-probs 0, finished), its loss mask 1 on
+ * every token unless given (a conversation's: 1 on its assistant turns only).
+ */
+export function roundFacts(
+  runId: string,
+  key: RoundKey,
+  step: number,
+  weightVersion: number,
+  tokens: readonly number[],
+  lossMask: readonly number[] = tokens.map(() => 1),
+): RoundFacts {
   return {
     runId,
     groupId: key.groupId,
@@ -140,7 +157,7 @@ export function roundFacts(runId: string, key: RoundKey, step: number, weightVer
         weightVersion,
         tokens: [...tokens],
         logProbs: tokens.map(() => 0),
-        lossMask: tokens.map(() => 1),
+        lossMask: [...lossMask],
         finishReason: "stop",
         status: "completed",
         engine: "dataset",
@@ -149,6 +166,33 @@ export function roundFacts(runId: string, key: RoundKey, step: number, weightVer
       },
     ],
   };
+}
+
+/**
+ * A drawn row's response tokens and loss mask: a conversation's (its label is one, src/data/sft-conversation.ts)
+ * rendered by the tokenizer's chat template, else the text response's tokens with EOS, all trained.
+ */
+export function sftResponse(
+  tokenizer: Tokenizer,
+  label: string,
+  prompt: string,
+  chatTemplateKwargs: Record<string, unknown>,
+): { ok: true; value: ConversationResponse } | { ok: false; error: string } {
+  const conversation = readConversationLabel(label);
+  if (conversation === null) {
+    const tokens = responseTokens(tokenizer, label);
+    return { ok: true, value: { tokens, lossMask: tokens.map(() => 1) } };
+  }
+  if (!isChatTokenizer(tokenizer))
+    return {
+      ok: false,
+      error: `its response is a conversation, which the chat template renders: set tokenizer: hf (the run's tokenizer is ${tokenizer.name})`,
+    };
+  return conversationResponse(tokenizer, conversation, prompt, chatTemplateKwargs);
+}
+
+function isChatTokenizer(t: Tokenizer): t is Tokenizer & ConversationTokenizer {
+  return typeof (t as Partial<ConversationTokenizer>).applyChatTemplate === "function";
 }
 
 /**

@@ -4,6 +4,7 @@ import type { ChatMessage, HfTokenizer } from "../engines/hf-tokenizer.ts";
 import { RlqError } from "../lib/errors.ts";
 import type { Dataset, DatasetKeys, PromptRow } from "./prompt-row.ts";
 import { loadRecordImages, type MultimodalKeys, type PromptImage } from "./images.ts";
+import { conversationLabel, firstAssistantTurn, type SftConversation } from "./sft-conversation.ts";
 
 /**
  * From a dataset record to the prompt text, as slime's `Dataset`
@@ -41,6 +42,11 @@ export interface PromptRenderOptions {
   imageBaseDir?: string;
   /** Content-addressed directory for inline (data URI, bytes) images. */
   imageStoreDir?: string | null;
+  /**
+   * An SFT run (loss_type sft_loss): with applyChatTemplate, a row whose turns include assistant turns is
+   * a conversation to train on (src/data/sft-conversation.ts), its label the conversation's JSON.
+   */
+  sftConversations?: boolean;
 }
 
 /** Dataset keys plus slime's `tool_key` (default `tools`). */
@@ -100,19 +106,9 @@ export function renderPromptInput(
     }
     messages = parsed.data;
   }
-  let toolList: unknown[] | undefined;
-  if (tools !== undefined && tools !== null) {
-    let t = tools;
-    if (typeof t === "string") {
-      try {
-        t = JSON.parse(t);
-      } catch {
-        return { ok: false, error: `tool_key '${toolKey}' is a string that is not JSON: ${show(tools)}` };
-      }
-    }
-    if (!Array.isArray(t)) return { ok: false, error: `tool_key '${toolKey}' must be a list of tool specs (or its JSON), got ${show(tools)}` };
-    toolList = t as unknown[];
-  }
+  const parsedTools = toolsOf(tools, toolKey);
+  if (!parsedTools.ok) return parsedTools;
+  const toolList = parsedTools.value;
   try {
     const rendered = options.chatTemplate.applyChatTemplate(messages, {
       addGenerationPrompt: true,
@@ -124,6 +120,66 @@ export function renderPromptInput(
     if (e instanceof RlqError) throw e; // no template at all: a config error, not a row error
     return { ok: false, error: `chat template failed: ${(e as Error).message}` };
   }
+}
+
+/** A row's tools (`tool_key`): a list of tool specs or the JSON of one; undefined when the row has none. */
+function toolsOf(tools: unknown, toolKey: string): Decoded<unknown[] | undefined> {
+  if (tools === undefined || tools === null) return { ok: true, value: undefined };
+  let t = tools;
+  if (typeof t === "string") {
+    try {
+      t = JSON.parse(t);
+    } catch {
+      return { ok: false, error: `tool_key '${toolKey}' is a string that is not JSON: ${show(tools)}` };
+    }
+  }
+  if (!Array.isArray(t)) return { ok: false, error: `tool_key '${toolKey}' must be a list of tool specs (or its JSON), got ${show(tools)}` };
+  return { ok: true, value: t as unknown[] };
+}
+
+/**
+ * An SFT conversation row (sftConversations; src/data/sft-conversation.ts): `input_key` holds the whole
+ * conversation, assistant turns included (slime's SFT format), or the prompt (text or turns) with
+ * `label_key` holding the turns that follow it. Null for a row whose response is text.
+ */
+function sftConversationOf(
+  input: unknown,
+  label: unknown,
+  tools: unknown,
+  keys: PromptRecordKeys,
+): Decoded<{ prompt: ChatMessage[]; conversation: SftConversation } | null> {
+  const turns = (v: unknown, key: string): Decoded<ChatMessage[]> => {
+    const parsed = chatMessagesSchema.safeParse(v);
+    if (parsed.success) return { ok: true, value: parsed.data };
+    const issue = parsed.error.issues[0];
+    return {
+      ok: false,
+      error: `${key} must be a non-empty list of {role, content} messages (${issue ? `${issue.path.join(".") || "(value)"}: ${issue.message}` : "invalid"}), got ${show(v)}`,
+    };
+  };
+  let messages: ChatMessage[];
+  if (Array.isArray(input) && input.some((m) => (m as { role?: unknown } | null)?.role === "assistant")) {
+    const all = turns(input, `input_key '${keys.input_key}'`);
+    if (!all.ok) return all;
+    messages = all.value;
+  } else if (Array.isArray(label)) {
+    const prompt =
+      typeof input === "string" && input.length > 0
+        ? { ok: true as const, value: [{ role: "user", content: input }] }
+        : turns(input, `input_key '${keys.input_key}'`);
+    if (!prompt.ok) return prompt;
+    const rest = turns(label, `label_key '${keys.label_key}'`);
+    if (!rest.ok) return rest;
+    if (firstAssistantTurn(rest.value) < 0)
+      return { ok: false, error: `label_key '${keys.label_key}' holds no assistant turn to train on: add {"role": "assistant", "content": ...}` };
+    messages = [...prompt.value, ...rest.value];
+  } else return { ok: true, value: null };
+  const first = firstAssistantTurn(messages);
+  if (first === 0)
+    return { ok: false, error: `input_key '${keys.input_key}': the conversation starts with an assistant turn: put a user (or system) turn before it` };
+  const toolList = toolsOf(tools, keys.tool_key ?? "tools");
+  if (!toolList.ok) return toolList;
+  return { ok: true, value: { prompt: messages.slice(0, first), conversation: { messages, ...(toolList.value ? { tools: toolList.value } : {}) } } };
 }
 
 /** BigInt (Parquet INT64) → number when safe, else its decimal string; recursively. */
@@ -160,10 +216,21 @@ export function promptRowFromRecord(
     if (!loaded.ok) return loaded;
     images = loaded.value;
   }
-  const prompt = renderPromptInput(rec[keys.input_key], rec[keys.tool_key ?? "tools"], keys, options, images?.map((i) => i.type) ?? null);
-  if (!prompt.ok) return prompt;
   const rawLabel = keys.label_key === null ? undefined : rec[keys.label_key];
-  const label = rawLabel === undefined || rawLabel === null ? null : typeof rawLabel === "string" ? rawLabel : JSON.stringify(rawLabel);
+  const tools = rec[keys.tool_key ?? "tools"];
+  const sft = options.sftConversations && options.applyChatTemplate && mm === null ? sftConversationOf(rec[keys.input_key], rawLabel, tools, keys) : null;
+  if (sft !== null && !sft.ok) return sft;
+  const conversation = sft?.value ?? null;
+  const prompt = renderPromptInput(conversation?.prompt ?? rec[keys.input_key], tools, keys, options, images?.map((i) => i.type) ?? null);
+  if (!prompt.ok) return prompt;
+  const label =
+    conversation !== null
+      ? conversationLabel(conversation.conversation)
+      : rawLabel === undefined || rawLabel === null
+        ? null
+        : typeof rawLabel === "string"
+          ? rawLabel
+          : JSON.stringify(rawLabel);
   let meta = rec[keys.metadata_key];
   if (typeof meta === "string") {
     try {

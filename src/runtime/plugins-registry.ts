@@ -61,6 +61,7 @@ export async function loadRunDataset(c: RunConfig, tokenizer: Tokenizer) {
     chatTemplateKwargs: c.apply_chat_template_kwargs,
     maxPromptLen: c.rollout_max_prompt_len,
     names: { dataset: "prompt_data", bound: "rollout_max_prompt_len" },
+    sftConversations: c.loss_type === "sft_loss",
   });
 }
 
@@ -90,6 +91,7 @@ async function loadPromptDataset(
     chatTemplateKwargs: Record<string, unknown>;
     maxPromptLen: number | null;
     names: { dataset: string; bound: string };
+    sftConversations?: boolean;
   },
 ) {
   const chatTemplate = o.applyChatTemplate ? await (await import("../engines/hf-tokenizer.ts")).loadHfTokenizer(c.hf_checkpoint as string) : null;
@@ -98,6 +100,7 @@ async function loadPromptDataset(
     chatTemplate,
     chatTemplateKwargs: o.chatTemplateKwargs,
     isBadRowFatal: c.bad_row_policy === "fail",
+    sftConversations: o.sftConversations ?? false,
     // Inline images (data URIs, Parquet bytes) are kept by content hash under RLQ_HOME, never in Postgres.
     ...(c.multimodal_keys ? { multimodalKeys: c.multimodal_keys, imageStoreDir: resolve(readEnv().RLQ_HOME, "images") } : {}),
   });
