@@ -43,3 +43,17 @@ describe("weight_sync with a vLLM engine", () => {
     expect(refusal({ ...vllm, weight_sync: "none", max_staleness: 2 })).toMatch(/step k trains on samples k versions stale.*leave max_staleness null/);
   });
 });
+
+describe("weight_update_mode in_place", () => {
+  const sglang = { ...vllm, train_async: true, engine: { kind: "sglang", urls: ["http://127.0.0.1:30000"] } };
+
+  it("is refused for each engine kind, naming what the engine lacks and what to write instead", () => {
+    expect(refusal({ ...sglang, weight_update_mode: "in_place" })).toMatch(
+      /weight_update_mode in_place with engine.kind sglang: SGLang's update_weights_from_disk .*writer_lock.*never start; use weight_update_mode abort or drain/,
+    );
+    expect(refusal({ ...sglang, weight_update_mode: "in_place", weight_sync: "trainer_push" })).toMatch(/trainer push does not pause SGLang in place/);
+    expect(refusal({ ...vllm, train_async: true, weight_update_mode: "in_place" })).toMatch(
+      /engine.kind openai: .*POST \/pause\?mode=wait.*POST \/pause\?mode=keep.*use weight_update_mode abort or drain/,
+    );
+  });
+});

@@ -204,8 +204,12 @@ export const runConfigSchema = z
     staleness_policy: z.enum(["keep", "mask", "drop"]).default("keep"),
     /** drop: regenerations of one group before it is discarded (reason "stale"). */
     max_regenerations: z.number().int().nonnegative().default(2),
-    /** Async mode: before engines load new weights, in-flight requests are aborted (and resume as new segments) or drained. */
-    weight_update_mode: z.enum(["abort", "drain"]).default("abort"),
+    /**
+     * Async mode: before engines load new weights, in-flight requests are aborted (and resume as new
+     * segments), drained, or kept in place (each engine pauses keeping them, loads, and continues:
+     * core/weight-sync.ts `SyncStrategy`).
+     */
+    weight_update_mode: z.enum(["abort", "drain", "in_place"]).default("abort"),
     // rlq: a learned reward model scored in-process (docs/rewards.md "onnx_rm")
     /** rm_type onnx_rm: the model directory (model.onnx, tokenizer.json, reward_model.json) that scripts/export-reward-model.py writes. */
     rm_model_path: pathOrNull,
@@ -232,6 +236,7 @@ export const runConfigSchema = z
           "(workers/trainer-torch/rlq_torch/weight_push.py), which the trainer server does not start for a run yet",
       });
     }
+    refineInPlace(c, ctx);
     if (c.weight_sync === "none" && c.train_async) {
       ctx.addIssue({
         code: "custom",
@@ -433,4 +438,31 @@ export function overSamplingBatchSize(c: RunConfig): number {
 /** The staleness bound in force: max_staleness, else 1 in async mode (slime's one-step-off pipeline), else none. */
 export function effectiveMaxStaleness(c: Pick<RunConfig, "max_staleness" | "train_async">): number | null {
   return c.max_staleness ?? (c.train_async ? 1 : null);
+}
+
+/**
+ * weight_update_mode in_place needs an engine adapter that pauses keeping its requests, loads, and
+ * splits each request's tokens at the load (engines/pool-types.ts `InPlacePause`); none of rlq's
+ * adapters can yet, so the run is refused before it starts, saying what each engine lacks. The
+ * pool refuses such a load by name too (engines/pool-versions.ts).
+ */
+function refineInPlace(c: { weight_update_mode: string; weight_sync: string; engine: { kind: string } }, ctx: z.RefinementCtx): void {
+  if (c.weight_update_mode !== "in_place") return;
+  const why: Record<string, string> = {
+    sglang:
+      c.weight_sync === "trainer_push"
+        ? "rlq's trainer push does not pause SGLang in place (POST /pause_generation {mode: in_place}) around its update_weights_from_tensor or update_weights_from_distributed"
+        : "SGLang's update_weights_from_disk takes the model update lock's writer side, which waits for every request to end " +
+          "(tokenizer_manager.py update_weights_from_disk, model_update_lock.writer_lock), while each request holds the reader side until it ends " +
+          "(generate_request): a request paused in place (POST /pause_generation {mode: in_place}) never ends, so a load from disk would never start",
+    openai:
+      "rlq's vLLM adapter loads with POST /pause?mode=wait (engines/openai-compat.ts), not vLLM's POST /pause?mode=keep, and vLLM's answers carry no " +
+      "per-token weight versions to split a request's tokens at the load",
+    embedded: "the embedded engine has no pause that keeps its requests",
+  };
+  ctx.addIssue({
+    code: "custom",
+    path: ["weight_update_mode"],
+    message: `weight_update_mode in_place with engine.kind ${c.engine.kind}: ${why[c.engine.kind] ?? "this engine cannot pause keeping its requests"}; use weight_update_mode abort or drain`,
+  });
 }

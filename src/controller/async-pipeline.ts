@@ -61,11 +61,14 @@ async function trainAsync(h: ControllerHost): Promise<boolean> {
 
 /**
  * Weight sync: record the intent (weights.syncing) with the in-flight rounds
- * to abort (weight_update_mode abort) or none (drain), wait until every round
- * of the old version landed and the engines loaded the new weights, then
+ * to abort (weight_update_mode abort) or none (drain, in_place), wait until every round
+ * of the old version landed (abort, drain) and the engines loaded the new weights, then
  * record weights.synced. With abort the loads start at once, overlapping the
  * aborts (the engines hold them until their requests ended); with drain,
- * once the rounds landed. No request spans two versions: one segment, one version.
+ * once the rounds landed: no request spans two versions. With in_place the loads start
+ * at once, each engine paused keeping its requests, and the rounds in flight go on across
+ * the load: their tokens' versions split at the boundary (engines/sglang.ts cuts a segment
+ * there), and the staleness bound applies per token as for any segment.
  */
 async function syncAsync(h: ControllerHost): Promise<boolean> {
   const s = h.state;
@@ -79,7 +82,7 @@ async function syncAsync(h: ControllerHost): Promise<boolean> {
     if (h.engines.isEarlyDispatch && s.config.weight_update_mode === "abort") {
       const { isLanded, progressed } = await continueDuringSync(h, target.weightVersion);
       if (!isLanded) return progressed;
-    } else {
+    } else if (s.config.weight_update_mode !== "in_place") {
       const keys = liveRounds(h);
       const statuses = await loadRoundStatuses(h.deps.db, s.runId, keys);
       if (keys.some((k) => !statuses.has(k.groupId))) return false;

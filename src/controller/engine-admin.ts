@@ -103,9 +103,11 @@ class Loader implements EngineAdmin {
     private readonly hooks: EngineAdminHooks,
   ) {
     const e = config.engine;
-    this.isEarlyLoad = config.weight_sync === "disk" && config.weight_update_mode === "abort";
-    this.isAbortAll = this.isEarlyLoad && e.kind === "sglang" && e.exclusive;
-    this.isEarlyDispatch = this.isEarlyLoad && e.kind === "sglang";
+    // in_place: nothing to wait for, each engine pauses keeping its requests for its load.
+    this.isEarlyLoad = config.weight_sync === "disk" && config.weight_update_mode !== "drain";
+    const isAbort = config.weight_update_mode === "abort";
+    this.isAbortAll = this.isEarlyLoad && isAbort && e.kind === "sglang" && e.exclusive;
+    this.isEarlyDispatch = this.isEarlyLoad && isAbort && e.kind === "sglang";
   }
 
   private move(event: LoaderEvent): void {

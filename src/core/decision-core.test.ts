@@ -330,6 +330,19 @@ describe("the decision core, async pipeline", () => {
     expect(fold("r", log.list).trainQueue).toEqual([1]);
   });
 
+  it("an in_place sync aborts nothing: its intent is weights.syncing alone", () => {
+    const log = new Log({ train_async: true, rollout_batch_size: 1, num_rollout: 4, over_sampling_batch_size: 4, max_staleness: 2 });
+    const s = log.state;
+    log.draw(admission(s));
+    log.commit(...decideGroups(s, [ready(s, 0), ready(s, 1)]).decisions);
+    log.commit({ kind: "train.dispatched", payload: { step: 0, weightVersionIn: 0 } });
+    log.commit({ kind: "step.trained", payload: { step: 0, weightVersionOut: 1, checkpointUri: "file:///c0" } });
+    expect([...s.inflight]).toEqual([2]);
+    // The run config refuses in_place for every engine adapter rlq has (run-config.ts refineInPlace); the decision is pure in the config.
+    const inPlace = { ...s, config: { ...s.config, weight_update_mode: "in_place" as const } };
+    expect(syncDecisions(inPlace, new Set())).toEqual([{ kind: "weights.syncing", payload: { step: 0, weightVersion: 1, mode: "in_place" } }]);
+  });
+
   it("admission is capped by the run's remaining steps", () => {
     const log = new Log({ train_async: true, rollout_batch_size: 2, num_rollout: 1, over_sampling_batch_size: 8, max_staleness: 3 });
     expect(admission(log.state)).toBe(2);

@@ -80,9 +80,9 @@ export const decisionSchemas = {
   }),
   /**
    * Async mode: the engines are to load `weightVersion` (trained by `step`); in-flight
-   * rounds were aborted (group.aborted) or are drained first, per weight_update_mode.
+   * rounds were aborted (group.aborted), are drained first, or go on across the load (in_place), per weight_update_mode.
    */
-  "weights.syncing": z.object({ step: z.number().int(), weightVersion: z.number().int(), mode: z.enum(["abort", "drain"]) }),
+  "weights.syncing": z.object({ step: z.number().int(), weightVersion: z.number().int(), mode: z.enum(["abort", "drain", "in_place"]) }),
   /** Evaluate the eval datasets at one pinned version (the step boundary it belongs to). */
   "eval.dispatched": z.object({ step: z.number().int(), weightVersion: z.number().int() }),
   "eval.recorded": z.object({ step: z.number().int() }),

@@ -27,10 +27,12 @@ import type { LoggedDecision } from "./decisions.ts";
  * weight_update_mode):
  * - `abort`: they are aborted (`group.aborted`) and continue as new rounds at the new version;
  * - `drain`: they finish on the old version first, then the engines load;
- * - `in_place`: each engine pauses generation keeping its requests and their caches (SGLang
- *   pause_generation mode "in_place", vLLM `/pause?mode=keep`), loads, and continues: the requests
- *   go on at the new version and their tokens' versions split at the boundary (rlq records spans).
- *   Nothing is aborted or drained, and no router holds: a request waits only for its engine's load.
+ * - `in_place`: each engine pauses generation keeping its requests and their caches (vLLM
+ *   `/pause?mode=keep`), loads, and continues: the requests go on at the new version and their
+ *   tokens' versions split at the boundary (rlq records spans). Nothing is aborted or drained, and
+ *   no router holds: a request waits only for its engine's load. No adapter rlq has does this yet
+ *   (config/run-config.ts `refineInPlace` says what each lacks; SGLang's load from disk waits for
+ *   every request to end, the paused ones too).
  */
 export type SyncStrategy = "abort" | "drain" | "in_place";
 
