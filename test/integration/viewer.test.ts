@@ -150,6 +150,42 @@ describe("rollout viewer in headless Chromium", () => {
     await page.waitForFunction("document.querySelector('#viewer')?.dataset.hash === location.hash");
     expect(await page.locator("#v-tokens").getAttribute("data-colour")).toBe("logprob");
 
+    // The teacher's colourings are offered only for a sample with teacher log-probs: the demo does not
+    // distil, so not here. The sample's projection row is then given per-token teacher log-probs as an
+    // OPD run's reward job stores them (here the rollout's less 0, 0.5 and 1 nats in turn), and the
+    // viewer shows those values, colours each token by the sign of teacher − rollout, and titles both.
+    const offered = () => page.locator("#v-colour option").evaluateAll((els) => els.map((e) => e.getAttribute("value")));
+    expect(await offered()).not.toContain("teacher");
+    await q(
+      `UPDATE rollout_history SET teacher_log_probs =
+         (SELECT array_agg(lp - 0.5 * ((o - 1) % 3) ORDER BY o) FROM unnest(rollout_log_probs) WITH ORDINALITY AS t(lp, o))
+        WHERE run_id = $1 AND group_id = $2 AND sample_index = 0`,
+      [runId, group],
+    );
+    const [taught] = await q<{ teacher_log_probs: number[] }>(
+      "SELECT teacher_log_probs FROM rollout_history WHERE run_id = $1 AND group_id = $2 AND sample_index = 0",
+      [runId, group],
+    );
+    await page.reload();
+    await page.waitForFunction("document.querySelector('#viewer')?.dataset.hash === location.hash");
+    expect(await offered()).toEqual(expect.arrayContaining(["teacher", "teacherdiff"]));
+    await drawnAfter(page, () => page.locator("#v-colour").selectOption("teacherdiff"));
+    await page.waitForSelector('#v-tokens[data-colour="teacherdiff"]');
+    expect((await attrs(page, "#v-tokens span", "data-teacher-logprob")).map(Number)).toEqual(taught?.teacher_log_probs);
+    const titles = await attrs(page, "#v-tokens span", "title");
+    expect(titles.every((t) => /teacher log p .* · rollout log p .* · difference /.test(t ?? ""))).toBe(true);
+    const rgb = await page.evaluate<number[][]>(
+      "[...document.querySelectorAll('#v-tokens span')].map((e) => (getComputedStyle(e).backgroundColor.match(/\\d+/g) ?? []).slice(0, 3).map(Number))",
+    );
+    rgb.forEach(([r, g, b], i) => {
+      // Equal log-probs are white; a teacher less sure than the rollout (negative difference) is blue.
+      if (i % 3 === 0) expect([r, g, b], `token ${i}`).toEqual([255, 255, 255]);
+      else expect(b! > r!, `token ${i}: rgb(${r}, ${g}, ${b}) is not blue`).toBe(true);
+    });
+    await drawnAfter(page, () => page.locator("#v-colour").selectOption("teacher"));
+    await page.waitForSelector('#v-tokens[data-colour="teacher"]');
+    expect(titles).not.toEqual(await attrs(page, "#v-tokens span", "title"));
+
     // Back to the step, filter by reward: only samples with reward >= 0.5, as many as SQL finds.
     await drawnAfter(page, () => page.locator(".crumbs a", { hasText: `step ${step}` }).click());
     await page.locator('#v-filter input[name="rmin"]').fill("0.5");
