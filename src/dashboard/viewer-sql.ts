@@ -189,15 +189,20 @@ export function samplesPage(runId: string, f: SampleFilter): Statement {
   };
 }
 
-/** One sample, whole: text, tokens and their per-token arrays, reward and its components, staleness. */
+/**
+ * One sample, whole: text, tokens and their per-token arrays (teacher_log_probs when the run
+ * distils, train_log_probs once a step trained it, else null), reward and its components, staleness.
+ */
 export function sampleRow(runId: string, groupId: number, sampleIndex: number): Statement {
   return {
     text: `SELECT h.step, h.group_id, h.sample_index, h.draw_ordinal, h.prompt, h.response, h.tokens, h.prompt_length,
-       h.response_length, h.loss_mask, h.rollout_log_probs, h.token_versions, h.weight_versions, h.num_segments,
-       h.status, h.finish_reason, h.reward, h.reward_components, h.outcome, h.outcome_reason, h.trained_step,
-       ts.weight_version_in, ${stalenessExpr} AS staleness
+       h.response_length, h.loss_mask, h.rollout_log_probs, h.teacher_log_probs, h.token_versions, h.weight_versions,
+       h.num_segments, h.status, h.finish_reason, h.reward, h.reward_components, h.outcome, h.outcome_reason, h.trained_step,
+       ts.weight_version_in, ${stalenessExpr} AS staleness, tl.log_probs AS train_log_probs
   FROM rollout_history h
   LEFT JOIN train_steps ts ON ts.run_id = h.run_id AND ts.step = coalesce(h.trained_step, h.step)
+  LEFT JOIN train_log_probs tl
+    ON tl.run_id = h.run_id AND tl.group_id = h.group_id AND tl.sample_index = h.sample_index AND tl.step = h.trained_step
  WHERE h.run_id = $1 AND h.group_id = $2 AND h.sample_index = $3`,
     params: [runId, groupId, sampleIndex],
   };

@@ -199,6 +199,7 @@ async function commitAttempt(
     checkpointSha256,
     metrics: { ...a.result.metrics, ...stalenessMetrics(batch.samples, weightVersionIn) },
     groupIds,
+    ...(a.result.oldLogProbs && { logProbs: trainedLogProbs(batch.samples, groupIds, a.result.oldLogProbs) }),
   });
   if (!isWinner) {
     const committed = fileURLToPath(row.checkpointUri);
@@ -207,6 +208,28 @@ async function commitAttempt(
   }
   await collectLosingAttempts(a.root, runId, step, basename(ckptPath));
   await pruneCommittedCheckpoints(a.root, runId, step, ctx.config);
+}
+
+/** The trainer's per-sample old log-probs keyed by sample, checked against the batch it was sent. */
+function trainedLogProbs(
+  samples: readonly TrainSample[],
+  groupIds: readonly number[],
+  oldLogProbs: readonly number[][],
+): Array<{ groupId: number; sampleIndex: number; logProbs: number[] }> {
+  if (oldLogProbs.length !== samples.length) {
+    throw new RlqError("trainer_bad_response", `trainer returned oldLogProbs for ${oldLogProbs.length} samples; the batch has ${samples.length}`);
+  }
+  return samples.map((s, i) => {
+    const logProbs = oldLogProbs[i] as number[];
+    const groupId = groupIds[s.groupIndex];
+    if (groupId === undefined || logProbs.length !== s.responseLength) {
+      throw new RlqError(
+        "trainer_bad_response",
+        `trainer returned ${logProbs.length} old log-probs for sample ${i} of the batch (group index ${s.groupIndex}); it has ${s.responseLength} response tokens`,
+      );
+    }
+    return { groupId, sampleIndex: s.sampleIndex, logProbs };
+  });
 }
 
 /** Delete every attempt directory of a committed step except the committed one. */

@@ -1,6 +1,6 @@
 import { and, eq } from "drizzle-orm";
 import type { Db } from "./db.ts";
-import { trainMetrics, trainSteps } from "./schema/index.ts";
+import { trainLogProbs, trainMetrics, trainSteps } from "./schema/index.ts";
 import { projectTrainedStep } from "./projections.ts";
 import { notifyInTx } from "./notify.ts";
 
@@ -16,6 +16,8 @@ export interface TrainCommit {
   checkpointSha256: string;
   metrics: Record<string, number>;
   groupIds: number[];
+  /** Each trained sample's old log-probs as its trainer computed them (TrainResult.oldLogProbs). */
+  logProbs?: Array<{ groupId: number; sampleIndex: number; logProbs: number[] }>;
 }
 
 export type TrainStepRow = typeof trainSteps.$inferSelect;
@@ -53,6 +55,10 @@ export async function commitTrainStep(db: Db, c: TrainCommit): Promise<{ isWinne
     const entries = Object.entries(c.metrics).filter(([, v]) => Number.isFinite(v));
     if (entries.length > 0) {
       await tx.insert(trainMetrics).values(entries.map(([key, value]) => ({ runId: c.runId, step: c.step, key, value })));
+    }
+    // Only the winning attempt gets here: a retried step's loser writes no second copy.
+    if (c.logProbs && c.logProbs.length > 0) {
+      await tx.insert(trainLogProbs).values(c.logProbs.map((l) => ({ runId: c.runId, step: c.step, ...l })));
     }
     await projectTrainedStep(tx, c.runId, c.step, c.groupIds);
     await notifyInTx(tx, "rlq_facts", c.runId);

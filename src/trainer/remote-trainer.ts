@@ -40,6 +40,8 @@ const statusSchema = z.object({
       num_samples: z.number().int(),
       num_tokens: z.number().int(),
       metrics: z.record(z.string(), z.number()),
+      /** [num_samples, in the request's order][response length] the old log-probs (TrainResult.oldLogProbs). */
+      old_log_probs: z.array(z.array(z.number())).optional(),
       /** `checkpoints: fetch`: name → sha256 of the files the trainer serves for this checkpoint. */
       checkpoint_files: z.record(z.string(), z.string().regex(/^[0-9a-f]{64}$/)).optional(),
     })
@@ -326,6 +328,7 @@ class RemoteTrainer implements Trainer {
       numSamples: result.num_samples,
       numTokens: result.num_tokens,
       metrics: result.metrics,
+      ...(result.old_log_probs && { oldLogProbs: result.old_log_probs }),
     });
   }
 

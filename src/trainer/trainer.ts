@@ -61,6 +61,12 @@ export const trainResultSchema = z.object({
   numTokens: z.number().int().nonnegative(),
   /** Step metrics (pg_loss, clipfrac, kl, entropy, tis_*, train_rollout_logprob_abs_diff, ...). */
   metrics: z.record(z.string(), z.number()),
+  /**
+   * [numSamples, in the request's order][responseLength] each response token's log-prob under the
+   * start weights as the trainer computed it (its old log-probs). Stored per sample in
+   * train_log_probs; a trainer that leaves it out stores none.
+   */
+  oldLogProbs: z.array(z.array(z.number())).optional(),
 });
 export type TrainResult = z.infer<typeof trainResultSchema>;
 

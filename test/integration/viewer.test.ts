@@ -150,6 +150,96 @@ describe("rollout viewer in headless Chromium", () => {
     await page.waitForFunction("document.querySelector('#viewer')?.dataset.hash === location.hash");
     expect(await page.locator("#v-tokens").getAttribute("data-colour")).toBe("logprob");
 
+    // The teacher's colourings are offered only for a sample with teacher log-probs: the demo does not
+    // distil, so not here. The sample's projection row is then given per-token teacher log-probs as an
+    // OPD run's reward job stores them (here the rollout's less 0, 0.5 and 1 nats in turn), and the
+    // viewer shows those values, colours each token by the sign of teacher − rollout, and titles both.
+    const offered = () => page.locator("#v-colour option").evaluateAll((els) => els.map((e) => e.getAttribute("value")));
+    expect(await offered()).not.toContain("teacher");
+    await q(
+      `UPDATE rollout_history SET teacher_log_probs =
+         (SELECT array_agg(lp - 0.5 * ((o - 1) % 3) ORDER BY o) FROM unnest(rollout_log_probs) WITH ORDINALITY AS t(lp, o))
+        WHERE run_id = $1 AND group_id = $2 AND sample_index = 0`,
+      [runId, group],
+    );
+    const [taught] = await q<{ teacher_log_probs: number[] }>(
+      "SELECT teacher_log_probs FROM rollout_history WHERE run_id = $1 AND group_id = $2 AND sample_index = 0",
+      [runId, group],
+    );
+    await page.reload();
+    await page.waitForFunction("document.querySelector('#viewer')?.dataset.hash === location.hash");
+    expect(await offered()).toEqual(expect.arrayContaining(["teacher", "teacherdiff"]));
+    await drawnAfter(page, () => page.locator("#v-colour").selectOption("teacherdiff"));
+    await page.waitForSelector('#v-tokens[data-colour="teacherdiff"]');
+    expect((await attrs(page, "#v-tokens span", "data-teacher-logprob")).map(Number)).toEqual(taught?.teacher_log_probs);
+    const titles = await attrs(page, "#v-tokens span", "title");
+    expect(titles.every((t) => /teacher log p .* · rollout log p .* · difference /.test(t ?? ""))).toBe(true);
+    const rgb = await page.evaluate<number[][]>(
+      "[...document.querySelectorAll('#v-tokens span')].map((e) => (getComputedStyle(e).backgroundColor.match(/\\d+/g) ?? []).slice(0, 3).map(Number))",
+    );
+    rgb.forEach(([r, g, b], i) => {
+      // Equal log-probs are white; a teacher less sure than the rollout (negative difference) is blue.
+      if (i % 3 === 0) expect([r, g, b], `token ${i}`).toEqual([255, 255, 255]);
+      else expect(b! > r!, `token ${i}: rgb(${r}, ${g}, ${b}) is not blue`).toBe(true);
+    });
+    await drawnAfter(page, () => page.locator("#v-colour").selectOption("teacher"));
+    await page.waitForSelector('#v-tokens[data-colour="teacher"]');
+    expect(titles).not.toEqual(await attrs(page, "#v-tokens span", "title"));
+
+    // Train log-probs: the winning attempt of each step stored one row per trained sample (no more),
+    // each as long as the response, and they are the ones the trainer's own mismatch metric read: per
+    // step, the masked mean |train − rollout| from SQL is its train_rollout_logprob_abs_diff.
+    const [counts] = await q<{ stored: string; trained: string }>(
+      `SELECT (SELECT count(*) FROM train_log_probs WHERE run_id = $1) AS stored,
+              (SELECT count(*) FROM rollout_history WHERE run_id = $1 AND trained_step IS NOT NULL) AS trained`,
+      [runId],
+    );
+    expect(Number(counts?.stored)).toBeGreaterThan(0);
+    expect(counts?.stored).toBe(counts?.trained);
+    const mismatch = await q<{ step: number; from_sql: number; metric: number; bad_lengths: string }>(
+      `SELECT tl.step, avg(abs(u.lp - u.rlp)) FILTER (WHERE u.m = 1) AS from_sql,
+              (SELECT value FROM train_metrics m WHERE m.run_id = tl.run_id AND m.step = tl.step AND key = 'train_rollout_logprob_abs_diff') AS metric,
+              count(*) FILTER (WHERE u.lp IS NULL OR u.rlp IS NULL) AS bad_lengths
+         FROM train_log_probs tl
+         JOIN rollout_history h ON h.run_id = tl.run_id AND h.group_id = tl.group_id AND h.sample_index = tl.sample_index AND h.trained_step = tl.step,
+              unnest(tl.log_probs, h.rollout_log_probs, h.loss_mask) AS u(lp, rlp, m)
+        WHERE tl.run_id = $1 GROUP BY tl.run_id, tl.step ORDER BY tl.step`,
+      [runId],
+    );
+    expect(mismatch.length).toBeGreaterThan(0);
+    for (const m of mismatch) {
+      expect(Number(m.bad_lengths), `step ${m.step}: train and rollout log-probs differ in length`).toBe(0);
+      expect(Number(m.from_sql), `step ${m.step}`).toBeCloseTo(Number(m.metric), 5);
+    }
+
+    // The train − rollout colouring on a trained sample: the stored values, both and their difference
+    // in each title, blue where the trainer gives less than the engine did, red where more.
+    const [trainedSample] = await q<{ group_id: string; sample_index: number; log_probs: number[]; rollout_log_probs: number[] }>(
+      `SELECT tl.group_id, tl.sample_index, tl.log_probs, h.rollout_log_probs
+         FROM train_log_probs tl JOIN rollout_history h USING (run_id, group_id, sample_index)
+        WHERE tl.run_id = $1 ORDER BY tl.group_id, tl.sample_index LIMIT 1`,
+      [runId],
+    );
+    if (!trainedSample) throw new Error("no trained sample in train_log_probs");
+    const sampleHash = await page.evaluate<string>("location.hash");
+    const ref = `${trainedSample.group_id}/${trainedSample.sample_index}`;
+    await drawnAfter(page, () => page.evaluate(`location.hash = ${JSON.stringify(`#run=${runId}&view=sample&sample=${ref}&colour=traindiff`)}`));
+    await page.waitForSelector(`#v-title[data-loaded="${ref}"]`);
+    expect(await page.locator("#v-tokens").getAttribute("data-colour")).toBe("traindiff");
+    expect((await attrs(page, "#v-tokens span", "data-train-logprob")).map(Number)).toEqual(trainedSample.log_probs);
+    const trainTitles = await attrs(page, "#v-tokens span", "title");
+    expect(trainTitles.every((t) => /train log p .* · rollout log p .* · difference /.test(t ?? ""))).toBe(true);
+    const trainRgb = await page.evaluate<number[][]>(
+      "[...document.querySelectorAll('#v-tokens span')].map((e) => (getComputedStyle(e).backgroundColor.match(/\\d+/g) ?? []).slice(0, 3).map(Number))",
+    );
+    trainRgb.forEach(([r, g, b], i) => {
+      const d = (trainedSample.log_probs[i] as number) - (trainedSample.rollout_log_probs[i] as number);
+      if (d < 0) expect(b! >= r! && b! >= g!, `token ${i}: difference ${d}, rgb(${r}, ${g}, ${b})`).toBe(true);
+      else if (d > 0) expect(r! >= b! && r! >= g!, `token ${i}: difference ${d}, rgb(${r}, ${g}, ${b})`).toBe(true);
+      else expect([r, g, b], `token ${i}`).toEqual([255, 255, 255]);
+    });
+    await drawnAfter(page, () => page.evaluate(`location.hash = ${JSON.stringify(sampleHash)}`));
+
     // Back to the step, filter by reward: only samples with reward >= 0.5, as many as SQL finds.
     await drawnAfter(page, () => page.locator(".crumbs a", { hasText: `step ${step}` }).click());
     await page.locator('#v-filter input[name="rmin"]').fill("0.5");

@@ -50,6 +50,10 @@
 
   // Token colourings: one function per mode, token i of the response → a background colour.
   const versionColour = (v) => (v < 0 ? "#e4e4e4" : `hsl(${(v * 47) % 360} 70% 82%)`);
+  // a[i] − b[i], or null where either is missing.
+  const diff = (a, b, i) => (a?.[i] === undefined || a?.[i] === null || b?.[i] === undefined || b?.[i] === null ? null : a[i] - b[i]);
+  // A signed difference in nats: blue where it is negative, red where positive, white at 0, full at ±full.
+  const divergingColour = (d, full = 2) => (d === null ? "#e4e4e4" : `hsl(${d < 0 ? 220 : 0} 80% ${100 - 45 * Math.min(1, Math.abs(d) / full)}%)`);
   const colourings = {
     version: { label: "weight version", of: (s, i) => versionColour(s.token_versions?.[i] ?? -1), title: (s, i) => `version ${s.token_versions?.[i]}` },
     logprob: {
@@ -57,6 +61,30 @@
       // −log p from 0 (white) to 5 nats or more (deep red): where the engine was unsure.
       of: (s, i) => `hsl(0 85% ${100 - 50 * Math.min(1, -(s.rollout_log_probs?.[i] ?? 0) / 5)}%)`,
       title: (s, i) => `log p ${fmt(s.rollout_log_probs?.[i])}`,
+    },
+    // The trainer's log-probs under the step's start weights, once a step trained the sample: where
+    // trainer and engine disagree (full colour at ±0.5 nats, as the mismatch is small when they agree).
+    traindiff: {
+      label: "train − rollout log-prob",
+      when: (s) => Array.isArray(s.train_log_probs),
+      of: (s, i) => divergingColour(diff(s.train_log_probs, s.rollout_log_probs, i), 0.5),
+      title: (s, i) =>
+        `train log p ${fmt(s.train_log_probs?.[i])} · rollout log p ${fmt(s.rollout_log_probs?.[i])} · difference ${fmt(diff(s.train_log_probs, s.rollout_log_probs, i))}`,
+    },
+    // A distilling run's teacher log-probs, shown only for samples that have them (`when`).
+    teacher: {
+      label: "teacher log-prob",
+      when: (s) => Array.isArray(s.teacher_log_probs),
+      // −log p under the teacher, on the rollout log-prob's scale: where the teacher was unsure.
+      of: (s, i) => `hsl(270 70% ${100 - 50 * Math.min(1, -(s.teacher_log_probs?.[i] ?? 0) / 5)}%)`,
+      title: (s, i) => `teacher log p ${fmt(s.teacher_log_probs?.[i])}`,
+    },
+    teacherdiff: {
+      label: "teacher − rollout log-prob",
+      when: (s) => Array.isArray(s.teacher_log_probs),
+      of: (s, i) => divergingColour(diff(s.teacher_log_probs, s.rollout_log_probs, i)),
+      title: (s, i) =>
+        `teacher log p ${fmt(s.teacher_log_probs?.[i])} · rollout log p ${fmt(s.rollout_log_probs?.[i])} · difference ${fmt(diff(s.teacher_log_probs, s.rollout_log_probs, i))}`,
     },
     mask: {
       label: "loss mask (tool turns 0)",
@@ -275,6 +303,8 @@
           "data-version": s.token_versions?.[i] ?? -1,
           "data-mask": s.loss_mask?.[i] ?? 1,
           "data-logprob": s.rollout_log_probs?.[i] ?? "",
+          "data-teacher-logprob": s.teacher_log_probs?.[i] ?? "",
+          "data-train-logprob": s.train_log_probs?.[i] ?? "",
           title: `token ${s.tokens[s.prompt_length + i]} · ${mode.title(s, i)}`,
         },
         pieces[s.prompt_length + i] ?? "",
@@ -289,8 +319,11 @@
     const [group, index] = ref.split("/").map(Number);
     const d = await api(runId, `/samples/${group}/${index}`);
     const s = d.sample;
-    const colouring = state().get("colour") ?? "version";
-    const select = el("select", { id: "v-colour" }, ...Object.entries(colourings).map(([k, c]) => el("option", { value: k }, c.label)));
+    // A colouring this sample has no data for (a teacher's, on a run that does not distil) is not offered.
+    const offered = Object.entries(colourings).filter(([, c]) => !c.when || c.when(s));
+    const asked = state().get("colour") ?? "version";
+    const colouring = offered.some(([k]) => k === asked) ? asked : "version";
+    const select = el("select", { id: "v-colour" }, ...offered.map(([k, c]) => el("option", { value: k }, c.label)));
     select.value = colouring;
     select.addEventListener("change", () => {
       const p = state();

@@ -10,3 +10,4 @@ export * from "./evals.ts";
 export * from "./engine-metrics.ts";
 export * from "./run-snapshots.ts";
 export * from "./step-summaries.ts";
+export * from "./train-log-probs.ts";

@@ -162,7 +162,10 @@ export async function runEmbeddedTrainStep(req: TrainRequest, deps: TrainStepDep
   clock.mark("other_s");
   // The result file below holds these metrics, so its write falls outside the step's measured time.
   Object.assign(metrics, efficiencyMetrics(clock, tokens, flops, devicePeakFlops()));
-  const result = trainResultSchema.parse({ weightVersionOut: version, checkpointUri: uri, numSamples: samples.length, numTokens, metrics });
+  // The old log-probs back in the request's order (the plan sorts its samples by group and index).
+  const planned = new Map(samples.map((s, i) => [s, i]));
+  const oldLogProbs = req.batch.samples.map((s) => Array.from(inputs.old.logp[planned.get(s) as number] as Float64Array));
+  const result = trainResultSchema.parse({ weightVersionOut: version, checkpointUri: uri, numSamples: samples.length, numTokens, metrics, oldLogProbs });
   await writeFileAtomic(resultPath, JSON.stringify({ runId: req.runId, step: req.step, weightVersionIn: req.weightVersionIn, result }));
   return result;
 }

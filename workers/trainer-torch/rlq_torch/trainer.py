@@ -516,7 +516,18 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
             "num_samples": len(samples),
             "num_tokens": int(c.loss_mask.sum()),
             "metrics": {k: float(v) for k, v in metrics.items() if math.isfinite(v)},
+            "old_log_probs": self._old_log_probs_in_request_order(c, samples, batch),
         }
+
+    @staticmethod
+    def _old_log_probs_in_request_order(c, samples, batch: Batch) -> list[list[float]]:
+        """Each sample's old log-probs (its response tokens', under the start weights) in the request's order: the step works on `samples` sorted by group and index."""
+        offsets = c.shape.offsets
+        by_id = {
+            id(s): c.old[int(offsets[i]) : int(offsets[i + 1])].tolist()
+            for i, s in enumerate(samples)
+        }
+        return [by_id[id(s)] for s in batch.samples]
 
     def _step_start(
         self, req, t: TrainConfig, o: dict[str, Any], samples, num_opt: int, report
