@@ -88,6 +88,14 @@ describe("the corpus of recorded decision logs", () => {
     ).toEqual([]);
   });
 
+  /**
+   * Values no run can record today, each with why. A run with weight_update_mode in_place is refused
+   * at its config for every engine kind (config/run-config.ts `refineInPlace`: SGLang's load from disk
+   * waits for paused requests, the vLLM adapter pauses with mode=wait), so no log can hold the mode;
+   * the fold's case for it is tested in core/decision-core.test.ts. Take an entry out when a run can.
+   */
+  const unrecordable = new Set(["weights.syncing.mode = in_place"]);
+
   it("holds every value of every enum in a decision's payload", () => {
     const missing: string[] = [];
     let fields = 0;
@@ -97,7 +105,7 @@ describe("the corpus of recorded decision logs", () => {
         if (values === null) continue;
         fields++;
         const seen = new Set([...logs.values()].flatMap((log) => log.flatMap((d) => (d.kind === kind ? [(d.payload as Record<string, unknown>)[field]] : []))));
-        for (const v of values) if (!seen.has(v)) missing.push(`${kind}.${field} = ${v}`);
+        for (const v of values) if (!seen.has(v) && !unrecordable.has(`${kind}.${field} = ${v}`)) missing.push(`${kind}.${field} = ${v}`);
       }
     }
     // run.status status, group.outcome outcome, weights.syncing mode, rollout_fn.called op at least.
