@@ -1,9 +1,3 @@
-import { computeApproxKl } from "./kl.ts";
-import { type AlgorithmOptions, resolveOptions } from "./options.ts";
-import { algorithmError, assertLength, assertRaggedLike, at, row, type Ragged, type Vec, zerosLike, assertFiniteArgument } from "./ragged.ts";
-import { discountedReturns, gae } from "./returns.ts";
-import { maskedWhiten } from "./whiten.ts";
-
 /**
  * Advantage estimators: slime's `compute_advantages_and_returns`
  * (slime/backends/megatron_utils/loss.py:704-881). Run once per rollout over the
@@ -16,6 +10,12 @@ import { maskedWhiten } from "./whiten.ts";
  * | reinforce_plus_plus_baseline     | reward − kl_coef·kl_t (reward already group-centred)        | A       |
  * | ppo                              | GAE over r_t = −kl_coef·kl_t (+ reward at the LAST token)   | A + V   |
  */
+
+import { computeApproxKl } from "./kl.ts";
+import { type AlgorithmOptions, resolveOptions } from "./options.ts";
+import { algorithmError, assertLength, assertRaggedLike, at, row, type Ragged, type Vec, zerosLike, assertFiniteArgument } from "./ragged.ts";
+import { discountedReturns, gae } from "./returns.ts";
+import { maskedWhiten } from "./whiten.ts";
 
 export type AdvantageOptions = Pick<
   AlgorithmOptions,

@@ -1,5 +1,3 @@
-import { algorithmError, assertLength, assertRaggedLike, at, maskSum, row, type Ragged, type Vec } from "./ragged.ts";
-
 /**
  * How per-token values become one number: slime's `get_sum_of_sample_mean`
  * (slime/backends/megatron_utils/cp_utils.py:47-124) together with the scaling in
@@ -27,6 +25,9 @@ import { algorithmError, assertLength, assertRaggedLike, at, maskSum, row, type 
  *
  * The loss is linear in x, so d agg / d x_it = weights[i][t]: the trainer's gradient.
  */
+
+import { algorithmError, assertLength, assertRaggedLike, at, maskSum, row, type Ragged, type Vec } from "./ragged.ts";
+
 export interface AggregationOptions {
   /** Default false (slime default). */
   calculate_per_token_loss?: boolean;

@@ -1,6 +1,3 @@
-import type { KlType } from "./options.ts";
-import { algorithmError, assertLength, at, type Vec } from "./ragged.ts";
-
 /**
  * KL approximations (Schulman, http://joschu.net/blog/kl-approx.html): slime's
  * `compute_approx_kl(log_probs, log_probs_base, kl_loss_type, importance_ratio)`
@@ -15,6 +12,9 @@ import { algorithmError, assertLength, at, type Vec } from "./ragged.ts";
  * estimate is multiplied by it BEFORE the clamp. Only low_var_kl is clamped; k3
  * never is.
  */
+
+import type { KlType } from "./options.ts";
+import { algorithmError, assertLength, at, type Vec } from "./ragged.ts";
 
 /** The clamp bound of low_var_kl. */
 export const LOW_VAR_KL_BOUND = 10;

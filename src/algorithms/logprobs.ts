@@ -1,5 +1,3 @@
-import { algorithmError, assertLength, at, type Vec } from "./ragged.ts";
-
 /**
  * Log-probs and entropy from logits, and their backward pass: slime's
  * `_VocabParallelLogProbEntropy` (slime/utils/ppo_utils.py:187-336) without tensor
@@ -16,6 +14,8 @@ import { algorithmError, assertLength, at, type Vec } from "./ragged.ts";
  * positions: row t of `logits` is the distribution that produced `tokens[t]`
  * (for a causal LM, the logits at position promptLength + t − 1).
  */
+
+import { algorithmError, assertLength, at, type Vec } from "./ragged.ts";
 
 export type Logits = Float32Array | Float64Array;
 

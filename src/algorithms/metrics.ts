@@ -1,6 +1,3 @@
-import type { Aggregator } from "./aggregation.ts";
-import { assertRaggedLike, at, row, type Ragged } from "./ragged.ts";
-
 /**
  * Train-step metrics, named as slime reports them (`policy_loss_function`,
  * loss.py:1105-1170). Every metric is a per-token quantity reduced with the same
@@ -12,6 +9,10 @@ import { assertRaggedLike, at, row, type Ragged } from "./ragged.ts";
  * `mis_*`) use the PRE-rejection loss mask, everything else uses the post-rejection
  * mask (both with the original denominators).
  */
+
+import type { Aggregator } from "./aggregation.ts";
+import { assertRaggedLike, at, row, type Ragged } from "./ragged.ts";
+
 export const policyMetricNames = {
   loss: "total loss: pg_loss − entropy_coef·entropy_loss + kl_loss_coef·kl_loss",
   pg_loss: "policy-gradient loss (after OPSM and TIS/MIS weights)",

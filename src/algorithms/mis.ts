@@ -1,6 +1,3 @@
-import { type AlgorithmOptions, type MisLevel, resolveOptions, resolvedMisBounds } from "./options.ts";
-import { algorithmError, assertRaggedLike, at, maskedMean, maskedSum, maskSum, row, type Ragged, type Vec } from "./ragged.ts";
-
 /**
  * The MIS family: decoupled importance sampling plus rejection sampling, from
  * slime's examples/train_infer_mismatch_helper/mis.py (`compute_mis_weights`),
@@ -21,6 +18,9 @@ import { algorithmError, assertRaggedLike, at, maskedMean, maskedSum, maskSum, r
  * in every numerator, while every denominator keeps the original mask sums.
  * Batch normalisation is over the batch passed in (slime: over one micro-batch).
  */
+
+import { type AlgorithmOptions, type MisLevel, resolveOptions, resolvedMisBounds } from "./options.ts";
+import { algorithmError, assertRaggedLike, at, maskedMean, maskedSum, maskSum, row, type Ragged, type Vec } from "./ragged.ts";
 
 /** Log-ratios are clamped to ±20 before exp (slime's SAFETY_BOUND). */
 export const MIS_LOG_RATIO_BOUND = 20;

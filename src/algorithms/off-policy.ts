@@ -1,6 +1,3 @@
-import { algorithmError, assertRaggedLike, at, row, type Ragged } from "./ragged.ts";
-import { resolveOptions } from "./options.ts";
-
 /**
  * Train/inference mismatch correction: which log-probs play "old", and slime's two
  * built-in TIS functions (slime/backends/megatron_utils/loss.py:884-931). The MIS
@@ -11,6 +8,9 @@ import { resolveOptions } from "./options.ts";
  * π_θ/π_old; TIS weighs each token by ρ = π_old/π_rollout = exp(old − rol), a
  * constant (computed from detached tensors).
  */
+
+import { algorithmError, assertRaggedLike, at, row, type Ragged } from "./ragged.ts";
+import { resolveOptions } from "./options.ts";
 
 export interface OldLogProbSources {
   /** `[B][T_i]` current log-probs (the fallback "old": detached, so ratio = 1). */

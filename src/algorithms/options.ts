@@ -1,6 +1,3 @@
-import { z } from "zod";
-import { algorithmError } from "./ragged.ts";
-
 /**
  * Algorithm options, named as slime names them (`args.<name>` in slime's Python,
  * i.e. the flag `--eps-clip-high` is `eps_clip_high`; the negative flags
@@ -13,6 +10,10 @@ import { algorithmError } from "./ragged.ts";
  * `refineAlgorithmOptions`, to attach with `.superRefine` (zod 4 forbids
  * `.extend` on a refined object).
  */
+
+import { z } from "zod";
+import { algorithmError } from "./ragged.ts";
+
 export const advantageEstimatorSchema = z.enum(["grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]);
 export type AdvantageEstimator = z.infer<typeof advantageEstimatorSchema>;
 

@@ -1,3 +1,15 @@
+/**
+ * Parity vectors: deterministic input/output cases that an independent trainer
+ * (e.g. a Python/torch port of slime's math) must reproduce to `tolerance`.
+ * Everything is plain JSON (numbers, nested number arrays, strings, null), so a
+ * later step can dump `makeParityVectors()` to a file as is.
+ *
+ * Each case names the rlq function (`fn`), its `input` (ragged arrays as nested
+ * lists), its slime-named `options`, and the `output` rlq computed in float64.
+ * `evaluateParityCase` recomputes an output from a case: the same code path the
+ * vectors were made with, so a test can check that they still agree.
+ */
+
 import { aggregate } from "./aggregation.ts";
 import { computeAdvantagesAndReturns } from "./advantages.ts";
 import { computeApproxKl, klLossWithGrad } from "./kl.ts";
@@ -10,17 +22,6 @@ import { makeRng, type Rng } from "./prng.ts";
 import { postProcessRewards } from "./rewards.ts";
 import { computeValueLossTerms } from "./value-loss.ts";
 
-/**
- * Parity vectors: deterministic input/output cases that an independent trainer
- * (e.g. a Python/torch port of slime's math) must reproduce to `tolerance`.
- * Everything is plain JSON (numbers, nested number arrays, strings, null), so a
- * later step can dump `makeParityVectors()` to a file as is.
- *
- * Each case names the rlq function (`fn`), its `input` (ragged arrays as nested
- * lists), its slime-named `options`, and the `output` rlq computed in float64.
- * `evaluateParityCase` recomputes an output from a case: the same code path the
- * vectors were made with, so a test can check that they still agree.
- */
 export const PARITY_VECTORS_VERSION = 1;
 export const PARITY_DEFAULT_SEED = 20240531;
 

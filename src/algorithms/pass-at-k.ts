@@ -1,5 +1,3 @@
-import { algorithmError, at, type Vec } from "./ragged.ts";
-
 /**
  * Unbiased pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on
  * Code"), as slime's `_estimate_pass_at_k` (slime/observability/metric_utils.py):
@@ -14,6 +12,9 @@ import { algorithmError, at, type Vec } from "./ragged.ts";
  * @param c of them correct (0 ≤ c ≤ n).
  * @param k 1 ≤ k ≤ n.
  */
+
+import { algorithmError, at, type Vec } from "./ragged.ts";
+
 export function passAtK(n: number, c: number, k: number): number {
   if (!Number.isInteger(n) || n < 1) throw algorithmError("badArgument", `pass@k: n must be an integer >= 1, got ${n}`);
   if (!Number.isInteger(c) || c < 0 || c > n) throw algorithmError("badArgument", `pass@k: c must be an integer in [0, ${n}], got ${c}`);

@@ -1,5 +1,3 @@
-import { algorithmError, assertLength, assertRaggedLike, at, maskSum, row, type Ragged, type Vec, assertFiniteArgument } from "./ragged.ts";
-
 /**
  * Per-token policy-loss primitives (slime/utils/ppo_utils.py:54-171), each with the
  * derivative the embedded trainer backpropagates. Throughout, for one token:
@@ -10,6 +8,8 @@ import { algorithmError, assertLength, assertRaggedLike, at, maskSum, row, type 
  * `clamp` passes the gradient on the closed interval [lo, hi]; `maximum`/`minimum`
  * split it half and half when both arguments are equal; `where` takes the branch.
  */
+
+import { algorithmError, assertLength, assertRaggedLike, at, maskSum, row, type Ragged, type Vec, assertFiniteArgument } from "./ragged.ts";
 
 /** torch.maximum's gradient w.r.t. its two arguments. */
 function maxGrad(a: number, b: number, ga: number, gb: number): number {

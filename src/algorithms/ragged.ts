@@ -1,5 +1,3 @@
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * Ragged per-sample arrays: the shape every function in algorithms/ speaks.
  *
@@ -9,6 +7,9 @@ import { RlqError } from "../lib/errors.ts";
  * sends), `Float32Array` (what engines report) or `Float64Array`; masks may also
  * be `Uint8Array`. Outputs are always `Float64Array`: all math here is float64.
  */
+
+import { RlqError } from "../lib/errors.ts";
+
 export type Vec = ArrayLike<number>;
 /** One `Vec` per sample, `[numSamples][responseLength_i]`. */
 export type Ragged = readonly Vec[];

@@ -1,5 +1,3 @@
-import { assertFiniteArgument, assertLength, at, type Vec } from "./ragged.ts";
-
 /**
  * Backward recurrences over one sample's response tokens.
  *
@@ -8,6 +6,8 @@ import { assertFiniteArgument, assertLength, at, type Vec } from "./ragged.ts";
  * serial recurrence below; its own tests pin the two as equal. rlq runs the serial
  * form in float64.
  */
+
+import { assertFiniteArgument, assertLength, at, type Vec } from "./ragged.ts";
 
 /**
  * `G_t = r_t + γ · G_{t+1}`, `G_T = 0`.

@@ -1,6 +1,3 @@
-import { type AdvantageEstimator, resolveOptions } from "./options.ts";
-import { algorithmError, assertFiniteArgument, assertLength, at, type Vec } from "./ragged.ts";
-
 /**
  * Reward post-processing before advantages: slime's
  * `RolloutManager._post_process_rewards` (slime/ray/rollout.py:608-632).
@@ -11,6 +8,9 @@ import { algorithmError, assertFiniteArgument, assertLength, at, type Vec } from
  * of different sizes. rlq groups by each sample's group index, so any group sizes
  * and any order work; for full, contiguous groups the result is identical.
  */
+
+import { type AdvantageEstimator, resolveOptions } from "./options.ts";
+import { algorithmError, assertFiniteArgument, assertLength, at, type Vec } from "./ragged.ts";
 
 /** The epsilon slime adds to the group std (not the variance). */
 export const GROUP_STD_EPS = 1e-6;

@@ -1,6 +1,3 @@
-import { makeAggregator } from "./aggregation.ts";
-import type { Ragged } from "./ragged.ts";
-
 /**
  * The SFT loss (loss_type sft_loss, docs/sft.md): slime's sft_loss_function
  * (slime/backends/megatron_utils/loss.py), `loss = -sum_of_sample_mean(log_probs)`, with the
@@ -9,6 +6,10 @@ import type { Ragged } from "./ragged.ts";
  * log-probs, so d loss / d logp_it = -w_it, the reducer's weights. The same math as the torch
  * trainer's workers/trainer-torch/rlq_torch/sft.py.
  */
+
+import { makeAggregator } from "./aggregation.ts";
+import type { Ragged } from "./ragged.ts";
+
 export interface SftLossTerms {
   loss: number;
   /** [B][T_i] d loss / d logp */

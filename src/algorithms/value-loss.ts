@@ -1,6 +1,3 @@
-import { type AggregationOptions, makeAggregator } from "./aggregation.ts";
-import { assertLength, assertRaggedLike, row, at, type Ragged, type Vec, assertFiniteArgument } from "./ragged.ts";
-
 /**
  * The PPO critic's clipped value loss (slime `value_loss_function`,
  * slime/backends/megatron_utils/loss.py:1176-1230), per token:
@@ -16,6 +13,10 @@ import { assertLength, assertRaggedLike, row, at, type Ragged, type Vec, assertF
  * @param oldValues `[T]` the values the returns were computed with.
  * @param returns `[T]` regression targets (advantages + old values for ppo).
  */
+
+import { type AggregationOptions, makeAggregator } from "./aggregation.ts";
+import { assertLength, assertRaggedLike, row, at, type Ragged, type Vec, assertFiniteArgument } from "./ragged.ts";
+
 export function computeValueLoss(
   values: Vec,
   oldValues: Vec,

@@ -1,11 +1,11 @@
-import { readFileSync } from "node:fs";
-import { nearest } from "../lib/nearest.ts";
-
 /**
  * `rlq --help`, `rlq help CMD`, `rlq CMD --help`, `rlq --version`, and the
  * nearest command for a typo. The command list is read off the usage text
  * (each `  rlq CMD ...` line), so a command added to the usage is known here.
  */
+
+import { readFileSync } from "node:fs";
+import { nearest } from "../lib/nearest.ts";
 
 /** More words for a command than its usage line has room for. */
 const details: Record<string, string> = {

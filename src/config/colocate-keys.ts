@@ -1,5 +1,3 @@
-import { z } from "zod";
-
 /**
  * Colocated mode (slime's --colocate, --offload-train, --offload-rollout; slime/utils/arguments.py):
  * the trainer and the engines share GPUs and take turns, each releasing its memory while the
@@ -7,6 +5,9 @@ import { z } from "zod";
  * event log) is refused until the controller runs those phases, so a config that asks for it
  * never starts a run that would silently keep both resident.
  */
+
+import { z } from "zod";
+
 export const colocateKeys = {
   /** slime's --colocate: trainer and engines on the same GPUs, taking turns. */
   colocate: z.boolean().default(false),

@@ -1,6 +1,3 @@
-import { misKeys } from "../algorithms/mis.ts";
-import { effectiveMaxStaleness, type RunConfig } from "./run-config.ts";
-
 /**
  * `rlq config check`: keys a config writes that validate but change nothing
  * for the trainer, the engine and the mode this run uses, and slime defaults
@@ -8,6 +5,10 @@ import { effectiveMaxStaleness, type RunConfig } from "./run-config.ts";
  * and what would make it matter. The rules follow where each key is read
  * (src/ and workers/trainer-torch).
  */
+
+import { misKeys } from "../algorithms/mis.ts";
+import { effectiveMaxStaleness, type RunConfig } from "./run-config.ts";
+
 export interface CheckWarning {
   key: string;
   message: string;

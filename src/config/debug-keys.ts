@@ -1,5 +1,3 @@
-import { z } from "zod";
-
 /**
  * slime's debug replay (slime/utils/arguments.py: --save-debug-rollout-data,
  * --load-debug-rollout-data, --debug-train-only, --debug-rollout-only; used in
@@ -8,6 +6,9 @@ import { z } from "zod";
  * is another run's history (src/controller/recorded-collect.ts), and a rollout-only run is a run
  * whose steps end at the seal (src/controller/sync-step.ts).
  */
+
+import { z } from "zod";
+
 export const debugKeys = {
   /**
    * Train only (slime's --debug-train-only with --load-debug-rollout-data): the id of a recorded

@@ -1,6 +1,3 @@
-import { z } from "zod";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * The only reader of process.env. Everything else receives an `Env`.
  * - DATABASE_URL: a Postgres server; unset → rlq starts an embedded Postgres under RLQ_HOME.
@@ -10,6 +7,10 @@ import { RlqError } from "../lib/errors.ts";
  * - RLQ_READER_DATABASE_URL: what `rlq sql` and the dashboard connect with; default DATABASE_URL
  *   logged in as rlq_reader (no password: trust or ~/.pgpass). docs/security.md.
  */
+
+import { z } from "zod";
+import { RlqError } from "../lib/errors.ts";
+
 /** An exported-but-empty variable (`DATABASE_URL=`) means unset, as in a shell. */
 const optionalUrl = z.preprocess((v) => (v === "" ? undefined : v), z.string().url().optional());
 

@@ -1,11 +1,12 @@
-import { z } from "zod";
-
 /**
  * Eval datasets as slime names them (slime/utils/eval_config.py `EvalDatasetConfig`): each entry of
  * `eval_prompt_data` is a path, or a path with per-dataset overrides. A field the dataset leaves
  * out falls back to the run's `eval_*` key, then to its rollout counterpart, in slime's order
  * (dataset, then eval defaults, then the rollout flags: `resolveEvalDatasets`).
  */
+
+import { z } from "zod";
+
 export const evalDatasetSchema = z.strictObject({
   path: z.string().min(1),
   input_key: z.string().min(1).optional(),

@@ -1,5 +1,3 @@
-import { z } from "zod";
-
 /**
  * On-policy distillation (slime --use-opd, docs/en/advanced/on-policy-distillation.md): a teacher
  * engine prefills each sampled sample and returns its per-token log-probs, and the advantage becomes
@@ -10,6 +8,9 @@ import { z } from "zod";
  * (`opd_teacher.kind`). slime's `megatron` (the teacher loaded beside the student in the trainer) is
  * refused by config-check (src/config/opd.ts `opdIssues`).
  */
+
+import { z } from "zod";
+
 export const opdTeacherSchema = z
   .object({
     /** sglang: POST /generate with max_new_tokens 0; vllm: POST /v1/completions with prompt_logprobs. */

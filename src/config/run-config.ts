@@ -1,3 +1,10 @@
+/**
+ * The run config: one YAML or JSON file, slime's flag names in snake_case
+ * (slime/utils/arguments.py at THUDM/slime 624b824), validated here. A run
+ * stores the validated result; workers read it from the run, never from disk.
+ * Defaults follow slime unless a comment says otherwise.
+ */
+
 import { z } from "zod";
 import { opdKeys } from "./opd.ts";
 import { refineLora, trainerTorchKeys, trainerTorchLoraKeys, trainerTorchParallelKeys } from "./trainer-torch-keys.ts";
@@ -15,12 +22,6 @@ import { redact } from "../lib/redact.ts";
 import { RlqError } from "../lib/errors.ts";
 import { renamedKeyAdvice } from "./config-versions.ts";
 
-/**
- * The run config: one YAML or JSON file, slime's flag names in snake_case
- * (slime/utils/arguments.py at THUDM/slime 624b824), validated here. A run
- * stores the validated result; workers read it from the run, never from disk.
- * Defaults follow slime unless a comment says otherwise.
- */
 const engineSchema = z.discriminatedUnion("kind", [
   z
     .object({

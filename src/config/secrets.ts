@@ -1,8 +1,3 @@
-import { readFileSync } from "node:fs";
-import { z } from "zod";
-import { registerSecret } from "../lib/redact.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * A secret (API key, bearer token, password) is named in a run config or a flag, never written
  * there: `{ env: "SGLANG_API_KEY" }` reads an environment variable of the process that needs it,
@@ -10,6 +5,12 @@ import { RlqError } from "../lib/errors.ts";
  * stored in the runs table (only the reference is) and is registered with lib/redact so that no log
  * line or status output prints it.
  */
+
+import { readFileSync } from "node:fs";
+import { z } from "zod";
+import { registerSecret } from "../lib/redact.ts";
+import { RlqError } from "../lib/errors.ts";
+
 export const secretRefSchema = z.union([
   z.object({ env: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, "an environment variable name") }).strict(),
   z.object({ file: z.string().min(1) }).strict(),

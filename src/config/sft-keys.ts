@@ -1,5 +1,3 @@
-import { z } from "zod";
-
 /**
  * SFT as a run mode (docs/sft.md). slime trains SFT with `--loss-type sft_loss` and its
  * `slime.rollout.sft_rollout.generate_rollout`, which turns each dataset row into a sample
@@ -7,6 +5,9 @@ import { z } from "zod";
  * swaps the collect phase: the controller writes each drawn row's response as the group's
  * round (src/controller/sft-collect.ts) and the trainer minimises its negative log-likelihood.
  */
+
+import { z } from "zod";
+
 export const sftKeys = {
   /**
    * slime's --loss-type. policy_loss: RL (the default). sft_loss: supervised fine-tuning on the

@@ -1,5 +1,3 @@
-import { parse as parseYaml } from "yaml";
-
 /**
  * slime's `--eval-config` YAML (slime/utils/eval_config.py): `eval: {defaults: {...}, datasets: [...]}`,
  * each dataset `{name, path, ...overrides}` (or a mapping keyed by name), a field the dataset leaves
@@ -7,6 +5,8 @@ import { parse as parseYaml } from "yaml";
  * `eval_prompt_data: {name: {path, ...overrides}}` (config/eval-datasets.ts); a field rlq has no
  * counterpart for is reported, never dropped unsaid.
  */
+
+import { parse as parseYaml } from "yaml";
 
 /** slime's field → rlq's (prompt_key is an older spelling of input_key in slime's dataclass). */
 const fields: Record<string, string> = {

@@ -1,3 +1,12 @@
+/**
+ * slime's train.py argv → an rlq run config and a report that names every
+ * flag and what became of it (`rlq config import-slime`). Source read:
+ * THUDM/slime 624b824a898ab0ec1fcb4d373004c7f3852bf515, slime/utils/arguments.py
+ * (names, defaults, negative flags, `--custom-config-path` applied at the end of
+ * slime_validate_args: each YAML key overrides the argument of that name) and
+ * scripts/run-*.sh (how the flags are passed).
+ */
+
 import { parse as parseYaml, stringify } from "yaml";
 import { readSlimeEvalConfig } from "./slime-eval-config.ts";
 import { ConfigError, parseRunConfig, runConfigSchema } from "./run-config.ts";
@@ -13,15 +22,6 @@ import {
 import { isPythonPluginPath, pythonHostKeys } from "./slime-traps.ts";
 import { builtinBufferFilter, builtinDynamicFilter } from "../filters/registry.ts";
 import { isSlimeSft, sftFlagDisposition } from "./slime-sft-import.ts";
-
-/**
- * slime's train.py argv → an rlq run config and a report that names every
- * flag and what became of it (`rlq config import-slime`). Source read:
- * THUDM/slime 624b824a898ab0ec1fcb4d373004c7f3852bf515, slime/utils/arguments.py
- * (names, defaults, negative flags, `--custom-config-path` applied at the end of
- * slime_validate_args: each YAML key overrides the argument of that name) and
- * scripts/run-*.sh (how the flags are passed).
- */
 
 export interface ImportReport {
   mapped: Array<{ flag: string; key: string; value: unknown; difference?: string }>;

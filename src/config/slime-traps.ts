@@ -1,9 +1,3 @@
-import { misKeys } from "../algorithms/mis.ts";
-import { opdIssues, type OpdTeacher } from "./opd.ts";
-import { builtinBufferFilter, builtinDynamicFilter } from "../filters/registry.ts";
-import { nearest } from "../lib/nearest.ts";
-import { slimeBuiltinDefaults, unknownKeyHint } from "./slime-flags.ts";
-
 /**
  * The places where a slime user's config would be accepted and then do
  * something else than in slime, or fail at first use. Each one either gets
@@ -11,6 +5,12 @@ import { slimeBuiltinDefaults, unknownKeyHint } from "./slime-flags.ts";
  * with what to write instead (`rawConfigIssues`, `parsedConfigIssues`).
  * Source read: THUDM/slime 624b824 (slime/utils/arguments.py).
  */
+
+import { misKeys } from "../algorithms/mis.ts";
+import { opdIssues, type OpdTeacher } from "./opd.ts";
+import { builtinBufferFilter, builtinDynamicFilter } from "../filters/registry.ts";
+import { nearest } from "../lib/nearest.ts";
+import { slimeBuiltinDefaults, unknownKeyHint } from "./slime-flags.ts";
 
 export interface ConfigIssue {
   path: string;

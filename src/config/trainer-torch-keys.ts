@@ -1,11 +1,12 @@
-import { z } from "zod";
-
 /**
  * Run-config keys read by the PyTorch trainer (workers/trainer-torch, docs/trainer-torch.md),
  * slime's names where slime has one. The embedded trainer ignores them (it has no packing,
  * no critic and no Hugging Face output); rlq refuses `advantage_estimator: ppo` unless the
  * configured trainer declares a critic (src/trainer/capabilities.ts).
  */
+
+import { z } from "zod";
+
 export const trainerTorchKeys = {
   /** slime's --use-dynamic-batch-size: pack each micro-batch into one row, up to max_tokens_per_gpu tokens. */
   use_dynamic_batch_size: z.boolean().default(false),

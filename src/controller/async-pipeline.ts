@@ -1,3 +1,10 @@
+/**
+ * Asynchronous mode (train_async, docs/architecture.md "Asynchronous mode"): generation, training and weight
+ * sync overlap. Each tick runs four independent parts, each a few decisions:
+ * collect, train, sync, admission. The rules are pure (core/pipeline.ts,
+ * core/decide-groups.ts); this file reads the facts they need.
+ */
+
 import { loadRoundStatuses } from "../store/rollout-facts.ts";
 import { loadTrainStep } from "../store/train-facts.ts";
 import { admission, isAsyncRunDone, isSyncDue, syncDecisions } from "../core/pipeline.ts";
@@ -6,12 +13,6 @@ import type { ControllerHost } from "./host.ts";
 import { decideReady, dispatchRounds, drawAndDispatch, inflightRounds, landedRounds, liveRounds } from "./groups.ts";
 import { awaitEval, completeRun, dispatchEval, dispatchTrain, isEvalDue, isFirstEvalDue, recordTrained, syncEngines } from "./step-blocks.ts";
 
-/**
- * Asynchronous mode (train_async, docs/architecture.md "Asynchronous mode"): generation, training and weight
- * sync overlap. Each tick runs four independent parts, each a few decisions:
- * collect, train, sync, admission. The rules are pure (core/pipeline.ts,
- * core/decide-groups.ts); this file reads the facts they need.
- */
 export async function tickAsync(h: ControllerHost): Promise<boolean> {
   const s = h.state;
   if (s.step === 0 && s.lastTrainedStep < 0 && isFirstEvalDue(h)) return dispatchEval(h, 0, s.weightVersion);

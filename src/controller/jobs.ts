@@ -1,14 +1,15 @@
-import type { RunConfig } from "../config/run-config.ts";
-import type { Decision } from "../core/decisions.ts";
-import type { JobData, QueueKind } from "../queue/payloads.ts";
-import type { Queues } from "../queue/queues.ts";
-
 /**
  * The outbox's one mapping (docs/architecture.md "The fact model"): a committed decision → the job it
  * calls for. Every enqueue of the controller (and of the rollout-function
  * driver) goes through `jobFor`, so a job's payload is always what its
  * decision recorded, and reconcile re-adds exactly the job the live path added.
  */
+
+import type { RunConfig } from "../config/run-config.ts";
+import type { Decision } from "../core/decisions.ts";
+import type { JobData, QueueKind } from "../queue/payloads.ts";
+import type { Queues } from "../queue/queues.ts";
+
 export type Job = { [K in QueueKind]: { kind: K; data: JobData<K>; attempts?: number } }[QueueKind];
 
 export function jobFor(runId: string, config: Pick<RunConfig, "train_max_attempts">, d: Decision): Job | null {

@@ -1,3 +1,15 @@
+/**
+ * Make the queues match the state (docs/architecture.md "The fact model"): for each job the state expects
+ * and whose fact is missing, missing jobs are added, failed ones retried (or
+ * the run paused). Runs at start, every few seconds, whenever the queue's
+ * sentinel vanished, and on resume (`isResume`: failures are retried).
+ * The jobs are the ones their decisions call for (`jobFor`).
+ *
+ * It first lets the queue watch look at the queues (queue/queue-watch.ts: a queue paused behind
+ * rlq's back is resumed, an emptied one noticed), and it reports the jobs it added back because
+ * they were not in their queue, so that `rlq run status` and the dashboard say what was lost.
+ */
+
 import { RlqError } from "../lib/errors.ts";
 import { loadRoundStatuses } from "../store/rollout-facts.ts";
 import { loadTrainStep } from "../store/train-facts.ts";
@@ -11,17 +23,6 @@ import { enqueueJob, jobFor, rewardJobFor, type Job } from "./jobs.ts";
 import { isSftRun } from "../config/sft-keys.ts";
 import { isReplayRun } from "../config/debug-keys.ts";
 
-/**
- * Make the queues match the state (docs/architecture.md "The fact model"): for each job the state expects
- * and whose fact is missing, missing jobs are added, failed ones retried (or
- * the run paused). Runs at start, every few seconds, whenever the queue's
- * sentinel vanished, and on resume (`isResume`: failures are retried).
- * The jobs are the ones their decisions call for (`jobFor`).
- *
- * It first lets the queue watch look at the queues (queue/queue-watch.ts: a queue paused behind
- * rlq's back is resumed, an emptied one noticed), and it reports the jobs it added back because
- * they were not in their queue, so that `rlq run status` and the dashboard say what was lost.
- */
 export async function reconcile(h: ControllerHost, isResume: boolean): Promise<void> {
   const s = h.state;
   if (s.status !== "running") return;

@@ -1,3 +1,15 @@
+/**
+ * The collect phase of a train-only run (`debug_rollouts_from`, config/debug-keys.ts): slime's
+ * --debug-train-only with --load-debug-rollout-data (slime/ray/rollout.py loads the saved
+ * rollout of each rollout id instead of generating it). rlq's saved rollouts are the source
+ * run's rows: each draw ordinal this run dispatches gets, as its round, the source run's
+ * recorded samples for the same ordinal (tokens, loss masks, rollout log-probs, token versions)
+ * and their rewards, written by the controller as an SFT run writes its rounds (sft-collect.ts).
+ * The decisions are the RL run's, so the filters, the seal, the train job and replay are
+ * unchanged, and a run with the source's seed and config draws the same ordinals and keeps the
+ * same groups, so its trainer sees the source's batches.
+ */
+
 import type { Db } from "../store/db.ts";
 import { RlqError } from "../lib/errors.ts";
 import { insertDrawnPrompts, loadRunRow } from "../store/run-facts.ts";
@@ -11,17 +23,6 @@ import { overSamplingBatchSize } from "../config/run-config.ts";
 import { dispatchDecision } from "../core/decide-groups.ts";
 import type { Decision } from "../core/decisions.ts";
 
-/**
- * The collect phase of a train-only run (`debug_rollouts_from`, config/debug-keys.ts): slime's
- * --debug-train-only with --load-debug-rollout-data (slime/ray/rollout.py loads the saved
- * rollout of each rollout id instead of generating it). rlq's saved rollouts are the source
- * run's rows: each draw ordinal this run dispatches gets, as its round, the source run's
- * recorded samples for the same ordinal (tokens, loss masks, rollout log-probs, token versions)
- * and their rewards, written by the controller as an SFT run writes its rounds (sft-collect.ts).
- * The decisions are the RL run's, so the filters, the seal, the train job and replay are
- * unchanged, and a run with the source's seed and config draws the same ordinals and keeps the
- * same groups, so its trainer sees the source's batches.
- */
 export async function collectRecorded(h: ControllerHost): Promise<boolean> {
   return collectWritten(h, writeRecordedRounds, drawRecorded);
 }

@@ -1,3 +1,10 @@
+/**
+ * `rlq replay`: rebuild every projection of a run from its facts alone
+ * (decisions, segments, rewards, train steps), without calling any plugin:
+ * what a plugin decided is itself a recorded decision. `--check` compares
+ * with the live projections instead of writing.
+ */
+
 import { maskStale } from "../core/sample.ts";
 import { outcomeLoads } from "../core/group-load.ts";
 import type { Db } from "../store/db.ts";
@@ -10,12 +17,6 @@ import { listTrainSteps } from "../store/train-facts.ts";
 import { fold } from "../core/run-state.ts";
 import type { RunContext } from "../runtime/run-context.ts";
 
-/**
- * `rlq replay`: rebuild every projection of a run from its facts alone
- * (decisions, segments, rewards, train steps), without calling any plugin:
- * what a plugin decided is itself a recorded decision. `--check` compares
- * with the live projections instead of writing.
- */
 export interface ReplayResult {
   runId: string;
   decisions: number;

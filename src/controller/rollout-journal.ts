@@ -1,5 +1,3 @@
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * The replay journal of one step of a user rollout function
  * (`rollout_function_path`, docs/plugins.md). The function is a deterministic
@@ -25,6 +23,9 @@ import { RlqError } from "../lib/errors.ts";
  * Pure bookkeeping: no I/O here; the driver (rollout-function.ts) performs
  * the effects and polls the facts.
  */
+
+import { RlqError } from "../lib/errors.ts";
+
 export type CallOp = "draw" | "generate" | "filter_dynamic" | "add_to_buffer";
 
 /** What replay compares: the operation and its canonical arguments ("n=6", "group=12", "groups=3,7"). */

@@ -1,13 +1,3 @@
-import { loadRoundStatuses, writeRewardsOfRounds, writeRounds, type RoundFacts } from "../store/rollout-facts.ts";
-import { insertDrawnPrompts, loadDrawnPrompts } from "../store/run-facts.ts";
-import { dispatchDecision, sealDecision, shouldDrawMore } from "../core/decide-groups.ts";
-import type { Decision } from "../core/decisions.ts";
-import type { Tokenizer } from "../data/tokenizer.ts";
-import { conversationResponse, readConversationLabel, type ConversationResponse, type ConversationTokenizer } from "../data/sft-conversation.ts";
-import { planDraw } from "./draw.ts";
-import type { ControllerHost } from "./host.ts";
-import { decideReady, inflightRounds, landedRounds, type RoundKey } from "./groups.ts";
-
 /**
  * The collect phase of an SFT run (loss_type sft_loss; docs/sft.md): what slime's
  * slime/rollout/sft_rollout.py does in its rollout function, without an engine. Each drawn row
@@ -23,6 +13,17 @@ import { decideReady, inflightRounds, landedRounds, type RoundKey } from "./grou
  * wins, store/rollout-facts.ts), so a restarted run writes exactly the facts it would have.
  * Reconcile expects no rollout job for these rounds (reconcile.ts).
  */
+
+import { loadRoundStatuses, writeRewardsOfRounds, writeRounds, type RoundFacts } from "../store/rollout-facts.ts";
+import { insertDrawnPrompts, loadDrawnPrompts } from "../store/run-facts.ts";
+import { dispatchDecision, sealDecision, shouldDrawMore } from "../core/decide-groups.ts";
+import type { Decision } from "../core/decisions.ts";
+import type { Tokenizer } from "../data/tokenizer.ts";
+import { conversationResponse, readConversationLabel, type ConversationResponse, type ConversationTokenizer } from "../data/sft-conversation.ts";
+import { planDraw } from "./draw.ts";
+import type { ControllerHost } from "./host.ts";
+import { decideReady, inflightRounds, landedRounds, type RoundKey } from "./groups.ts";
+
 export async function collectSft(h: ControllerHost): Promise<boolean> {
   return collectWritten(h, writeMissingRounds);
 }

@@ -1,13 +1,13 @@
-import { loadTrainStep } from "../store/train-facts.ts";
-import { loadEvalResults } from "../store/eval-facts.ts";
-import { totalSteps } from "../core/run-state.ts";
-import type { ControllerHost } from "./host.ts";
-
 /**
  * The blocks the sync step and the async pipeline share: dispatching a train
  * step and recording its commit, loading a version into the engines, the
  * evals, completing the run. Each is one decision (or two) and its job.
  */
+
+import { loadTrainStep } from "../store/train-facts.ts";
+import { loadEvalResults } from "../store/eval-facts.ts";
+import { totalSteps } from "../core/run-state.ts";
+import type { ControllerHost } from "./host.ts";
 
 /** `train.dispatched` for `step` (from the last trained version), then the train job. */
 export async function dispatchTrain(h: ControllerHost, step: number): Promise<boolean> {

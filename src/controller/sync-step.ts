@@ -1,3 +1,17 @@
+/**
+ * One rollout step in synchronous mode (docs/architecture.md "The loop"): collect (draw, dispatch,
+ * filter completed groups) → seal → train, while the aborted rounds drain
+ * (back to the buffer or discarded) → sync once both are done → next step.
+ * Each call does what the state's phase allows and returns whether anything
+ * happened.
+ *
+ * The train job goes out at the seal, not after the drain: the batch is the
+ * sealed groups, which the drain does not touch, so building it overlaps the
+ * engines' aborts coming back (at 64 engines the drain took 100-240 ms of the
+ * seal → train-start bubble; bench/cluster-sim.ts). The sync still waits for
+ * the drain: the next step draws the buffered groups first.
+ */
+
 import { loadRoundStatuses } from "../store/rollout-facts.ts";
 import { loadGroupsWithRewards } from "../store/group-view.ts";
 import { historyRows } from "../store/history.ts";
@@ -14,19 +28,6 @@ import { isReplayRun, isRolloutOnly } from "../config/debug-keys.ts";
 import { collectRecorded } from "./recorded-collect.ts";
 import { awaitEval, completeRun, dispatchEval, dispatchTrain, isEvalDue, isFirstEvalDue, recordTrained, syncEngines } from "./step-blocks.ts";
 
-/**
- * One rollout step in synchronous mode (docs/architecture.md "The loop"): collect (draw, dispatch,
- * filter completed groups) → seal → train, while the aborted rounds drain
- * (back to the buffer or discarded) → sync once both are done → next step.
- * Each call does what the state's phase allows and returns whether anything
- * happened.
- *
- * The train job goes out at the seal, not after the drain: the batch is the
- * sealed groups, which the drain does not touch, so building it overlaps the
- * engines' aborts coming back (at 64 engines the drain took 100-240 ms of the
- * seal → train-start bubble; bench/cluster-sim.ts). The sync still waits for
- * the drain: the next step draws the buffered groups first.
- */
 export async function tickSync(h: ControllerHost, rolloutFunction: RolloutFunctionDriver | null): Promise<boolean> {
   const s = h.state;
   // An eval pins the engines' version: nothing moves until its results land.

@@ -1,8 +1,3 @@
-import { RlqError } from "../lib/errors.ts";
-import type { Cursor } from "./decisions.ts";
-import { permutation } from "./random.ts";
-import { seedFrom } from "../lib/hash.ts";
-
 /**
  * The DataBuffer's dataset side, with slime's semantics
  * (slime/ray/rollout_data_source.py at THUDM/slime 624b824): a cursor (epoch, offset) over a permutation that
@@ -11,6 +6,12 @@ import { seedFrom } from "../lib/hash.ts";
  * The buffer side (partial groups served first through the buffer filter) is
  * decided by the controller and recorded in the same `prompts.drawn` decision.
  */
+
+import { RlqError } from "../lib/errors.ts";
+import type { Cursor } from "./decisions.ts";
+import { permutation } from "./random.ts";
+import { seedFrom } from "../lib/hash.ts";
+
 export interface FreshDraw {
   groupId: number;
   epoch: number;

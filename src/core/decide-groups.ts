@@ -1,3 +1,10 @@
+/**
+ * Deciding completed groups (docs/architecture.md "The loop", steps 4 and 5): the filter's verdict,
+ * the staleness rule, the step a group joins and, in async mode, the seals.
+ * Pure: the controller calls the filter plugin and loads the groups, then
+ * commits what this returns.
+ */
+
 import { shouldDropDynamicFilterOutput, type DynamicFilterOutput } from "../filters/dynamic-filter.ts";
 import type { Decision } from "./decisions.ts";
 import { groupLoad, type OutcomeLoad } from "./group-load.ts";
@@ -5,12 +12,6 @@ import { isAsync, totalSteps, type RunState } from "./run-state.ts";
 import type { AssembledSample } from "./sample.ts";
 import { judgeStaleness, stalenessRule } from "./staleness.ts";
 
-/**
- * Deciding completed groups (docs/architecture.md "The loop", steps 4 and 5): the filter's verdict,
- * the staleness rule, the step a group joins and, in async mode, the seals.
- * Pure: the controller calls the filter plugin and loads the groups, then
- * commits what this returns.
- */
 export interface ReadyGroup {
   groupId: number;
   /** The round that completed (all its rewards in). */

@@ -1,12 +1,13 @@
-import { RlqError } from "../lib/errors.ts";
-import { z } from "zod";
-
 /**
  * The decision log's vocabulary. Decisions are past tense (what the
  * controller decided); each is validated when read back. `fold` in
  * run-state.ts turns the ordered list into the run's state, so a restarted
  * controller and `rlq replay` arrive at the same state.
  */
+
+import { RlqError } from "../lib/errors.ts";
+import { z } from "zod";
+
 const cursorSchema = z.object({ epoch: z.number().int(), offset: z.number().int(), nextOrdinal: z.number().int() });
 export type Cursor = z.infer<typeof cursorSchema>;
 

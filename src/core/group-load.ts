@@ -1,7 +1,3 @@
-import type { RunConfig } from "../config/run-config.ts";
-import type { LoggedDecision } from "./decisions.ts";
-import { maskMinVersion, stalenessRule } from "./staleness.ts";
-
 /**
  * Which round of a group is read, and how its tokens are masked, when a group
  * with an outcome becomes training data or history rows. Pure. The controller
@@ -10,6 +6,11 @@ import { maskMinVersion, stalenessRule } from "./staleness.ts";
  * the three readers cannot drift apart: a history row shows exactly the loss
  * mask its sample was trained with.
  */
+
+import type { RunConfig } from "../config/run-config.ts";
+import type { LoggedDecision } from "./decisions.ts";
+import { maskMinVersion, stalenessRule } from "./staleness.ts";
+
 export type MaskConfig = Pick<RunConfig, "mask_offpolicy_in_partial_rollout" | "max_staleness" | "train_async" | "staleness_policy" | "max_regenerations">;
 
 /** "aborted": a round drained after its step was sealed (discarded with reason "aborted"; its rewards are not read). */

@@ -1,12 +1,12 @@
-import { effectiveMaxStaleness, overSamplingBatchSize } from "../config/run-config.ts";
-import type { Decision } from "./decisions.ts";
-import { totalSteps, type RunState } from "./run-state.ts";
-
 /**
  * The asynchronous pipeline's rules (train_async, docs/architecture.md "Asynchronous mode"): admission, the
  * weight sync's intent and the end of the run. Pure: the controller reads
  * which rounds have landed and commits what these return.
  */
+
+import { effectiveMaxStaleness, overSamplingBatchSize } from "../config/run-config.ts";
+import type { Decision } from "./decisions.ts";
+import { totalSteps, type RunState } from "./run-state.ts";
 
 /**
  * Admission control, counted in groups (AReaL's rule): a new group starts

@@ -1,8 +1,3 @@
-import { z } from "zod";
-import { decodeRecordedConfig } from "../config/recorded-config.ts";
-import { withConfigVersion } from "../config/config-versions.ts";
-import { emptyState, type GroupPhase, type RunState } from "./run-state.ts";
-
 /**
  * A run's folded state at one decision seq, as plain JSON: what a restarted
  * controller starts from instead of folding the whole decision log (a 1M-sample
@@ -14,6 +9,12 @@ import { emptyState, type GroupPhase, type RunState } from "./run-state.ts";
  * Groups go as five parallel integer columns, not objects (format 1 held every group ever drawn:
  * 125k of them at 1M samples; format 2 only the live ones).
  */
+
+import { z } from "zod";
+import { decodeRecordedConfig } from "../config/recorded-config.ts";
+import { withConfigVersion } from "../config/config-versions.ts";
+import { emptyState, type GroupPhase, type RunState } from "./run-state.ts";
+
 // 2: the groups are only those the state still holds (run-state.ts forgetDecidedGroups); a format-1
 // snapshot holds every group ever drawn and is not used (the log is folded instead).
 export const SNAPSHOT_FORMAT = 2;

@@ -1,14 +1,15 @@
-import { RlqError } from "../lib/errors.ts";
-import type { RunConfig } from "../config/run-config.ts";
-import { applyRecordedChanges, decodeRecordedConfig } from "../config/recorded-config.ts";
-import type { Cursor, LoggedDecision } from "./decisions.ts";
-
 /**
  * The run's state, folded from its decision log. Pure: no I/O. The controller
  * applies each decision it writes with the same `apply` (through `applyDecisions`,
  * a new state per commit), so a controller restarted from the log reaches exactly
  * the state it had.
  */
+
+import { RlqError } from "../lib/errors.ts";
+import type { RunConfig } from "../config/run-config.ts";
+import { applyRecordedChanges, decodeRecordedConfig } from "../config/recorded-config.ts";
+import type { Cursor, LoggedDecision } from "./decisions.ts";
+
 export type RunStatus = "created" | "running" | "paused" | "cancelled" | "completed";
 export type StepPhase = "collect" | "drain" | "train" | "sync" | "done";
 export type GroupPhase = "inflight" | "kept" | "filtered" | "buffered" | "discarded" | "draining";

@@ -1,7 +1,3 @@
-import type { RunConfig } from "../config/run-config.ts";
-import { effectiveMaxStaleness } from "../config/run-config.ts";
-import { sampleStaleness, stepVersionIn, type AssembledSample } from "./sample.ts";
-
 /**
  * The staleness bound and its policy (docs/architecture.md "Staleness").
  * Pure: the controller judges a completed group when it joins a step, and the
@@ -10,6 +6,11 @@ import { sampleStaleness, stepVersionIn, type AssembledSample } from "./sample.t
  * Staleness of a sample trained in step s = weight_version_in(s) − the oldest
  * version among its tokens with loss mask 1.
  */
+
+import type { RunConfig } from "../config/run-config.ts";
+import { effectiveMaxStaleness } from "../config/run-config.ts";
+import { sampleStaleness, stepVersionIn, type AssembledSample } from "./sample.ts";
+
 export interface StalenessRule {
   /** The bound k (versions); null: none (slime). */
   maxStaleness: number | null;

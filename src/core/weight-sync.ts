@@ -1,6 +1,3 @@
-import { RlqError } from "../lib/errors.ts";
-import type { LoggedDecision } from "./decisions.ts";
-
 /**
  * @file The weight sync as one state machine, in four views that share one vocabulary. Pure: no
  * I/O, no clock. Each view has one writer (docs/architecture.md "Weight sync" lists them):
@@ -21,6 +18,9 @@ import type { LoggedDecision } from "./decisions.ts";
  *
  * Adding a mode or an event without handling it everywhere fails `tsc` (`unreachable`).
  */
+
+import { RlqError } from "../lib/errors.ts";
+import type { LoggedDecision } from "./decisions.ts";
 
 /**
  * What happens to the rounds in flight when the engines load new weights (run config

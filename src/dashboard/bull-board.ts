@@ -1,14 +1,3 @@
-import type { NextFunction, Request, Response, Router } from "express";
-import { createBullBoard } from "@bull-board/api";
-import { BullMQAdapter } from "@bull-board/api/bullMQAdapter";
-import { ExpressAdapter } from "@bull-board/express";
-import type { QueueBackend } from "../queue/backend.ts";
-import { openBoardQueues } from "../queue/board-queues.ts";
-import { queueKinds } from "../queue/payloads.ts";
-import type { QueueWatch } from "../queue/queue-watch.ts";
-import { queueName } from "../queue/queues.ts";
-import { tokenMatches } from "../http-access/token.ts";
-
 /**
  * Bull Board (@bull-board/api + its Express adapter) at `basePath`, over rlq's
  * four queues. Works on both backends: on Redis it shows Redis's INFO; on
@@ -35,6 +24,18 @@ import { tokenMatches } from "../http-access/token.ts";
  * `GET <basePath>/api/rlq-watch` answers the watch's report (queues paused now, recent events)
  * for the dashboard's banner; like every read here, it needs no token on loopback.
  */
+
+import type { NextFunction, Request, Response, Router } from "express";
+import { createBullBoard } from "@bull-board/api";
+import { BullMQAdapter } from "@bull-board/api/bullMQAdapter";
+import { ExpressAdapter } from "@bull-board/express";
+import type { QueueBackend } from "../queue/backend.ts";
+import { openBoardQueues } from "../queue/board-queues.ts";
+import { queueKinds } from "../queue/payloads.ts";
+import type { QueueWatch } from "../queue/queue-watch.ts";
+import { queueName } from "../queue/queues.ts";
+import { tokenMatches } from "../http-access/token.ts";
+
 export function mountBullBoard(
   backend: QueueBackend,
   basePath: string,

@@ -1,13 +1,13 @@
-import type { Db } from "../store/db.ts";
-import { readSelect } from "../store/dashboard-read.ts";
-import { STEP_AGGREGATE_COLUMNS, STEP_AGGREGATES } from "../store/step-aggregates.ts";
-
 /**
  * Everything the dashboard shows, as single parameterised SELECTs over the
  * documented tables and views (docs/sql.md), each run through `readSelect`
  * (store/dashboard-read.ts) so that one function decides which role reads.
  * Numbers come back as JS numbers: the page charts them as they are.
  */
+
+import type { Db } from "../store/db.ts";
+import { readSelect } from "../store/dashboard-read.ts";
+import { STEP_AGGREGATE_COLUMNS, STEP_AGGREGATES } from "../store/step-aggregates.ts";
 
 const num = (v: unknown): number | null => (v === null || v === undefined ? null : Number(v));
 

@@ -1,3 +1,16 @@
+/**
+ * `rlq dashboard` (and `rlq up --dashboard`): one HTTP server with
+ * - `/`            the page (static/index.html + app.js, charts by uPlot served from node_modules);
+ * - `/api/...`     JSON read from the store by single SELECTs (dashboard/queries.ts);
+ * - `/queues`      Bull Board, read-only without the token (dashboard/bull-board.ts);
+ * - `/metrics`     this process's Prometheus metrics.
+ * It listens on `host` (127.0.0.1 by default); beyond loopback every request needs the token
+ * (dashboard/access.ts), and without one it refuses to start.
+ * It holds no state of its own: every request reads Postgres (and the queue for
+ * the train job's state), so a dashboard keeps working while `rlq up` is
+ * SIGKILLed and restarted, and any number of dashboards can run.
+ */
+
 import { createServer, type Server } from "node:http";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
@@ -20,18 +33,6 @@ import { requestRunChange } from "../api.ts";
 import { registerSecret } from "../lib/redact.ts";
 import { RlqError } from "../lib/errors.ts";
 
-/**
- * `rlq dashboard` (and `rlq up --dashboard`): one HTTP server with
- * - `/`            the page (static/index.html + app.js, charts by uPlot served from node_modules);
- * - `/api/...`     JSON read from the store by single SELECTs (dashboard/queries.ts);
- * - `/queues`      Bull Board, read-only without the token (dashboard/bull-board.ts);
- * - `/metrics`     this process's Prometheus metrics.
- * It listens on `host` (127.0.0.1 by default); beyond loopback every request needs the token
- * (dashboard/access.ts), and without one it refuses to start.
- * It holds no state of its own: every request reads Postgres (and the queue for
- * the train job's state), so a dashboard keeps working while `rlq up` is
- * SIGKILLed and restarted, and any number of dashboards can run.
- */
 export interface DashboardOptions {
   /** rlq's runtime pool: pause/resume requests only. */
   db: Db;

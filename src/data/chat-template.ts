@@ -1,11 +1,3 @@
-import { dirname, resolve as resolvePath } from "node:path";
-import { z } from "zod";
-import type { ChatMessage, HfTokenizer } from "../engines/hf-tokenizer.ts";
-import { RlqError } from "../lib/errors.ts";
-import type { Dataset, DatasetKeys, PromptRow } from "./prompt-row.ts";
-import { loadRecordImages, type MultimodalKeys, type PromptImage } from "./images.ts";
-import { conversationLabel, firstAssistantTurn, type SftConversation } from "./sft-conversation.ts";
-
 /**
  * From a dataset record to the prompt text, as slime's `Dataset`
  * (`slime/utils/data.py`) does it, for every dataset format (JSONL, Parquet):
@@ -21,6 +13,14 @@ import { conversationLabel, firstAssistantTurn, type SftConversation } from "./s
  * Also `rollout_max_prompt_len`: slime drops prompts longer than it at load
  * time (`filter_long_prompt`), counted with the tokenizer the engine is fed.
  */
+
+import { dirname, resolve as resolvePath } from "node:path";
+import { z } from "zod";
+import type { ChatMessage, HfTokenizer } from "../engines/hf-tokenizer.ts";
+import { RlqError } from "../lib/errors.ts";
+import type { Dataset, DatasetKeys, PromptRow } from "./prompt-row.ts";
+import { loadRecordImages, type MultimodalKeys, type PromptImage } from "./images.ts";
+import { conversationLabel, firstAssistantTurn, type SftConversation } from "./sft-conversation.ts";
 
 /** One chat message as a dataset may hold it; extra keys (tool_calls, name, ...) reach the template. */
 export const chatMessageSchema = z.looseObject({ role: z.string().min(1), content: z.string() });

@@ -1,8 +1,3 @@
-import { mkdirSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
-import { isAbsolute, join, resolve } from "node:path";
-import { sha256Hex } from "../lib/hash.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * Images of a prompt row, named by slime's `multimodal_keys` (`{"image": "images"}`:
  * media type → record key). slime's `Dataset` (slime/utils/data.py) appends one
@@ -23,6 +18,11 @@ import { RlqError } from "../lib/errors.ts";
  * once to a content-addressed directory (`<imageStoreDir>/<sha256>`, by default
  * `RLQ_HOME/images`). Postgres holds only hashes and origins.
  */
+
+import { mkdirSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
+import { isAbsolute, join, resolve } from "node:path";
+import { sha256Hex } from "../lib/hash.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /** slime --multimodal-keys: media type → record key. */
 export type MultimodalKeys = Record<string, string>;

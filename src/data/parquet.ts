@@ -1,10 +1,3 @@
-import { readFile } from "node:fs/promises";
-import { parquetMetadata, parquetReadObjects, parquetSchema } from "hyparquet";
-import { sha256Hex } from "../lib/hash.ts";
-import { RlqError } from "../lib/errors.ts";
-import type { Dataset, PromptRow } from "./prompt-row.ts";
-import { promptRowFromRecord, withImageDir, type PromptRecordKeys, type PromptRenderOptions } from "./chat-template.ts";
-
 /**
  * Prompt datasets in Parquet (slime's `--prompt-data x.parquet`), read with
  * hyparquet (pure JS, no native code). Same shape and rules as the JSONL
@@ -20,6 +13,14 @@ import { promptRowFromRecord, withImageDir, type PromptRecordKeys, type PromptRe
  * `dataset_invalid` naming the file. Images (multimodal_keys): a binary column
  * or a Hugging Face image struct<bytes: binary, path: string> (images.ts).
  */
+
+import { readFile } from "node:fs/promises";
+import { parquetMetadata, parquetReadObjects, parquetSchema } from "hyparquet";
+import { sha256Hex } from "../lib/hash.ts";
+import { RlqError } from "../lib/errors.ts";
+import type { Dataset, PromptRow } from "./prompt-row.ts";
+import { promptRowFromRecord, withImageDir, type PromptRecordKeys, type PromptRenderOptions } from "./chat-template.ts";
+
 export interface PromptDatasetOptions extends PromptRenderOptions {
   /**
    * A bad row is skipped and reported (default), or, with true, fails the

@@ -1,5 +1,3 @@
-import { z } from "zod";
-
 /**
  * The Engine interface (docs/architecture.md "Engines and weight versions"): what every generation backend implements —
  * the embedded ONNX engine, the SGLang adapter and the OpenAI-compatible adapter.
@@ -12,6 +10,9 @@ import { z } from "zod";
  *   (not reject) with the tokens generated so far and `finishReason: "abort"`.
  *   Aborting an unknown or finished id is a no-op.
  */
+
+import { z } from "zod";
+
 export const samplingParamsSchema = z.object({
   temperature: z.number().positive(),
   topP: z.number().gt(0).max(1),

@@ -1,3 +1,11 @@
+/**
+ * Build the engine pool a run's config describes: SGLang workers (listed,
+ * or discovered from a router and re-read every router_refresh_s) or
+ * OpenAI-compatible servers, with slime's concurrency and health-check
+ * settings. API keys are read here, from the environment or a file named by
+ * the config (config/secrets.ts); they are never logged or stored.
+ */
+
 import type { RemoteEngineConfig, EngineRuntimeKeys } from "./config-schema.ts";
 import { createEnginePool, type EnginePool, type PoolLog } from "./pool.ts";
 import { createSglangServer } from "./sglang.ts";
@@ -9,13 +17,6 @@ import { readEnv } from "../config/env.ts";
 import { createLogger } from "../observability/logger.ts";
 import { RlqError, errorMessage } from "../lib/errors.ts";
 
-/**
- * Build the engine pool a run's config describes: SGLang workers (listed,
- * or discovered from a router and re-read every router_refresh_s) or
- * OpenAI-compatible servers, with slime's concurrency and health-check
- * settings. API keys are read here, from the environment or a file named by
- * the config (config/secrets.ts); they are never logged or stored.
- */
 export interface EnginesFromConfigDeps {
   log?: PoolLog;
   /** OpenAI-compatible engines: the run's version of record (the lead wires the run's synced version). */

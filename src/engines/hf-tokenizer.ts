@@ -1,10 +1,3 @@
-import { readFile } from "node:fs/promises";
-import { join } from "node:path";
-import { Tokenizer as HfTokenizerImpl } from "@huggingface/tokenizers";
-import { Template } from "@huggingface/jinja";
-import type { Tokenizer } from "../data/tokenizer.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * The tokenizer of a Hugging Face model directory, read offline: remote
  * engines are sent token ids, so rlq tokenises prompts itself with the
@@ -20,6 +13,14 @@ import { RlqError } from "../lib/errors.ts";
  * (newer layouts keep the template there); generation_config.json
  * (eos_token_id, when tokenizer_config has no eos_token).
  */
+
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { Tokenizer as HfTokenizerImpl } from "@huggingface/tokenizers";
+import { Template } from "@huggingface/jinja";
+import type { Tokenizer } from "../data/tokenizer.ts";
+import { RlqError } from "../lib/errors.ts";
+
 export interface ChatMessage {
   role: string;
   content: string;

@@ -1,8 +1,3 @@
-import { RlqError, type ErrorCode } from "../lib/errors.ts";
-import { httpRequest, HttpNetworkError, isRetriableStatus, type BodySink, type HttpCallOptions } from "../lib/http-client.ts";
-
-export { bearer, type HttpCallOptions } from "../lib/http-client.ts";
-
 /**
  * The one place where HTTP failures of inference servers become RlqErrors
  * (the transport is lib/http-client.ts, rlq's one HTTP client)
@@ -15,6 +10,12 @@ export { bearer, type HttpCallOptions } from "../lib/http-client.ts";
  * - engine_bad_response: not JSON or not the expected shape (retriable: a
  *   restarting server can answer garbage; a persistent one shows up in metrics)
  */
+
+import { RlqError, type ErrorCode } from "../lib/errors.ts";
+import { httpRequest, HttpNetworkError, isRetriableStatus, type BodySink, type HttpCallOptions } from "../lib/http-client.ts";
+
+export { bearer, type HttpCallOptions } from "../lib/http-client.ts";
+
 export class EngineHttpError extends RlqError {
   readonly status: number | null;
   constructor(code: ErrorCode, message: string, options: { cause?: unknown; isRetriable: boolean; status?: number | null }) {

@@ -1,6 +1,3 @@
-import type { SamplingParams } from "./engine.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * rlq needs each token's log-prob under log softmax(logits / T) over the full
  * vocabulary, before top-p/top-k truncation (docs/algorithms.md): that is what the
@@ -21,6 +18,10 @@ import { RlqError } from "../lib/errors.ts";
  *   truncation (renormalised to a single token). Any A < 0 → before it.
  * Positions where A ≈ 0 (a near-certain token) carry no information.
  */
+
+import type { SamplingParams } from "./engine.ts";
+import { RlqError } from "../lib/errors.ts";
+
 export interface LogprobProbe {
   /** null: the probe could not tell (every position near-certain, or noisy). */
   isTemperatureScaled: boolean | null;

@@ -1,12 +1,13 @@
-import * as ort from "onnxruntime-node";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * The one module of engines/ that imports onnxruntime-node (STYLE.md boundary):
  * everything else talks to these few functions, so swapping the runtime (or its
  * version) touches one file. Note `session.run` is synchronous inside, so it
  * must only be called from a worker thread (it blocks the thread that calls it).
  */
+
+import * as ort from "onnxruntime-node";
+import { RlqError } from "../lib/errors.ts";
+
 export type OrtTensor = ort.Tensor;
 export type OrtFeeds = Record<string, ort.Tensor>;
 

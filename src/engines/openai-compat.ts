@@ -1,14 +1,3 @@
-import { randomUUID } from "node:crypto";
-import { readFile } from "node:fs/promises";
-import { join } from "node:path";
-import { z } from "zod";
-import { generateRequestSchema, type GenerateRequest, type GenerateResult } from "./engine.ts";
-import { bearer, callJson, EngineHttpError, isLocalCancel, postStream } from "./http.ts";
-import { classifyProbe, type LogprobProbe } from "./logprob-check.ts";
-import { abortedResult, EngineRequestError, emptyPartial, type GenerateHooks, type PartialOutput, type RemoteEngine } from "./remote.ts";
-import { RlqError } from "../lib/errors.ts";
-import { requestText } from "../lib/http-client.ts";
-
 /**
  * An OpenAI-compatible completions server (vLLM), generation only.
  *
@@ -68,6 +57,18 @@ import { requestText } from "../lib/http-client.ts";
  * exact only with top_p = 1 and top_k disabled. The declared mode fills in
  * what the probe cannot tell; logprob-check.ts refuses incompatible sampling.
  */
+
+import { randomUUID } from "node:crypto";
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { z } from "zod";
+import { generateRequestSchema, type GenerateRequest, type GenerateResult } from "./engine.ts";
+import { bearer, callJson, EngineHttpError, isLocalCancel, postStream } from "./http.ts";
+import { classifyProbe, type LogprobProbe } from "./logprob-check.ts";
+import { abortedResult, EngineRequestError, emptyPartial, type GenerateHooks, type PartialOutput, type RemoteEngine } from "./remote.ts";
+import { RlqError } from "../lib/errors.ts";
+import { requestText } from "../lib/http-client.ts";
+
 const completionChoiceSchema = z
   .object({
     text: z.string().optional(),

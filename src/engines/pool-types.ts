@@ -1,10 +1,10 @@
+/** @file The engine pool's public types (pool.ts) and the member records its parts share. */
+
 import type { Engine } from "./engine.ts";
 import type { EngineMetrics, EngineMetricsSnapshot } from "./metrics.ts";
 import type { LogprobProbe } from "./logprob-check.ts";
 import type { PartialOutput, RemoteEngine } from "./remote.ts";
 import type { EngineMode, RouterEvent, RouterMode } from "../core/weight-sync.ts";
-
-/** @file The engine pool's public types (pool.ts) and the member records its parts share. */
 
 /** An engine's mode in a pool: defined, with its transitions, in core/weight-sync.ts. */
 export type MemberState = EngineMode;

@@ -1,13 +1,13 @@
-import type { Engine, GenerateRequest, GenerateResult } from "./engine.ts";
-import type { LogprobProbe } from "./logprob-check.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * What the pool needs from one remote inference server beyond the Engine
  * interface: a generate that reports tokens as they stream in (so a server
  * that dies mid-generation still leaves its tokens), a version read, the
  * log-prob probe, and whether it can load weights itself.
  */
+
+import type { Engine, GenerateRequest, GenerateResult } from "./engine.ts";
+import type { LogprobProbe } from "./logprob-check.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /** Tokens received so far for one request; the adapter fills it while streaming. */
 export interface PartialOutput {

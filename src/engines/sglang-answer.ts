@@ -1,8 +1,8 @@
+/** What SGLang's /generate answers (meta_info), checked and applied to a partial output. */
+
 import { RlqError } from "../lib/errors.ts";
 import { EngineHttpError } from "./http.ts";
 import { EngineRequestError, parseWeightVersion, type PartialOutput } from "./remote.ts";
-
-/** What SGLang's /generate answers (meta_info), checked and applied to a partial output. */
 
 export interface SglangMetaInfo {
   id?: string;

@@ -1,7 +1,3 @@
-import { z } from "zod";
-import { bearer, callJson, EngineHttpError } from "./http.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * An SGLang router (sgl-router / sgl-model-gateway) in front of several
  * workers: rlq reads its worker list and talks to each worker directly, as
@@ -32,6 +28,11 @@ import { RlqError } from "../lib/errors.ts";
  * c5573dda answers an empty 401). Either 401
  * becomes engine_unauthorized naming engine.router_api_key.
  */
+
+import { z } from "zod";
+import { bearer, callJson, EngineHttpError } from "./http.ts";
+import { RlqError } from "../lib/errors.ts";
+
 const workerSchema = z
   .object({ url: z.string().min(1), worker_type: z.string().optional(), connection_mode: z.string().optional(), runtime_type: z.string().optional() })
   .passthrough();

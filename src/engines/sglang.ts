@@ -1,22 +1,3 @@
-import { randomUUID } from "node:crypto";
-import { generateRequestSchema, type GenerateRequest, type GenerateResult } from "./engine.ts";
-import { bearer, callJson, EngineHttpError, isLocalCancel, postStream } from "./http.ts";
-import { classifySamplingProbe, type LogprobProbe, type TopLogprob } from "./logprob-check.ts";
-import {
-  abortedResult,
-  EngineRequestError,
-  emptyPartial,
-  parseWeightVersion,
-  seed31,
-  type GenerateHooks,
-  type PartialOutput,
-  type RemoteEngine,
-} from "./remote.ts";
-import { applySglangMeta, readSglangAnswer } from "./sglang-answer.ts";
-import { SglangBatcher } from "./sglang-batcher.ts";
-import { errorMessage, RlqError } from "../lib/errors.ts";
-import { requestText } from "../lib/http-client.ts";
-
 /**
  * One SGLang server through its native API (as slime/rollout/sglang_rollout.py at 624b824 uses it):
  * POST /generate {rid, input_ids, sampling_params, return_logprob, stream};
@@ -40,6 +21,26 @@ import { requestText } from "../lib/http-client.ts";
  * mid-generation the tokens received so far are kept and the request comes
  * back as an aborted partial (the rollout resumes it) instead of being lost.
  */
+
+import { randomUUID } from "node:crypto";
+import { generateRequestSchema, type GenerateRequest, type GenerateResult } from "./engine.ts";
+import { bearer, callJson, EngineHttpError, isLocalCancel, postStream } from "./http.ts";
+import { classifySamplingProbe, type LogprobProbe, type TopLogprob } from "./logprob-check.ts";
+import {
+  abortedResult,
+  EngineRequestError,
+  emptyPartial,
+  parseWeightVersion,
+  seed31,
+  type GenerateHooks,
+  type PartialOutput,
+  type RemoteEngine,
+} from "./remote.ts";
+import { applySglangMeta, readSglangAnswer } from "./sglang-answer.ts";
+import { SglangBatcher } from "./sglang-batcher.ts";
+import { errorMessage, RlqError } from "../lib/errors.ts";
+import { requestText } from "../lib/http-client.ts";
+
 /** Internal: stops consuming a stream whose weight version changed (an RlqError so http.ts passes it through). */
 class VersionChanged extends RlqError {
   constructor() {

@@ -1,8 +1,3 @@
-import { z } from "zod";
-import type { OpdTeacher } from "../config/opd.ts";
-import { RlqError, isRetriable } from "../lib/errors.ts";
-import { callJson, EngineHttpError } from "./http.ts";
-
 /**
  * The on-policy-distillation teacher: an inference server asked for prefill only, the log-prob of
  * each given token under the teacher (no token is generated). One sample per call.
@@ -23,6 +18,12 @@ import { callJson, EngineHttpError } from "./http.ts";
  * The temperature is 1: the teacher's log-probs are log softmax(z) over the full vocabulary, the
  * distribution the student's log π (at rollout_temperature 1) is compared with.
  */
+
+import { z } from "zod";
+import type { OpdTeacher } from "../config/opd.ts";
+import { RlqError, isRetriable } from "../lib/errors.ts";
+import { callJson, EngineHttpError } from "./http.ts";
+
 export interface TeacherRequest {
   /** Prompt tokens followed by the response tokens, as the student sampled them. */
   tokens: readonly number[];

@@ -1,7 +1,3 @@
-import type { LoaderPool, PoolSnapshot } from "./pool-types.ts";
-import { loadKeepsRequests, type SyncStrategy } from "../core/weight-sync.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * The controller's side of weight sync (docs/architecture.md "Engines and weight versions").
  *
@@ -22,6 +18,11 @@ import { RlqError } from "../lib/errors.ts";
  * Before an engine's weights change, this run's in-flight requests on it must
  * be aborted by id (sync mode has none by then: the step was sealed).
  */
+
+import type { LoaderPool, PoolSnapshot } from "./pool-types.ts";
+import { loadKeepsRequests, type SyncStrategy } from "../core/weight-sync.ts";
+import { RlqError } from "../lib/errors.ts";
+
 export type WeightSyncMode = "disk" | "trainer_push" | "none";
 
 export interface WeightSyncReport {

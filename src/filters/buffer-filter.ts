@@ -1,6 +1,3 @@
-import { z } from "zod";
-import { FilterError, showValue, type FilterPluginSite } from "./filter-error.ts";
-
 /**
  * Buffer filters (slime `--buffer-filter-path`, default `pop_first`): when
  * the data source is asked for `n` groups, which of the buffered groups
@@ -11,6 +8,9 @@ import { FilterError, showValue, type FilterPluginSite } from "./filter-error.ts
  * returns the ids of the groups to take, in the order they are handed out.
  * `takeFromBuffer` then splits the buffer; nothing is mutated.
  */
+
+import { z } from "zod";
+import { FilterError, showValue, type FilterPluginSite } from "./filter-error.ts";
 
 export interface BufferedGroup {
   readonly groupId: string;

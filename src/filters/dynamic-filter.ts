@@ -1,11 +1,11 @@
-import { z } from "zod";
-import { FilterError, showValue, type FilterPluginSite } from "./filter-error.ts";
-
 /**
  * Dynamic sampling filters (slime `filter_hub/base_types.py`): after a whole
  * group is generated and scored, decide whether it enters the rollout batch.
  * Pure functions over plain objects; the rollout loop owns the counters.
  */
+
+import { z } from "zod";
+import { FilterError, showValue, type FilterPluginSite } from "./filter-error.ts";
 
 /** A scored group as filters see it: `rewards[i]` is sample i's trained-on reward (after reward_key). */
 export interface RewardGroup {

@@ -1,14 +1,15 @@
-import type { DynamicFilter } from "./dynamic-filter.ts";
-import { FilterError } from "./filter-error.ts";
-import { checkRewardNonzeroStd, checkRewardNonzeroStdWithFallback } from "./reward-std.ts";
-import { popFirst, type BufferFilter } from "./buffer-filter.ts";
-
 /**
  * Built-in filters by name. slime configs name them by Python path
  * (`slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std`);
  * both that path and the bare function name resolve here, so a slime config
  * works unchanged. Anything else is a user plugin path for the plugin loader.
  */
+
+import type { DynamicFilter } from "./dynamic-filter.ts";
+import { FilterError } from "./filter-error.ts";
+import { checkRewardNonzeroStd, checkRewardNonzeroStdWithFallback } from "./reward-std.ts";
+import { popFirst, type BufferFilter } from "./buffer-filter.ts";
+
 const DYNAMIC: ReadonlyMap<string, DynamicFilter> = new Map([
   ["check_reward_nonzero_std", checkRewardNonzeroStd],
   ["check_reward_nonzero_std_with_fallback", checkRewardNonzeroStdWithFallback],

@@ -1,12 +1,12 @@
-import { pyFloatRepr, pyRound } from "../reward/python-compat.ts";
-import type { DynamicFilterOutput, RewardGroup } from "./dynamic-filter.ts";
-import { FilterError } from "./filter-error.ts";
-
 /**
  * slime `dynamic_sampling_filters.py`: DAPO's dynamic sampling. A group whose
  * rewards are all equal carries no GRPO signal (every advantage is 0), so it
  * is dropped and replaced by over-sampling.
  */
+
+import { pyFloatRepr, pyRound } from "../reward/python-compat.ts";
+import type { DynamicFilterOutput, RewardGroup } from "./dynamic-filter.ts";
+import { FilterError } from "./filter-error.ts";
 
 /** The std threshold below which a group counts as "all rewards equal". */
 export const NONZERO_STD_EPSILON = 1e-6;

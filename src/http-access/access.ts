@@ -1,8 +1,3 @@
-import type { NextFunction, Request, Response } from "express";
-import { ConfigError } from "../config/run-config.ts";
-import { isLoopbackHost } from "../lib/loopback.ts";
-import { secretEquals, tokenMatches } from "./token.ts";
-
 /**
  * Who may read the dashboard. On a loopback host (lib/loopback.ts) anyone on this machine may
  * read, and only pause/resume and Bull Board's changes need the token. Bound beyond loopback,
@@ -19,6 +14,12 @@ import { secretEquals, tokenMatches } from "./token.ts";
  * balancer's probe, which carries no token.
  * Nothing here logs a request, and a refusal never repeats the token it was given.
  */
+
+import type { NextFunction, Request, Response } from "express";
+import { ConfigError } from "../config/run-config.ts";
+import { isLoopbackHost } from "../lib/loopback.ts";
+import { secretEquals, tokenMatches } from "./token.ts";
+
 export const tokenCookie = "rlq_dashboard_token";
 
 /** Refuse to serve beyond loopback without a token, naming what to set. */

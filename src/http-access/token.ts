@@ -1,15 +1,16 @@
-import { timingSafeEqual } from "node:crypto";
-import type { Env } from "../config/env.ts";
-import { ConfigError } from "../config/run-config.ts";
-import { readSecret } from "../config/secrets.ts";
-import { registerSecret } from "../lib/redact.ts";
-
 /**
  * The dashboard's token (RLQ_DASHBOARD_TOKEN, or RLQ_DASHBOARD_TOKEN_FILE naming a file that holds
  * it): the run pause/resume routes (dashboard/server.ts) and Bull Board's writable mount
  * (dashboard/bull-board.ts) need it as `Authorization: Bearer <token>`, and, bound beyond
  * loopback, every request does (dashboard/access.ts). Compared in constant time.
  */
+
+import { timingSafeEqual } from "node:crypto";
+import type { Env } from "../config/env.ts";
+import { ConfigError } from "../config/run-config.ts";
+import { readSecret } from "../config/secrets.ts";
+import { registerSecret } from "../lib/redact.ts";
+
 export function tokenMatches(expected: string, header: string | undefined): boolean {
   const m = /^Bearer (.+)$/.exec(header ?? "");
   return m !== null && secretEquals(expected, m[1] as string);

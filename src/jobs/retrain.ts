@@ -1,3 +1,12 @@
+/**
+ * `rlq retrain RUN --step S`: slime's --load-debug-rollout-data. The step's
+ * batch is rebuilt from recorded facts (the same code the train job runs),
+ * fed to the run's trainer from step S-1's committed checkpoint, and the
+ * result is compared with what step S committed: the weights' sha256 (equal
+ * in deterministic mode with a deterministic trainer) and the metrics. For
+ * debugging a loss and reproducing a step; nothing is recorded.
+ */
+
 import { randomUUID } from "node:crypto";
 import { existsSync } from "node:fs";
 import { mkdir, open, rm } from "node:fs/promises";
@@ -14,14 +23,6 @@ import { checkpointRootFor } from "../trainer/checkpoint-retention.ts";
 import { stepDir, WEIGHTS_FILE } from "./run-train-step.ts";
 import { loadTrainBatch } from "./train-batch.ts";
 
-/**
- * `rlq retrain RUN --step S`: slime's --load-debug-rollout-data. The step's
- * batch is rebuilt from recorded facts (the same code the train job runs),
- * fed to the run's trainer from step S-1's committed checkpoint, and the
- * result is compared with what step S committed: the weights' sha256 (equal
- * in deterministic mode with a deterministic trainer) and the metrics. For
- * debugging a loss and reproducing a step; nothing is recorded.
- */
 export interface RetrainResult {
   step: number;
   checkpointUriIn: string | null;

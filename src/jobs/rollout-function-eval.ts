@@ -1,3 +1,15 @@
+/**
+ * rollout_function_path, eval branch (slime's `generate_rollout(...,
+ * evaluation=True)`): the user's function runs inside the eval job. An eval
+ * is idempotent as a whole (its results land in one transaction; a retried
+ * job starts over), so there is nothing to replay: `ctx.generate` calls the
+ * engine at the pinned version with the eval_* sampling settings and
+ * `ctx.score` the run's reward. The function returns per dataset
+ * `{rewards, truncated, samples}` (index-aligned), stored like the built-in
+ * eval: eval_samples, and eval_results with the mean reward, the truncated
+ * fraction and unbiased pass@k over each prompt's samples (correct: reward >= 1).
+ */
+
 import type { Db } from "../store/db.ts";
 import { writeEval, type EvalResultRow, type EvalSampleRow } from "../store/eval-facts.ts";
 import type { Engine } from "../engines/engine.ts";
@@ -20,17 +32,6 @@ import {
 } from "../rollout/rollout-function-contract.ts";
 import { evalSampling } from "../rollout/sampling-params.ts";
 
-/**
- * rollout_function_path, eval branch (slime's `generate_rollout(...,
- * evaluation=True)`): the user's function runs inside the eval job. An eval
- * is idempotent as a whole (its results land in one transaction; a retried
- * job starts over), so there is nothing to replay: `ctx.generate` calls the
- * engine at the pinned version with the eval_* sampling settings and
- * `ctx.score` the run's reward. The function returns per dataset
- * `{rewards, truncated, samples}` (index-aligned), stored like the built-in
- * eval: eval_samples, and eval_results with the mean reward, the truncated
- * fraction and unbiased pass@k over each prompt's samples (correct: reward >= 1).
- */
 export interface RolloutEvalDeps {
   db: Db;
   engine: Engine;

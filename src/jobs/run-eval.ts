@@ -1,3 +1,13 @@
+/**
+ * The eval job: every prompt of every eval dataset (loaded as the run's prompts are, with the
+ * dataset's own settings: config/eval-datasets.ts), its n_samples_per_eval_prompt samples each,
+ * at the one weight version the decision pinned; rewards from the run's reward (the dataset's
+ * rm_type, when it names one, through the sample's metadata as slime does); mean reward and
+ * unbiased pass@k per dataset. A sample
+ * counts as correct for pass@k when its reward is >= 1 (the rule-based rewards
+ * give 1 for a correct answer).
+ */
+
 import type { Db } from "../store/db.ts";
 import { findDecisions } from "../store/run-facts.ts";
 import { loadEvalResults, writeEval, type EvalResultRow, type EvalSampleRow } from "../store/eval-facts.ts";
@@ -12,15 +22,6 @@ import { RlqError } from "../lib/errors.ts";
 import { runRolloutFunctionEval } from "./rollout-function-eval.ts";
 import { evalSampling } from "../rollout/sampling-params.ts";
 
-/**
- * The eval job: every prompt of every eval dataset (loaded as the run's prompts are, with the
- * dataset's own settings: config/eval-datasets.ts), its n_samples_per_eval_prompt samples each,
- * at the one weight version the decision pinned; rewards from the run's reward (the dataset's
- * rm_type, when it names one, through the sample's metadata as slime does); mean reward and
- * unbiased pass@k per dataset. A sample
- * counts as correct for pass@k when its reward is >= 1 (the rule-based rewards
- * give 1 for a correct answer).
- */
 export interface EvalDeps {
   db: Db;
   engineFor(ctx: RunContext, weightVersion: number): Promise<Engine>;

@@ -1,3 +1,10 @@
+/**
+ * The train job. A step commits once (docs/architecture.md "The fact model"): the attempt writes into its
+ * own directory, then one transaction inserts the `train_steps` row (primary
+ * key (run, step)) with the metrics and trained marks. The winner deletes the
+ * other attempts' directories; a loser deletes its own.
+ */
+
 import { randomUUID } from "node:crypto";
 import { mkdir, readdir, rm } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
@@ -17,12 +24,6 @@ import { checkpointRootFor, pruneCommittedCheckpoints } from "../trainer/checkpo
 import { errorMessage, RlqError } from "../lib/errors.ts";
 import { ifMissing } from "../lib/if-missing.ts";
 
-/**
- * The train job. A step commits once (docs/architecture.md "The fact model"): the attempt writes into its
- * own directory, then one transaction inserts the `train_steps` row (primary
- * key (run, step)) with the metrics and trained marks. The winner deletes the
- * other attempts' directories; a loser deletes its own.
- */
 export interface TrainDeps {
   db: Db;
   checkpointRoot: string;

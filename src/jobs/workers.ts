@@ -1,3 +1,10 @@
+/**
+ * Jobs per queue one process runs at once. Rollout and reward jobs mostly
+ * wait (on the engine, on Postgres) and their statements are coalesced
+ * (store/job-batch.ts), so more of them at once means larger batches, not more
+ * CPU; a train job holds a trainer.
+ */
+
 import type { Services } from "../runtime/services.ts";
 import { startWorker, type Processor, type WorkerHandle } from "../queue/worker-host.ts";
 import type { QueueKind } from "../queue/payloads.ts";
@@ -15,12 +22,6 @@ import { createEngineProvider, createTrainerProvider, type EmbeddedFactories, ty
 import { loadEmbedded } from "../runtime/embedded.ts";
 import { processMetrics } from "../observability/prometheus.ts";
 
-/**
- * Jobs per queue one process runs at once. Rollout and reward jobs mostly
- * wait (on the engine, on Postgres) and their statements are coalesced
- * (store/job-batch.ts), so more of them at once means larger batches, not more
- * CPU; a train job holds a trainer.
- */
 export const defaultConcurrency: Record<QueueKind, number> = { rollout: 64, reward: 32, train: 1, eval: 2 };
 
 /** Start the workers for the given queues in this process. */

@@ -1,4 +1,3 @@
-import { RlqError } from "./errors.ts";
 /**
  * Group commit for concurrent callers: calls made while a batch is running
  * queue up and go together as the next batch, so N concurrent jobs cost one
@@ -13,6 +12,8 @@ import { RlqError } from "./errors.ts";
  * fail the others' work. A batch runner must therefore be safe to run again
  * for keys whose batch failed: idempotent writes, as every rlq fact write is.
  */
+
+import { RlqError } from "./errors.ts";
 export interface CoalesceOptions {
   /** Most keys per batch. */
   maxBatch: number;

@@ -1,5 +1,3 @@
-import { existsSync, writeFileSync } from "node:fs";
-
 /**
  * Test-only fault injection. RLQ_CRASH_AT="name[:probability | :once=FILE],..."
  * makes the process SIGKILL itself when it reaches a named point, so tests
@@ -8,6 +6,9 @@ import { existsSync, writeFileSync } from "node:fs";
  * yet (and creates it), so a restarted process gets past the point.
  * Unset in production: a no-op.
  */
+
+import { existsSync, writeFileSync } from "node:fs";
+
 export function createCrashPoints(spec: string | undefined): (name: string) => void {
   if (!spec) return () => undefined;
   const points = new Map<string, string | undefined>();

@@ -1,7 +1,3 @@
-import http from "node:http";
-import https from "node:https";
-import { RlqError, type ErrorCode } from "./errors.ts";
-
 /**
  * rlq's one HTTP client: inference servers (engines/http.ts), remote rewards
  * and HTTP plugins (`postJsonWithRetry`), and the remote trainer
@@ -21,6 +17,11 @@ import { RlqError, type ErrorCode } from "./errors.ts";
  * written to a socket the server is closing; if that still happens on a
  * reused socket before any answer, the request is sent once more on a new one.
  */
+
+import http from "node:http";
+import https from "node:https";
+import { RlqError, type ErrorCode } from "./errors.ts";
+
 export interface HttpCallOptions {
   /** The whole call (connect, send, answer), ms. */
   timeoutMs: number;

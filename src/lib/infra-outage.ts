@@ -1,5 +1,3 @@
-import { RlqError } from "./errors.ts";
-
 /**
  * @file Postgres or Redis out of reach for now (an outage), told apart from failures of the work,
  * and the wait that rides one out. queue/worker-host.ts runs every job through
@@ -23,6 +21,9 @@ import { RlqError } from "./errors.ts";
  * stops at undici's "fetch failed" for the same reason. Anything else (a constraint violation,
  * a missing relation, a bug) is the work's failure and spends an attempt as before.
  */
+
+import { RlqError } from "./errors.ts";
+
 const PG_OUTAGE_CODES = new Set(["08000", "08001", "08003", "08004", "08006", "57P01", "57P02", "57P03"]);
 const SOCKET_CODES = new Set(["ECONNREFUSED", "ECONNRESET", "EPIPE", "ETIMEDOUT", "EHOSTUNREACH", "ENETUNREACH", "EAI_AGAIN"]);
 const DRIVER_MESSAGES =

@@ -1,5 +1,3 @@
-import { isIPv4, isIPv6 } from "node:net";
-
 /**
  * Whether a listen address reaches only this machine: `localhost`, an IPv4 address in
  * 127.0.0.0/8, or the IPv6 loopback `::1` (in any spelling, bracketed or not, and IPv4-mapped
@@ -8,6 +6,9 @@ import { isIPv4, isIPv6 } from "node:net";
  * localhost (its address is whatever a resolver says). The dashboard and /metrics require the
  * token for every request when their host is beyond loopback (http-access/access.ts).
  */
+
+import { isIPv4, isIPv6 } from "node:net";
+
 export function isLoopbackHost(host: string): boolean {
   const h = host
     .trim()

@@ -1,6 +1,3 @@
-import { readFileSync, readdirSync, readlinkSync } from "node:fs";
-import { createServer } from "node:net";
-
 /**
  * @file Which process listens on a TCP port, and which ports are free, for messages that name the
  * holder of a port rlq wanted (store/embedded-postgres.ts). Linux only: the listening socket's
@@ -8,6 +5,9 @@ import { createServer } from "node:net";
  * or when /proc hides the process (another user's, without root), the answer is null and the
  * caller says only that the port is taken.
  */
+
+import { readFileSync, readdirSync, readlinkSync } from "node:fs";
+import { createServer } from "node:net";
 
 /** The pid and command line of the process listening on `port`, or null when it cannot be told. */
 export function portHolder(port: number): { pid: number; command: string } | null {

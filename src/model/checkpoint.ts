@@ -1,11 +1,3 @@
-import { mkdir, readFile, rename, stat, writeFile } from "node:fs/promises";
-import { dirname, join } from "node:path";
-import { fileURLToPath, pathToFileURL } from "node:url";
-import { parseModelConfig, type ModelConfig } from "./config.ts";
-import { decodeSafetensors, encodeSafetensors, type NamedTensor } from "./safetensors.ts";
-import { assertWeightsMatch, parameterSpecs, type Weights } from "./weights.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * Checkpoints: one directory per weight version holding one safetensors file of
  * weights (`weights.safetensors`) and, for trainer outputs, the AdamW state
@@ -15,6 +7,15 @@ import { RlqError } from "../lib/errors.ts";
  * directory's file:// URI (what train steps commit); the weights file's own path
  * or URI is accepted wherever a checkpoint is read.
  */
+
+import { mkdir, readFile, rename, stat, writeFile } from "node:fs/promises";
+import { dirname, join } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { parseModelConfig, type ModelConfig } from "./config.ts";
+import { decodeSafetensors, encodeSafetensors, type NamedTensor } from "./safetensors.ts";
+import { assertWeightsMatch, parameterSpecs, type Weights } from "./weights.ts";
+import { RlqError } from "../lib/errors.ts";
+
 export const MODEL_FORMAT = "rlq-gpt-v1";
 export const OPTIMIZER_FORMAT = "rlq-adamw-v1";
 

@@ -1,5 +1,3 @@
-import { z } from "zod";
-
 /**
  * The embedded model: a GPT-style causal transformer (pre-LN, tanh-GELU MLP,
  * learned absolute positions, untied output head, no dropout).
@@ -9,6 +7,9 @@ import { z } from "zod";
  * trainer (jax-js) and the float64 reference forward all build the same network
  * from this one object; changing a default here changes all three at once.
  */
+
+import { z } from "zod";
+
 export const modelConfigSchema = z
   .object({
     vocab_size: z.number().int().min(2).max(65_536),

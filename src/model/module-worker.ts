@@ -1,7 +1,3 @@
-import { createRequire } from "node:module";
-import { pathToFileURL } from "node:url";
-import { Worker, type WorkerOptions } from "node:worker_threads";
-
 /**
  * Start a worker_thread running one of our own modules, whether we run from
  * TypeScript sources (tsx, vitest) or from compiled `dist/` JavaScript.
@@ -12,6 +8,11 @@ import { Worker, type WorkerOptions } from "node:worker_threads";
  * tsx's loader registered in the parent does not reach workers; so a `.ts`
  * module is started through a one-line bootstrap that registers tsx first.
  */
+
+import { createRequire } from "node:module";
+import { pathToFileURL } from "node:url";
+import { Worker, type WorkerOptions } from "node:worker_threads";
+
 export function spawnModuleWorker(moduleUrl: URL, options: WorkerOptions = {}): Worker {
   if (!moduleUrl.pathname.endsWith(".ts")) return new Worker(moduleUrl, options);
   // The ESM build of tsx's API: its CJS build resolves its loader relative to the

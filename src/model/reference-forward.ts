@@ -1,13 +1,13 @@
-import { headDim, type ModelConfig } from "./config.ts";
-import { tensor, type Weights } from "./weights.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * The test oracle: a plain float64 forward pass of the model, written for
  * clarity, not speed (O(T^2 d) per layer with scalar loops). Engine (ONNX,
  * float32) and trainer (jax-js, float32) are both checked against it, so it
  * must stay an independent implementation: do not share code with them.
  */
+
+import { headDim, type ModelConfig } from "./config.ts";
+import { tensor, type Weights } from "./weights.ts";
+import { RlqError } from "../lib/errors.ts";
 
 const GELU_C = Math.sqrt(2 / Math.PI);
 

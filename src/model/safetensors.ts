@@ -1,6 +1,3 @@
-import { endianness } from "node:os";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * safetensors, written and read by hand (https://github.com/huggingface/safetensors):
  *   [u64 LE header length N][N bytes JSON header, space-padded to 8][raw little-endian tensor bytes]
@@ -11,6 +8,10 @@ import { RlqError } from "../lib/errors.ts";
  * header is JSON.stringify of objects built in that order, so the same tensors
  * and metadata give byte-identical files (a retried train step relies on this).
  */
+
+import { endianness } from "node:os";
+import { RlqError } from "../lib/errors.ts";
+
 export type SafetensorsDtype = "F32" | "F64" | "I32";
 export type TensorData = Float32Array | Float64Array | Int32Array;
 

@@ -1,12 +1,13 @@
-import { z } from "zod";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * A small tokenizer for the embedded model: a fixed list of token strings,
  * mostly single characters plus a few multi-character pieces (the demo's
  * `\boxed{` is one token, so answers stay short), matched greedily longest-first.
  * Special tokens are addressed by id and never produced by `encode`.
  */
+
+import { z } from "zod";
+import { RlqError } from "../lib/errors.ts";
+
 export const tokenizerSpecSchema = z.object({
   /** Token strings; the index is the id. Special tokens are written as <name>. */
   tokens: z.array(z.string().min(1)).min(4),

@@ -1,7 +1,3 @@
-import type { ModelConfig } from "./config.ts";
-import { deriveSeed, Prng } from "./prng.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * Weight names, shapes and deterministic initialisation.
  *
@@ -9,6 +5,11 @@ import { RlqError } from "../lib/errors.ts";
  * without a transpose. The names are the checkpoint's tensor names and the ONNX
  * graph's input names; renaming one breaks every existing checkpoint.
  */
+
+import type { ModelConfig } from "./config.ts";
+import { deriveSeed, Prng } from "./prng.ts";
+import { RlqError } from "../lib/errors.ts";
+
 export type Weights = Record<string, Float32Array>;
 
 export interface ParameterSpec {

@@ -1,10 +1,3 @@
-import { z } from "zod";
-import { RlqError } from "../lib/errors.ts";
-import { postJsonWithRetry, type HttpRetryOptions } from "../lib/http-client.ts";
-import type { CustomGenerateFunction, CustomGenerateHelpers, CustomGenerateSample, Turn } from "../rollout/custom-generate.ts";
-import { loadPluginFunction, parsePluginPath } from "./load.ts";
-import { isPythonSidecarPath, resolvePythonPlugin } from "./python.ts";
-
 /**
  * Plugins over HTTP: wherever a plugin module path is accepted
  * (custom_rm_path, dynamic_sampling_filter_path, buffer_filter_path,
@@ -23,6 +16,14 @@ import { isPythonSidecarPath, resolvePythonPlugin } from "./python.ts";
  * without `result` or with `{"error": ...}` is a non-retriable
  * `plugin_bad_return` / `plugin_threw`.
  */
+
+import { z } from "zod";
+import { RlqError } from "../lib/errors.ts";
+import { postJsonWithRetry, type HttpRetryOptions } from "../lib/http-client.ts";
+import type { CustomGenerateFunction, CustomGenerateHelpers, CustomGenerateSample, Turn } from "../rollout/custom-generate.ts";
+import { loadPluginFunction, parsePluginPath } from "./load.ts";
+import { isPythonSidecarPath, resolvePythonPlugin } from "./python.ts";
+
 export type HttpPluginKind = "reward" | "reward_group" | "dynamic_filter" | "buffer_filter" | "generate";
 
 /** The module exports each kind looks for (the conventional names, as src/runtime uses them). */

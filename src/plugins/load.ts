@@ -1,9 +1,3 @@
-import { readFile } from "node:fs/promises";
-import { isAbsolute, resolve } from "node:path";
-import { pathToFileURL } from "node:url";
-import { sha256Hex } from "../lib/hash.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * User plugins by module path, as in slime (custom_rm_path,
  * dynamic_sampling_filter_path, buffer_filter_path, ...). A module is loaded
@@ -11,6 +5,13 @@ import { RlqError } from "../lib/errors.ts";
  * run start, and a run refuses to resume if the file changed.
  * `module.js:exportName` picks an export; otherwise the conventional name.
  */
+
+import { readFile } from "node:fs/promises";
+import { isAbsolute, resolve } from "node:path";
+import { pathToFileURL } from "node:url";
+import { sha256Hex } from "../lib/hash.ts";
+import { RlqError } from "../lib/errors.ts";
+
 export interface PluginRef {
   file: string;
   exportName: string | null;

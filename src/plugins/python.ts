@@ -1,12 +1,3 @@
-import { spawn, type ChildProcess } from "node:child_process";
-import { isAbsolute, join, resolve } from "node:path";
-import { createInterface } from "node:readline";
-import { fileURLToPath } from "node:url";
-import { z } from "zod";
-import { pluginPython } from "../config/env.ts";
-import { RlqError } from "../lib/errors.ts";
-import type { CustomGenerateFunction, CustomGenerateHelpers, CustomGenerateSample, EngineTurn, Turn } from "../rollout/custom-generate.ts";
-
 /**
  * Python plugins, unmodified (rewards, dynamic and buffer filters, generate
  * functions): `custom_rm_path: py:my_rewards.reward_func`
@@ -27,6 +18,16 @@ import type { CustomGenerateFunction, CustomGenerateHelpers, CustomGenerateSampl
  * if that fails too, a retriable `plugin_sidecar_failed` with the host's last
  * stderr lines lets the job be retried later.
  */
+
+import { spawn, type ChildProcess } from "node:child_process";
+import { isAbsolute, join, resolve } from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+import { z } from "zod";
+import { pluginPython } from "../config/env.ts";
+import { RlqError } from "../lib/errors.ts";
+import type { CustomGenerateFunction, CustomGenerateHelpers, CustomGenerateSample, EngineTurn, Turn } from "../rollout/custom-generate.ts";
+
 export const PY_PREFIX = "py:";
 
 export function isPythonSidecarPath(path: string | null | undefined): boolean {

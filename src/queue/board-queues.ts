@@ -1,10 +1,3 @@
-import type { Queue } from "bullmq";
-import type { QueueBackend } from "./backend.ts";
-import { queueKinds } from "./payloads.ts";
-import { openQueue, queueName } from "./queues.ts";
-import { QueueWatch, WATCH_QUEUE } from "./queue-watch.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * BullMQ Queue objects for Bull Board (dashboard/bull-board.ts), one per rlq
  * queue, on whichever backend the process uses. They are the same classes the
@@ -14,6 +7,14 @@ import { RlqError } from "../lib/errors.ts";
  * the queue watch saw and what operators changed through the board. The caller
  * closes them.
  */
+
+import type { Queue } from "bullmq";
+import type { QueueBackend } from "./backend.ts";
+import { queueKinds } from "./payloads.ts";
+import { openQueue, queueName } from "./queues.ts";
+import { QueueWatch, WATCH_QUEUE } from "./queue-watch.ts";
+import { RlqError } from "../lib/errors.ts";
+
 export function openBoardQueues(backend: QueueBackend): { queues: Queue[]; watch: QueueWatch; close(): Promise<void> } {
   const queues = queueKinds.map((kind) => openQueue(backend, queueName(kind)));
   let watchQueue: Queue | null = null;

@@ -1,9 +1,3 @@
-import type { Queue } from "bullmq";
-import { hostname } from "node:os";
-import { z } from "zod";
-import type { QueueBackend } from "./backend.ts";
-import { queueKinds, type QueueKind } from "./payloads.ts";
-
 /**
  * @file The queue watch: rlq notices what was done to its queues that it did not do,
  * says so (`rlq run status`, the dashboard's banner), and repairs what it can.
@@ -34,6 +28,13 @@ import { queueKinds, type QueueKind } from "./payloads.ts";
  * the `rlq-watch` queue, which no worker consumes (as the sentinel's queue), read by any process.
  * Two processes may both see one pause before either resumes it: then both record it.
  */
+
+import type { Queue } from "bullmq";
+import { hostname } from "node:os";
+import { z } from "zod";
+import type { QueueBackend } from "./backend.ts";
+import { queueKinds, type QueueKind } from "./payloads.ts";
+
 export const queueEventSchema = z.object({
   /** When the watch saw it (ISO 8601). */
   at: z.string(),

@@ -1,14 +1,15 @@
-import type { Queue } from "bullmq";
-import type { QueueBackend } from "./backend.ts";
-import { jobIds, queueKinds, type JobData, type QueueKind } from "./payloads.ts";
-import { QueueWatch } from "./queue-watch.ts";
-
 /**
  * Producers and inspectors for rlq's queues. `enqueue` is idempotent: a job
  * id that already exists is left alone (BullMQ keeps the first), so the
  * controller can re-send after a crash or during reconcile without doubling
  * work.
  */
+
+import type { Queue } from "bullmq";
+import type { QueueBackend } from "./backend.ts";
+import { jobIds, queueKinds, type JobData, type QueueKind } from "./payloads.ts";
+import { QueueWatch } from "./queue-watch.ts";
+
 export type JobState = "missing" | "waiting" | "active" | "delayed" | "completed" | "failed" | "prioritized" | "waiting-children" | "unknown";
 
 export interface JobInfo {

@@ -1,10 +1,3 @@
-import { DelayedError, UnrecoverableError, type Job, type Worker } from "bullmq";
-import type { QueueBackend } from "./backend.ts";
-import { jobSchemas, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "./payloads.ts";
-import { queueName } from "./queues.ts";
-import { errorMessage, isBug, isRetriable, RlqError } from "../lib/errors.ts";
-import { retryThroughOutages } from "../lib/infra-outage.ts";
-
 /**
  * Runs a processor for one queue. Decides once, here, whether an error is
  * retried (transient) or not (bad payload, bad config, bad plugin →
@@ -29,6 +22,14 @@ import { retryThroughOutages } from "../lib/infra-outage.ts";
  * database and the stall check hands the job on, which idempotent jobs allow).
  * Attempts, and BullMQ's backoff, count only failures of the work itself.
  */
+
+import { DelayedError, UnrecoverableError, type Job, type Worker } from "bullmq";
+import type { QueueBackend } from "./backend.ts";
+import { jobSchemas, UNRECOVERABLE_PREFIX, type JobData, type QueueKind } from "./payloads.ts";
+import { queueName } from "./queues.ts";
+import { errorMessage, isBug, isRetriable, RlqError } from "../lib/errors.ts";
+import { retryThroughOutages } from "../lib/infra-outage.ts";
+
 export interface JobContext {
   jobId: string;
   attemptsMade: number;

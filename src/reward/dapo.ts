@@ -1,7 +1,3 @@
-import { pyFloat, pyIntStr, pyIsDigitString, pyStr, pyTailCodePoints } from "./python-compat.ts";
-import type { RewardInput } from "./reward-input.ts";
-import { RewardError, type RewardComponents } from "./reward-result.ts";
-
 /**
  * slime `math_dapo_utils.compute_score`, rm_type `dapo` (DAPO's Minerva-style
  * checker). Returns `{score: 1 | -1, acc: 1 | 0, pred}`: train on it with
@@ -15,6 +11,10 @@ import { RewardError, type RewardComponents } from "./reward-result.ts";
  *   `str(int(float(label)))` (DAPO's answers are integers). A label that is
  *   not a number raises, as in slime.
  */
+
+import { pyFloat, pyIntStr, pyIsDigitString, pyStr, pyTailCodePoints } from "./python-compat.ts";
+import type { RewardInput } from "./reward-input.ts";
+import { RewardError, type RewardComponents } from "./reward-result.ts";
 
 const SUBSTITUTIONS: ReadonlyArray<readonly [string, string]> = [
   ["an ", ""],

@@ -1,11 +1,3 @@
-import { extractAnswer } from "./boxed.ts";
-import { gradeAnswerMathd } from "./mathd-normalize.ts";
-import { pyStr } from "./python-compat.ts";
-import type { RewardInput } from "./reward-input.ts";
-import { RewardError } from "./reward-result.ts";
-import type { SymbolicOptions } from "./symbolic-equal.ts";
-import { gradeAnswerSympy } from "./sympy-normalize.ts";
-
 /**
  * slime `get_deepscaler_rule_based_reward(response, label)`, rm_type
  * `deepscaler`: 1 or 0.
@@ -19,6 +11,15 @@ import { gradeAnswerSympy } from "./sympy-normalize.ts";
  *   nothing, so 0).
  * - A label that is not a string, number or boolean raises (slime asserts).
  */
+
+import { extractAnswer } from "./boxed.ts";
+import { gradeAnswerMathd } from "./mathd-normalize.ts";
+import { pyStr } from "./python-compat.ts";
+import type { RewardInput } from "./reward-input.ts";
+import { RewardError } from "./reward-result.ts";
+import type { SymbolicOptions } from "./symbolic-equal.ts";
+import { gradeAnswerSympy } from "./sympy-normalize.ts";
+
 export function deepscalerReward(input: RewardInput, options: SymbolicOptions = {}): number {
   const { response, label } = input;
   let solution: string;

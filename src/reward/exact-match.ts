@@ -1,6 +1,3 @@
-import { pyStr } from "./python-compat.ts";
-import type { RewardInput } from "./reward-input.ts";
-
 /**
  * rm_type `exact_match` (rlq's own; slime has no such type): 1 if the
  * response, trimmed of surrounding whitespace, equals `str(label)` trimmed,
@@ -8,6 +5,10 @@ import type { RewardInput } from "./reward-input.ts";
  * empty label (`null`, `""`) never matches. Combine with the `boxed_` prefix
  * (`boxed_exact_match`) to compare only the last `\boxed{}` content.
  */
+
+import { pyStr } from "./python-compat.ts";
+import type { RewardInput } from "./reward-input.ts";
+
 export function exactMatchReward(input: RewardInput): number {
   const { label } = input;
   if (label === null || label === undefined || label === "") return 0;

@@ -1,6 +1,3 @@
-import { pyStr } from "./python-compat.ts";
-import type { RewardInput } from "./reward-input.ts";
-
 /**
  * slime `f1.py`, rm_type `f1`: SQuAD-style token F1 between the response and
  * the label, in [0, 1].
@@ -11,6 +8,9 @@ import type { RewardInput } from "./reward-input.ts";
  * to `yes`, `no` or `noanswer`, the two must be identical, else 0.
  * A non-string label is `str()`-ed first (slime would raise on it).
  */
+
+import { pyStr } from "./python-compat.ts";
+import type { RewardInput } from "./reward-input.ts";
 
 const PUNCTUATION = new Set(Array.from("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")); // Python string.punctuation
 // Python 3's \b is Unicode-aware; JavaScript's is ASCII-only, so spell the boundaries out.

@@ -1,6 +1,3 @@
-import { pyIsFalsy, pyStr } from "./python-compat.ts";
-import type { RewardInput } from "./reward-input.ts";
-
 /**
  * slime `gpqa.py`, rm_type `gpqa`: multiple choice, 1.0 or 0.0.
  *
@@ -21,6 +18,9 @@ import type { RewardInput } from "./reward-input.ts";
  * choice's text (or `metadata.correct_answer` / `answer_text`, or a text
  * label) as whole words scores 1.
  */
+
+import { pyIsFalsy, pyStr } from "./python-compat.ts";
+import type { RewardInput } from "./reward-input.ts";
 
 const DEFAULT_VALID_LETTERS = Array.from("ABCDEFGHIJ");
 const LETTER_PATTERNS = [

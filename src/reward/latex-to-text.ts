@@ -1,5 +1,3 @@
-import { SYMBOLS } from "./latex-symbols.ts";
-
 /**
  * LaTeX → plain text as pylatexenc 2.10's `LatexNodes2Text().latex_to_text`
  * renders the macros that occur in math answers. slime's sympy-side
@@ -20,6 +18,8 @@ import { SYMBOLS } from "./latex-symbols.ts";
  * letters), combining accents of `\hat{x}` & co. (we keep the base), and
  * environments (we render `\begin{..}`/`\end{..}` as nothing and keep the body).
  */
+
+import { SYMBOLS } from "./latex-symbols.ts";
 
 /** Argument spec per macro (`[` optional, `{` mandatory, `*` optional star) and how it renders. */
 type Render = (args: readonly string[]) => string;

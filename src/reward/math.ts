@@ -1,10 +1,3 @@
-import { extractAnswer } from "./boxed.ts";
-import { gradeAnswerMathd } from "./mathd-normalize.ts";
-import { pyIsFalsy, pyStr } from "./python-compat.ts";
-import type { RewardInput } from "./reward-input.ts";
-import type { SymbolicOptions } from "./symbolic-equal.ts";
-import { gradeAnswerSympy } from "./sympy-normalize.ts";
-
 /**
  * slime `grade_answer_verl(solution, label)`, the `math` rm_type:
  *
@@ -16,6 +9,14 @@ import { gradeAnswerSympy } from "./sympy-normalize.ts";
  *    and no `Answer:` handling;
  * 3. correct iff `grade_answer_mathd` or `grade_answer_sympy`.
  */
+
+import { extractAnswer } from "./boxed.ts";
+import { gradeAnswerMathd } from "./mathd-normalize.ts";
+import { pyIsFalsy, pyStr } from "./python-compat.ts";
+import type { RewardInput } from "./reward-input.ts";
+import type { SymbolicOptions } from "./symbolic-equal.ts";
+import { gradeAnswerSympy } from "./sympy-normalize.ts";
+
 export function gradeAnswerVerl(solution: string, label: unknown, options: SymbolicOptions = {}): boolean {
   if (pyIsFalsy(label)) return false;
   let groundTruth: string | null = pyStr(label);

@@ -1,11 +1,11 @@
-import { pyInt } from "./python-compat.ts";
-
 /**
  * The "mathd" half of slime's math grader: Hendrycks' `_strip_string`
  * normalisation followed by exact string equality (`grade_answer_mathd`).
  * Every step below is in slime's order; reordering changes results (the
  * leading-zero fix must run before the `0.5` special case, for example).
  */
+
+import { pyInt } from "./python-compat.ts";
 
 /** Thrown by a step where Python would raise; `mathdNormalizeAnswer` then keeps the input as is. */
 class StripError extends Error {}

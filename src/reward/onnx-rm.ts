@@ -1,10 +1,3 @@
-import { readFile, stat } from "node:fs/promises";
-import { join } from "node:path";
-import * as ort from "onnxruntime-node";
-import { z } from "zod";
-import { loadHfTokenizer, type HfTokenizer } from "../engines/hf-tokenizer.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * @file `rm_type: onnx_rm`: a learned reward model run in-process by onnxruntime-node, the one module of
  * reward/ that imports it (STYLE.md boundary). The model directory is what
@@ -18,6 +11,13 @@ import { RlqError } from "../lib/errors.ts";
  * The scored text is `prompt + response`, encoded without special tokens and cut to the first `max_length`
  * tokens: what the Python side trains and exports on, so the two score the same ids.
  */
+
+import { readFile, stat } from "node:fs/promises";
+import { join } from "node:path";
+import * as ort from "onnxruntime-node";
+import { z } from "zod";
+import { loadHfTokenizer, type HfTokenizer } from "../engines/hf-tokenizer.ts";
+import { RlqError } from "../lib/errors.ts";
 
 const manifestSchema = z.object({
   format: z.literal("rlq-onnx-rm-v1"),

@@ -1,6 +1,3 @@
-import { z } from "zod";
-import { RewardError, type RewardResult } from "./reward-result.ts";
-
 /**
  * The contract of a user reward plugin (`custom_rm_path`, a JS module or an
  * HTTP endpoint speaking the same JSON):
@@ -17,6 +14,9 @@ import { RewardError, type RewardResult } from "./reward-result.ts";
  * Loading the module is the plugin loader's job; this file only judges what
  * came back.
  */
+
+import { z } from "zod";
+import { RewardError, type RewardResult } from "./reward-result.ts";
 
 const numberLike = z.union([z.number(), z.boolean().transform((b) => (b ? 1 : 0))]);
 

@@ -1,10 +1,3 @@
-import { RlqError } from "../lib/errors.ts";
-import { postJsonWithRetry, RemoteCallError, type HttpRetryOptions, type RemoteFailureRecord } from "../lib/http-client.ts";
-
-import { validatePluginReward } from "./plugin-contract.ts";
-import type { RewardResult } from "./reward-result.ts";
-export { backoffMs, type AttemptFailure } from "../lib/http-client.ts";
-
 /**
  * `rm_type: remote_rm`: a reward server over HTTP, as slime's `remote_rm`
  * (`slime/rollout/rm_hub/__init__.py`): one `POST rm_url` per sample with
@@ -27,6 +20,14 @@ export { backoffMs, type AttemptFailure } from "../lib/http-client.ts";
  * lost; a valid JSON answer of the wrong shape is a non-retriable
  * `plugin_reward_invalid` (RewardError) naming the URL.
  */
+
+import { RlqError } from "../lib/errors.ts";
+import { postJsonWithRetry, RemoteCallError, type HttpRetryOptions, type RemoteFailureRecord } from "../lib/http-client.ts";
+
+import { validatePluginReward } from "./plugin-contract.ts";
+import type { RewardResult } from "./reward-result.ts";
+export { backoffMs, type AttemptFailure } from "../lib/http-client.ts";
+
 /** The remote reward gave up (code `remote_reward_failed`). */
 export class RemoteRewardError extends RemoteCallError {
   constructor(message: string, record: RemoteFailureRecord, isRetriable: boolean) {

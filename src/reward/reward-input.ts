@@ -1,12 +1,13 @@
-import { z } from "zod";
-import type { RewardResult } from "./reward-result.ts";
-
 /**
  * What an in-process reward function sees of a sample: the response text,
  * the dataset label (any JSON value: slime labels are str, int, float or
  * None, and some rm_types read a dict) and the sample's metadata
  * (`rm_type`, gpqa's `choices`, ...).
  */
+
+import { z } from "zod";
+import type { RewardResult } from "./reward-result.ts";
+
 export const rewardInputSchema = z.object({
   response: z.string(),
   label: z.unknown(),

@@ -1,6 +1,3 @@
-import { z } from "zod";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * What a reward function returns, built-in or plugin: a number, or a record
  * of named components (slime's dict reward, e.g. dapo's
@@ -12,6 +9,10 @@ import { RlqError } from "../lib/errors.ts";
  * component. Booleans are not part of the stored type: plugin validation
  * turns them into 1/0 first (see plugin-contract.ts).
  */
+
+import { z } from "zod";
+import { RlqError } from "../lib/errors.ts";
+
 export const rewardComponentsSchema = z
   .record(z.string().min(1), z.union([z.number(), z.string()]))
   .refine((r) => Object.values(r).some((v) => typeof v === "number"), {

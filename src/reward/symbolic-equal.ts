@@ -1,8 +1,3 @@
-import { createRequire } from "node:module";
-import type { ComputeEngine, MathJsonExpression } from "@cortex-js/compute-engine";
-import { pyIsAlphaChar } from "./python-compat.ts";
-import { parseSympyText, type MathJson } from "./sympy-expr.ts";
-
 /**
  * The last step of slime's math grader, `are_equal_under_sympy(gt, given)`:
  * `sympy.simplify(gt - given) == 0`, behind slime's guards. Here the
@@ -23,6 +18,12 @@ import { parseSympyText, type MathJson } from "./sympy-expr.ts";
  * Arithmetic is at machine precision, like sympy's 15-digit Floats:
  * `0.1+0.2` vs `0.3` is not equal in either.
  */
+
+import { createRequire } from "node:module";
+import type { ComputeEngine, MathJsonExpression } from "@cortex-js/compute-engine";
+import { pyIsAlphaChar } from "./python-compat.ts";
+import { parseSympyText, type MathJson } from "./sympy-expr.ts";
+
 export interface SymbolicOptions {
   /** Wall-clock limit for one simplification, in ms. Default 2000. */
   timeLimitMs?: number;

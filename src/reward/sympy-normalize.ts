@@ -1,8 +1,3 @@
-import { latexToText } from "./latex-to-text.ts";
-import { pyFloat, pyIntStr, pyRoundToInt } from "./python-compat.ts";
-import { areEqualUnderSymbolic, type SymbolicOptions } from "./symbolic-equal.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * The "sympy" half of slime's math grader (`grade_answer_sympy` in
  * math_utils.py): a second, more lenient string normalisation, then
@@ -10,6 +5,11 @@ import { RlqError } from "../lib/errors.ts";
  * very last step a symbolic check (done here with Compute Engine instead of
  * sympy; see symbolic-equal.ts).
  */
+
+import { latexToText } from "./latex-to-text.ts";
+import { pyFloat, pyIntStr, pyRoundToInt } from "./python-compat.ts";
+import { areEqualUnderSymbolic, type SymbolicOptions } from "./symbolic-equal.ts";
+import { RlqError } from "../lib/errors.ts";
 
 const UNITS = ["degree", "cm", "centimeter", "meter", "mile", "second", "minute", "hour", "day", "week", "month", "year", "foot", "feet", "inch", "yard"];
 // Python: re.sub(f"{unit}(es)?(s)? *(\^[0-9]+)?", "", expr); `unit` is matched anywhere, even inside words.

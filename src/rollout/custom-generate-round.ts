@@ -1,3 +1,5 @@
+/** One rollout round of a sample through `custom_generate_function_path` (custom-generate.ts runs the function). */
+
 import type { Engine } from "../engines/engine.ts";
 import type { AssembledSample } from "../core/sample.ts";
 import type { RunConfig } from "../config/run-config.ts";
@@ -6,8 +8,6 @@ import { requestId } from "../queue/payloads.ts";
 import { seedFrom } from "../lib/hash.ts";
 import { runCustomGenerate, type CustomGenerateFunction, type SegmentDraft } from "./custom-generate.ts";
 import { runSampling } from "./sampling-params.ts";
-
-/** One rollout round of a sample through `custom_generate_function_path` (custom-generate.ts runs the function). */
 
 /**
  * The run tokenizer's `encode` without the special tokens it puts in front

@@ -1,8 +1,3 @@
-import { z } from "zod";
-import type { Engine, FinishReason, SamplingParams } from "../engines/engine.ts";
-import type { SampleStatus, SegmentFact } from "../core/sample.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * `custom_generate_function_path`: one sample, possibly multi-turn (slime's
  * custom generate function, e.g. a tool-using agent).
@@ -41,6 +36,11 @@ import { RlqError } from "../lib/errors.ts";
  * these tokens", `weight_versions` would list -1, and staleness views would
  * count it.
  */
+
+import { z } from "zod";
+import type { Engine, FinishReason, SamplingParams } from "../engines/engine.ts";
+import type { SampleStatus, SegmentFact } from "../core/sample.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /** What the function sees of the sample (plain JSON, also what an HTTP plugin is sent). */
 export interface CustomGenerateSample {

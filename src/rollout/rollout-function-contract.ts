@@ -1,11 +1,3 @@
-import { z } from "zod";
-import type { RunConfig } from "../config/run-config.ts";
-import type { SampleStatus } from "../core/sample.ts";
-import type { DynamicFilterOutput } from "../filters/index.ts";
-import { isHttpPluginPath } from "../plugins/http.ts";
-import { loadPluginFunction, parsePluginPath } from "../plugins/load.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * `rollout_function_path`: slime's `generate_rollout(args, rollout_id,
  * data_source, evaluation=False)` as a TS/JS module function
@@ -14,6 +6,14 @@ import { RlqError } from "../lib/errors.ts";
  * eval branch inside the eval job (src/jobs/rollout-function-eval.ts).
  * What the function gets and must return is defined here.
  */
+
+import { z } from "zod";
+import type { RunConfig } from "../config/run-config.ts";
+import type { SampleStatus } from "../core/sample.ts";
+import type { DynamicFilterOutput } from "../filters/index.ts";
+import { isHttpPluginPath } from "../plugins/http.ts";
+import { loadPluginFunction, parsePluginPath } from "../plugins/load.ts";
+import { RlqError } from "../lib/errors.ts";
 
 /** A group handed out by `ctx.draw`: one prompt, to be generated n_samples_per_prompt times. */
 export interface RolloutGroup {

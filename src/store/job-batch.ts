@@ -1,8 +1,3 @@
-import type { Db } from "./db.ts";
-import { coalesce } from "../lib/coalesce.ts";
-import { loadRewardJobViews, loadRolloutJobViews, type RewardJobKey, type RewardJobView, type RolloutJobKey, type RolloutJobView } from "./job-views.ts";
-import { areRoundsAborted, writeRewardsOfRounds, writeRounds, type RewardWrite, type RoundFacts } from "./rollout-facts.ts";
-
 /**
  * The statements of the rollout and reward jobs, coalesced across the jobs a
  * worker process runs at once (lib/coalesce.ts): concurrent jobs' starts go
@@ -13,6 +8,12 @@ import { areRoundsAborted, writeRewardsOfRounds, writeRounds, type RewardWrite, 
  * worker's CPU per group; batching them is what lets the queue's per-group
  * jobs scale.
  */
+
+import type { Db } from "./db.ts";
+import { coalesce } from "../lib/coalesce.ts";
+import { loadRewardJobViews, loadRolloutJobViews, type RewardJobKey, type RewardJobView, type RolloutJobKey, type RolloutJobView } from "./job-views.ts";
+import { areRoundsAborted, writeRewardsOfRounds, writeRounds, type RewardWrite, type RoundFacts } from "./rollout-facts.ts";
+
 export interface JobStore {
   loadRolloutView(key: RolloutJobKey, nSamples: number): Promise<RolloutJobView>;
   /**

@@ -1,8 +1,3 @@
-import type { Db } from "./db.ts";
-import { roundAbortedSql } from "./rollout-facts.ts";
-import { groupColumns, groupFromRow, groupKeysFrom, inKeyOrder, responsesFromRow, type GroupResponses, type GroupRow, type GroupView } from "./group-view.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * What a rollout or reward job reads when it starts, in ONE round trip: the
  * checks that refuse a job without a decision behind it, the idempotency
@@ -21,6 +16,12 @@ import { RlqError } from "../lib/errors.ts";
  * The statements take a batch of keys (of any runs): a worker coalesces the
  * starts of the jobs it runs at once into one statement (store/job-batch.ts).
  */
+
+import type { Db } from "./db.ts";
+import { roundAbortedSql } from "./rollout-facts.ts";
+import { groupColumns, groupFromRow, groupKeysFrom, inKeyOrder, responsesFromRow, type GroupResponses, type GroupRow, type GroupView } from "./group-view.ts";
+import { RlqError } from "../lib/errors.ts";
+
 export interface RolloutJobView {
   /** A `group.dispatched` decision for this (group, round, step) exists. */
   isDispatched: boolean;

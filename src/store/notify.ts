@@ -1,7 +1,3 @@
-import pg from "pg";
-import type { Database } from "./database.ts";
-import { sql } from "drizzle-orm";
-
 /**
  * Wake-ups over Postgres LISTEN/NOTIFY: a hint that a run's facts changed, so
  * a waiter looks now instead of at its next poll. Never the fact itself:
@@ -26,6 +22,11 @@ import { sql } from "drizzle-orm";
  * NOTIFY is transactional: sent inside a transaction it is delivered at
  * commit, so a woken waiter always finds the fact.
  */
+
+import pg from "pg";
+import type { Database } from "./database.ts";
+import { sql } from "drizzle-orm";
+
 export type Channel = "rlq_facts" | "rlq_abort" | "rlq_weights" | "rlq_kept";
 
 export interface Notifications {

@@ -1,5 +1,3 @@
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * One-dimensional Postgres arrays in the binary wire format (array_recv in
  * src/backend/utils/adt/arrayfuncs.c): node-postgres sends a Buffer parameter
@@ -13,6 +11,9 @@ import { RlqError } from "../lib/errors.ts";
  * int32 length and int32 lower bound (1); then per element int32 byte length
  * and the big-endian value. An empty array is ndim 0 and nothing after the oid.
  */
+
+import { RlqError } from "../lib/errors.ts";
+
 const OID = { int2: 21, int4: 23, float4: 700 } as const;
 type ElementType = keyof typeof OID;
 const SIZE: Record<ElementType, number> = { int2: 2, int4: 4, float4: 4 };

@@ -1,8 +1,3 @@
-import { and, eq, inArray, isNull, sql } from "drizzle-orm";
-import type { Db, Database } from "./db.ts";
-import { rolloutHistory, runs } from "./schema/index.ts";
-import { STEP_AGGREGATE_COLUMNS, STEP_AGGREGATES } from "./step-aggregates.ts";
-
 /**
  * The one writer of the projections (docs/architecture.md "The fact model"): the `runs` row and
  * `rollout_history`. Facts are insert-only and written by their own modules;
@@ -12,6 +7,12 @@ import { STEP_AGGREGATE_COLUMNS, STEP_AGGREGATES } from "./step-aggregates.ts";
  * means. Every function takes the transaction its facts commit in, except the
  * few that stand alone (`setRunProjection`, `replaceProjections`).
  */
+
+import { and, eq, inArray, isNull, sql } from "drizzle-orm";
+import type { Db, Database } from "./db.ts";
+import { rolloutHistory, runs } from "./schema/index.ts";
+import { STEP_AGGREGATE_COLUMNS, STEP_AGGREGATES } from "./step-aggregates.ts";
+
 export type HistoryRow = typeof rolloutHistory.$inferInsert;
 
 /** A new run's projection row (created with its first decisions, `insertRun`). */

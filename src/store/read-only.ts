@@ -1,8 +1,3 @@
-import pg from "pg";
-import Cursor from "pg-cursor";
-import { RlqError } from "../lib/errors.ts";
-import { redactUrl } from "../lib/redact.ts";
-
 /**
  * Read-only SQL for people (`rlq sql`) and the dashboard. Four walls, any one of which holds alone:
  * 1. the statement must start with SELECT, WITH, VALUES, TABLE, EXPLAIN or SHOW;
@@ -12,6 +7,12 @@ import { redactUrl } from "../lib/redact.ts";
  * 4. logged in as rlq_reader, which may only SELECT the documented tables and views (migration
  *    0006); a URL that logs in as a user who may write facts is refused before anything runs.
  */
+
+import pg from "pg";
+import Cursor from "pg-cursor";
+import { RlqError } from "../lib/errors.ts";
+import { redactUrl } from "../lib/redact.ts";
+
 export const readOnlyStarts = ["select", "with", "values", "table", "explain", "show"] as const;
 
 /** A statement `rlq sql` will not run; the message says why and what to write instead. */

@@ -1,12 +1,12 @@
-import type { Db } from "./db.ts";
-import { loadDecisionsAfter } from "./decision-log.ts";
-import { apply, fold, type RunState } from "../core/run-state.ts";
-import { restoreRunState, snapshotRunState, SNAPSHOT_FORMAT } from "../core/run-state-snapshot.ts";
-
 /**
  * Snapshots of a run's folded state (`run_snapshots`): a restarted controller
  * starts from the latest one and folds only the decisions after it.
  */
+
+import type { Db } from "./db.ts";
+import { loadDecisionsAfter } from "./decision-log.ts";
+import { apply, fold, type RunState } from "../core/run-state.ts";
+import { restoreRunState, snapshotRunState, SNAPSHOT_FORMAT } from "../core/run-state-snapshot.ts";
 
 /** Decisions folded since the last snapshot before the controller writes another. */
 export const SNAPSHOT_EVERY_DECISIONS = 20_000;

@@ -1,6 +1,3 @@
-import type { TrainBatch, TrainSample } from "./trainer.ts";
-import { RlqError } from "../lib/errors.ts";
-
 /**
  * The trainer protocol's binary batch format, "RLQB" version 1
  * (docs/trainer-protocol.md). Little-endian throughout:
@@ -13,6 +10,10 @@ import { RlqError } from "../lib/errors.ts";
  *   rollout_log_probs float32[R],
  *   token_versions int32[R], rewards float64[N], group_index int32[N], sample_index int32[N]
  */
+
+import type { TrainBatch, TrainSample } from "./trainer.ts";
+import { RlqError } from "../lib/errors.ts";
+
 const MAGIC = 0x42514c52; // "RLQB" read as u32 LE
 
 type Dtype = "int32" | "uint8" | "float32" | "float64";

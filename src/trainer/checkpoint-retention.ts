@@ -1,8 +1,3 @@
-import { readdir, rm } from "node:fs/promises";
-import { dirname, isAbsolute, join, resolve } from "node:path";
-import { effectiveMaxStaleness, type RunConfig } from "../config/run-config.ts";
-import { ifMissing } from "../lib/if-missing.ts";
-
 /**
  * save_interval as a retention policy for committed checkpoints (slime saves
  * every --save-interval rollouts, slime/utils/misc.py should_run_periodic_action:
@@ -15,6 +10,12 @@ import { ifMissing } from "../lib/if-missing.ts";
  * embedded engine for a version that old); the steps whose version an eval
  * runs on ((t + 1) % eval_interval == 0). save_interval null keeps everything.
  */
+
+import { readdir, rm } from "node:fs/promises";
+import { dirname, isAbsolute, join, resolve } from "node:path";
+import { effectiveMaxStaleness, type RunConfig } from "../config/run-config.ts";
+import { ifMissing } from "../lib/if-missing.ts";
+
 export type RetentionConfig = Pick<RunConfig, "save_interval" | "eval_interval" | "max_staleness" | "train_async">;
 
 export function isCheckpointKept(step: number, latestStep: number, c: RetentionConfig): boolean {

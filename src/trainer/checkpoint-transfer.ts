@@ -1,11 +1,3 @@
-import { createHash, timingSafeEqual } from "node:crypto";
-import { createSocket } from "node:dgram";
-import { mkdir, open, readdir, rename, rm, stat } from "node:fs/promises";
-import { basename, dirname, join } from "node:path";
-import { RlqError } from "../lib/errors.ts";
-import { sha256File } from "../lib/hash.ts";
-import { ifMissing } from "../lib/if-missing.ts";
-
 /**
  * Moving a train step's inputs and outputs between hosts that share no
  * filesystem (docs/trainer-protocol.md, "Checkpoints without a shared
@@ -21,6 +13,14 @@ import { ifMissing } from "../lib/if-missing.ts";
  *   sha256 before anything reads them: content-addressed by the hash the
  *   commit stored, not by the host that wrote them.
  */
+
+import { createHash, timingSafeEqual } from "node:crypto";
+import { createSocket } from "node:dgram";
+import { mkdir, open, readdir, rename, rm, stat } from "node:fs/promises";
+import { basename, dirname, join } from "node:path";
+import { RlqError } from "../lib/errors.ts";
+import { sha256File } from "../lib/hash.ts";
+import { ifMissing } from "../lib/if-missing.ts";
 
 /** The files of an rlq checkpoint directory that travel. */
 export const CHECKPOINT_FILES = ["weights.safetensors", "optimizer.safetensors"] as const;

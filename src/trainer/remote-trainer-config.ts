@@ -1,6 +1,3 @@
-import { z } from "zod";
-import { secretRefSchema } from "../config/secrets.ts";
-
 /**
  * `trainer: {kind: remote, ...}` (docs/trainer-protocol.md, docs/deploy.md).
  *
@@ -14,6 +11,10 @@ import { secretRefSchema } from "../config/secrets.ts";
  *   today's default) or `fetch` (no shared filesystem: the trainer writes on its own disk and
  *   serves the files; rlq workers download them and verify their sha256).
  */
+
+import { z } from "zod";
+import { secretRefSchema } from "../config/secrets.ts";
+
 export const remoteTrainerConfigSchema = z
   .object({
     kind: z.literal("remote"),

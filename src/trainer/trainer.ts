@@ -1,5 +1,3 @@
-import { z } from "zod";
-
 /**
  * The Trainer interface (docs/trainer-protocol.md). Implemented by the
  * embedded TypeScript trainer and by the remote HTTP trainer client.
@@ -9,6 +7,8 @@ import { z } from "zod";
  * `weightVersionIn + 1` and its optimizer state under `outputDir`, which is
  * attempt-scoped; rlq commits exactly one attempt and deletes the others.
  */
+
+import { z } from "zod";
 
 /** One trained sample, as the train worker hands it over (read from Postgres by reference). */
 export interface TrainSample {

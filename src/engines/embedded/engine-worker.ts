@@ -1,3 +1,10 @@
+/**
+ * Worker-thread entry of the embedded engine: owns the ORT sessions, the KV
+ * cache and the scheduler, so `session.run` (synchronous inside) never blocks
+ * the main event loop. Messages are handled between scheduler ticks: the loop
+ * yields with setImmediate after every tick so they can arrive.
+ */
+
 import { parentPort, receiveMessageOnPort, workerData } from "node:worker_threads";
 import { readCheckpoint } from "../../model/checkpoint.ts";
 import { ModelRunner } from "./model-runner.ts";
@@ -5,12 +12,6 @@ import type { EngineWorkerData, FromWorker, ToWorker } from "./protocol.ts";
 import { DecodeScheduler, type SchedulerResult } from "./scheduler.ts";
 import { RlqError } from "../../lib/errors.ts";
 
-/**
- * Worker-thread entry of the embedded engine: owns the ORT sessions, the KV
- * cache and the scheduler, so `session.run` (synchronous inside) never blocks
- * the main event loop. Messages are handled between scheduler ticks: the loop
- * yields with setImmediate after every tick so they can arrive.
- */
 if (!parentPort) throw new RlqError("invariant_violated", "engine-worker must run in a worker thread");
 const port = parentPort;
 /** Finished requests of the current tick, sent as one "done" message. */

@@ -1,7 +1,3 @@
-import { headDim, type ModelConfig } from "../../model/config.ts";
-import { parameterSpecs } from "../../model/weights.ts";
-import { ElemType, encodeModel, type AttrValue, type NodeDef, type TensorDef, type ValueInfoDef } from "./onnx-proto.ts";
-
 /**
  * Builds the model's ONNX graphs from its config. Weights are graph INPUTS, not
  * initializers, so a new weight version is a new set of feeds and never a
@@ -18,6 +14,11 @@ import { ElemType, encodeModel, type AttrValue, type NodeDef, type TensorDef, ty
  *
  * IR 10 / opset 21 (ORT 1.30 accepts IR <= 13, opset <= 26; Gelu needs >= 20).
  */
+
+import { headDim, type ModelConfig } from "../../model/config.ts";
+import { parameterSpecs } from "../../model/weights.ts";
+import { ElemType, encodeModel, type AttrValue, type NodeDef, type TensorDef, type ValueInfoDef } from "./onnx-proto.ts";
+
 export const IR_VERSION = 10;
 export const OPSET = 21;
 /** Finite, not -inf: a fully masked row must not become NaN (softmax over all -inf is NaN). */

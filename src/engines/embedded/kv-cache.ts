@@ -1,5 +1,3 @@
-import { headDim, type ModelConfig } from "../../model/config.ts";
-
 /**
  * Fixed-slot KV cache owned by JS: per layer one key and one value buffer of
  * [capacity, H, S, hd] float32, S = context_length. Active requests occupy slots
@@ -7,6 +5,9 @@ import { headDim, type ModelConfig } from "../../model/config.ts";
  * when a request leaves, the last slot is moved into its place (one slot copy,
  * 2 * layers * H * S * hd floats) instead of compacting the batch.
  */
+
+import { headDim, type ModelConfig } from "../../model/config.ts";
+
 export class SlotKvCache {
   readonly buffers: Float32Array[];
   /** The same memory as `buffers`, as int32: the writes copy bits, not floats, which is faster. */

@@ -1,15 +1,16 @@
-import { headDim, type ModelConfig } from "../../model/config.ts";
-import { assertWeightsMatch, parameterSpecs, type Weights } from "../../model/weights.ts";
-import { createOrtSession, floatTensor, int32Tensor, tensorFloats, type OrtFeeds, type OrtSession } from "../onnx-runtime.ts";
-import { buildDecodeModel, buildPrefillModel } from "./graph-builder.ts";
-import { RlqError } from "../../lib/errors.ts";
-
 /**
  * The two ONNX sessions (prefill, decode) of one model config, and the weight
  * feeds of the current version. Weight tensors are wrapped once per version
  * (re-wrapping them every call costs more than the call's own overhead). No state beyond that:
  * the KV cache belongs to the caller.
  */
+
+import { headDim, type ModelConfig } from "../../model/config.ts";
+import { assertWeightsMatch, parameterSpecs, type Weights } from "../../model/weights.ts";
+import { createOrtSession, floatTensor, int32Tensor, tensorFloats, type OrtFeeds, type OrtSession } from "../onnx-runtime.ts";
+import { buildDecodeModel, buildPrefillModel } from "./graph-builder.ts";
+import { RlqError } from "../../lib/errors.ts";
+
 export interface PrefillOutput {
   /** [B, T, V] */
   logits: Float32Array;

@@ -1,8 +1,8 @@
+/** Messages between the embedded engine (main thread) and its worker thread. */
+
 import type { ModelConfig } from "../../model/config.ts";
 import type { GenerateRequest } from "../engine.ts";
 import type { SchedulerResult } from "./scheduler.ts";
-
-/** Messages between the embedded engine (main thread) and its worker thread. */
 
 export interface EngineWorkerData {
   /** Model file to start from (its metadata gives the version and config). */

@@ -1,5 +1,3 @@
-import type { Prng } from "../../model/prng.ts";
-
 /**
  * Token sampling for one request, in float64 on the host.
  *
@@ -9,6 +7,9 @@ import type { Prng } from "../../model/prng.ts";
  * silent bias. Randomness comes only from the request's own stream (one uniform
  * per token), so a request's tokens do not depend on what else is batched.
  */
+
+import type { Prng } from "../../model/prng.ts";
+
 export interface SamplingConfig {
   temperature: number;
   topP: number;

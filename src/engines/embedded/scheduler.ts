@@ -1,11 +1,3 @@
-import { randomInt } from "node:crypto";
-import { mixSeed, Prng, uniformAt } from "../../model/prng.ts";
-import type { Weights } from "../../model/weights.ts";
-import type { FinishReason, GenerateRequest } from "../engine.ts";
-import { SlotKvCache } from "./kv-cache.ts";
-import type { DecodeHandle, ModelRunner } from "./model-runner.ts";
-import { logitNoise, sampleToken } from "./sampler.ts";
-
 /**
  * Continuous batching for the embedded engine. One `step()` is one scheduler
  * tick: swap weights if asked, admit waiting requests (prefilled together when
@@ -18,6 +10,15 @@ import { logitNoise, sampleToken } from "./sampler.ts";
  * seed, its input and the weights: not on the batch, and not on whether it was
  * interrupted and continued from its partial tokens.
  */
+
+import { randomInt } from "node:crypto";
+import { mixSeed, Prng, uniformAt } from "../../model/prng.ts";
+import type { Weights } from "../../model/weights.ts";
+import type { FinishReason, GenerateRequest } from "../engine.ts";
+import { SlotKvCache } from "./kv-cache.ts";
+import type { DecodeHandle, ModelRunner } from "./model-runner.ts";
+import { logitNoise, sampleToken } from "./sampler.ts";
+
 export interface SchedulerResult {
   tokenIds: number[];
   logProbs: number[];

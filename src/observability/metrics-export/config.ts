@@ -1,7 +1,3 @@
-import { z } from "zod";
-import { secretRefSchema } from "../../config/secrets.ts";
-import { registerSecret } from "../../lib/redact.ts";
-
 /**
  * Run-config keys of the metric sinks (slime's flag names, snake_case),
  * spread into the run config schema (config/run-config.ts).
@@ -12,6 +8,11 @@ import { registerSecret } from "../../lib/redact.ts";
  *   `wandb_key` (a reference: {env: NAME} or {file: PATH}; never the key itself),
  *   `wandb_mode` (online | offline), `wandb_dir` (state and offline files; relative to RLQ_HOME).
  */
+
+import { z } from "zod";
+import { secretRefSchema } from "../../config/secrets.ts";
+import { registerSecret } from "../../lib/redact.ts";
+
 export const metricExportKeys = {
   tensorboard_dir: z.string().min(1).nullable().default(null),
   use_wandb: z.boolean().default(false),

@@ -1,3 +1,11 @@
+/**
+ * The metric sinks of one run: read committed points from Postgres and hand
+ * each sink the ones it has not acknowledged. Each sink knows what it wrote
+ * (TensorBoard: its event files; W&B: its state file, saved after the server
+ * took the lines), so a crash at any point re-reads and re-offers points and
+ * the sink drops the ones already there: nothing dropped, nothing doubled.
+ */
+
 import { isAbsolute, join, resolve } from "node:path";
 import { z } from "zod";
 import type { Db } from "../../store/db.ts";
@@ -12,13 +20,6 @@ import { openTensorboardSink, type TensorboardSink } from "./tensorboard-sink.ts
 import { openWandbSink, type WandbSink } from "./wandb-sink.ts";
 import { RlqError } from "../../lib/errors.ts";
 
-/**
- * The metric sinks of one run: read committed points from Postgres and hand
- * each sink the ones it has not acknowledged. Each sink knows what it wrote
- * (TensorBoard: its event files; W&B: its state file, saved after the server
- * took the lines), so a crash at any point re-reads and re-offers points and
- * the sink drops the ones already there: nothing dropped, nothing doubled.
- */
 export interface MetricSinkDeps {
   db: Db;
   /** RLQ_HOME: relative tensorboard_dir / wandb_dir are under it. */

@@ -1,6 +1,3 @@
-import type { Db } from "../../store/db.ts";
-import { readSelect } from "../../store/dashboard-read.ts";
-
 /**
  * The points the metric sinks export, read from committed facts only.
  * A train step's points exist once its `train_steps` row does: the row, its
@@ -12,6 +9,10 @@ import { readSelect } from "../../store/dashboard-read.ts";
  * `rollout/response_len/mean|max` (rollout_metrics.py), `perf/*`, and
  * `eval/<dataset>`, `eval/<dataset>/pass@k`, `eval/<dataset>-truncated_ratio`.
  */
+
+import type { Db } from "../../store/db.ts";
+import { readSelect } from "../../store/dashboard-read.ts";
+
 export interface MetricPoint {
   /** What the point belongs to: `train` (one per step) or `eval/<dataset>`. */
   stream: string;

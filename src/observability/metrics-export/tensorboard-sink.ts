@@ -1,9 +1,3 @@
-import { closeSync, fsyncSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, writeSync } from "node:fs";
-import { hostname } from "node:os";
-import { join } from "node:path";
-import { encodeEvent, decodeEventKeys, frameRecord, scanRecords } from "./tfevents.ts";
-import { pointKey, type MetricPoint } from "./points.ts";
-
 /**
  * Appends metric points to TensorBoard event files in `dir`, exactly once each.
  *
@@ -16,6 +10,13 @@ import { pointKey, type MetricPoint } from "./points.ts";
  * found in the file) a point. One writer per directory: the sink loop holds
  * an advisory lock per run (metric-sinks.ts).
  */
+
+import { closeSync, fsyncSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, writeSync } from "node:fs";
+import { hostname } from "node:os";
+import { join } from "node:path";
+import { encodeEvent, decodeEventKeys, frameRecord, scanRecords } from "./tfevents.ts";
+import { pointKey, type MetricPoint } from "./points.ts";
+
 export interface TensorboardSink {
   readonly dir: string;
   readonly file: string;

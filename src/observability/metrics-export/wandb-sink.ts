@@ -1,9 +1,3 @@
-import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, writeFileSync, writeSync } from "node:fs";
-import { join } from "node:path";
-import { z } from "zod";
-import { RlqError } from "../../lib/errors.ts";
-import { pointKey, type MetricPoint } from "./points.ts";
-
 /**
  * W&B export of a run's metric points, through W&B's own HTTP API.
  *
@@ -35,6 +29,13 @@ import { pointKey, type MetricPoint } from "./points.ts";
  * stays in Postgres, so switching the run's sink to online later uploads it all.
  * This is not the Python SDK's `.wandb` transaction log: `wandb sync` cannot read it.
  */
+
+import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, writeFileSync, writeSync } from "node:fs";
+import { join } from "node:path";
+import { z } from "zod";
+import { RlqError } from "../../lib/errors.ts";
+import { pointKey, type MetricPoint } from "./points.ts";
+
 export interface WandbSettings {
   mode: "online" | "offline";
   host: string;

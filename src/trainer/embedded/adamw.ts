@@ -1,7 +1,3 @@
-import type { OptimizerState } from "../../model/checkpoint.ts";
-import type { ParameterSpec, Weights } from "../../model/weights.ts";
-import { RlqError } from "../../lib/errors.ts";
-
 /**
  * AdamW (decoupled weight decay, torch.optim.AdamW semantics) with Megatron's
  * global-norm gradient clipping. Math in float64, state and weights stored as
@@ -9,6 +5,11 @@ import { RlqError } from "../../lib/errors.ts";
  * holds, so resuming from files reproduces an uninterrupted run bit for bit.
  * Iteration order is the canonical parameter order, so sums are deterministic.
  */
+
+import type { OptimizerState } from "../../model/checkpoint.ts";
+import type { ParameterSpec, Weights } from "../../model/weights.ts";
+import { RlqError } from "../../lib/errors.ts";
+
 export interface AdamWConfig {
   lr: number;
   beta1: number;

@@ -1,7 +1,3 @@
-import type { TrainSample } from "../trainer.ts";
-import type { PackedBatch } from "./jax-model.ts";
-import { RlqError } from "../../lib/errors.ts";
-
 /**
  * Packs variable-length samples into the fixed [B, T] blocks the jit-compiled
  * model runs on, and maps per-token results back to per-sample response arrays.
@@ -11,6 +7,11 @@ import { RlqError } from "../../lib/errors.ts";
  * of a sample is predicted at row position promptLength + j - 1. T is rounded up
  * to a multiple of 8 so that a few distinct shapes (= jit compilations) cover a run.
  */
+
+import type { TrainSample } from "../trainer.ts";
+import type { PackedBatch } from "./jax-model.ts";
+import { RlqError } from "../../lib/errors.ts";
+
 export const SEQ_BUCKET = 8;
 
 export function bucketSeqLen(samples: readonly TrainSample[], contextLength: number): number {

@@ -1,13 +1,13 @@
-import type { ModelConfig } from "../../model/config.ts";
-import { parameterSpecs } from "../../model/weights.ts";
-import { RlqError } from "../../lib/errors.ts";
-
 /**
  * Where an embedded train step's time goes, and how much of the device it used: the same keys with the
  * same meaning as the torch trainer's (workers/trainer-torch/rlq_torch/efficiency.py, docs/trainer-torch.md
  * "Where a step's time goes"). jax-js computes synchronously on the worker thread, so a phase's wall time
  * is the time between two marks; the phases are contiguous and sum to `step_s`.
  */
+
+import type { ModelConfig } from "../../model/config.ts";
+import { parameterSpecs } from "../../model/weights.ts";
+import { RlqError } from "../../lib/errors.ts";
 
 /** The split's keys (seconds); a phase the embedded trainer lacks (critic_s, push_s) reports 0. */
 export const SPLIT_KEYS = [

@@ -1,10 +1,3 @@
-import type { Worker } from "node:worker_threads";
-import type { ModelConfig } from "../../model/config.ts";
-import { siblingModuleUrl, spawnModuleWorker } from "../../model/module-worker.ts";
-import { RlqError } from "../../lib/errors.ts";
-import { trainResultSchema, type Trainer, type TrainProgress, type TrainRequest, type TrainResult } from "../trainer.ts";
-import type { FromTrainerWorker, ToTrainerWorker, TrainerWorkerData } from "./trainer-worker.ts";
-
 /**
  * The embedded trainer (docs/architecture.md "Embedded defaults"): the model in jax-js, trained in a worker
  * thread so the caller's event loop stays free. Steps run one at a time.
@@ -12,6 +5,14 @@ import type { FromTrainerWorker, ToTrainerWorker, TrainerWorkerData } from "./tr
  * step starts a fresh one (its jit compilations cost ~1 s). Errors carry the
  * worker's code; config errors are not retriable, a crashed worker is.
  */
+
+import type { Worker } from "node:worker_threads";
+import type { ModelConfig } from "../../model/config.ts";
+import { siblingModuleUrl, spawnModuleWorker } from "../../model/module-worker.ts";
+import { RlqError } from "../../lib/errors.ts";
+import { trainResultSchema, type Trainer, type TrainProgress, type TrainRequest, type TrainResult } from "../trainer.ts";
+import type { FromTrainerWorker, ToTrainerWorker, TrainerWorkerData } from "./trainer-worker.ts";
+
 export interface EmbeddedTrainerOptions {
   /** Model to initialise from `seed` when a step has neither checkpointUriIn nor ref_load. */
   modelConfig?: ModelConfig;

@@ -1,7 +1,3 @@
-import { defaultDevice, init, jit, nn, numpy as np, valueAndGrad } from "@jax-js/jax";
-import { headDim, type ModelConfig } from "../../model/config.ts";
-import { parameterSpecs, type Weights } from "../../model/weights.ts";
-
 /**
  * The one module that imports the autodiff library (@jax-js/jax, wasm backend).
  * Everything else in the trainer sees plain Float32Arrays: swapping the library
@@ -17,6 +13,10 @@ import { parameterSpecs, type Weights } from "../../model/weights.ts";
  * `.ref` takes an extra reference. Each weight is used exactly once below; the
  * residual stream `x` is used twice per sub-block, hence `x.ref`.
  */
+
+import { defaultDevice, init, jit, nn, numpy as np, valueAndGrad } from "@jax-js/jax";
+import { headDim, type ModelConfig } from "../../model/config.ts";
+import { parameterSpecs, type Weights } from "../../model/weights.ts";
 
 type Params = Record<string, np.Array>;
 

@@ -1,4 +1,3 @@
-import { RlqError } from "../../lib/errors.ts";
 /**
  * Megatron's learning-rate schedule (OptimizerParamScheduler.get_lr): linear
  * warmup from 0 over `warmupIters`, then constant, linear or cosine decay to
@@ -8,6 +7,8 @@ import { RlqError } from "../../lib/errors.ts";
  * step, so its first optimizer step runs at num_steps 0 (with warmup, at rate
  * 0). workers/trainer-torch/rlq_torch/train_config.py has the same function.
  */
+
+import { RlqError } from "../../lib/errors.ts";
 export interface LrSchedule {
   lr: number;
   minLr: number;

@@ -1,7 +1,3 @@
-import { computePolicyLossTerms, type PolicyLossInput } from "../../algorithms/policy-loss-terms.ts";
-import type { AlgorithmOptions } from "../../algorithms/options.ts";
-import { computeSftLossTerms } from "../../algorithms/sft-loss.ts";
-
 /**
  * The trainer's one seam to the loss math: given the current per-token
  * log-probs (and entropies) of a minibatch, return the scalar loss, dLoss/dlogp
@@ -10,6 +6,11 @@ import { computeSftLossTerms } from "../../algorithms/sft-loss.ts";
  * loss src/algorithms implements (PPO clip, dual clip, GSPO, CISPO, OPSM, TIS,
  * MIS, KL loss, entropy bonus) trains here without touching the network code.
  */
+
+import { computePolicyLossTerms, type PolicyLossInput } from "../../algorithms/policy-loss-terms.ts";
+import type { AlgorithmOptions } from "../../algorithms/options.ts";
+import { computeSftLossTerms } from "../../algorithms/sft-loss.ts";
+
 export type ObjectiveInput = Omit<PolicyLossInput, "logProbs" | "entropy">;
 
 export interface ObjectiveOutput {

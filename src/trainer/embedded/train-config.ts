@@ -1,13 +1,14 @@
-import { z } from "zod";
-import { parseAlgorithmOptions, type AlgorithmOptions } from "../../algorithms/options.ts";
-import { RlqError } from "../../lib/errors.ts";
-
 /**
  * The run-config keys the embedded trainer reads (slime/Megatron names, same
  * defaults as src/config/run-config.ts). Not strict: the trainer receives the
  * whole run config and ignores what it does not use. Keys that the run config
  * does not (yet) expose fall back to Megatron's defaults.
  */
+
+import { z } from "zod";
+import { parseAlgorithmOptions, type AlgorithmOptions } from "../../algorithms/options.ts";
+import { RlqError } from "../../lib/errors.ts";
+
 export const embeddedTrainConfigSchema = z.object({
   lr: z.number().positive().default(1e-6),
   min_lr: z.number().nonnegative().default(0),

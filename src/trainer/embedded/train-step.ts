@@ -1,3 +1,19 @@
+/**
+ * One train step of the embedded trainer (runs inside the trainer's worker
+ * thread; pure compute plus reading the input checkpoint and writing the output).
+ *
+ *  1. start weights: checkpointUriIn, else ref_load, else init from seed;
+ *     optimizer state beside it (zeros for a warm start);
+ *  2. old log-probs under the start weights for every sample (and reference
+ *     log-probs when a KL term needs them); train_rollout_logprob_abs_diff;
+ *  3. advantages over the whole batch (group-normalised rewards for GRPO);
+ *  4. num_optimizer_steps AdamW steps, each over global_batch_size samples in
+ *     (groupIndex, sampleIndex) order, loss from src/algorithms;
+ *  5. write weight version v+1 and its optimizer state to outputDir.
+ * The metrics include the step-time split, tokens/s, TFLOP/s and MFU (efficiency.ts).
+ * Deterministic: the same request gives bit-identical files.
+ */
+
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { computeAdvantagesAndReturns } from "../../algorithms/advantages.ts";
@@ -16,21 +32,6 @@ import { optimizerStepPlan, parseTrainConfig, type ParsedTrainConfig } from "./t
 import { ifMissing } from "../../lib/if-missing.ts";
 import { devicePeakFlops, efficiencyMetrics, modelFlops, modelShape, StepClock } from "./efficiency.ts";
 
-/**
- * One train step of the embedded trainer (runs inside the trainer's worker
- * thread; pure compute plus reading the input checkpoint and writing the output).
- *
- *  1. start weights: checkpointUriIn, else ref_load, else init from seed;
- *     optimizer state beside it (zeros for a warm start);
- *  2. old log-probs under the start weights for every sample (and reference
- *     log-probs when a KL term needs them); train_rollout_logprob_abs_diff;
- *  3. advantages over the whole batch (group-normalised rewards for GRPO);
- *  4. num_optimizer_steps AdamW steps, each over global_batch_size samples in
- *     (groupIndex, sampleIndex) order, loss from src/algorithms;
- *  5. write weight version v+1 and its optimizer state to outputDir.
- * The metrics include the step-time split, tokens/s, TFLOP/s and MFU (efficiency.ts).
- * Deterministic: the same request gives bit-identical files.
- */
 export interface TrainStepDeps {
   /** The compiled network for a model config (built once per config by the caller). */
   modelFor(config: ModelConfig): Promise<JaxModel>;

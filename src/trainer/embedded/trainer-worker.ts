@@ -1,3 +1,10 @@
+/**
+ * Worker-thread entry of the embedded trainer: a jit-compiled step blocks its
+ * thread for hundreds of milliseconds, which must not be the thread renewing
+ * BullMQ job locks (docs/architecture.md "The queue"). One step at a time; the main thread cancels a
+ * step by terminating this worker.
+ */
+
 import { parentPort, workerData } from "node:worker_threads";
 import { ZodError } from "zod";
 import { readCheckpoint } from "../../model/checkpoint.ts";
@@ -8,12 +15,6 @@ import type { TrainRequest, TrainResult, TrainProgress } from "../trainer.ts";
 import { createJaxModel, type JaxModel } from "./jax-model.ts";
 import { runEmbeddedTrainStep } from "./train-step.ts";
 
-/**
- * Worker-thread entry of the embedded trainer: a jit-compiled step blocks its
- * thread for hundreds of milliseconds, which must not be the thread renewing
- * BullMQ job locks (docs/architecture.md "The queue"). One step at a time; the main thread cancels a
- * step by terminating this worker.
- */
 export interface TrainerWorkerData {
   modelConfig: ModelConfig | null;
 }
