@@ -47,7 +47,7 @@ rm -rf "$venv"
 "$base_python" -m venv "$venv"
 "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$lock" 2>&1 | grep -v "^WARNING: Location" >&2 || true
 # pip's exit status is lost in the pipe above; the imports are the check.
-"$venv/bin/python" -c 'import torch, transformers, safetensors, tokenizers, numpy, vllm, peft, onnx, onnxscript' || {
+"$venv/bin/python" -c 'import torch, transformers, safetensors, tokenizers, numpy, vllm, peft, onnx, onnxscript, pandas' || {
   echo "python-env: the environment at $venv does not import torch, transformers and vllm; see pip's output above" >&2
   exit 1
 }

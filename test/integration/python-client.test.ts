@@ -5,10 +5,11 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 import { repoRoot } from "../helpers/processes.ts";
 import { rlqNodeFlags } from "../../src/runtime/node-flags.ts";
+import { requirePythonModules } from "../helpers/python.ts";
 
 /**
- * The Python client (python/rlq_client, standard library only) against a real
- * rlq: its own unittest suite, given this world's database, queue prefix, fake
+ * The Python client (python/rlq_client: the standard library, and pandas for
+ * rollouts_frame) against a real rlq, under the project's Python: its own unittest suite, given this world's database, queue prefix, fake
  * engines and trainer, starts a run, waits for it through `rlq up`, reads its
  * status and queries its rollouts through `rlq sql`; and pauses a second run,
  * sees it paused, resumes it and sees it complete.
@@ -23,7 +24,8 @@ afterAll(async () => {
 
 describe("python/rlq_client", () => {
   it("starts, amends, pauses, resumes, waits for and queries runs (python -m unittest)", async () => {
-    const child = spawn("python3", ["-m", "unittest", "-v", "tests.test_client"], {
+    const python = requirePythonModules(["pandas"]);
+    const child = spawn(python, ["-m", "unittest", "-v", "tests.test_client"], {
       cwd: join(repoRoot, "python/rlq_client"),
       env: {
         ...process.env,

@@ -57,6 +57,13 @@ class ClientTest(unittest.TestCase):
             f"SELECT count(*)::int AS n FROM rollout_history WHERE run_id = '{run.id}' AND kept"
         )
         self.assertEqual(n, [{"n": len(rows)}])
+        # Into pandas: the same rows, the columns in the order asked for.
+        frame = run.rollouts_frame(
+            columns=["step", "reward", "outcome", "trained_step"], where="kept"
+        )
+        self.assertEqual(list(frame.columns), ["step", "reward", "outcome", "trained_step"])
+        self.assertEqual(len(frame), len(rows))
+        self.assertEqual(frame["reward"].tolist(), [r["reward"] for r in rows])
 
     def test_pause_observe_resume_completes(self):
         config = json.loads(_given("RLQ_CLIENT_TEST_PAUSE_CONFIG"))
