@@ -9,8 +9,9 @@ import { requirePythonModules } from "../helpers/python.ts";
 
 /**
  * The Python client (python/rlq_client: the standard library, and pandas for
- * rollouts_frame) against a real rlq, under the project's Python: its own unittest suite, given this world's database, queue prefix, fake
- * engines and trainer, starts a run, waits for it through `rlq up`, reads its
+ * rollouts_frame) against a real rlq, under the project's Python: its own
+ * unittest suite, given this world's database, queue prefix, fake engines and
+ * trainer, starts a run, waits for it through `rlq up`, reads its
  * status and queries its rollouts through `rlq sql`; and pauses a second run,
  * sees it paused, resumes it and sees it complete.
  */
