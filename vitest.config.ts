@@ -15,6 +15,8 @@ const PYTHON_FILES = [
   "test/integration/real-vllm.test.ts",
   "test/integration/opd-teacher-vllm.test.ts",
   "test/integration/onnx-reward-model.test.ts",
+  "test/integration/lora-resume.test.ts",
+  "test/integration/sft-conversation.test.ts",
 ];
 
 export default defineConfig({
