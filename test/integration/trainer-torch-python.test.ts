@@ -30,11 +30,11 @@ describe("workers/trainer-torch", () => {
     // integration project), so the limit leaves room for that, and the child is killed before the test's own.
   }, 1_600_000);
 
-  it("ruff (ruff.toml) passes over workers/ and scripts/, and fails on a planted violation", async () => {
+  it("ruff (ruff.toml) passes over workers/, scripts/, bench/ and python/, and fails on a planted violation", async () => {
     const ruff = join(dirname(py), "ruff");
-    const clean = await runCommand(ruff, ["check", "workers", "scripts"], { cwd: repoRoot });
+    const clean = await runCommand(ruff, ["check", "workers", "scripts", "bench", "python"], { cwd: repoRoot });
     expect(clean.status, clean.stdout + clean.stderr).toBe(0);
-    const formatted = await runCommand(ruff, ["format", "--check", "workers", "scripts"], { cwd: repoRoot });
+    const formatted = await runCommand(ruff, ["format", "--check", "workers", "scripts", "bench", "python"], { cwd: repoRoot });
     expect(formatted.status, formatted.stdout + formatted.stderr).toBe(0);
     const dir = mkdtempSync(join(tmpdir(), "rlq-ruff-"));
     try {

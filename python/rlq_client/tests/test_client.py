@@ -61,7 +61,9 @@ class ClientTest(unittest.TestCase):
         frame = run.rollouts_frame(
             columns=["step", "reward", "outcome", "trained_step"], where="kept"
         )
-        self.assertEqual(list(frame.columns), ["step", "reward", "outcome", "trained_step"])
+        self.assertEqual(
+            list(frame.columns), ["step", "reward", "outcome", "trained_step"]
+        )
         self.assertEqual(len(frame), len(rows))
         self.assertEqual(frame["reward"].tolist(), [r["reward"] for r in rows])
 
