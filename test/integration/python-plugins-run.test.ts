@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 import { repoRoot, spawnRlq } from "../helpers/processes.ts";
 import { checkRunInvariants } from "../helpers/invariants.ts";
-import { fixtureLabels, pythonRewards, SLIME_PLUGINS } from "../helpers/slime-plugins.ts";
+import { expectPythonVerdicts, fixtureLabels, SLIME_PLUGINS, type PluginRow } from "../helpers/slime-plugins.ts";
 import { runUntilDone } from "../../src/index.ts";
 import { closePythonHosts, pythonHostPid } from "../../src/plugins/python.ts";
 
@@ -112,35 +112,13 @@ describe("a run of four slime-signature Python plugins", () => {
     expect(withBuffer.some((d) => d.buffer.length >= 2)).toBe(true);
 
     // Rewards recorded are Python's; the dynamic filter's verdicts and reasons are Python's.
-    const labels = fixtureLabels();
     const rows = (
-      await w.db.pool.query<{
-        group_id: string;
-        prompt: string;
-        response: string;
-        status: string;
-        reward: number;
-        outcome: string;
-        outcome_reason: string | null;
-        tokens: number[];
-        prompt_length: number;
-        loss_mask: number[];
-        trained_step: number | null;
-      }>(
+      await w.db.pool.query<PluginRow & { tokens: number[]; prompt_length: number; loss_mask: number[]; trained_step: number | null }>(
         "SELECT group_id, prompt, response, status, reward, outcome, outcome_reason, tokens, prompt_length, loss_mask, trained_step FROM rollout_history WHERE run_id = $1 AND outcome IN ('kept', 'filtered') ORDER BY group_id, sample_index",
         [runId],
       )
     ).rows;
-    expect(rows.map((r) => r.reward)).toEqual(
-      pythonRewards(rows.map((r) => ({ response: r.response, label: labels.get(r.prompt) ?? null, status: r.status }))),
-    );
-    const groups = new Map<string, typeof rows>();
-    for (const r of rows) groups.set(r.group_id, [...(groups.get(r.group_id) ?? []), r]);
-    for (const g of groups.values()) {
-      const varies = new Set(g.map((r) => r.reward)).size > 1;
-      if (varies) expect(g.every((r) => r.outcome === "kept")).toBe(true);
-      else expect(g.every((r) => r.outcome === "filtered" && /^py_zero_std_/.test(r.outcome_reason ?? ""))).toBe(true);
-    }
+    expectPythonVerdicts(rows);
 
     // Loss masks: 0 exactly on the tool's tokens (control bytes the fake model never samples), 1 on the model's.
     const trained = rows.filter((r) => r.trained_step !== null);

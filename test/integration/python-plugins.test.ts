@@ -3,7 +3,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 import { repoRoot, waitFor } from "../helpers/processes.ts";
-import { fixtureLabels, pythonRewards, SLIME_PLUGINS } from "../helpers/slime-plugins.ts";
+import { expectPythonVerdicts, pythonRewards, SLIME_PLUGINS, type PluginRow } from "../helpers/slime-plugins.ts";
 import { runUntilDone } from "../../src/index.ts";
 import { resolvePluginFunction } from "../../src/plugins/http.ts";
 import { closePythonHosts, pythonHostPid } from "../../src/plugins/python.ts";
@@ -44,38 +44,16 @@ describe("Python plugins in slime's signatures", () => {
     expect(outcome, status.lastError ?? "").toBe("completed");
     expect(status.trainSteps).toBe(2);
 
-    const labels = fixtureLabels();
     const rows = (
-      await w.db.pool.query<{
-        group_id: string;
-        prompt: string;
-        response: string;
-        status: string;
-        reward: number;
-        outcome: string;
-        outcome_reason: string | null;
-      }>(
+      await w.db.pool.query<PluginRow>(
         "SELECT group_id, prompt, response, status, reward, outcome, outcome_reason FROM rollout_history WHERE run_id = $1 AND outcome <> 'discarded' ORDER BY group_id, sample_index",
         [runId],
       )
     ).rows;
     expect(rows.length).toBeGreaterThan(0);
-    const expected = pythonRewards(rows.map((r) => ({ response: r.response, label: labels.get(r.prompt) ?? null, status: r.status })));
-    expect(rows.map((r) => r.reward)).toEqual(expected);
-
-    // The Python filter's verdict: a group is kept iff its rewards vary; dropped groups carry its reason.
-    const groups = new Map<string, typeof rows>();
-    for (const r of rows) groups.set(r.group_id, [...(groups.get(r.group_id) ?? []), r]);
-    let filtered = 0;
-    for (const g of groups.values()) {
-      const varies = new Set(g.map((r) => r.reward)).size > 1;
-      if (varies) expect(g.every((r) => r.outcome === "kept")).toBe(true);
-      else {
-        filtered++;
-        expect(g.every((r) => r.outcome === "filtered" && /^py_zero_std_/.test(r.outcome_reason ?? ""))).toBe(true);
-      }
-    }
-    expect(groups.size - filtered).toBeGreaterThan(0);
+    // Python's rewards, and the Python filter's verdict: a group is kept iff its rewards vary; dropped groups carry its reason.
+    const { groups, filtered } = expectPythonVerdicts(rows);
+    expect(groups - filtered).toBeGreaterThan(0);
   });
 
   it("a slime multi-turn generate function (post to /generate, tool tokens) trains with tool tokens masked, through a SIGKILL of the host", async () => {
