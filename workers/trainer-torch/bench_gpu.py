@@ -51,6 +51,9 @@ from rlq_torch.batch import Batch, Sample
 from rlq_torch.efficiency import PEAK_ENV, SPLIT_KEYS, device_peak_flops, model_shape
 from rlq_torch.trainer import Held, TorchTrainer, parse_algorithm, parse_train_config
 
+# The overlapped save's parts (trainer.py _save_overlapped): the wait for the previous step's optimizer write, the
+# staging of this step's, and the weights file (on a second thread, beside the staging).
+SAVE_PARTS = ("save_wait_s", "save_stage_s", "save_weights_s")
 TARGET_TOKENS_PER_S = (
     1.2 * 11_900
 )  # issue 47: 1.2× prime-rl's published Qwen3-0.6B / 1×H100 / 16k figure
@@ -232,6 +235,7 @@ def sync(dev: torch.device) -> None:
 
 def run_case(
     name,
+    executor,
     model_cfg,
     lengths,
     train_cfg,
@@ -257,7 +261,10 @@ def run_case(
         "complete": False,
     }
     doc["results"].append(res)
-    trainer = TorchTrainer(str(dev), checkpoint_format=args.trainer_checkpoint)
+    trainer = TorchTrainer(
+        str(dev), checkpoint_format=args.trainer_checkpoint, dcp_executor=executor
+    )
+    res["dcp_executor"] = executor
     if attn == "sdpa" and dev.type == "cuda" and several_per_row(lengths, train_cfg):
         # sdpa takes packed rows as a dense block-diagonal mask, which sends it to its math kernel (out of memory
         # at 16k-token rows); flex_attention masks them by block. One sample per row keeps sdpa's causal flash kernel.
@@ -335,6 +342,7 @@ def run_case(
                     "model_flops_per_step",
                     "pg_loss",
                     "grad_norm",
+                    *SAVE_PARTS,
                 ]
                 res["steps"].append(
                     {"wall_s": round(wall, 4), **{k: m[k] for k in keep if k in m}}
@@ -380,6 +388,7 @@ def summarize(res: dict, out_dir, dev: torch.device) -> None:
     if res["mfu"] is not None:
         res["mfu_without_save"] = res["mfu"] * step_s / (step_s - save_s)
     res["split_median_s"] = {k: med(k) for k in SPLIT_KEYS if med(k) is not None}
+    res["save_parts_median_s"] = {k: med(k) for k in SAVE_PARTS if med(k) is not None}
     res["split_sum_over_step"] = sum(res["split_median_s"].values()) / step_s
     if dev.type == "cuda":
         res["peak_gpu_mem_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
@@ -426,6 +435,12 @@ def main() -> None:
         choices=["safetensors", "dcp"],
         default="dcp",
         help="the trainer's own checkpoint, as server.py's flag: dcp saves it asynchronously (the GPU setting)",
+    )
+    ap.add_argument(
+        "--dcp-executor",
+        default="thread",
+        help="comma-separated: each case runs once per DCP executor (thread, process; server.py's flag), "
+        "named CASE@EXECUTOR after the first",
     )
     ap.add_argument(
         "--attention",
@@ -488,10 +503,15 @@ def main() -> None:
     signal.signal(signal.SIGALRM, on_alarm)
     signal.alarm(int(args.budget_s) + 30)
     wanted = None if args.cases is None else set(args.cases.split(","))
+    executors = args.dcp_executor.split(",")
+    runs = [
+        (name if i == 0 else f"{name}@{ex}", ex, *rest)
+        for name, *rest in cases(args.dry_run)
+        if wanted is None or name in wanted
+        for i, ex in enumerate(executors)
+    ]
     try:
-        for name, model_cfg, lengths, train_cfg, budget in cases(args.dry_run):
-            if wanted is not None and name not in wanted:
-                continue
+        for name, executor, model_cfg, lengths, train_cfg, budget in runs:
             if time.perf_counter() > deadline - 20:
                 doc["results"].append(
                     {"case": name, "skipped": "the run's time budget is spent"}
@@ -501,6 +521,7 @@ def main() -> None:
             try:
                 res = run_case(
                     name,
+                    executor,
                     model_cfg,
                     lengths,
                     train_cfg,

@@ -133,6 +133,7 @@ class TrainerService:
                 bf16=bf16,
                 log=log,
                 checkpoint_format=args.trainer_checkpoint,
+                dcp_executor=args.dcp_executor,
             )
             from rlq_torch.weight_push import (  # weight_sync: trainer_push (docs/engines.md)
                 push_api_key,
@@ -484,6 +485,13 @@ def main(argv=None) -> None:
         help="the trainer's own checkpoint (optimizer state, fp32 masters): optimizer.safetensors written before the weights (default), "
         "or optimizer.dcp/ saved asynchronously by torch.distributed.checkpoint after the step answers (one rank; steps with "
         "checkpoints: fetch keep the file; docs/trainer-torch.md)",
+    )
+    ap.add_argument(
+        "--dcp-executor",
+        choices=["thread", "process"],
+        default="thread",
+        help="with --trainer-checkpoint dcp: who writes the optimizer state, a thread of the trainer (default) or DCP's "
+        "checkpoint daemon, a process of its own (its write never holds the trainer's GIL; docs/trainer-torch.md)",
     )
     ap.add_argument(
         "--bf16",

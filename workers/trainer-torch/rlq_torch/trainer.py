@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -195,6 +196,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         log: Callable[[str], None] = print,
         dist: Dist | None = None,
         checkpoint_format: str = "safetensors",
+        dcp_executor: str = "thread",
     ):
         self.dist = dist or Dist()
         self._ndims: dict[str, int] | None = (
@@ -213,7 +215,9 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                 f"checkpoint_format {checkpoint_format!r}: expected one of {', '.join(trainer_checkpoint.CHECKPOINT_FORMATS)}"
             )
         self.checkpoint_format = checkpoint_format
-        self.async_ckpt = trainer_checkpoint.AsyncCheckpoints()
+        self.async_ckpt = trainer_checkpoint.AsyncCheckpoints(dcp_executor)
+        # The overlapped save's parts (seconds) for the step's metrics; empty when the step saved the files.
+        self.save_detail: dict[str, float] = {}
 
     @property
     def fsdp(self) -> bool:
@@ -759,6 +763,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         loss_mask = c.loss_mask
         n_train = int(loss_mask.sum())
         metrics = dict(sums)
+        metrics.update(self.save_detail)
         diff = (
             float(np.abs(c.old - c.rollout)[loss_mask != 0].sum() / n_train)
             if n_train > 0
@@ -1045,6 +1050,7 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
             # this step's fp32 masters, and never on the other ranks.
             policy.save_dtype = SAVE_DTYPES[t.save_dtype]
         masters = self._masters(policy, owner)
+        self.save_detail = {}
         if self._dcp_checkpoint(req):
             self._save_overlapped(
                 policy, moments, masters, iteration, version, out_dir, req, t
@@ -1090,15 +1096,14 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         req: dict[str, Any],
         t: TrainConfig,
     ) -> None:
-        """The weights file written by a second thread while this one stages the optimizer state for its asynchronous
-        DCP save (trainer_checkpoint.py); returns once the weights file is complete and fsync'd, the optimizer state
-        still being written."""
+        """The weights file written by a second thread while this one copies the optimizer state to host memory for
+        its asynchronous DCP save (trainer_checkpoint.py); returns once the weights file is complete and fsync'd, the
+        optimizer state's write just started."""
         extra = {trainer_checkpoint.OPTIMIZER_META_KEY: "dcp"}
-        with ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="rlq-weights"
-        ) as pool:
-            weights = pool.submit(
-                policy.save,
+
+        def save_weights() -> float:
+            began = time.perf_counter()
+            policy.save(
                 out_dir,
                 version,
                 req["run_id"],
@@ -1106,10 +1111,19 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                 dtype=t.save_dtype,
                 extra_meta=extra,
             )
+            return time.perf_counter() - began
+
+        with ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="rlq-weights"
+        ) as pool:
+            weights = pool.submit(save_weights)
             try:
-                self.async_ckpt.save(out_dir, moments, masters, iteration)
+                self.async_ckpt.stage(moments, masters, iteration)
             finally:
-                weights.result()
+                weights_s = weights.result()
+        # The optimizer state's write starts once the weights file is on disk: the step waits for that file only.
+        self.async_ckpt.start(out_dir)
+        self.save_detail = {**self.async_ckpt.timing, "save_weights_s": weights_s}
 
     def _save_files(
         self,

@@ -4,9 +4,11 @@ The default checkpoint is ``optimizer.safetensors`` (models.write_optimizer), wr
 on the step's critical path: for a 0.6B model its moments and fp32 masters are 7 GB written and fsync'd
 every step. With ``dcp`` the same state (``exp_avg.<name>``, ``exp_avg_sq.<name>``, ``master.<name>``,
 the iteration) goes into ``optimizer.dcp/`` by ``torch.distributed.checkpoint.async_save``: the tensors
-are staged to host memory before it returns, and written (and fsync'd) by a background thread after the
-step has answered. The weights file still answers the step only once it is complete (server.py's contract:
-rlq commits what the result names).
+are copied into host buffers of this module's own (pinned on cuda) while the weights file is written, and
+written (and fsync'd) by a background thread, or by DCP's checkpoint daemon (``--dcp-executor process``), once
+the weights file is on disk and the step has answered. The weights file still answers the step only once it is
+complete (server.py's contract: rlq commits what the result names); the optimizer state's write starts after it,
+so the two never share the disk.
 
 What keeps a resume exact:
 
@@ -23,13 +25,18 @@ steps keep the safetensors file.
 from __future__ import annotations
 
 import os
+import time
 import warnings
 
 import torch
+from torch.distributed.checkpoint.staging import AsyncStager
 
 DCP_DIR = "optimizer.dcp"
 OPTIMIZER_META_KEY = "rlq_optimizer"
 CHECKPOINT_FORMATS = ("safetensors", "dcp")
+# Who writes a DCP save: a thread of this process (DCP's default), or DCP's checkpoint daemon, a process of its own
+# started at the first save, so the write's serialisation never holds this process's GIL while it trains.
+DCP_EXECUTORS = ("thread", "process")
 # One process with no process group is what no_dist=True means; DCP still warns about it on every call, from its own thread.
 warnings.filterwarnings(
     "ignore",
@@ -39,30 +46,19 @@ warnings.filterwarnings(
 
 
 class AsyncCheckpoints:
-    """The one asynchronous DCP save in flight, if any."""
+    """The one asynchronous DCP save in flight, if any, and the host buffers its state is staged into."""
 
-    def __init__(self):
+    def __init__(self, executor: str = "thread"):
+        if executor not in DCP_EXECUTORS:
+            raise ValueError(
+                f"DCP executor {executor!r}: expected one of {', '.join(DCP_EXECUTORS)}"
+            )
+        self.executor = executor
         self._pending = None  # (directory, future)
-        self._stager = None
-
-    def _staging(self, on_cuda: bool):
-        """DCP's stager, kept across saves: on cuda it copies into pinned host buffers it reuses for the same tensors
-        (the moments and masters are the same tensors every step), synchronously, so the step may change them after."""
-        if not self._stager:
-            from torch.distributed.checkpoint.staging import (
-                DefaultStager,
-                StagingOptions,
-            )
-
-            self._stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=on_cuda,
-                    use_shared_memory=False,
-                    use_async_staging=False,
-                    use_non_blocking_copy=False,
-                )
-            )
-        return self._stager
+        self._host: dict[str, torch.Tensor] = {}
+        self._staged = None  # the staged state, between stage() and start()
+        # The last save's parts (seconds): the wait for the previous write, and the copy into the host buffers.
+        self.timing: dict[str, float] = {}
 
     def wait(self) -> None:
         """Blocks until the save in flight is on disk; raises what its write raised."""
@@ -74,38 +70,97 @@ class AsyncCheckpoints:
 
     def save(self, out_dir: str, moments, masters, iteration: int) -> None:
         """Starts saving the optimizer state into out_dir/optimizer.dcp (after the previous save finished)."""
-        import torch.distributed.checkpoint as dcp
+        self.stage(moments, masters, iteration)
+        self.start(out_dir)
 
+    def stage(self, moments, masters, iteration: int) -> None:
+        """Waits for the previous write, then copies the state into the host buffers: once this returns the step may
+        change its tensors. The buffers are allocated at the first save and refilled after (the moments and masters
+        are the same tensors every step): pinned on cuda, so the copy runs at the link's rate, and in shared memory for
+        the process executor, so the daemon maps them instead of receiving a copy."""
+        began = time.perf_counter()
         self.wait()
-        state = {"iteration": torch.tensor(iteration, dtype=torch.int64)}
+        waited = time.perf_counter()
+        state = {}
         for n, (m, v) in moments.items():
             state[f"exp_avg.{n}"] = m
             state[f"exp_avg_sq.{n}"] = v
         for n, t in masters.items():
             state[f"master.{n}"] = t
-        path = os.path.join(out_dir, DCP_DIR)
         on_cuda = any(t.is_cuda for t in state.values())
-        writer = _writer(path)
-        if self._stager is not False:
-            try:
-                fut = dcp.async_save(
-                    state,
-                    storage_writer=writer,
-                    no_dist=True,
-                    async_stager=self._staging(on_cuda),
-                )
-                self._pending = (path, fut)
-                return
-            except Exception as e:  # noqa: BLE001 - staging runs here, before any write: DCP's default stager still can
-                warnings.warn(
-                    f"DCP's pinned-memory stager failed ({type(e).__name__}: {e}); staging to pageable memory from now on",
-                    stacklevel=2,
-                )
-                self._stager = False
+        if set(self._host) != set(state):
+            self._host = {}
+        for k, t in state.items():
+            h = self._host.get(k)
+            if h is None or h.shape != t.shape or h.dtype != t.dtype:
+                h = self._host[k] = self._buffer(t, on_cuda)
+            h.copy_(t.detach(), non_blocking=on_cuda)
+        if on_cuda:
+            torch.cuda.synchronize()
+        self._staged = {
+            **self._host,
+            "iteration": torch.tensor(iteration, dtype=torch.int64),
+        }
+        self.timing = {
+            "save_wait_s": waited - began,
+            "save_stage_s": time.perf_counter() - waited,
+        }
+
+    def _buffer(self, t: torch.Tensor, on_cuda: bool) -> torch.Tensor:
+        if self.executor == "process":
+            return torch.empty(t.shape, dtype=t.dtype).share_memory_()
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=on_cuda)
+
+    def start(self, out_dir: str) -> None:
+        """Starts writing the staged state into out_dir/optimizer.dcp; returns at once."""
+        import torch.distributed.checkpoint as dcp
+
+        state, self._staged = self._staged, None
+        if state is None:
+            raise RuntimeError("AsyncCheckpoints.start without a staged state")
+        path = os.path.join(out_dir, DCP_DIR)
         self._pending = (
             path,
-            dcp.async_save(state, storage_writer=_writer(path), no_dist=True),
+            dcp.async_save(
+                state,
+                storage_writer=_writer(path),
+                async_stager=_AlreadyStaged(),
+                **self._how(),
+            ),
         )
+
+    def _how(self) -> dict:
+        """async_save's arguments for the executor: the daemon needs a process group (its rank and world come from
+        one), so a trainer of one process makes a group of one, on a store in memory."""
+        if self.executor == "thread":
+            return {"no_dist": True}
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict_saver import (
+            AsyncCheckpointerType,
+        )
+
+        if not dist.is_initialized():
+            dist.init_process_group(
+                "gloo", store=dist.HashStore(), rank=0, world_size=1
+            )
+        return {"async_checkpointer_type": AsyncCheckpointerType.PROCESS}
+
+
+class _AlreadyStaged(AsyncStager):
+    """DCP's stager protocol for a state already in host buffers of its own (AsyncCheckpoints.stage): DCP's
+    DefaultStager would copy it once more, and with pinned buffers the torch of the lent GPU machine (2.11) failed its
+    second use (KeyError: <class 'type'>)."""
+
+    _synchronize_after_execute = False
+
+    def stage(self, state_dict, **kwargs):
+        return state_dict
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _writer(path: str):
