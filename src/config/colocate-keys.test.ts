@@ -38,7 +38,18 @@ describe("colocate, offload_train, offload_rollout", () => {
     expect(refusal(extra)).toMatch(message);
   });
 
-  it("refuse colocate: true until the controller runs it, saying what to write instead", () => {
-    expect(refusal({ colocate: true })).toMatch(/colocate: true is not run by rlq yet.*set colocate: false/);
+  const engine = { kind: "sglang", urls: ["http://127.0.0.1:30000"] };
+
+  it("accept colocate: true in sync mode with an engine server and weight_sync disk", () => {
+    const c = parseRunConfig({ ...base, colocate: true, engine }, "run.yaml", "user");
+    expect([c.colocate, effectiveOffload(c)]).toEqual([true, { train: true, rollout: true }]);
+  });
+
+  it.each([
+    [{}, /engine.*embedded engine has no server: use engine kind sglang/],
+    [{ engine, weight_sync: "none" }, /weight_sync.*needs weight_sync: disk, not "none"/],
+    [{ engine, update_weights_interval: 2 }, /update_weights_interval 2 cannot hold older weights.*remove it/],
+  ])("refuse colocate: true where the engines cannot take turns (%j), saying what to write instead", (extra, message) => {
+    expect(refusal({ colocate: true, ...extra })).toMatch(message);
   });
 });

@@ -1,9 +1,8 @@
 /**
  * Colocated mode (slime's --colocate, --offload-train, --offload-rollout; slime/utils/arguments.py):
  * the trainer and the engines share GPUs and take turns, each releasing its memory while the
- * other runs. The keys parse and resolve here; the run itself (its phases as decisions in the
- * event log) is refused until the controller runs those phases, so a config that asks for it
- * never starts a run that would silently keep both resident.
+ * other runs. The keys parse and resolve here; the controller runs the phases (rollout, engines
+ * released, train, push, engines resumed) as decisions in the event log (core/colocate.ts).
  */
 
 import { z } from "zod";
@@ -23,10 +22,13 @@ interface ColocateRuleInput {
   offload_train: boolean | null;
   offload_rollout: boolean | null;
   train_async: boolean;
+  engine: { kind: string };
+  weight_sync: string;
+  update_weights_interval: number;
 }
 
 /** What offloading is in force: an unset flag follows colocate, as slime's argument checks resolve it. */
-export function effectiveOffload(c: Omit<ColocateRuleInput, "train_async">): { train: boolean; rollout: boolean } {
+export function effectiveOffload(c: Pick<ColocateRuleInput, "colocate" | "offload_train" | "offload_rollout">): { train: boolean; rollout: boolean } {
   return { train: c.offload_train ?? c.colocate, rollout: c.offload_rollout ?? c.colocate };
 }
 
@@ -48,9 +50,22 @@ export function refineColocate(c: ColocateRuleInput, ctx: z.RefinementCtx): void
         `${key} frees GPU memory for a colocated peer; with colocate: false the trainer and engines have GPUs of their own: remove ${key}, or set colocate: true`,
       );
   }
-  if (c.colocate && !c.train_async)
+  if (!c.colocate) return;
+  if (c.engine.kind === "embedded")
     issue(
-      "colocate",
-      "colocate: true is not run by rlq yet (its phases, rollout, engines released, train, push, engines resumed, are not built): set colocate: false and start the trainer and the engines on GPUs of their own",
+      "engine",
+      "colocate: true releases the engines' GPU memory through their servers' endpoints, and the embedded engine has no server: use engine kind sglang (or openai for vLLM with --enable-sleep-mode), or colocate: false",
+    );
+  if (c.weight_sync !== "disk")
+    // Released weights hold nothing after a resume (SGLang frees them without a CPU copy), so each
+    // step's trained version is loaded from its checkpoint between the two resumes.
+    issue(
+      "weight_sync",
+      `colocate: true loads each step's checkpoint into the engines after their weights resume, so it needs weight_sync: disk, not ${JSON.stringify(c.weight_sync)}: set weight_sync: disk`,
+    );
+  if (c.update_weights_interval !== 1)
+    issue(
+      "update_weights_interval",
+      `colocate: true releases the engines' weights every step, so they load the trained version every step: update_weights_interval ${c.update_weights_interval} cannot hold older weights across steps; remove it (1)`,
     );
 }

@@ -5,6 +5,7 @@ import { appendDecisions, LeaseLostError, tryAcquireLease, type Lease } from "..
 import { loadRunState, saveRunSnapshot, SNAPSHOT_EVERY_DECISIONS } from "../store/run-snapshots.ts";
 import { projectRunInTx } from "../store/projections.ts";
 import { applyDecisions, isAsync, type RunState } from "../core/run-state.ts";
+import { shouldLoadOnStart } from "../core/colocate.ts";
 import type { Decision } from "../core/decisions.ts";
 import type { Dataset } from "../data/dataset.ts";
 import { loadRunDataset } from "../runtime/plugins-registry.ts";
@@ -220,6 +221,9 @@ class RunController implements ControllerHost {
     const s = this.state;
     // A train-only run (debug_rollouts_from) generates nothing: its engines, if any are configured, are never used.
     if (isReplayRun(s.config)) return;
+    // Colocated engines released (or about to be) take no load now: the step loads the trained
+    // version itself once their weights resume (core/colocate.ts).
+    if (s.config.colocate && !shouldLoadOnStart(s)) return;
     // A sync that dispatched at its version before it ended (async-pipeline.ts continueDuringSync):
     // requests may be running on it already, so the engines get that version, not the last synced one.
     if (s.syncing !== null && this.engines.isEarlyDispatch && s.config.weight_update_mode === "abort") {

@@ -4,6 +4,7 @@ import { createWeightSync, type WeightSync } from "../engines/weight-sync.ts";
 import type { LoaderPool } from "../engines/pool-types.ts";
 import { initialLoader, nextLoaderMode, shouldSendLoad, type LoaderEvent, type LoaderMode } from "../core/weight-sync.ts";
 import { RlqError, errorMessage } from "../lib/errors.ts";
+import type { MemoryTag } from "../core/decisions.ts";
 import { createLogger } from "../observability/logger.ts";
 
 const log = createLogger("info", "rlq-engine-admin");
@@ -35,6 +36,13 @@ export interface EngineAdmin {
    * `loadWeights` of it send nothing.
    */
   resumeLoad(version: number, checkpointUri: string): Promise<void>;
+  /** Colocated mode (core/colocate.ts): every live engine releases `tags` of the shared GPUs. */
+  releaseMemory(tags: readonly MemoryTag[]): Promise<void>;
+  /**
+   * Colocated mode: every live engine resumes `tags`. The first resume this process sends follows a
+   * release of the same tags: see `Loader.resumeMemory`.
+   */
+  resumeMemory(tags: readonly MemoryTag[]): Promise<void>;
   /** The weight versions the live engines report now (empty for the embedded engine). */
   reportedVersions(): Promise<number[]>;
   close(): Promise<void>;
@@ -57,6 +65,8 @@ export function createEngineAdmin(config: RunConfig, hooks: EngineAdminHooks = {
       loadWeights: async () => undefined,
       resumeLoad: async () => undefined,
       reportedVersions: async () => [],
+      releaseMemory: () => refuseColocate("the embedded engine"),
+      resumeMemory: () => refuseColocate("the embedded engine"),
       close: async () => undefined,
     };
   let state: Promise<{ pool: LoaderPool; sync: WeightSync }> | null = null;
@@ -95,6 +105,8 @@ class Loader implements EngineAdmin {
   private mode: LoaderMode = initialLoader;
   /** The load in flight while `mode` is `loading` (its failure is reported by `loadWeights`). */
   private inFlight: Promise<void> | null = null;
+  /** Colocated mode: this process resumed the engines' memory since its last release (see `resumeMemory`). */
+  private hasResumed = false;
 
   constructor(
     config: RunConfig,
@@ -162,6 +174,27 @@ class Loader implements EngineAdmin {
     await this.loadWeights(version, uri);
   }
 
+  async releaseMemory(tags: readonly MemoryTag[]): Promise<void> {
+    const { pool } = await this.get();
+    await pool.releaseMemory(tags);
+    this.hasResumed = false;
+  }
+
+  /**
+   * A controller killed between a resume and its decision finds the log saying "released" while the
+   * engines hold `tags` again; SGLang's resume of a tag it does not hold raises (its scheduler's
+   * `offload_tags.remove`), where a release of a tag already released only adds it to the set again
+   * (scheduler_update_weights_mixin.py). So until this process has resumed once it sends a release
+   * first: valid whichever side of the resume the last controller died on. After it, the log and
+   * the engines agree.
+   */
+  async resumeMemory(tags: readonly MemoryTag[]): Promise<void> {
+    const { pool } = await this.get();
+    if (!this.hasResumed) await pool.releaseMemory(tags);
+    await pool.resumeMemory(tags);
+    this.hasResumed = true;
+  }
+
   async reportedVersions(): Promise<number[]> {
     const { pool } = await this.get();
     await pool.checkHealth();
@@ -192,6 +225,8 @@ function frozenEngineAdmin(get: () => Promise<{ pool: LoaderPool }>, isStarted: 
     beginLoad: () => undefined,
     loadWeights: atZero,
     resumeLoad: atZero,
+    releaseMemory: () => refuseColocate("weight_sync: none"),
+    resumeMemory: () => refuseColocate("weight_sync: none"),
     async reportedVersions() {
       const { pool } = await get();
       await pool.checkHealth();
@@ -201,4 +236,9 @@ function frozenEngineAdmin(get: () => Promise<{ pool: LoaderPool }>, isStarted: 
       if (isStarted()) await (await get()).pool.close();
     },
   };
+}
+
+/** The run config refuses these pairings (config/colocate-keys.ts); a config that got past it is a bug. */
+function refuseColocate(what: string): Promise<never> {
+  return Promise.reject(new RlqError("invariant_violated", `colocate: ${what} cannot release GPU memory`, { isRetriable: false }));
 }

@@ -19,6 +19,8 @@ import { insertHistory } from "../store/projections.ts";
 import { totalSteps } from "../core/run-state.ts";
 import { sealDecision, shouldDrawMore } from "../core/decide-groups.ts";
 import { groupLoad } from "../core/group-load.ts";
+import { nextColocateAction } from "../core/colocate.ts";
+import { memoryTags } from "../core/decisions.ts";
 import type { ControllerHost } from "./host.ts";
 import type { RolloutFunctionDriver } from "./rollout-function.ts";
 import { decideReady, dispatchRounds, drawAndDispatch, inflightRounds, landedRounds } from "./groups.ts";
@@ -33,6 +35,10 @@ export async function tickSync(h: ControllerHost, rolloutFunction: RolloutFuncti
   // An eval pins the engines' version: nothing moves until its results land.
   if (s.pendingEval) return awaitEval(h);
   if (s.phase === "collect" && s.step === 0 && isFirstEvalDue(h)) return dispatchEval(h, 0, s.weightVersion);
+  if (s.config.colocate && s.phase !== "collect") {
+    const done = await tickColocated(h);
+    if (done !== null) return done;
+  }
   switch (s.phase) {
     case "collect":
       if (isSftRun(s.config)) return collectSft(h);
@@ -118,6 +124,56 @@ async function sync(h: ControllerHost): Promise<boolean> {
   // The version the engines serve now: the sync above (if any) committed it.
   await h.commit([{ kind: "step.started", payload: { step: s.step + 1, weightVersion: h.state.weightVersion } }]);
   return true;
+}
+
+/**
+ * Colocated mode's turns on the shared GPUs (core/colocate.ts `nextColocateAction`): after the
+ * sealed step drained, the engines release their memory and the step trains (the trainer onloads
+ * and offloads itself around it); then the engines resume their weights, load the trained
+ * version, resume their KV cache, and the step ends as in a split run (`sync`). Each endpoint call
+ * comes before its decision, each decision before the next call. Returns null where the split
+ * run's block does the same (awaiting the train step, the step's end).
+ */
+async function tickColocated(h: ControllerHost): Promise<boolean | null> {
+  const s = h.state;
+  const action = nextColocateAction({
+    phase: s.phase,
+    engineMemory: s.engineMemory,
+    drainingCount: s.draining.size,
+    weightVersion: s.weightVersion,
+    trainedVersion: s.trainedVersion,
+  });
+  switch (action) {
+    case "drain":
+      return drain(h);
+    case "release":
+      await h.engines.releaseMemory(memoryTags);
+      h.deps.crashPoint("controller.before_release_decision");
+      await h.commit([{ kind: "engines.released", payload: { step: s.step } }]);
+      h.deps.crashPoint("controller.after_release");
+      return true;
+    case "train":
+      return dispatchTrain(h, s.step);
+    case "resume_weights":
+      await h.engines.resumeMemory(["weights"]);
+      h.deps.crashPoint("controller.before_resume_decision");
+      await h.commit([{ kind: "engines.resumed", payload: { step: s.step, tag: "weights" } }]);
+      h.deps.crashPoint("controller.after_resume_weights");
+      return true;
+    case "load":
+      // The resumed weights hold nothing trained: the step's checkpoint loads now, whatever the interval.
+      await syncEngines(h, s.step, s.trainedVersion, s.trainedCheckpointUri as string);
+      return true;
+    case "resume_kv_cache":
+      await h.engines.resumeMemory(["kv_cache"]);
+      await h.commit([{ kind: "engines.resumed", payload: { step: s.step, tag: "kv_cache" } }]);
+      h.deps.crashPoint("controller.after_resume_kv_cache");
+      return true;
+    case "await_train":
+    case "next":
+    case "none":
+      return null;
+  }
 }
 
 /**

@@ -11,6 +11,10 @@ import { z } from "zod";
 const cursorSchema = z.object({ epoch: z.number().int(), offset: z.number().int(), nextOrdinal: z.number().int() });
 export type Cursor = z.infer<typeof cursorSchema>;
 
+/** The GPU memory an engine releases and resumes by tag, in colocated mode (SGLang constants.py GPU_MEMORY_TYPE_*; vLLM wake_up tags). */
+export const memoryTags = ["weights", "kv_cache"] as const;
+export type MemoryTag = (typeof memoryTags)[number];
+
 export const decisionSchemas = {
   "run.created": z.object({
     config: z.record(z.string(), z.unknown()),
@@ -88,6 +92,13 @@ export const decisionSchemas = {
   "eval.dispatched": z.object({ step: z.number().int(), weightVersion: z.number().int() }),
   "eval.recorded": z.object({ step: z.number().int() }),
   "weights.synced": z.object({ step: z.number().int(), weightVersion: z.number().int(), checkpointUri: z.string() }),
+  /**
+   * Colocated mode (core/colocate.ts): every engine released its weights and KV cache after the
+   * step's rollout drained; the trainer's turn on the shared GPUs.
+   */
+  "engines.released": z.object({ step: z.number().int() }),
+  /** Colocated mode: every engine resumed `tag` (weights before the trained version loads, kv_cache after). */
+  "engines.resumed": z.object({ step: z.number().int(), tag: z.enum(memoryTags) }),
   /**
    * rollout_function_path: ctx call #ordinal of the step's rollout function, recorded in the same
    * transaction as its effect (prompts.drawn, group.dispatched, group.outcome buffered). A

@@ -63,6 +63,8 @@ const snapshotSchema = z.object({
   training: z.number().int().nullable(),
   lastTrainedStep: z.number().int(),
   syncing: z.object({ step: z.number().int(), weightVersion: z.number().int() }).nullable(),
+  /** Absent in snapshots written before colocated mode: their runs were never colocated. */
+  engineMemory: z.enum(["resident", "released", "weights"]).default("resident"),
 });
 export type RunStateSnapshot = z.infer<typeof snapshotSchema>;
 
@@ -113,6 +115,7 @@ export function snapshotRunState(s: RunState): RunStateSnapshot {
     training: s.training,
     lastTrainedStep: s.lastTrainedStep,
     syncing: s.syncing ? { ...s.syncing } : null,
+    engineMemory: s.engineMemory,
   };
 }
 
@@ -163,5 +166,6 @@ export function restoreRunState(runId: string, raw: unknown): RunState | null {
   state.training = p.training;
   state.lastTrainedStep = p.lastTrainedStep;
   state.syncing = p.syncing;
+  state.engineMemory = p.engineMemory;
   return state;
 }

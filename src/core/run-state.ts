@@ -9,6 +9,7 @@ import { RlqError } from "../lib/errors.ts";
 import type { RunConfig } from "../config/run-config.ts";
 import { applyRecordedChanges, decodeRecordedConfig } from "../config/recorded-config.ts";
 import type { Cursor, LoggedDecision } from "./decisions.ts";
+import { initialEngineMemory, nextEngineMemory, type EngineMemory } from "./colocate.ts";
 
 export type RunStatus = "created" | "running" | "paused" | "cancelled" | "completed";
 export type StepPhase = "collect" | "drain" | "train" | "sync" | "done";
@@ -75,6 +76,8 @@ export interface RunState {
   lastTrainedStep: number;
   /** Async mode: a weight sync in progress (in-flight rounds aborted or draining). */
   syncing: { step: number; weightVersion: number } | null;
+  /** Colocated mode: what the engines hold of the shared GPUs (core/colocate.ts); resident otherwise. */
+  engineMemory: EngineMemory;
 }
 
 /** Async mode (train_async): generation, training and weight sync overlap. */
@@ -113,6 +116,7 @@ export function emptyState(runId: string): RunState {
     training: null,
     lastTrainedStep: -1,
     syncing: null,
+    engineMemory: initialEngineMemory,
   };
 }
 
@@ -290,6 +294,10 @@ export function apply(state: RunState, d: LoggedDecision): RunState {
       state.weightVersion = d.payload.weightVersion;
       state.checkpointUri = d.payload.checkpointUri;
       state.syncing = null;
+      break;
+    case "engines.released":
+    case "engines.resumed":
+      state.engineMemory = nextEngineMemory(state.engineMemory, d);
       break;
     default: {
       // Every kind of core/decisions.ts has its case: a new kind without one fails tsc here.

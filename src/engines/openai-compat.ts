@@ -68,6 +68,7 @@ import { classifyProbe, type LogprobProbe } from "./logprob-check.ts";
 import { abortedResult, EngineRequestError, emptyPartial, type GenerateHooks, type PartialOutput, type RemoteEngine } from "./remote.ts";
 import { RlqError } from "../lib/errors.ts";
 import { requestText } from "../lib/http-client.ts";
+import type { MemoryTag } from "../core/decisions.ts";
 
 const completionChoiceSchema = z
   .object({
@@ -454,6 +455,26 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
       if (e instanceof EngineHttpError && e.status === 404) return false;
       throw e;
     }
+  }
+
+  /**
+   * Colocated mode, vLLM started with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode
+   * (vllm/entrypoints/serve/dev/sleep/api_router.py). `POST /sleep?level=1` offloads the weights
+   * to CPU memory and discards the KV cache, whatever the tags: sleep takes none. `POST
+   * /wake_up?tags=weights` then `?tags=kv_cache` take them back (the answer says "sleeping" until
+   * both are). vLLM's CPU build serves these routes but cannot sleep: --enable-sleep-mode is refused
+   * there (config/model.py: "Sleep mode is not supported on current platform",
+   * platforms/interface.py is_sleep_mode_available: CUDA, ROCm, XPU) and its worker's
+   * sleep/wake_up only log (v1/worker/cpu_worker.py).
+   */
+  async releaseMemory(tags: readonly MemoryTag[]): Promise<void> {
+    // Level 1 keeps the weights in CPU memory; rlq loads the trained version after the wake-up anyway.
+    if (tags.length > 0) await this.admin("/sleep?level=1", undefined, this.options.loadTimeoutMs ?? 600_000);
+  }
+
+  async resumeMemory(tags: readonly MemoryTag[]): Promise<void> {
+    const query = tags.map((t) => `tags=${t}`).join("&");
+    await this.admin(`/wake_up?${query}`, undefined, this.options.loadTimeoutMs ?? 600_000);
   }
 
   private admin(path: string, payload: unknown, timeoutMs = this.adminMs): Promise<unknown> {

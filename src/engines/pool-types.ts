@@ -5,6 +5,7 @@ import type { EngineMetrics, EngineMetricsSnapshot } from "./metrics.ts";
 import type { LogprobProbe } from "./logprob-check.ts";
 import type { PartialOutput, RemoteEngine } from "./remote.ts";
 import type { EngineMode, RouterEvent, RouterMode } from "../core/weight-sync.ts";
+import type { MemoryTag } from "../core/decisions.ts";
 
 /** An engine's mode in a pool: defined, with its transitions, in core/weight-sync.ts. */
 export type MemberState = EngineMode;
@@ -73,6 +74,10 @@ export interface LoaderPool {
   /** New requests wait (in-flight ones continue) until resumeAdmission: the router's `hold` until `resume`. */
   pauseAdmission(): void;
   resumeAdmission(): void;
+  /** Colocated mode: every live engine releases `tags` of its GPU memory (see `MemoryRelease`); throws when one cannot. */
+  releaseMemory(tags: readonly MemoryTag[]): Promise<void>;
+  /** Colocated mode: every live engine resumes `tags`. */
+  resumeMemory(tags: readonly MemoryTag[]): Promise<void>;
   /** Run one health round now (tests and the controller use it; the monitor runs them on its own). */
   checkHealth(): Promise<void>;
   snapshot(): PoolSnapshot;
@@ -128,6 +133,23 @@ export interface InPlacePause {
   pauseInPlace(): Promise<void>;
   /** Continue the requests `pauseInPlace` kept, at the weights loaded meanwhile (SGLang /continue_generation; vLLM /resume). */
   resumeInPlace(): Promise<void>;
+}
+
+/**
+ * What the pool needs from an engine adapter for colocated mode (core/colocate.ts): give the
+ * shared GPUs back to the trainer and take them again, by tag. An engine without these is refused
+ * by name at the first release.
+ */
+export interface MemoryRelease {
+  /** Free the engine's GPU memory for `tags` (SGLang POST /release_memory_occupation; vLLM POST /sleep). */
+  releaseMemory(tags: readonly MemoryTag[]): Promise<void>;
+  /** Take it again (SGLang POST /resume_memory_occupation; vLLM POST /wake_up?tags=). */
+  resumeMemory(tags: readonly MemoryTag[]): Promise<void>;
+}
+
+export function canReleaseMemory(engine: RemoteEngine): engine is RemoteEngine & MemoryRelease {
+  const e = engine as RemoteEngine & Partial<MemoryRelease>;
+  return typeof e.releaseMemory === "function" && typeof e.resumeMemory === "function";
 }
 
 export function canPauseInPlace(engine: RemoteEngine): engine is RemoteEngine & InPlacePause {

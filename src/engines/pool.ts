@@ -21,7 +21,8 @@
 import { HealthMonitor } from "./pool-health.ts";
 import { RequestRunner } from "./pool-requests.ts";
 import { PoolState } from "./pool-state.ts";
-import type { EnginePool, EnginePoolOptions, PoolLog } from "./pool-types.ts";
+import { canReleaseMemory, type EnginePool, type EnginePoolOptions, type MemoryRelease, type PoolLog } from "./pool-types.ts";
+import type { MemoryTag } from "../core/decisions.ts";
 import { awaitVersion, loadWeights, setCurrentVersion } from "./pool-versions.ts";
 import type { RemoteEngine } from "./remote.ts";
 import { isLive } from "../core/weight-sync.ts";
@@ -73,6 +74,8 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     },
     currentVersion: () => state.current,
     abortAll: () => abortAll(state),
+    releaseMemory: (tags) => onEveryLiveEngine(state, "release", tags),
+    resumeMemory: (tags) => onEveryLiveEngine(state, "resume", tags),
     pauseAdmission: () => void state.moveRouter({ kind: "hold", until: null }),
     resumeAdmission: () => void state.moveRouter({ kind: "resume" }),
     route: (event) => state.moveRouter(event),
@@ -125,6 +128,26 @@ async function abortAll(state: PoolState): Promise<void> {
       await m.engine
         .abortAll()
         .catch((e: unknown) => state.log.warn({ engine: m.engine.id, err: errorMessage(e) }, "abort_all failed; the requests are aborted by id"));
+    }),
+  );
+}
+
+/**
+ * Colocated mode: release or resume `tags` on every live engine, all at once. Any failure fails the
+ * call (the controller tries again next tick): a run whose engines hold the GPUs must not train.
+ */
+async function onEveryLiveEngine(state: PoolState, action: "release" | "resume", tags: readonly MemoryTag[]): Promise<void> {
+  const live = state.members.filter((m) => isLive(m.mode));
+  const cannot = live.filter((m) => !canReleaseMemory(m.engine)).map((m) => m.engine.id);
+  if (cannot.length > 0)
+    throw new RlqError("engine_cannot_load", `colocate: engine(s) ${cannot.join(", ")} cannot release their GPU memory (no release endpoint in their adapter)`, {
+      isRetriable: false,
+    });
+  if (live.length === 0) throw new RlqError("engine_unavailable", `colocate: no live engine to ${action} ${tags.join(", ")}`, { isRetriable: true });
+  await Promise.all(
+    live.map((m) => {
+      const e = m.engine as RemoteEngine & MemoryRelease;
+      return action === "release" ? e.releaseMemory(tags) : e.resumeMemory(tags);
     }),
   );
 }

@@ -40,6 +40,7 @@ import { applySglangMeta, readSglangAnswer } from "./sglang-answer.ts";
 import { SglangBatcher } from "./sglang-batcher.ts";
 import { errorMessage, RlqError } from "../lib/errors.ts";
 import { requestText } from "../lib/http-client.ts";
+import type { MemoryTag } from "../core/decisions.ts";
 
 /** Internal: stops consuming a stream whose weight version changed (an RlqError so http.ts passes it through). */
 class VersionChanged extends RlqError {
@@ -283,6 +284,22 @@ class SglangServer implements RemoteEngine {
     // running request, each answering with its tokens so far; a request held behind a load's
     // model update lock is not in the scheduler yet and runs after the load.
     await this.admin("/abort_request", { abort_all: true }, this.adminMs, "control");
+  }
+
+  /**
+   * Colocated mode. http_server.py release_memory_occupation / resume_memory_occupation take
+   * ReleaseMemoryOccupationReqInput {tags} (io_struct.py); the scheduler
+   * (managers/scheduler_update_weights_mixin.py) asserts no request is running before a release,
+   * adds each tag to its `offload_tags` set and pauses that memory; a resume removes each tag from
+   * the set (a KeyError for a tag not released) and resumes it. The server needs
+   * --enable-memory-saver for the memory to be freed at all.
+   */
+  async releaseMemory(tags: readonly MemoryTag[]): Promise<void> {
+    await this.admin("/release_memory_occupation", { tags: [...tags] }, this.options.loadTimeoutMs ?? 600_000);
+  }
+
+  async resumeMemory(tags: readonly MemoryTag[]): Promise<void> {
+    await this.admin("/resume_memory_occupation", { tags: [...tags] }, this.options.loadTimeoutMs ?? 600_000);
   }
 
   async health(timeoutMs = this.adminMs): Promise<boolean> {

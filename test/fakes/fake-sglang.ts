@@ -17,6 +17,7 @@
  *        completion_tokens, cached_tokens}}; with stream: SSE `data:` events, then `data: [DONE]`.
  *   Batch form (input_ids a list of lists, rid and sampling_params lists) → outputs in order.
  *   POST /abort_request {rid, abort_all}, /pause_generation {mode?}, /continue_generation,
+ *     /release_memory_occupation {tags?}, /resume_memory_occupation {tags?} (sglang/weights.ts),
  *     /update_weights_from_disk, /init_weights_update_group, /update_weights_from_distributed,
  *     /update_weights_from_tensor; GET|POST /flush_cache; GET /health, /health_generate,
  *     /model_info, /server_info, /get_model_info, /get_server_info (newest), /get_weight_version
@@ -159,7 +160,7 @@ import type { LogprobMode } from "./fake-lm.ts";
 import { readJson } from "./http-json.ts";
 import { generate } from "./sglang/generate.ts";
 import { groupNames, live, opts, reportedVersion, send, st, stats, type FaultMode } from "./sglang/state.ts";
-import { flushCache, healthGenerate, loadWeights, sendValidationError, updateFromDistributed, updateFromTensor } from "./sglang/weights.ts";
+import { flushCache, healthGenerate, loadWeights, releaseMemory, resumeMemory, sendValidationError, updateFromDistributed, updateFromTensor } from "./sglang/weights.ts";
 
 const { values } = parseArgs({
   options: {
@@ -304,6 +305,8 @@ const server = createServer((req, res) => {
         return;
       }
       if (req.method === "POST" && url === "/update_weights_from_disk") return await loadWeights(await readJson(req), res);
+      if ((req.method === "POST" || req.method === "GET") && url === "/release_memory_occupation") return releaseMemory(await readJson(req), res);
+      if ((req.method === "POST" || req.method === "GET") && url === "/resume_memory_occupation") return resumeMemory(await readJson(req), res);
       if (req.method === "POST" && url === "/pause_generation") {
         const b = await readJson(req);
         const mode = b.mode ?? "abort";

@@ -9,6 +9,7 @@ import { EOS, inputTokenLogProb, instantToken, sampleToken } from "../fake-lm.ts
 import {
   hangWhileFaulted,
   isHanging,
+  isMemoryReleased,
   live,
   opts,
   reportedVersion,
@@ -347,6 +348,11 @@ export async function generateBatch(b: Record<string, unknown>, res: ServerRespo
 }
 
 export async function generate(b: Record<string, unknown>, res: ServerResponse): Promise<void> {
+  if (isMemoryReleased()) {
+    // rlq must send no request while the engines are released; the fake counts and refuses any.
+    stats.generateWhileReleased++;
+    return send(res, 500, { error: { message: "memory released (release_memory_occupation): no weights or KV cache to generate with" } });
+  }
   const ids = b.input_ids as number[];
   if (Array.isArray(ids) && Array.isArray(ids[0])) return generateBatch(b, res);
   const imgs = imagesOf(b.image_data);

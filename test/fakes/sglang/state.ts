@@ -59,6 +59,8 @@ export const st = {
   paused: null as Promise<void> | null,
   pauseMode: "abort" as "abort" | "in_place" | "retract",
   resume: null as (() => void) | null,
+  /** Released GPU memory by tag (managers/scheduler.py `self.offload_tags = set()`; scheduler_update_weights_mixin.py). */
+  offloadTags: new Set<string>(),
 };
 export interface LiveRequest {
   aborted: boolean;
@@ -104,6 +106,14 @@ export const stats = {
   imagesSeen: {} as Record<string, string[]>,
   /** TCP connections accepted (a client's connection pooling shows here). */
   connections: 0,
+  /** Colocated mode: /release_memory_occupation and /resume_memory_occupation calls that succeeded. */
+  releases: 0,
+  resumes: 0,
+  /** Calls that the real server would die on (an assertion or a KeyError in its scheduler): tests expect none. */
+  memoryFaults: [] as string[],
+  /** Generate requests and loads that came while memory they need was released (rlq must send none). */
+  generateWhileReleased: 0,
+  loadWhileReleased: 0,
   /** Per weight version, when (epoch ms) the first request started generating on it. */
   firstGenerateAt: {} as Record<string, number>,
 };
@@ -147,4 +157,9 @@ export interface Generated {
    * the model update lock's reader side, so a load waiting on the writer side cannot change it first.
    */
   endVersion?: number;
+}
+
+/** Whether the memory a generation needs is released (weights or KV cache). */
+export function isMemoryReleased(): boolean {
+  return st.offloadTags.has("weights") || st.offloadTags.has("kv_cache");
 }

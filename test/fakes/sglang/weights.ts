@@ -4,7 +4,7 @@
  * the SGLang source it comes from).
  */
 import type { ServerResponse } from "node:http";
-import { groupNames, hangWhileFaulted, isHanging, live, opts, send, sleep, st, stats, take5xx } from "./state.ts";
+import { groupNames, hangWhileFaulted, isHanging, isMemoryReleased, live, opts, send, sleep, st, stats, take5xx } from "./state.ts";
 
 /**
  * tokenizer_manager.py model_update_lock.writer_lock: wait for every in-flight request (each holds
@@ -26,6 +26,11 @@ export async function underWriterLock<T>(fn: () => Promise<T>): Promise<T> {
 
 export async function loadWeights(b: Record<string, unknown>, res: ServerResponse): Promise<void> {
   if (take5xx("health")) return send(res, 503, { error: { message: "injected 5xx" } });
+  if (st.offloadTags.has("weights")) {
+    // The real scheduler would write into paused memory; the fake refuses and counts it.
+    stats.loadWhileReleased++;
+    return send(res, 500, { success: false, message: "weights are released (release_memory_occupation): resume them before a load" });
+  }
   await underWriterLock(async () => {
     if (opts.loadDelayMs > 0) await sleep(opts.loadDelayMs);
     if (typeof b.model_path !== "string" || b.model_path.includes("missing")) {
@@ -126,6 +131,12 @@ export function updateFromTensor(b: Record<string, unknown>, res: ServerResponse
  */
 export async function healthGenerate(res: ServerResponse): Promise<void> {
   if (isHanging()) return hangWhileFaulted().then(() => void res.writeHead(200).end());
+  // Released memory: the real health_generate would send a generation to a scheduler holding no
+  // weights or cache; the fake answers 503 at once, which rlq reads as busy (as during a load).
+  if (isMemoryReleased()) {
+    stats.healthBusy++;
+    return void res.writeHead(503).end();
+  }
   if (take5xx("health")) return send(res, 503, { error: { message: "injected 5xx" } });
   const began = Date.now();
   for (;;) {
@@ -136,6 +147,50 @@ export async function healthGenerate(res: ServerResponse): Promise<void> {
       return void res.writeHead(503).end();
     }
   }
+}
+
+/** constants.py GPU_MEMORY_ALL_TYPES: what an empty or absent `tags` means. */
+const ALL_MEMORY_TAGS = ["weights", "kv_cache", "cuda_graph"];
+
+function tagsOf(b: Record<string, unknown>): string[] {
+  return Array.isArray(b.tags) && b.tags.length > 0 ? b.tags.map(String) : ALL_MEMORY_TAGS;
+}
+
+/**
+ * http_server.py release_memory_occupation (ReleaseMemoryOccupationReqInput {tags}) →
+ * scheduler_update_weights_mixin.py release_memory_occupation: `assert self._is_no_request()`,
+ * then each tag joins `offload_tags` (a set: a tag released twice stays released) and its memory
+ * is paused; the KV cache is flushed. The assertion kills the real scheduler; the fake answers 500
+ * and records it in stats.memoryFaults.
+ */
+export function releaseMemory(b: Record<string, unknown>, res: ServerResponse): void {
+  const tags = tagsOf(b);
+  stats.calls.push(`release_memory_occupation:${tags.join(",")}`);
+  if (live.size > 0) {
+    stats.memoryFaults.push(`release with ${live.size} request(s) running`);
+    return send(res, 500, { success: false, message: "release_memory_occupation should be called only when no ongoing request." });
+  }
+  for (const t of tags) st.offloadTags.add(t);
+  stats.releases++;
+  send(res, 200, { success: true, message: "" });
+}
+
+/**
+ * http_server.py resume_memory_occupation → scheduler_update_weights_mixin.py
+ * resume_memory_occupation: `self.offload_tags.remove(tag)` for each tag (a KeyError for one not
+ * released, which kills the real scheduler; the fake answers 500 and records it), then resumes it.
+ */
+export function resumeMemory(b: Record<string, unknown>, res: ServerResponse): void {
+  const tags = tagsOf(b);
+  stats.calls.push(`resume_memory_occupation:${tags.join(",")}`);
+  const missing = tags.filter((t) => !st.offloadTags.has(t));
+  if (missing.length > 0) {
+    stats.memoryFaults.push(`resume of ${missing.join(",")} not released`);
+    return send(res, 500, { success: false, message: `KeyError: '${missing[0]}'` });
+  }
+  for (const t of tags) st.offloadTags.delete(t);
+  stats.resumes++;
+  send(res, 200, { success: true, message: "" });
 }
 
 /** http_server.py flush_cache (GET or POST): 200 or 400, plain text; the scheduler refuses while requests run or wait. */
