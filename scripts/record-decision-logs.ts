@@ -171,6 +171,13 @@ const cases: Record<string, Case> = {
     },
     tokenDelayMs: 1,
   },
+  // Colocated mode: each step's engines released after its rollout drained, then trained, weights
+  // resumed, the trained version loaded, KV cache resumed (core/colocate.ts).
+  colocate: {
+    config: { num_rollout: 3, colocate: true, partial_rollout: true },
+    tokenDelayMs: 5,
+    holds: ["engines.released", "engines.resumed"],
+  },
 };
 
 type RlqProc = ReturnType<typeof spawnRlq>;

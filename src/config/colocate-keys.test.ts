@@ -39,9 +39,10 @@ describe("colocate, offload_train, offload_rollout", () => {
   });
 
   const engine = { kind: "sglang", urls: ["http://127.0.0.1:30000"] };
+  const sglang = { engine, tokenizer: "bytes" };
 
   it("accept colocate: true in sync mode with an engine server and weight_sync disk", () => {
-    const c = parseRunConfig({ ...base, colocate: true, engine }, "run.yaml", "user");
+    const c = parseRunConfig({ ...base, colocate: true, ...sglang }, "run.yaml", "user");
     expect([c.colocate, effectiveOffload(c)]).toEqual([true, { train: true, rollout: true }]);
   });
 

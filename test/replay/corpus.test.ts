@@ -58,6 +58,7 @@ const ends: Record<string, { status: RunStatus; reason?: RegExp }> = {
   "engine-version": { status: "paused", reason: /^the engines serve weight version 4 .*no ref_load/ },
   "rollout-fn-bad-return": { status: "paused", reason: /^plugin_bad_return: rollout_function_path .*rollout-bad-return\.mjs \(step 0\) returned 3 group\(s\)/ },
   "bad-rows": { status: "completed" },
+  colocate: { status: "completed" },
 };
 
 /** A state as plain JSON (Maps and Sets as tagged arrays), for deep comparison. */

@@ -1,0 +1,63 @@
+import { describe, expect, it } from "vitest";
+import type { LoggedDecision } from "./decisions.ts";
+import { initialEngineMemory, nextColocateAction, nextEngineMemory, shouldLoadOnStart, type ColocateView, type EngineMemory } from "./colocate.ts";
+
+const d = (seq: number, kind: LoggedDecision["kind"], payload: object) => ({ seq, kind, payload }) as LoggedDecision;
+const released = d(0, "engines.released", { step: 0 });
+const resumedWeights = d(1, "engines.resumed", { step: 0, tag: "weights" });
+const resumedKv = d(2, "engines.resumed", { step: 0, tag: "kv_cache" });
+
+describe("the engines' memory, from the log", () => {
+  it("resident → released → weights → resident, and other decisions leave it", () => {
+    const modes: EngineMemory[] = [];
+    let m = initialEngineMemory;
+    for (const x of [released, d(1, "train.dispatched", { step: 0, weightVersionIn: 0 }), resumedWeights, resumedKv]) {
+      m = nextEngineMemory(m, x);
+      modes.push(m);
+    }
+    expect(modes).toEqual(["released", "released", "weights", "resident"]);
+  });
+
+  it.each([
+    ["released twice", "released" as EngineMemory, released, /engines are released, not resident/],
+    ["weights resumed while resident", "resident" as EngineMemory, resumedWeights, /weights resumed while the engines are resident/],
+    ["KV cache resumed before the weights", "released" as EngineMemory, resumedKv, /KV cache resumed while the engines are released/],
+    ["released with weights resumed", "weights" as EngineMemory, released, /engines are weights, not resident/],
+  ])("a transition the controller never writes is a corrupt log: %s", (_name, mode, decision, message) => {
+    expect(() => nextEngineMemory(mode, decision)).toThrow(message);
+  });
+});
+
+describe("the colocated step's next action", () => {
+  const view = (v: Partial<ColocateView>): ColocateView => ({
+    phase: "drain",
+    engineMemory: "resident",
+    drainingCount: 0,
+    weightVersion: 0,
+    trainedVersion: 0,
+    ...v,
+  });
+
+  it("walks rollout → released → training → pushing → resuming, one action per phase", () => {
+    expect(nextColocateAction(view({ phase: "collect" }))).toBe("none");
+    // SGLang asserts no request runs at a release: the aborted rounds land first.
+    expect(nextColocateAction(view({ drainingCount: 2 }))).toBe("drain");
+    expect(nextColocateAction(view({}))).toBe("release");
+    expect(nextColocateAction(view({ engineMemory: "released" }))).toBe("train");
+    expect(nextColocateAction(view({ phase: "train", engineMemory: "released" }))).toBe("await_train");
+    expect(nextColocateAction(view({ phase: "sync", engineMemory: "released", trainedVersion: 1 }))).toBe("resume_weights");
+    expect(nextColocateAction(view({ phase: "sync", engineMemory: "weights", trainedVersion: 1 }))).toBe("load");
+    expect(nextColocateAction(view({ phase: "sync", engineMemory: "weights", weightVersion: 1, trainedVersion: 1 }))).toBe("resume_kv_cache");
+    expect(nextColocateAction(view({ phase: "sync", weightVersion: 1, trainedVersion: 1 }))).toBe("next");
+    expect(nextColocateAction(view({ phase: "done" }))).toBe("none");
+  });
+
+  it("a restarted controller loads only engines that are resident and not about to be released", () => {
+    expect(shouldLoadOnStart({ phase: "collect", engineMemory: "resident" })).toBe(true);
+    expect(shouldLoadOnStart({ phase: "sync", engineMemory: "resident" })).toBe(true);
+    expect(shouldLoadOnStart({ phase: "drain", engineMemory: "resident" })).toBe(false);
+    expect(shouldLoadOnStart({ phase: "train", engineMemory: "released" })).toBe(false);
+    expect(shouldLoadOnStart({ phase: "sync", engineMemory: "released" })).toBe(false);
+    expect(shouldLoadOnStart({ phase: "sync", engineMemory: "weights" })).toBe(false);
+  });
+});
