@@ -56,6 +56,7 @@ from .micro_batching import (
     validate_samples,
 )
 from .models import SAVE_DTYPES, write_optimizer
+from .offload import MemoryMoves, should_offload
 from .opd import opd_teacher_log_probs
 from .sharded_adamw import ShardedAdamW
 
@@ -218,6 +219,8 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         self.async_ckpt = trainer_checkpoint.AsyncCheckpoints(dcp_executor)
         # The overlapped save's parts (seconds) for the step's metrics; empty when the step saved the files.
         self.save_detail: dict[str, float] = {}
+        # Colocated mode: what the trainer holds moves off its device between steps (offload.py).
+        self.memory = MemoryMoves()
 
     @property
     def fsdp(self) -> bool:
@@ -457,6 +460,8 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         samples = sorted(batch.samples, key=lambda s: (s.group_index, s.sample_index))
         if not samples:
             raise bad_request(f"train step {req['step']} has no samples")
+        # Colocated mode: the engines released the GPUs before this step was dispatched.
+        self.memory.onload(self.held, self.device)
         gbs, num_opt = optimizer_step_plan(t, len(samples))
         state = {"done": 0}
         report = lambda phase: progress(state["done"], num_opt, phase)
@@ -514,6 +519,9 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         metrics = self._step_metrics(
             c, samples, raw, sums, grad_norm_sum / num_opt, lr, num_opt, clock
         )
+        if should_offload(req["config"]):
+            # The engines resume once this step commits: the GPUs are theirs until the next step.
+            self.memory.offload(self.held)
         return {
             "weight_version_out": version,
             "checkpoint_uri": "file://" + quote(os.path.abspath(out_dir)),

@@ -366,3 +366,52 @@ class TrainStepTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class OffloadBetweenStepsTest(unittest.TestCase):
+    """Colocated mode (rlq_torch/offload.py): the trainer moves what it holds off its device after each
+    step and back before the next. On CPU the moves change no number: the order of the calls is the test."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def two_steps(self, tag, **config):
+        from rlq_torch.trainer import TorchTrainer, parse_algorithm, parse_train_config
+
+        trainer = TorchTrainer("cpu")
+        seen = []  # the move log as each step starts and ends
+        for step, uri in ((0, None), (1, f"file://{self.dir}/{tag}0")):
+            r = req("r", step, f"{self.dir}/{tag}{step}", uri=uri, **config)
+            t = parse_train_config(r["config"], trainer.defaults)
+            o = parse_algorithm(r["config"])
+            progress = lambda *a: seen.append(tuple(trainer.memory.log))  # noqa: E731
+            trainer.train_step(
+                r, make_batch("r", step, seed=step + 1), t, o, progress, lambda: None
+            )
+            seen.append(tuple(trainer.memory.log))
+        return trainer, seen
+
+    def test_offloads_after_each_step_and_onloads_before_the_next(self):
+        trainer, seen = self.two_steps("on", colocate=True)
+        self.assertEqual(
+            trainer.memory.log, ["offload:cpu", "onload:cpu", "offload:cpu"]
+        )
+        # Each step ends offloaded; the second step trains (reports progress) only after its onload.
+        self.assertEqual(seen[-1], ("offload:cpu", "onload:cpu", "offload:cpu"))
+        second = [s for s in seen if len(s) >= 2]
+        self.assertTrue(second and all(s[1] == "onload:cpu" for s in second))
+        self.assertTrue(trainer.memory.is_offloaded)
+        # offload_train follows colocate; an explicit false keeps everything in place.
+        off, _ = self.two_steps("off", colocate=True, offload_train=False)
+        self.assertEqual(off.memory.log, [])
+        split, _ = self.two_steps("split")
+        self.assertEqual(split.memory.log, [])
+        # The moves change nothing trained: the second step's files are the same bytes.
+        for f in ("weights.safetensors", "optimizer.safetensors"):
+            self.assertEqual(
+                read(f"{self.dir}/on1/{f}"), read(f"{self.dir}/split1/{f}"), f
+            )
