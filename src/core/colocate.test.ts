@@ -18,12 +18,13 @@ describe("the engines' memory, from the log", () => {
     expect(modes).toEqual(["released", "released", "weights", "resident"]);
   });
 
-  it.each([
-    ["released twice", "released" as EngineMemory, released, /engines are released, not resident/],
-    ["weights resumed while resident", "resident" as EngineMemory, resumedWeights, /weights resumed while the engines are resident/],
-    ["KV cache resumed before the weights", "released" as EngineMemory, resumedKv, /KV cache resumed while the engines are released/],
-    ["released with weights resumed", "weights" as EngineMemory, released, /engines are weights, not resident/],
-  ])("a transition the controller never writes is a corrupt log: %s", (_name, mode, decision, message) => {
+  const cases: Array<[string, EngineMemory, LoggedDecision, RegExp]> = [
+    ["released twice", "released", released, /engines are released, not resident/],
+    ["weights resumed while resident", "resident", resumedWeights, /weights resumed while the engines are resident/],
+    ["KV cache resumed before the weights", "released", resumedKv, /KV cache resumed while the engines are released/],
+    ["released with weights resumed", "weights", released, /engines are weights, not resident/],
+  ];
+  it.each(cases)("a transition the controller never writes is a corrupt log: %s", (_name, mode, decision, message) => {
     expect(() => nextEngineMemory(mode, decision)).toThrow(message);
   });
 });

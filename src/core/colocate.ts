@@ -23,7 +23,6 @@
 
 import { RlqError } from "../lib/errors.ts";
 import type { LoggedDecision } from "./decisions.ts";
-export { memoryTags, type MemoryTag } from "./decisions.ts";
 
 /**
  * - `resident`: the engines hold their weights and KV cache and may generate (the rollout).

@@ -140,9 +140,13 @@ async function onEveryLiveEngine(state: PoolState, action: "release" | "resume",
   const live = state.members.filter((m) => isLive(m.mode));
   const cannot = live.filter((m) => !canReleaseMemory(m.engine)).map((m) => m.engine.id);
   if (cannot.length > 0)
-    throw new RlqError("engine_cannot_load", `colocate: engine(s) ${cannot.join(", ")} cannot release their GPU memory (no release endpoint in their adapter)`, {
-      isRetriable: false,
-    });
+    throw new RlqError(
+      "engine_cannot_load",
+      `colocate: engine(s) ${cannot.join(", ")} cannot release their GPU memory (no release endpoint in their adapter)`,
+      {
+        isRetriable: false,
+      },
+    );
   if (live.length === 0) throw new RlqError("engine_unavailable", `colocate: no live engine to ${action} ${tags.join(", ")}`, { isRetriable: true });
   await Promise.all(
     live.map((m) => {

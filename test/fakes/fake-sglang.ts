@@ -160,7 +160,16 @@ import type { LogprobMode } from "./fake-lm.ts";
 import { readJson } from "./http-json.ts";
 import { generate } from "./sglang/generate.ts";
 import { groupNames, live, opts, reportedVersion, send, st, stats, type FaultMode } from "./sglang/state.ts";
-import { flushCache, healthGenerate, loadWeights, releaseMemory, resumeMemory, sendValidationError, updateFromDistributed, updateFromTensor } from "./sglang/weights.ts";
+import {
+  flushCache,
+  healthGenerate,
+  loadWeights,
+  releaseMemory,
+  resumeMemory,
+  sendValidationError,
+  updateFromDistributed,
+  updateFromTensor,
+} from "./sglang/weights.ts";
 
 const { values } = parseArgs({
   options: {

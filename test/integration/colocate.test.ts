@@ -97,6 +97,17 @@ describe("colocated mode", () => {
       `engines.resumed:kv_cache@${step}`,
     ]);
     expect(log).toEqual(expected);
+    if (process.env.RLQ_COLOCATE_TIMES) {
+      const t = await w.db.pool.query(
+        "SELECT seq, kind, step, extract(epoch from created_at)::float AS t FROM decisions WHERE run_id = $1 AND kind NOT IN ('group.dispatched','group.filtered','group.outcome','prompts.drawn') ORDER BY seq",
+        [runId],
+      );
+      let prev = 0;
+      for (const r of t.rows as Array<{ kind: string; step: number; t: number }>) {
+        console.log(`${(prev ? r.t - prev : 0).toFixed(2)} ${r.kind}@${r.step}`);
+        prev = r.t;
+      }
+    }
 
     // The engine was asked for nothing it could not take: no generation or load while released, no
     // release while requests ran, no resume of memory it held.
