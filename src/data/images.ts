@@ -157,7 +157,7 @@ export function loadRecordImages(record: Record<string, unknown>, keys: Multimod
 }
 
 /** An image's bytes for an engine request, refusing a file that changed since the dataset was loaded. */
-export function readPromptImage(img: PromptImage): Buffer {
+export function readPromptImage(img: Pick<PromptImage, "path" | "sha256">): Buffer {
   let bytes: Buffer;
   try {
     bytes = readFileSync(img.path);

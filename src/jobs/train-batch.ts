@@ -49,6 +49,8 @@ export function groupSamples(g: GroupView & { rewards: Map<number, RewardFact> }
       tokenVersions: new Int32Array(s.tokenVersions),
       reward: r.reward,
       sampleIndex: s.sampleIndex,
+      // By reference: the batch encoder reads the bytes the rollout sent (checked against the recorded sha256).
+      ...(g.prompt.images && g.prompt.images.length > 0 && { images: g.prompt.images }),
     });
     for (const m of s.lossMask) numTokens += m;
   }

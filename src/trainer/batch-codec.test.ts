@@ -1,5 +1,25 @@
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { decodeBatch, encodeBatch } from "./batch-codec.ts";
+import { sha256Hex } from "../lib/hash.ts";
+import { solidPng } from "../../test/helpers/png.ts";
+import type { TrainSample } from "./trainer.ts";
+
+function textSample(groupIndex: number, sampleIndex: number): TrainSample {
+  return {
+    tokens: Int32Array.from([256, 65, 66]),
+    promptLength: 2,
+    responseLength: 1,
+    lossMask: Uint8Array.from([1]),
+    rolloutLogProbs: Float32Array.from([-0.5]),
+    tokenVersions: Int32Array.from([0]),
+    reward: 1,
+    groupIndex,
+    sampleIndex,
+  };
+}
 
 describe("RLQB batch codec", () => {
   it("round-trips ragged samples, including an empty response", () => {
@@ -52,5 +72,43 @@ describe("RLQB batch codec", () => {
 
   it("rejects bytes that are not a batch", () => {
     expect(() => decodeBatch(new TextEncoder().encode("not a batch at all"))).toThrow(/magic/);
+  });
+
+  it("carries each distinct image once, read by reference and checked against its sha256", () => {
+    const dir = mkdtempSync(join(tmpdir(), "rlq-batch-images-"));
+    const red = solidPng([200, 0, 0]);
+    const blue = solidPng([0, 0, 200], 3, 2);
+    writeFileSync(join(dir, "red.png"), red);
+    const redRef = { sha256: sha256Hex(red), mime: "image/png", path: join(dir, "red.png") };
+    const blueRef = { sha256: sha256Hex(blue), mime: "image/png", bytes: new Uint8Array(blue) };
+    const samples = [
+      { ...textSample(0, 0), images: [redRef, blueRef] },
+      { ...textSample(0, 1), images: [redRef, blueRef] },
+      textSample(1, 0),
+      { ...textSample(2, 0), images: [blueRef] },
+    ];
+    const bytes = Buffer.from(encodeBatch({ runId: "r", step: 0, samples }));
+    // Five uses of two images: each distinct image's bytes once.
+    const occurrences = (img: Buffer) => {
+      let n = 0;
+      for (let at = bytes.indexOf(img); at !== -1; at = bytes.indexOf(img, at + 1)) n++;
+      return n;
+    };
+    expect([occurrences(red), occurrences(blue)]).toEqual([1, 1]);
+    const back = decodeBatch(new Uint8Array(bytes)); // a copy: decodeBatch reads its argument's own ArrayBuffer
+    expect(back.samples.map((x) => x.images?.map((i) => i.sha256) ?? [])).toEqual([
+      [redRef.sha256, blueRef.sha256],
+      [redRef.sha256, blueRef.sha256],
+      [],
+      [blueRef.sha256],
+    ]);
+    expect(Buffer.from(back.samples[0]!.images![0]!.bytes!)).toEqual(red);
+    expect(Buffer.from(back.samples[3]!.images![0]!.bytes!)).toEqual(blue);
+    // A file that changed since the rollout read it is refused, naming it; so are bytes that are not the named image.
+    writeFileSync(join(dir, "red.png"), blue);
+    expect(() => encodeBatch({ runId: "r", step: 0, samples })).toThrow(/red\.png changed since the dataset was loaded/);
+    expect(() => encodeBatch({ runId: "r", step: 0, samples: [{ ...textSample(0, 0), images: [{ ...blueRef, sha256: redRef.sha256 }] }] })).toThrow(
+      /sample 0 of group 0: image bytes do not hash to/,
+    );
   });
 });

@@ -9,10 +9,16 @@
  *   response_offsets int32[N+1], loss_mask uint8[R], denom_mask uint8[R] (optional on decode),
  *   rollout_log_probs float32[R],
  *   token_versions int32[R], rewards float64[N], group_index int32[N], sample_index int32[N]
+ * With images (multimodal_keys), each distinct image once: the header's `images` [{sha256, mime}]
+ * (M), image_bytes uint8[sum of sizes], image_offsets int32[M+1], sample_image_offsets int32[N+1],
+ * sample_images int32[K] (indices into `images`). The bytes travel in the batch, never in Postgres;
+ * the trainer checks each against its sha256.
  */
 
-import type { TrainBatch, TrainSample } from "./trainer.ts";
+import type { TrainBatch, TrainImage, TrainSample } from "./trainer.ts";
 import { RlqError } from "../lib/errors.ts";
+import { sha256Hex } from "../lib/hash.ts";
+import { readPromptImage } from "../data/images.ts";
 
 const MAGIC = 0x42514c52; // "RLQB" read as u32 LE
 
@@ -38,7 +44,7 @@ export function encodeBatch(batch: TrainBatch): Uint8Array {
     }
     return out;
   };
-  const arrays: Array<[string, Dtype, ArrayLike<number> & { buffer: ArrayBufferLike; byteOffset: number; byteLength: number }]> = [
+  const arrays: ArrayEntry[] = [
     ["token_offsets", "int32", tokenOffsets],
     ["prompt_lengths", "int32", Int32Array.from(s, (x) => x.promptLength)],
     ["tokens", "int32", cat(Int32Array, tokenOffsets[n] as number, (x) => x.tokens)],
@@ -63,8 +69,16 @@ export function encodeBatch(batch: TrainBatch): Uint8Array {
       }),
     ]);
   }
+  const images = s.some((x) => x.images !== undefined && x.images.length > 0) ? imageArrays(s) : null;
+  if (images !== null) arrays.push(...images.arrays);
   const header = new TextEncoder().encode(
-    JSON.stringify({ run_id: batch.runId, step: batch.step, num_samples: n, arrays: arrays.map(([name, dtype, a]) => ({ name, dtype, length: a.length })) }),
+    JSON.stringify({
+      run_id: batch.runId,
+      step: batch.step,
+      num_samples: n,
+      ...(images !== null && { images: images.refs }),
+      arrays: arrays.map(([name, dtype, a]) => ({ name, dtype, length: a.length })),
+    }),
   );
   const align = (x: number) => (x + 7) & ~7;
   let size = align(12 + header.length);
@@ -83,6 +97,67 @@ export function encodeBatch(batch: TrainBatch): Uint8Array {
   return out;
 }
 
+type ArrayEntry = [string, Dtype, ArrayLike<number> & { buffer: ArrayBufferLike; byteOffset: number; byteLength: number }];
+
+/** The image arrays: each distinct image (by sha256) once, read from where the rollout read it and checked. */
+function imageArrays(s: readonly TrainSample[]): { refs: Array<{ sha256: string; mime: string }>; arrays: ArrayEntry[] } {
+  const index = new Map<string, number>();
+  const refs: Array<{ sha256: string; mime: string }> = [];
+  const blobs: Uint8Array[] = [];
+  const uses: number[] = [];
+  const sampleOffsets = new Int32Array(s.length + 1);
+  for (const [i, x] of s.entries()) {
+    for (const img of x.images ?? []) {
+      let k = index.get(img.sha256);
+      if (k === undefined) {
+        k = refs.length;
+        index.set(img.sha256, k);
+        refs.push({ sha256: img.sha256, mime: img.mime });
+        blobs.push(imageBytes(img, x));
+      }
+      uses.push(k);
+    }
+    sampleOffsets[i + 1] = uses.length;
+  }
+  const imageOffsets = new Int32Array(blobs.length + 1);
+  for (const [m, b] of blobs.entries()) imageOffsets[m + 1] = (imageOffsets[m] as number) + b.byteLength;
+  const all = new Uint8Array(imageOffsets[blobs.length] as number);
+  for (const [m, b] of blobs.entries()) all.set(b, imageOffsets[m]);
+  return {
+    refs,
+    arrays: [
+      ["image_bytes", "uint8", all],
+      ["image_offsets", "int32", imageOffsets],
+      ["sample_image_offsets", "int32", sampleOffsets],
+      ["sample_images", "int32", Int32Array.from(uses)],
+    ],
+  };
+}
+
+function imageBytes(img: TrainImage, x: TrainSample): Uint8Array {
+  if (img.bytes !== undefined) {
+    if (sha256Hex(img.bytes) !== img.sha256)
+      throw new RlqError("trainer_bad_batch", `batch: sample ${x.sampleIndex} of group ${x.groupIndex}: image bytes do not hash to ${img.sha256}`);
+    return img.bytes;
+  }
+  if (img.path === undefined)
+    throw new RlqError("trainer_bad_batch", `batch: sample ${x.sampleIndex} of group ${x.groupIndex}: image ${img.sha256} has neither path nor bytes`);
+  return readPromptImage({ path: img.path, sha256: img.sha256 });
+}
+
+/** Each sample's images from a decoded batch's image arrays (bytes in hand, path absent). */
+function decodedImages(refs: Array<{ sha256: string; mime: string }>, t: Record<string, ArrayLike<number>>, n: number): Array<TrainImage[] | undefined> {
+  const raw = t["image_bytes"] as Uint8Array;
+  const io = t["image_offsets"] as Int32Array;
+  const so = t["sample_image_offsets"] as Int32Array;
+  const si = t["sample_images"] as Int32Array;
+  const distinct = refs.map((r, m) => ({ sha256: r.sha256, mime: r.mime, bytes: raw.slice(io[m], io[m + 1]) }));
+  return Array.from({ length: n }, (_, i) => {
+    const list = Array.from(si.subarray(so[i], so[i + 1]), (k) => distinct[k] as TrainImage);
+    return list.length > 0 ? list : undefined;
+  });
+}
+
 export function decodeBatch(bytes: Uint8Array): TrainBatch {
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   if (bytes.byteLength < 12 || view.getUint32(0, true) !== MAGIC) throw new RlqError("trainer_bad_batch", "batch: bad magic (expected RLQB)");
@@ -94,6 +169,7 @@ export function decodeBatch(bytes: Uint8Array): TrainBatch {
     step: number;
     num_samples: number;
     arrays: Array<{ name: string; dtype: Dtype; length: number }>;
+    images?: Array<{ sha256: string; mime: string }>;
   };
   const align = (x: number) => (x + 7) & ~7;
   let off = align(12 + hlen);
@@ -107,8 +183,10 @@ export function decodeBatch(bytes: Uint8Array): TrainBatch {
   const t = got;
   const tokenOffsets = t["token_offsets"] as Int32Array;
   const respOffsets = t["response_offsets"] as Int32Array;
+  const images = header.images && t["image_bytes"] ? decodedImages(header.images, t, header.num_samples) : null;
   const samples: TrainSample[] = [];
   for (let i = 0; i < header.num_samples; i++) {
+    const sampleImages = images?.[i];
     const r0 = respOffsets[i] as number;
     const r1 = respOffsets[i + 1] as number;
     samples.push({
@@ -123,6 +201,7 @@ export function decodeBatch(bytes: Uint8Array): TrainBatch {
       reward: (t["rewards"] as Float64Array)[i] as number,
       groupIndex: (t["group_index"] as Int32Array)[i] as number,
       sampleIndex: (t["sample_index"] as Int32Array)[i] as number,
+      ...(sampleImages !== undefined && { images: sampleImages }),
     });
   }
   return { runId: header.run_id, step: header.step, samples };

@@ -37,6 +37,19 @@ export interface TrainSample {
   /** Group index within the batch: advantages are normalised per group. */
   groupIndex: number;
   sampleIndex: number;
+  /**
+   * multimodal_keys: the prompt's images in placeholder order, by reference (drawn_prompts.images).
+   * The batch encoder reads each image's bytes from `path` (or takes `bytes`) and checks its sha256.
+   */
+  images?: TrainImage[];
+}
+
+/** An image of a train sample: a PromptImage (data/images.ts) as the rollout sent it, or bytes decoded from a batch. */
+export interface TrainImage {
+  sha256: string;
+  mime: string;
+  path?: string;
+  bytes?: Uint8Array;
 }
 
 export interface TrainBatch {

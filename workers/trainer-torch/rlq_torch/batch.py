@@ -4,6 +4,12 @@ Little-endian: "RLQB", u32 version = 1, u32 header length H, H bytes of UTF-8 JS
 {run_id, step, num_samples, arrays: [{name, dtype, length}]}, then each array in header
 order, each starting at an 8-byte aligned offset. ``encode_batch`` mirrors
 src/trainer/batch-codec.ts byte for byte (used by the tests).
+
+A batch whose prompts have images (multimodal_keys) carries each distinct image once, as the
+bytes the rollout sent the engine, named by their sha256 in the header's ``images`` list;
+``sample_image_offsets`` / ``sample_images`` give each sample's images in placeholder order.
+The trainer checks each image's sha256 when it builds the model inputs (vlm.py), so a wrong
+image is an error that names the sample.
 """
 
 from __future__ import annotations
@@ -35,6 +41,24 @@ ARRAYS = [
 ]
 
 
+# Optional, present together when a sample has images (M distinct images, K image uses in all).
+IMAGE_ARRAYS = [
+    ("image_bytes", "uint8"),  # [sum of image sizes] the images' bytes, one after another
+    ("image_offsets", "int32"),  # [M + 1] image m is image_bytes[image_offsets[m]:image_offsets[m + 1]]
+    ("sample_image_offsets", "int32"),  # [N + 1] sample i's images are sample_images[o[i]:o[i + 1]]
+    ("sample_images", "int32"),  # [K] an index into the header's images
+]
+
+
+@dataclass
+class BatchImage:
+    """One image of a sample, as the rollout sent it to the engine."""
+
+    sha256: str  # hex, as drawn_prompts.images records it
+    mime: str
+    data: bytes
+
+
 class BatchError(ValueError):
     """Not a valid RLQB batch."""
 
@@ -54,6 +78,13 @@ class Sample:
     denom_mask: np.ndarray | None = None
     # use_opd: the teacher's log-probs of the response tokens (src/engines/teacher.ts). None: no OPD.
     teacher_log_probs: np.ndarray | None = None
+    # multimodal_keys: the sample's images in placeholder order (prompt first). None: a text sample.
+    images: list[BatchImage] | None = None
+    # Set by vlm.expand_sample: the model's vision inputs (pixel_values, image_grid_thw) for the
+    # expanded tokens, the sample as the batch had it, and where its response tokens sit in this one.
+    vision: dict | None = None
+    unexpanded: "Sample | None" = None
+    response_index: np.ndarray | None = None
 
     @property
     def response_length(self) -> int:
@@ -129,6 +160,7 @@ def decode_batch(data: bytes) -> Batch:
             )
     if to[0] != 0 or ro[0] != 0 or np.any(np.diff(to) < 0) or np.any(np.diff(ro) < 0):
         raise BatchError("offsets must start at 0 and never decrease")
+    images = _decode_images(header, got, n)
     samples = []
     for i in range(n):
         tok = got["tokens"][to[i] : to[i + 1]]
@@ -152,9 +184,41 @@ def decode_batch(data: bytes) -> Batch:
                 int(got["sample_index"][i]),
                 dm,
                 tl,
+                images[i] if images is not None else None,
             )
         )
     return Batch(run_id, step, samples)
+
+
+def _decode_images(header: dict, got: dict[str, np.ndarray], n: int) -> list[list[BatchImage] | None] | None:
+    """Each sample's images (None for a sample with none), or None for a batch without images."""
+    present = [name for name, _ in IMAGE_ARRAYS if name in got]
+    if not present:
+        return None
+    if len(present) != len(IMAGE_ARRAYS):
+        missing = [name for name, _ in IMAGE_ARRAYS if name not in got]
+        raise BatchError(f"image arrays come together: {', '.join(missing)} missing")
+    refs = header.get("images")
+    if not isinstance(refs, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("sha256"), str) for r in refs
+    ):
+        raise BatchError('a batch with image arrays needs a header "images" list of {sha256, mime}')
+    io, so, si, raw = got["image_offsets"], got["sample_image_offsets"], got["sample_images"], got["image_bytes"]
+    if io.shape[0] != len(refs) + 1 or so.shape[0] != n + 1:
+        raise BatchError("image_offsets must have len(images) + 1 entries, sample_image_offsets num_samples + 1")
+    if io[0] != 0 or so[0] != 0 or np.any(np.diff(io) < 0) or np.any(np.diff(so) < 0):
+        raise BatchError("image offsets must start at 0 and never decrease")
+    if int(io[-1]) != raw.shape[0] or int(so[-1]) != si.shape[0]:
+        raise BatchError("image_offsets / sample_image_offsets do not end at their arrays' lengths")
+    if si.size and (int(si.min()) < 0 or int(si.max()) >= len(refs)):
+        raise BatchError("sample_images names an image the header does not list")
+    distinct = [
+        BatchImage(str(r["sha256"]), str(r.get("mime", "")), raw[int(io[m]) : int(io[m + 1])].tobytes())
+        for m, r in enumerate(refs)
+    ]
+    return [
+        [distinct[int(k)] for k in si[int(so[i]) : int(so[i + 1])]] or None for i in range(n)
+    ]
 
 
 def encode_batch(batch: Batch) -> bytes:
@@ -189,11 +253,34 @@ def encode_batch(batch: Batch) -> bytes:
             raise BatchError("teacher_log_probs: every sample or none")
         arrays.append(cat(lambda x: x.teacher_log_probs, "<f4"))
         names = names + [("teacher_log_probs", "float32")]
+    refs: list[dict[str, str]] = []
+    if any(x.images for x in s):
+        index: dict[str, int] = {}
+        blobs: list[bytes] = []
+        uses: list[int] = []
+        so = np.zeros(n + 1, dtype="<i4")
+        for i, x in enumerate(s):
+            for img in x.images or []:
+                if img.sha256 not in index:
+                    index[img.sha256] = len(refs)
+                    refs.append({"sha256": img.sha256, "mime": img.mime})
+                    blobs.append(img.data)
+                uses.append(index[img.sha256])
+            so[i + 1] = len(uses)
+        io = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype("<i4")
+        arrays += [
+            np.frombuffer(b"".join(blobs), dtype="u1"),
+            io,
+            so,
+            np.array(uses, dtype="<i4"),
+        ]
+        names = names + IMAGE_ARRAYS
     header = json.dumps(
         {
             "run_id": batch.run_id,
             "step": batch.step,
             "num_samples": n,
+            **({"images": refs} if refs else {}),
             "arrays": [
                 {"name": name, "dtype": dt, "length": int(a.shape[0])}
                 for (name, dt), a in zip(names, arrays)

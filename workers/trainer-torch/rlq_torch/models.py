@@ -398,6 +398,46 @@ class HFPolicy:
                     p.copy_(m.to(p.device, torch.float32))
 
 
+class VLMPolicy(HFPolicy):
+    """A HF vision-language model (Qwen2-VL style): the text model's hidden states given the prompt's images.
+
+    ``vision_inputs`` (vlm.VisionInputs) is the model's processor, loaded from the model directory."""
+
+    def __init__(self, model, device, save_dtype, source_dir, vision_inputs):
+        super().__init__(model, device, save_dtype, source_dir)
+        self.vision_inputs = vision_inputs
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.module.config.get_text_config().vocab_size)
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.module.config.get_text_config(), "max_position_embeddings", 1 << 30) or (1 << 30))
+
+    def _probe_packing(self) -> str | None:
+        # Qwen2-VL's rotary positions (mrope) are three rows (time, height, width) that get_rope_index
+        # computes per sequence from its image grids; packed rows would need them per sequence, which
+        # hidden_states does not build yet.
+        return (
+            f"{self.module.config.model_type}: its multimodal rotary positions (mrope) are computed per sequence "
+            "from the images' grids, and rlq does not build them for packed rows yet"
+        )
+
+    def hidden_states(self, ids, positions=None, segments=None, vision=None):
+        """[B, T, d]: the model's own forward over right-padded rows, images merged in at their tokens;
+        the model computes the mrope positions from input_ids and image_grid_thw (get_rope_index)."""
+        if positions is not None:
+            raise ValueError("a vision-language model takes no packed rows (packing_unsupported)")
+        kw = dict(vision or {})
+        if vision is not None:
+            # 1 at image tokens, 0 elsewhere, as the processor's mm_token_type_ids: get_rope_index reads the
+            # images' spans from it (right padding is text, after every real token).
+            kw["mm_token_type_ids"] = (ids == int(self.module.config.image_token_id)).to(torch.int32)
+        out = self.module.model(input_ids=ids, use_cache=False, **kw)
+        return out.last_hidden_state
+
+
 def _write_text(path: str, text: str) -> None:
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
@@ -429,6 +469,15 @@ def load_hf_dir(path: str, device: torch.device) -> HFPolicy:
 
     cfg = AutoConfig.from_pretrained(path, local_files_only=True)
     save_dtype = _dtype_from_config(cfg)
+    if hasattr(cfg, "vision_config"):
+        from transformers import AutoModelForImageTextToText
+
+        from .vlm import VisionInputs, load_processor
+
+        model = AutoModelForImageTextToText.from_pretrained(
+            path, dtype=torch.float32, local_files_only=True
+        )
+        return VLMPolicy(model, device, save_dtype, path, VisionInputs(load_processor(path)))
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32, local_files_only=True
     )

@@ -59,6 +59,7 @@ from .models import SAVE_DTYPES, write_optimizer
 from .offload import MemoryMoves, should_offload
 from .opd import opd_teacher_log_probs
 from .sharded_adamw import ShardedAdamW
+from .vlm import expand_samples, micro_batch_vision, response_values
 
 # Re-exported: server.py, dist_worker.py, dist_front.py, bench.py and the tests import these from here.
 from .train_config import (  # noqa: F401
@@ -321,6 +322,11 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         tgt = self._to_device(tgt)
         if positions is not None:
             positions, segments = self._to_device(positions), self._to_device(segments)
+        vision = micro_batch_vision(samples, self.device)
+        if vision is not None and (fwd is not None or positions is not None):
+            raise bad_request(
+                "samples with images train on one rank in padded micro-batches for now (no DDP/FSDP wrapper, no packing)"
+            )
         ctx = torch.enable_grad() if grad else torch.no_grad()
         with ctx:
             if (
@@ -330,11 +336,12 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
                     logits = fwd(ids, rows_t, cols_t, positions, segments)
                 return logp_entropy(logits, tgt, temperature, grad)
             with self._autocast():
-                h = (
-                    policy.hidden_states(ids)
-                    if positions is None
-                    else policy.hidden_states(ids, positions, segments)
-                )
+                if vision is not None:
+                    h = policy.hidden_states(ids, vision=vision)
+                elif positions is None:
+                    h = policy.hidden_states(ids)
+                else:
+                    h = policy.hidden_states(ids, positions, segments)
                 return logp_entropy_from_hidden(
                     policy.logits,
                     h[rows_t, cols_t],
@@ -535,8 +542,11 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
     def _old_log_probs_in_request_order(c, samples, batch: Batch) -> list[list[float]]:
         """Each sample's old log-probs (its response tokens', under the start weights) in the request's order: the step works on `samples` sorted by group and index."""
         offsets = c.shape.offsets
+        # A sample with images trained expanded (vlm.py): its values are read back at its own response positions.
         by_id = {
-            id(s): c.old[int(offsets[i]) : int(offsets[i + 1])].tolist()
+            id(s.unexpanded or s): response_values(
+                s, c.old[int(offsets[i]) : int(offsets[i + 1])].tolist()
+            )
             for i, s in enumerate(samples)
         }
         return [by_id[id(s)] for s in batch.samples]
@@ -562,6 +572,9 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         c = SimpleNamespace(o=o, start=start, policy=policy, scale=float(d.slots))
         c.critic = self._critic_start(req, start, policy) if ppo else None
         c.train_actor = not ppo or req["step"] >= t.num_critic_only_steps
+        # Images: placeholders expanded by the model's processor, vision inputs attached (in place: the
+        # caller's list is the step's samples from here on).
+        samples[:] = expand_samples(policy, samples)
         # On every rank, before any collective: a bad batch fails all ranks alike.
         validate_samples(policy, samples)
         # fsdp: shard before the moments are made (shards' shapes).
