@@ -17,6 +17,7 @@ const PYTHON_FILES = [
   "test/integration/onnx-reward-model.test.ts",
   "test/integration/lora-resume.test.ts",
   "test/integration/sft-conversation.test.ts",
+  "test/integration/vlm-prompt-parity.test.ts",
 ];
 
 export default defineConfig({

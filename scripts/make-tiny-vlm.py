@@ -128,6 +128,9 @@ def model_config(arch: str) -> dict:
             "mrope_section": [2, 1, 1],
         },
         tie_word_embeddings=False,
+        bos_token_id=special_id("<|endoftext|>"),
+        eos_token_id=special_id("<|im_end|>"),
+        pad_token_id=special_id("<|endoftext|>"),
     )
     vision = dict(
         depth=1,
@@ -173,12 +176,17 @@ def write_tiny_vlm(out_dir: str, seed: int = 0, arch: str = "qwen2_vl") -> str:
         tokenizer_file=os.path.join(out_dir, "tokenizer.json"),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        extra_special_tokens={"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"},
+        extra_special_tokens={
+            "image_token": "<|image_pad|>",
+            "video_token": "<|video_pad|>",
+        },
     )
     tok.chat_template = CHAT_TEMPLATE
     if arch == "qwen2_vl":
         from transformers import (
             Qwen2VLConfig as Config,
+        )
+        from transformers import (
             Qwen2VLForConditionalGeneration as Model,
         )
 
@@ -186,6 +194,8 @@ def write_tiny_vlm(out_dir: str, seed: int = 0, arch: str = "qwen2_vl") -> str:
     elif arch == "qwen2_5_vl":
         from transformers import (
             Qwen2_5_VLConfig as Config,
+        )
+        from transformers import (
             Qwen2_5_VLForConditionalGeneration as Model,
         )
 

@@ -43,9 +43,18 @@ ARRAYS = [
 
 # Optional, present together when a sample has images (M distinct images, K image uses in all).
 IMAGE_ARRAYS = [
-    ("image_bytes", "uint8"),  # [sum of image sizes] the images' bytes, one after another
-    ("image_offsets", "int32"),  # [M + 1] image m is image_bytes[image_offsets[m]:image_offsets[m + 1]]
-    ("sample_image_offsets", "int32"),  # [N + 1] sample i's images are sample_images[o[i]:o[i + 1]]
+    (
+        "image_bytes",
+        "uint8",
+    ),  # [sum of image sizes] the images' bytes, one after another
+    (
+        "image_offsets",
+        "int32",
+    ),  # [M + 1] image m is image_bytes[image_offsets[m]:image_offsets[m + 1]]
+    (
+        "sample_image_offsets",
+        "int32",
+    ),  # [N + 1] sample i's images are sample_images[o[i]:o[i + 1]]
     ("sample_images", "int32"),  # [K] an index into the header's images
 ]
 
@@ -83,7 +92,7 @@ class Sample:
     # Set by vlm.expand_sample: the model's vision inputs (pixel_values, image_grid_thw) for the
     # expanded tokens, the sample as the batch had it, and where its response tokens sit in this one.
     vision: dict | None = None
-    unexpanded: "Sample | None" = None
+    unexpanded: Sample | None = None
     response_index: np.ndarray | None = None
 
     @property
@@ -190,7 +199,9 @@ def decode_batch(data: bytes) -> Batch:
     return Batch(run_id, step, samples)
 
 
-def _decode_images(header: dict, got: dict[str, np.ndarray], n: int) -> list[list[BatchImage] | None] | None:
+def _decode_images(
+    header: dict, got: dict[str, np.ndarray], n: int
+) -> list[list[BatchImage] | None] | None:
     """Each sample's images (None for a sample with none), or None for a batch without images."""
     present = [name for name, _ in IMAGE_ARRAYS if name in got]
     if not present:
@@ -202,22 +213,38 @@ def _decode_images(header: dict, got: dict[str, np.ndarray], n: int) -> list[lis
     if not isinstance(refs, list) or not all(
         isinstance(r, dict) and isinstance(r.get("sha256"), str) for r in refs
     ):
-        raise BatchError('a batch with image arrays needs a header "images" list of {sha256, mime}')
-    io, so, si, raw = got["image_offsets"], got["sample_image_offsets"], got["sample_images"], got["image_bytes"]
+        raise BatchError(
+            'a batch with image arrays needs a header "images" list of {sha256, mime}'
+        )
+    io, so, si, raw = (
+        got["image_offsets"],
+        got["sample_image_offsets"],
+        got["sample_images"],
+        got["image_bytes"],
+    )
     if io.shape[0] != len(refs) + 1 or so.shape[0] != n + 1:
-        raise BatchError("image_offsets must have len(images) + 1 entries, sample_image_offsets num_samples + 1")
+        raise BatchError(
+            "image_offsets must have len(images) + 1 entries, sample_image_offsets num_samples + 1"
+        )
     if io[0] != 0 or so[0] != 0 or np.any(np.diff(io) < 0) or np.any(np.diff(so) < 0):
         raise BatchError("image offsets must start at 0 and never decrease")
     if int(io[-1]) != raw.shape[0] or int(so[-1]) != si.shape[0]:
-        raise BatchError("image_offsets / sample_image_offsets do not end at their arrays' lengths")
+        raise BatchError(
+            "image_offsets / sample_image_offsets do not end at their arrays' lengths"
+        )
     if si.size and (int(si.min()) < 0 or int(si.max()) >= len(refs)):
         raise BatchError("sample_images names an image the header does not list")
     distinct = [
-        BatchImage(str(r["sha256"]), str(r.get("mime", "")), raw[int(io[m]) : int(io[m + 1])].tobytes())
+        BatchImage(
+            str(r["sha256"]),
+            str(r.get("mime", "")),
+            raw[int(io[m]) : int(io[m + 1])].tobytes(),
+        )
         for m, r in enumerate(refs)
     ]
     return [
-        [distinct[int(k)] for k in si[int(so[i]) : int(so[i + 1])]] or None for i in range(n)
+        [distinct[int(k)] for k in si[int(so[i]) : int(so[i + 1])]] or None
+        for i in range(n)
     ]
 
 

@@ -413,7 +413,12 @@ class VLMPolicy(HFPolicy):
 
     @property
     def max_positions(self) -> int:
-        return int(getattr(self.module.config.get_text_config(), "max_position_embeddings", 1 << 30) or (1 << 30))
+        return int(
+            getattr(
+                self.module.config.get_text_config(), "max_position_embeddings", 1 << 30
+            )
+            or (1 << 30)
+        )
 
     def _probe_packing(self) -> str | None:
         # Qwen2-VL's rotary positions (mrope) are three rows (time, height, width) that get_rope_index
@@ -428,12 +433,16 @@ class VLMPolicy(HFPolicy):
         """[B, T, d]: the model's own forward over right-padded rows, images merged in at their tokens;
         the model computes the mrope positions from input_ids and image_grid_thw (get_rope_index)."""
         if positions is not None:
-            raise ValueError("a vision-language model takes no packed rows (packing_unsupported)")
+            raise ValueError(
+                "a vision-language model takes no packed rows (packing_unsupported)"
+            )
         kw = dict(vision or {})
         if vision is not None:
             # 1 at image tokens, 0 elsewhere, as the processor's mm_token_type_ids: get_rope_index reads the
             # images' spans from it (right padding is text, after every real token).
-            kw["mm_token_type_ids"] = (ids == int(self.module.config.image_token_id)).to(torch.int32)
+            kw["mm_token_type_ids"] = (
+                ids == int(self.module.config.image_token_id)
+            ).to(torch.int32)
         out = self.module.model(input_ids=ids, use_cache=False, **kw)
         return out.last_hidden_state
 
@@ -477,7 +486,9 @@ def load_hf_dir(path: str, device: torch.device) -> HFPolicy:
         model = AutoModelForImageTextToText.from_pretrained(
             path, dtype=torch.float32, local_files_only=True
         )
-        return VLMPolicy(model, device, save_dtype, path, VisionInputs(load_processor(path)))
+        return VLMPolicy(
+            model, device, save_dtype, path, VisionInputs(load_processor(path))
+        )
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32, local_files_only=True
     )

@@ -59,7 +59,6 @@ from .models import SAVE_DTYPES, write_optimizer
 from .offload import MemoryMoves, should_offload
 from .opd import opd_teacher_log_probs
 from .sharded_adamw import ShardedAdamW
-from .vlm import expand_samples, micro_batch_vision, response_values
 
 # Re-exported: server.py, dist_worker.py, dist_front.py, bench.py and the tests import these from here.
 from .train_config import (  # noqa: F401
@@ -72,6 +71,7 @@ from .train_config import (  # noqa: F401
     parse_algorithm,
     parse_train_config,
 )
+from .vlm import expand_samples, micro_batch_vision, response_values
 from .weight_loading import Held, WeightLoading
 
 

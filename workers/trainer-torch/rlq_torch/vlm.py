@@ -72,7 +72,9 @@ def load_processor(model_dir: str):
         ) from e
     cls = getattr(transformers, name, None)
     if cls is None:
-        raise bad_request(f"{model_dir}: processor_class {name!r} is not a transformers class")
+        raise bad_request(
+            f"{model_dir}: processor_class {name!r} is not a transformers class"
+        )
 
     class ImagesOnly(cls):
         """The model's processor class with no video processor (its class needs torchvision)."""
@@ -110,7 +112,9 @@ def _open_image(img, where: str):
         raise bad_request(f"{where}: not a readable image ({e})") from e
 
 
-def _expand(ids: np.ndarray, image_token_id: int, counts: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def _expand(
+    ids: np.ndarray, image_token_id: int, counts: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
     """ids with the k-th image placeholder repeated counts[k] times, and each old position's new index."""
     reps = np.ones(ids.shape[0], dtype=np.int64)
     where = np.flatnonzero(ids == image_token_id)
@@ -145,7 +149,10 @@ class VisionInputs:
         where = f"sample {index} (group {s.group_index}, sample_index {s.sample_index})"
         images = s.images or []
         pl = s.prompt_length
-        prompt, response = s.tokens[:pl].astype(np.int64), s.tokens[pl:].astype(np.int64)
+        prompt, response = (
+            s.tokens[:pl].astype(np.int64),
+            s.tokens[pl:].astype(np.int64),
+        )
         in_prompt = int((prompt == self.image_token_id).sum())
         in_response = int((response == self.image_token_id).sum())
         if in_prompt + in_response != len(images):
@@ -153,9 +160,14 @@ class VisionInputs:
                 f"{where}: {len(images)} image(s) for {in_prompt + in_response} image placeholder(s) "
                 f"({in_prompt} in the prompt, {in_response} in the response)"
             )
-        pil = [_open_image(img, f"{where} image {k} (sha256 {img.sha256})") for k, img in enumerate(images)]
+        pil = [
+            _open_image(img, f"{where} image {k} (sha256 {img.sha256})")
+            for k, img in enumerate(images)
+        ]
         text = self.tokenizer.decode(
-            prompt.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False
+            prompt.tolist(),
+            skip_special_tokens=False,
+            clean_up_tokenization_spaces=False,
         )
         out = self.processor(
             text=[text], images=pil[:in_prompt] or None, return_tensors="pt"
@@ -165,7 +177,9 @@ class VisionInputs:
         if in_response:
             # Image observations inside the response: the processor's own image processor (the processor
             # needs text for them, and a decoded response need not re-encode to the same ids).
-            obs = self.processor.image_processor(images=pil[in_prompt:], return_tensors="pt")
+            obs = self.processor.image_processor(
+                images=pil[in_prompt:], return_tensors="pt"
+            )
             pixel_values.append(obs["pixel_values"])
             grids.append(obs["image_grid_thw"])
         grid = torch.cat(grids).to(torch.long)
@@ -177,7 +191,9 @@ class VisionInputs:
                 f"{where}: the model's processor gives other prompt ids than the rollout used "
                 f"({_first_difference(got, want)}); the rollout must tokenize with this model's tokenizer and chat template"
             )
-        new_response, new_index = _expand(response, self.image_token_id, counts[in_prompt:])
+        new_response, new_index = _expand(
+            response, self.image_token_id, counts[in_prompt:]
+        )
         r = new_response.shape[0]
 
         def spread(x: np.ndarray | None, fill) -> np.ndarray | None:
@@ -224,10 +240,14 @@ def expand_samples(policy, samples: list[Sample]) -> list[Sample]:
             f"the batch has images and the model ({policy.describe().get('model_type')}) is not a vision-language model "
             f"the torch trainer trains ({', '.join(VLM_ARCHITECTURES)})"
         )
-    return [vision.expand_sample(s, i) if s.images else s for i, s in enumerate(samples)]
+    return [
+        vision.expand_sample(s, i) if s.images else s for i, s in enumerate(samples)
+    ]
 
 
-def micro_batch_vision(samples: list[Sample], device: torch.device) -> dict[str, Any] | None:
+def micro_batch_vision(
+    samples: list[Sample], device: torch.device
+) -> dict[str, Any] | None:
     """The forward's vision kwargs for a micro-batch (the samples' images concatenated in row order), or None."""
     parts = [s.vision for s in samples if s.vision is not None]
     if not parts:

@@ -30,7 +30,9 @@ def tiny_vlm_module():
     return mod
 
 
-def png(width: int, height: int, rgb: tuple[int, int, int], square: bool = False) -> bytes:
+def png(
+    width: int, height: int, rgb: tuple[int, int, int], square: bool = False
+) -> bytes:
     """A PNG with a coloured background (and a white square in its middle when ``square``)."""
     from PIL import Image
 
@@ -63,7 +65,9 @@ class VisionCase(unittest.TestCase):
         from rlq_torch.vlm import load_processor
 
         cls.tmp = tempfile.TemporaryDirectory()
-        cls.base = tiny_vlm_module().write_tiny_vlm(os.path.join(cls.tmp.name, "base"), seed=0)
+        cls.base = tiny_vlm_module().write_tiny_vlm(
+            os.path.join(cls.tmp.name, "base"), seed=0
+        )
         cls.processor = load_processor(cls.base)
         cls.tok = cls.processor.tokenizer
         cls.red = png(56, 56, (200, 30, 30), square=True)
@@ -80,7 +84,9 @@ class VisionCase(unittest.TestCase):
         return Sample(
             np.array(prompt + response, dtype=np.int32),
             len(prompt),
-            np.ones(r, dtype=np.uint8) if mask is None else np.array(mask, dtype=np.uint8),
+            np.ones(r, dtype=np.uint8)
+            if mask is None
+            else np.array(mask, dtype=np.uint8),
             np.full(r, -2.0, dtype=np.float32),
             np.zeros(r, dtype=np.int32),
             reward,
@@ -95,25 +101,42 @@ class VisionCase(unittest.TestCase):
     def batch(self) -> Batch:
         """Two groups of two, each group's prompt with its own images, sent through the RLQB codec."""
         s = [
-            self.sample("Which is larger?", [self.red, self.blue], self.answer("red"), 0, 0, 1.0),
-            self.sample("Which is larger?", [self.red, self.blue], self.answer("blue"), 0, 1, 0.0),
+            self.sample(
+                "Which is larger?", [self.red, self.blue], self.answer("red"), 0, 0, 1.0
+            ),
+            self.sample(
+                "Which is larger?",
+                [self.red, self.blue],
+                self.answer("blue"),
+                0,
+                1,
+                0.0,
+            ),
             self.sample("How many squares?", [self.red], self.answer("1"), 1, 0, 1.0),
-            self.sample("How many squares?", [self.red], self.answer("2 squares"), 1, 1, 0.0),
+            self.sample(
+                "How many squares?", [self.red], self.answer("2 squares"), 1, 1, 0.0
+            ),
         ]
         return decode_batch(encode_batch(Batch("vlm", 0, s)))
 
 
 class TestProcessor(VisionCase):
-    def test_without_torchvision_the_processor_is_the_models_class_with_the_pil_image_processor(self):
+    def test_without_torchvision_the_processor_is_the_models_class_with_the_pil_image_processor(
+        self,
+    ):
         import importlib.util as u
 
         self.assertEqual(type(self.processor).__name__, "Qwen2VLProcessor")
         if u.find_spec("torchvision") is None:
-            self.assertEqual(type(self.processor.image_processor).__name__, "Qwen2VLImageProcessorPil")
+            self.assertEqual(
+                type(self.processor.image_processor).__name__,
+                "Qwen2VLImageProcessorPil",
+            )
 
-    def test_the_same_prompt_gives_the_rollouts_ids_and_the_processors_pixel_values(self):
+    def test_the_same_prompt_gives_the_rollouts_ids_and_the_processors_pixel_values(
+        self,
+    ):
         import torch
-
         from rlq_torch.vlm import VisionInputs
 
         s = self.sample("Which is larger?", [self.red, self.blue], self.answer("red"))
@@ -121,10 +144,14 @@ class TestProcessor(VisionCase):
         # The processor run directly, as slime's processing_utils runs it on the rendered prompt.
         from PIL import Image
 
-        rendered = self.tok.decode(s.tokens[: s.prompt_length].tolist(), skip_special_tokens=False)
+        rendered = self.tok.decode(
+            s.tokens[: s.prompt_length].tolist(), skip_special_tokens=False
+        )
         ims = [Image.open(io.BytesIO(b)).convert("RGB") for b in (self.red, self.blue)]
         ref = self.processor(text=[rendered], images=ims, return_tensors="pt")
-        self.assertEqual(x.tokens[: x.prompt_length].tolist(), ref["input_ids"][0].tolist())
+        self.assertEqual(
+            x.tokens[: x.prompt_length].tolist(), ref["input_ids"][0].tolist()
+        )
         self.assertTrue(torch.equal(x.vision["pixel_values"], ref["pixel_values"]))
         self.assertEqual(x.vision["image_grid_thw"].tolist(), [[1, 4, 4], [1, 4, 6]])
         # The rollout's prompt with each placeholder expanded by its image's merged patches (16/4, 24/4).
@@ -135,7 +162,9 @@ class TestProcessor(VisionCase):
             want += [t] * (next(counts) if t == pad else 1)
         self.assertEqual(x.tokens[: x.prompt_length].tolist(), want)
         # The response is the rollout's, untouched, and read back at the same positions.
-        self.assertEqual(x.tokens[x.prompt_length :].tolist(), s.tokens[s.prompt_length :].tolist())
+        self.assertEqual(
+            x.tokens[x.prompt_length :].tolist(), s.tokens[s.prompt_length :].tolist()
+        )
         self.assertEqual(x.loss_mask.tolist(), s.loss_mask.tolist())
 
     def test_the_batch_carries_each_image_once_and_each_samples_images_in_order(self):
@@ -150,8 +179,12 @@ class TestProcessor(VisionCase):
         from rlq_torch.trainer import StepError
         from rlq_torch.vlm import VisionInputs
 
-        s = self.sample("How many squares?", [self.red], self.answer("1"), group=3, index=1)
-        s.images[0] = BatchImage(hashlib.sha256(self.blue).hexdigest(), "image/png", self.red)
+        s = self.sample(
+            "How many squares?", [self.red], self.answer("1"), group=3, index=1
+        )
+        s.images[0] = BatchImage(
+            hashlib.sha256(self.blue).hexdigest(), "image/png", self.red
+        )
         with self.assertRaises(StepError) as e:
             VisionInputs(self.processor).expand_sample(s, 7)
         self.assertEqual(e.exception.code, "bad_request")
@@ -222,57 +255,87 @@ class TestTrainStep(VisionCase):
             self.assertTrue(np.isfinite(m[k]), k)
         self.assertGreater(m["grad_norm"], 0)
         # The loss covers the response tokens the batch masks in, not one vision token.
-        self.assertEqual(res["num_tokens"], sum(int(s.loss_mask.sum()) for s in b.samples))
+        self.assertEqual(
+            res["num_tokens"], sum(int(s.loss_mask.sum()) for s in b.samples)
+        )
         # Old log-probs come back per sample at its own response positions.
-        self.assertEqual([len(x) for x in res["old_log_probs"]], [s.response_length for s in b.samples])
+        self.assertEqual(
+            [len(x) for x in res["old_log_probs"]],
+            [s.response_length for s in b.samples],
+        )
         self.assertTrue(all(np.isfinite(x).all() for x in res["old_log_probs"]))
-        before = dict(load_policy(self.base, __import__("torch").device("cpu")).named_params())
+        before = dict(
+            load_policy(self.base, __import__("torch").device("cpu")).named_params()
+        )
         after = load_policy(out, __import__("torch").device("cpu"))
-        self.assertEqual(type(after).__name__, "VLMPolicy")  # the saved directory loads as a VLM with its processor
+        self.assertEqual(
+            type(after).__name__, "VLMPolicy"
+        )  # the saved directory loads as a VLM with its processor
         moved = {
-            n: float((p.detach() - before[n].detach()).abs().max()) for n, p in after.named_params()
+            n: float((p.detach() - before[n].detach()).abs().max())
+            for n, p in after.named_params()
         }
         self.assertGreater(max(v for n, v in moved.items() if "visual" in n), 0)
         self.assertGreater(max(v for n, v in moved.items() if "language_model" in n), 0)
 
     def test_vision_tokens_carry_no_loss_weight(self):
-        """The log-probs the step trains on are those of the response tokens only: a vision token's logit never
-        enters the loss. An image observation inside the response (multi-turn) is expanded with loss mask 0."""
-        import torch
+        """The step's log-probs are those of the response tokens only (a prompt's vision tokens are never a target), and an
+        image observation inside the response (multi-turn) is expanded with loss mask 0 and read back at the batch's
+        own response positions."""
+        from types import SimpleNamespace
 
+        import torch
         from rlq_torch.models import load_policy
         from rlq_torch.trainer import TorchTrainer
-        from rlq_torch.vlm import VisionInputs
 
         policy = load_policy(self.base, torch.device("cpu"))
-        obs = self.tok.encode("<|vision_start|><|image_pad|><|vision_end|>", add_special_tokens=False)
-        resp = self.answer("look") [:-1] + obs + self.answer("red")
+        obs = self.tok.encode(
+            "<|vision_start|><|image_pad|><|vision_end|>", add_special_tokens=False
+        )
+        resp = self.answer("look")[:-1] + obs + self.answer("red")
         mask = [1] * 4 + [0] * len(obs) + [1] * (len(resp) - 4 - len(obs))
         s = self.sample("Which?", [self.red], resp, mask=mask)
+        s.token_versions[
+            4 : 4 + len(obs)
+        ] = -1  # an observation: not generated by the policy
         s.images.append(image(self.blue))
-        x = VisionInputs(policy.vision_inputs.processor).expand_sample(s, 0)
+        x = policy.vision_inputs.expand_sample(s, 0)
         pad = self.processor.image_token_id
         vision_at = np.flatnonzero(x.tokens == pad)
-        self.assertEqual(len(vision_at), 4 + 6)
-        response_vision = vision_at[vision_at >= x.prompt_length] - x.prompt_length
-        self.assertEqual(len(response_vision), 6)
-        self.assertTrue(np.all(x.loss_mask[response_vision] == 0))
-        self.assertTrue(np.all(x.denom_mask[response_vision] == 0) if x.denom_mask is not None else True)
+        self.assertEqual(
+            len(vision_at), 4 + 6
+        )  # 56x56 px: 4 tokens in the prompt; 84x56 px: 6 in the response
+        in_response = vision_at[vision_at >= x.prompt_length] - x.prompt_length
+        self.assertEqual(len(in_response), 6)
+        self.assertEqual(x.loss_mask[in_response].tolist(), [0] * 6)
+        self.assertEqual(x.token_versions[in_response].tolist(), [-1] * 6)
         self.assertEqual(int(x.loss_mask.sum()), int(s.loss_mask.sum()))
-        # The gradient of the trained log-probs with respect to the vision tokens' logits is zero: perturbing the
-        # logits at every vision position leaves the loss where it was.
         t = TorchTrainer("cpu")
         lp, _ = t.token_stats(policy, [x], 1.0, grad=False)
-        self.assertEqual(lp.shape[0], x.response_length)
-        loss = float((lp.double() * torch.from_numpy(x.loss_mask).double()).sum())
-        self.assertTrue(np.isfinite(loss))
-        self.assertEqual(np.asarray(x.loss_mask)[response_vision].sum(), 0)
-        back = t._old_log_probs_in_request_order(
-            type("C", (), {"shape": type("S", (), {"offsets": np.array([0, x.response_length])})(), "old": lp.double().numpy()})(),
-            [x],
-            Batch("vlm", 0, [s]),
+        self.assertEqual(
+            lp.shape[0], x.response_length
+        )  # one per response token: no prompt (vision) position
+        self.assertTrue(torch.isfinite(lp).all())
+        c = SimpleNamespace(
+            shape=SimpleNamespace(offsets=np.array([0, x.response_length])),
+            old=lp.double().numpy(),
         )
-        self.assertEqual(len(back[0]), s.response_length)
+        back = t._old_log_probs_in_request_order(c, [x], Batch("vlm", 0, [s]))[0]
+        self.assertEqual(len(back), s.response_length)
+        self.assertEqual(back, lp.double().numpy()[x.response_index].tolist())
+        # Through a whole step: the loss counts the batch's masked-in response tokens, no vision token.
+        out = os.path.join(self.tmp.name, "multiturn")
+        os.makedirs(out)
+        other = copy.deepcopy(s)
+        other.sample_index, other.reward = 1, 0.0
+        res = self.run_step(
+            decode_batch(encode_batch(Batch("vlm", 0, [s, other]))), out
+        )
+        self.assertEqual(res["num_tokens"], 2 * int(s.loss_mask.sum()))
+        self.assertEqual(
+            [len(v) for v in res["old_log_probs"]], [s.response_length] * 2
+        )
+        self.assertTrue(np.isfinite(res["metrics"]["pg_loss"]))
 
     def test_packed_rows_are_refused_with_the_reason(self):
         from rlq_torch.trainer import StepError
@@ -280,7 +343,9 @@ class TestTrainStep(VisionCase):
         out = os.path.join(self.tmp.name, "packed")
         os.makedirs(out)
         with self.assertRaises(StepError) as e:
-            self.run_step(self.batch(), out, use_dynamic_batch_size=True, max_tokens_per_gpu=4096)
+            self.run_step(
+                self.batch(), out, use_dynamic_batch_size=True, max_tokens_per_gpu=4096
+            )
         self.assertIn("mrope", str(e.exception))
 
 
