@@ -60,13 +60,15 @@ def rollout_prompt_ids(tok, text: str, n_images: int) -> list[int]:
 
 
 class VisionCase(unittest.TestCase):
+    ARCH = "qwen2_vl"
+
     @classmethod
     def setUpClass(cls):
         from rlq_torch.vlm import load_processor
 
         cls.tmp = tempfile.TemporaryDirectory()
         cls.base = tiny_vlm_module().write_tiny_vlm(
-            os.path.join(cls.tmp.name, "base"), seed=0
+            os.path.join(cls.tmp.name, "base"), seed=0, arch=cls.ARCH
         )
         cls.processor = load_processor(cls.base)
         cls.tok = cls.processor.tokenizer
@@ -347,6 +349,12 @@ class TestTrainStep(VisionCase):
                 self.batch(), out, use_dynamic_batch_size=True, max_tokens_per_gpu=4096
             )
         self.assertIn("mrope", str(e.exception))
+
+
+class TestTrainStepQwen25VL(TestTrainStep):
+    """The same step on Qwen2.5-VL (windowed vision attention, its own processor class)."""
+
+    ARCH = "qwen2_5_vl"
 
 
 if __name__ == "__main__":
