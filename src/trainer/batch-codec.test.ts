@@ -70,6 +70,16 @@ describe("RLQB batch codec", () => {
     expect(back.samples[1]!.denomMask).toEqual(back.samples[1]!.lossMask);
   });
 
+  it("reads a batch that lies inside a larger buffer (a Node Buffer from the pool, a subarray)", () => {
+    const one = encodeBatch({ runId: "r", step: 1, samples: [textSample(0, 0), textSample(1, 0)] });
+    const pool = new Uint8Array(one.byteLength + 24).fill(7);
+    pool.set(one, 24);
+    for (const bytes of [pool.subarray(24), Buffer.from(pool.buffer, 24, one.byteLength)]) {
+      const back = decodeBatch(bytes);
+      expect(back.samples.map((x) => [...x.tokens])).toEqual([[...textSample(0, 0).tokens], [...textSample(1, 0).tokens]]);
+    }
+  });
+
   it("rejects bytes that are not a batch", () => {
     expect(() => decodeBatch(new TextEncoder().encode("not a batch at all"))).toThrow(/magic/);
   });
@@ -95,7 +105,7 @@ describe("RLQB batch codec", () => {
       return n;
     };
     expect([occurrences(red), occurrences(blue)]).toEqual([1, 1]);
-    const back = decodeBatch(new Uint8Array(bytes)); // a copy: decodeBatch reads its argument's own ArrayBuffer
+    const back = decodeBatch(bytes); // a Node Buffer: its slices are views into a pool, which decodeBatch must not read from 0
     expect(back.samples.map((x) => x.images?.map((i) => i.sha256) ?? [])).toEqual([
       [redRef.sha256, blueRef.sha256],
       [redRef.sha256, blueRef.sha256],

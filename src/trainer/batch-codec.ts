@@ -176,7 +176,8 @@ export function decodeBatch(bytes: Uint8Array): TrainBatch {
   const got: Record<string, Int32Array | Uint8Array | Float32Array | Float64Array> = {};
   for (const a of header.arrays) {
     const C = ctor[a.dtype];
-    const copy = bytes.slice(off, off + a.length * C.BYTES_PER_ELEMENT);
+    // Uint8Array's slice copies; a Node Buffer's slice is a view into its (often shared) pool, whose offset 0 is not this array's.
+    const copy = Uint8Array.prototype.slice.call(bytes, off, off + a.length * C.BYTES_PER_ELEMENT);
     got[a.name] = new C(copy.buffer, 0, a.length);
     off = align(off + a.length * C.BYTES_PER_ELEMENT);
   }
