@@ -16,6 +16,7 @@ const PYTHON_FILES = [
   "test/integration/opd-teacher-vllm.test.ts",
   "test/integration/onnx-reward-model.test.ts",
   "test/integration/lora-resume.test.ts",
+  "test/integration/lora-adapter-sync.test.ts",
   "test/integration/sft-conversation.test.ts",
   "test/integration/vlm-prompt-parity.test.ts",
 ];

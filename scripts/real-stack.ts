@@ -101,6 +101,8 @@ export interface VllmOptions {
   /** Seconds to wait for /health (vLLM on 2 CPU cores starts in 1-3 minutes). */
   startTimeoutS?: number;
   extraArgs?: string[];
+  /** More environment for the server (e.g. VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 for LoRA adapters loaded at runtime). */
+  env?: Record<string, string>;
   /** Listen on this port (a restart on the port the run knows); a free one if unset. */
   port?: number;
 }
@@ -118,7 +120,7 @@ export async function startVllm(o: VllmOptions): Promise<Server> {
   if (o.servedModelName) args.push("--served-model-name", o.servedModelName);
   if (o.apiKey) args.push("--api-key", o.apiKey);
   args.push(...(o.extraArgs ?? []));
-  const p = spawnGroup(o.python, args, { VLLM_CPU_KVCACHE_SPACE: "1", VLLM_SERVER_DEV_MODE: "1", HF_HUB_OFFLINE: "1", VLLM_NO_USAGE_STATS: "1" });
+  const p = spawnGroup(o.python, args, { VLLM_CPU_KVCACHE_SPACE: "1", VLLM_SERVER_DEV_MODE: "1", HF_HUB_OFFLINE: "1", VLLM_NO_USAGE_STATS: "1", ...o.env });
   const url = `http://127.0.0.1:${port}`;
   const stop = stopper(p.child, p.exited);
   const deadline = Date.now() + (o.startTimeoutS ?? 600) * 1000;

@@ -46,6 +46,20 @@ describe("LoRA keys", () => {
     expect(refusal({ ...base, lora_rank: 8, trainer: { kind: "embedded" } })).toMatch(/lora_rank needs the torch trainer/);
   });
 
+  it("lora_sync: merged by default; adapter only for a LoRA run with a disk sync to vLLM", () => {
+    const vllm = { kind: "openai", urls: ["http://127.0.0.1:8000"], model: "m" };
+    expect(user({ ...base, lora_rank: 8 }).lora_sync).toBe("merged");
+    expect(user({ ...base, lora_rank: 8, engine: vllm, lora_sync: "adapter" }).lora_sync).toBe("adapter");
+    expect(refusal({ ...base, lora_rank: 8, engine: vllm, lora_sync: "delta" })).toMatch(/lora_sync/);
+    expect(refusal({ ...base, engine: vllm, lora_sync: "adapter" })).toMatch(/lora_sync: adapter needs a LoRA run: set lora_rank/);
+    expect(refusal({ ...base, lora_rank: 8, engine: vllm, lora_sync: "adapter", weight_sync: "none" })).toMatch(
+      /lora_sync: adapter with weight_sync: none: .*set weight_sync: disk or lora_sync: merged/,
+    );
+    expect(refusal({ ...base, lora_rank: 8, lora_sync: "adapter" })).toMatch(
+      /lora_sync: adapter with engine.kind sglang: rlq's SGLang adapter does not load LoRA adapters/,
+    );
+  });
+
   it("needs a trainer that declares capabilities.lora", () => {
     expect(requiredCapabilities({ lora_rank: 0 })).toEqual([]);
     expect(requiredCapabilities({ lora_rank: 8, advantage_estimator: "ppo" })).toEqual(["critic", "lora"]);

@@ -36,7 +36,7 @@ export const trainerTorchParallelKeys = {
 /**
  * LoRA RL on a Hugging Face model through peft (docs/trainer-torch.md, workers/trainer-torch/rlq_torch/lora.py),
  * verl's names (actor_rollout_ref.model.lora_rank / lora_alpha / target_modules). Only the adapters train; engines
- * load the merged weights at every version, and each checkpoint holds the adapter in peft's layout (adapter/).
+ * load the merged weights at every version (or, with lora_sync: adapter on vLLM, the adapter alone), and each checkpoint holds the adapter in peft's layout (adapter/).
  */
 export const trainerTorchLoraKeys = {
   /** The adapters' rank; 0: LoRA off (a full fine-tune). */
@@ -60,10 +60,14 @@ interface LoraConfigView {
   hf_checkpoint: string | null;
   tensor_model_parallel_size: number;
   trainer: { kind: string };
+  lora_sync: "merged" | "adapter";
+  weight_sync: string;
+  engine: { kind: string };
 }
 
 /** The LoRA keys' refusals, each naming the key and what to write instead (the torch trainer repeats them: lora.py). */
 export function refineLora(c: LoraConfigView, ctx: z.RefinementCtx): void {
+  refineLoraSync(c, ctx);
   const set = (["lora_alpha", "lora_dropout", "target_modules"] as const).filter((k) => c[k] !== null);
   if (c.lora_rank === 0) {
     for (const k of set) {
@@ -93,4 +97,26 @@ export function refineLora(c: LoraConfigView, ctx: z.RefinementCtx): void {
       message: "lora_rank with tensor_model_parallel_size > 1 is not supported: use FSDP (--sharding fsdp) for LoRA, or lora_rank: 0",
     });
   }
+}
+
+/**
+ * lora_sync adapter needs an adapter to send, a disk sync to send it by, and an engine that loads adapters by name:
+ * rlq's vLLM adapter does (src/engines/openai-compat.ts), its SGLang adapter does not, and the embedded engine has no LoRA.
+ */
+function refineLoraSync(c: LoraConfigView, ctx: z.RefinementCtx): void {
+  if (c.lora_sync !== "adapter") return;
+  const issue = (message: string) => ctx.addIssue({ code: "custom", path: ["lora_sync"], message });
+  if (c.lora_rank === 0) issue("lora_sync: adapter needs a LoRA run: set lora_rank (e.g. 8), or drop lora_sync (merged, the default)");
+  if (c.weight_sync !== "disk")
+    issue(
+      `lora_sync: adapter with weight_sync: ${c.weight_sync}: the adapter is loaded from each committed checkpoint's adapter/ directory, a disk sync; set weight_sync: disk or lora_sync: merged`,
+    );
+  if (c.engine.kind === "sglang")
+    issue(
+      "lora_sync: adapter with engine.kind sglang: rlq's SGLang adapter does not load LoRA adapters (it loads full weights through update_weights_from_disk); use lora_sync: merged, or a vLLM engine (engine.kind: openai)",
+    );
+  else if (c.engine.kind !== "openai")
+    issue(
+      `lora_sync: adapter with engine.kind ${c.engine.kind}: this engine has no LoRA loading; use lora_sync: merged, or a vLLM engine (engine.kind: openai)`,
+    );
 }

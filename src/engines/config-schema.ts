@@ -101,6 +101,13 @@ export const engineRuntimeKeys = {
   weight_sync: z.enum(["disk", "trainer_push", "none"]).default("disk"),
   /** trainer_push: how long rlq waits for every live engine to report the new version (s). */
   weight_sync_timeout_s: z.number().positive().default(600),
+  /**
+   * A LoRA run's disk sync (lora_rank > 0): merged, the engine reloads the whole model from the
+   * checkpoint's merged weights; adapter, the engine loads the checkpoint's peft adapter (adapter/)
+   * alone, under a name of its version, and each request names the adapter of the version it reads
+   * (vLLM's /v1/load_lora_adapter; docs/engines.md "LoRA adapters").
+   */
+  lora_sync: z.enum(["merged", "adapter"]).default("merged"),
 };
 
 export type SglangEngineConfig = z.infer<typeof sglangEngineConfigSchema>;

@@ -39,6 +39,13 @@ export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: 
   let members: RemoteEngine[];
   let refresh: (() => Promise<RemoteEngine[]>) | null = null;
   if (engine.kind === "sglang") {
+    if (keys.lora_sync === "adapter")
+      // run-config refuses it first; this guards callers that build a pool from parts.
+      throw new RlqError(
+        "config_invalid",
+        "lora_sync: adapter with engine.kind sglang: rlq's SGLang adapter does not load LoRA adapters; use lora_sync: merged, or a vLLM engine (engine.kind: openai)",
+        { isRetriable: false },
+      );
     const apiKey = readOptionalSecret(engine.api_key, "engine.api_key", env);
     const adminApiKey = readOptionalSecret(engine.admin_api_key, "engine.admin_api_key", env);
     const routerKey = readOptionalSecret(engine.router_api_key, "engine.router_api_key", env) ?? apiKey;
@@ -88,6 +95,7 @@ export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: 
         // weight_sync disk: vLLM reports its own version (/weight_info); otherwise rlq's record is the fence.
         versionSource: keys.weight_sync === "disk" ? undefined : deps.fencedVersion,
         loadsWeights: keys.weight_sync === "disk",
+        loraSync: keys.lora_sync,
         apiKey,
         ...(engine.repetition_detection ? { repetitionDetection: engine.repetition_detection } : {}),
       }),

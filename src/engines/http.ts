@@ -109,6 +109,11 @@ export async function callJson(method: "GET" | "POST" | "DELETE", url: string, b
   }
 }
 
+/** As callJson, for a route whose 2xx answer is plain text (vLLM's /v1/load_lora_adapter: "Success: ..."); returns the text. */
+export async function callText(method: "GET" | "POST" | "DELETE", url: string, body: unknown, options: HttpCallOptions): Promise<string> {
+  return request(method, url, body, options, ({ status }) => textSink(url, status));
+}
+
 /**
  * POST a JSON body and consume a server-sent-event stream: `onData` gets each
  * `data:` payload parsed as JSON, in order; `[DONE]` ends the stream. A

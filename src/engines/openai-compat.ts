@@ -46,6 +46,26 @@
  * (vllm/entrypoints/serve/middleware/authenticate.py GUARDED_PREFIX: /v1, /v2, /inference,
  * /cohere): keep the port private. rlq sends its key on every call all the same.
  *
+ * LoRA adapters (`loraSync: "adapter"`, run config lora_sync: adapter): vLLM started with
+ * --enable-lora --max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 serves POST
+ * /v1/load_lora_adapter {lora_name, lora_path} and /v1/unload_lora_adapter {lora_name}
+ * (vllm/entrypoints/serve/lora/api_router.py, handled by vllm/entrypoints/openai/models/serving.py
+ * OpenAIServingModels), and a request that names an adapter as its `model` runs the base model
+ * plus that adapter (GET /v1/models lists the adapters beside the base). A load of version v is
+ * the checkpoint's peft adapter directory (`<checkpoint>/adapter`, adapter_config.json and
+ * adapter_model.safetensors) under the name `<model>-rlq-v<v>`, then /update_weight_version v as
+ * for merged loads; version 0 is the base model under its own name. The base weights never change
+ * and a load pauses nothing: running requests keep the adapter they named. A request reads the
+ * version and names that version's adapter, so its tokens are that version's for certain and the
+ * read after the request is not needed. Adapters older than the previous version are unloaded (an
+ * unload only forgets the name in the API server; vLLM's own LRU keeps at most --max-loras on the
+ * workers, models/serving.py unload_lora_adapter); a request that still names one gets vLLM's 404
+ * ("The model ... does not exist", serve/engine/serving.py) and comes back aborted and empty, as a
+ * request that crossed a merged load does. A name already loaded (a retried load, an earlier run on
+ * the same server) is unloaded and loaded afresh rather than in place: an in-place load keeps the
+ * prefix-cache blocks its old weights computed (serving.py warns of it), a fresh one gets a new
+ * lora_int_id, so no cached block is reused.
+ *
  * Without `loadsWeights` versions are fenced by rlq: the server does not know
  * rlq's weight versions; `versionSource` reads the version of record (the run's
  * synced version in Postgres; with weight_sync none it stays 0), and
@@ -60,10 +80,10 @@
 
 import { randomUUID } from "node:crypto";
 import { readFile } from "node:fs/promises";
-import { join } from "node:path";
+import { join, posix } from "node:path";
 import { z } from "zod";
 import { generateRequestSchema, type GenerateRequest, type GenerateResult } from "./engine.ts";
-import { bearer, callJson, EngineHttpError, isLocalCancel, postStream } from "./http.ts";
+import { bearer, callJson, callText, EngineHttpError, isLocalCancel, postStream } from "./http.ts";
 import { classifyProbe, type LogprobProbe } from "./logprob-check.ts";
 import { abortedResult, EngineRequestError, emptyPartial, type GenerateHooks, type PartialOutput, type RemoteEngine } from "./remote.ts";
 import { RlqError } from "../lib/errors.ts";
@@ -117,6 +137,9 @@ function refusal(e: unknown, where: string): unknown {
 }
 
 export type VllmLogprobsMode = "raw_logprobs" | "processed_logprobs";
+
+/** Between the served model's name and the version in an adapter's name: `<model>-rlq-v<version>`. */
+const ADAPTER_INFIX = "-rlq-v";
 
 /** What a choice's finish_reason says, in rlq's terms; "repetition" is a stop whose reason is recorded. */
 export type CompletionFinish = "stop" | "length" | "abort" | "repetition";
@@ -180,6 +203,11 @@ export interface OpenAiCompatOptions {
   apiKey?: string;
   /** weight_sync disk: rlq loads checkpoints through vLLM's RL endpoints and reads versions from /weight_info. */
   loadsWeights?: boolean;
+  /**
+   * With `loadsWeights`: merged (default) reloads the whole model from the checkpoint; adapter loads
+   * the checkpoint's peft adapter (adapter/) alone, by name per version (run config lora_sync).
+   */
+  loraSync?: "merged" | "adapter";
   loadTimeoutMs?: number;
   /**
    * vLLM's repetition_detection sent with every request (sampling_params.py
@@ -216,6 +244,8 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
   readonly id: string;
   readonly url: string;
   readonly canLoadWeights: boolean;
+  /** Loads are peft adapters named per version, and each request names its version's adapter. */
+  private readonly isAdapterSync: boolean;
   private readonly adminMs: number;
   private readonly logprobsMode: VllmLogprobsMode;
   private readonly headers: Record<string, string> | undefined;
@@ -229,6 +259,7 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
     this.url = options.url.replace(/\/+$/, "").replace(/\/v1$/, "");
     this.id = this.url;
     this.canLoadWeights = options.loadsWeights === true;
+    this.isAdapterSync = this.canLoadWeights && options.loraSync === "adapter";
     this.adminMs = options.adminTimeoutMs ?? 10_000;
     this.logprobsMode = options.logprobsMode ?? "raw_logprobs";
     this.headers = bearer(options.apiKey);
@@ -261,7 +292,7 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
     try {
       await postStream(
         `${url}/v1/completions`,
-        this.body(req, true, { max_tokens: maxTokens }),
+        this.body(req, true, { max_tokens: maxTokens, model: this.servedModelFor(v) }),
         { timeoutMs: this.options.requestTimeoutMs, signal: hooks.signal, headers: this.headers },
         (payload) => {
           if (typeof payload === "object" && payload !== null && "error" in payload) {
@@ -277,6 +308,8 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
       );
     } catch (e) {
       if (isLocalCancel(e, hooks.signal)) return abortedResult(hooks.partial, url, v);
+      // The adapter this request named was unloaded after newer loads: no token was made, the sample continues.
+      if (this.isAdapterSync && v > 0 && e instanceof EngineHttpError && e.status === 404) return abortedResult(hooks.partial, url, v);
       throw refusal(e, where);
     }
     if (finish === null) {
@@ -285,7 +318,7 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
         isRetriable: true,
       });
     }
-    if (this.options.loadsWeights && (await this.serverVersion()) !== v) {
+    if (this.options.loadsWeights && !this.isAdapterSync && (await this.serverVersion()) !== v) {
       // A load ran between the two reads: which weights made these tokens is unknown.
       hooks.partial.tokenIds.length = 0;
       hooks.partial.logProbs.length = 0;
@@ -349,6 +382,7 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
       );
     const path = uri.startsWith("file://") ? decodeURIComponent(new URL(uri).pathname) : uri;
     const loadMs = this.options.loadTimeoutMs ?? 600_000;
+    if (this.isAdapterSync) return this.loadAdapter(v, path, loadMs);
     await this.admin("/pause?mode=wait", undefined, loadMs);
     try {
       try {
@@ -371,8 +405,84 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
       throw new RlqError("engine_version_mismatch", `vLLM ${url}: loaded ${path} as version ${v} but /weight_info reports ${now}`, { isRetriable: true });
   }
 
+  /** The served name a request for version `v` sends: the base model, or with adapter sync (v > 0) that version's adapter. */
+  servedModelFor(v: number): string {
+    return this.isAdapterSync && v > 0 ? `${this.options.model}${ADAPTER_INFIX}${v}` : this.options.model;
+  }
+
+  /**
+   * Version `v` as an adapter: `<checkpoint>/adapter` loaded under `servedModelFor(v)`, the version recorded as a merged
+   * load records it, and adapters older than v - 1 unloaded. Nothing pauses: the base weights stay as they are.
+   */
+  private async loadAdapter(v: number, checkpointDir: string, loadMs: number): Promise<void> {
+    const url = this.url;
+    const name = this.servedModelFor(v);
+    const loaded = await this.loadedAdapters();
+    if (v > 0) {
+      const adapterDir = posix.join(checkpointDir, "adapter");
+      if (loaded.has(v)) await this.unloadAdapter(name);
+      try {
+        // 200 answers plain text ("Success: LoRA adapter ... added successfully."), an error the JSON ErrorResponse.
+        await callText("POST", `${url}/v1/load_lora_adapter`, { lora_name: name, lora_path: adapterDir }, { timeoutMs: loadMs, headers: this.headers });
+      } catch (e) {
+        // vLLM answers 400/404/500 naming what failed: no such directory, a rank over --max-lora-rank, LoRA not enabled.
+        if (e instanceof EngineHttpError && e.status !== null && e.status >= 400)
+          throw new RlqError("engine_load_failed", `vLLM ${url}: load_lora_adapter(${name}, ${adapterDir}) for version ${v} failed: ${e.message}`, {
+            cause: e,
+            isRetriable: false,
+          });
+        throw e;
+      }
+    }
+    await this.admin("/update_weight_version", { new_version: String(v) });
+    // The previous version's adapter stays: a request that read the version just before this load still names it.
+    for (const old of loaded.keys()) if (old < v - 1 || old > v) await this.unloadAdapter(this.servedModelFor(old));
+    const now = await this.serverVersion();
+    if (now !== v)
+      throw new RlqError("engine_version_mismatch", `vLLM ${url}: loaded ${name} as version ${v} but /weight_info reports ${now}`, { isRetriable: true });
+  }
+
+  /** The versions whose adapters GET /v1/models lists (ids `<model>-rlq-v<N>`). */
+  private async loadedAdapters(): Promise<Map<number, string>> {
+    const res = (await callJson("GET", `${this.url}/v1/models`, undefined, { timeoutMs: this.adminMs, headers: this.headers })) as {
+      data?: Array<{ id?: unknown }>;
+    };
+    const prefix = `${this.options.model}${ADAPTER_INFIX}`;
+    const out = new Map<number, string>();
+    for (const m of res.data ?? []) {
+      if (typeof m.id !== "string" || !m.id.startsWith(prefix)) continue;
+      const rest = m.id.slice(prefix.length);
+      if (/^\d+$/.test(rest)) out.set(Number(rest), m.id);
+    }
+    return out;
+  }
+
+  private async unloadAdapter(name: string): Promise<void> {
+    try {
+      await callText("POST", `${this.url}/v1/unload_lora_adapter`, { lora_name: name }, { timeoutMs: this.adminMs, headers: this.headers });
+    } catch (e) {
+      // 404: already gone (another process's load unloaded it), which is what was asked.
+      if (!(e instanceof EngineHttpError && e.status === 404)) throw e;
+    }
+  }
+
   async checkServer(): Promise<void> {
     const url = this.url;
+    if (this.isAdapterSync) {
+      // An empty name is refused by the route itself (400, models/serving.py); without the route FastAPI answers 404.
+      try {
+        await callText("POST", `${url}/v1/unload_lora_adapter`, { lora_name: "" }, { timeoutMs: this.adminMs, headers: this.headers });
+      } catch (e) {
+        if (e instanceof EngineHttpError && e.status === 404)
+          throw new RlqError(
+            "engine_cannot_load",
+            `vLLM ${url} has no /v1/unload_lora_adapter: lora_sync adapter loads each version's adapter at runtime, which vLLM allows only when started with ` +
+              "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora --max-lora-rank R (R at least the run's lora_rank); or use lora_sync: merged",
+            { cause: e, isRetriable: false },
+          );
+        if (!(e instanceof EngineHttpError && e.status === 400)) throw e;
+      }
+    }
     if (this.options.loadsWeights) {
       try {
         await this.serverVersion();
