@@ -116,7 +116,7 @@ describe("slime's silent traps: slime's meaning, or a refusal that says what to 
     expect(refusal({ ...base, micro_batch_size: 1 })).toMatch(/'micro_batch_size': drop it: .*max_tokens_per_gpu/);
     expect(refusal({ ...base, pipeline_model_parallel_size: 2 })).toMatch(/'pipeline_model_parallel_size': drop it: Megatron/);
     expect(refusal({ ...base, sglang_mem_fraction_static: 0.7 })).toMatch(/'sglang_mem_fraction_static': drop it: SGLang launch/);
-    expect(refusal({ ...base, colocate: true })).toMatch(/colocate: true is not run by rlq yet.*set colocate: false/);
+    expect(refusal({ ...base, colocate: true, train_async: true })).toMatch(/colocate: true takes turns on shared GPUs.*set train_async: false/);
     expect(refusal({ ...base, use_routing_replay: true })).toMatch(/'use_routing_replay': rlq does not support it: MoE routing replay.*; instead: remove it/);
     expect(refusal({ ...base, log_probs_chunk_size: 8 })).toMatch(/'log_probs_chunk_size': drop it: Megatron .*memory only/);
     expect(refusal({ ...base, rollout_batchsize: 4 })).toMatch(/'rollout_batchsize': did you mean 'rollout_batch_size'\?/);
