@@ -198,7 +198,14 @@ export interface OpenAiCompatOptions {
   /** Reads the version of record for the weights this server holds. Default: the in-process value. */
   versionSource?: () => Promise<number>;
   initialVersion?: number;
+  /** One admin call's timeout (pause, resume, /weight_info, /v1/models, /is_paused). Default 10 s. */
   adminTimeoutMs?: number;
+  /**
+   * How long admission and a load's bookkeeping wait for a server that is slow to answer an admin
+   * call: a timed-out call is sent again until this is spent, then the engine is refused naming the
+   * route. Default 120 s.
+   */
+  adminWaitMs?: number;
   /** The server's --api-key: `Authorization: Bearer` on every call (vLLM checks every /v1 route). */
   apiKey?: string;
   /** weight_sync disk: rlq loads checkpoints through vLLM's RL endpoints and reads versions from /weight_info. */
@@ -247,6 +254,7 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
   /** Loads are peft adapters named per version, and each request names its version's adapter. */
   private readonly isAdapterSync: boolean;
   private readonly adminMs: number;
+  private readonly adminWaitMs: number;
   private readonly logprobsMode: VllmLogprobsMode;
   private readonly headers: Record<string, string> | undefined;
   private version: number;
@@ -261,6 +269,7 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
     this.canLoadWeights = options.loadsWeights === true;
     this.isAdapterSync = this.canLoadWeights && options.loraSync === "adapter";
     this.adminMs = options.adminTimeoutMs ?? 10_000;
+    this.adminWaitMs = options.adminWaitMs ?? 120_000;
     this.logprobsMode = options.logprobsMode ?? "raw_logprobs";
     this.headers = bearer(options.apiKey);
     this.version = options.initialVersion ?? 0;
@@ -396,11 +405,11 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
           });
         throw e;
       }
-      await this.admin("/update_weight_version", { new_version: String(v) });
+      await this.patiently("POST /update_weight_version", () => this.admin("/update_weight_version", { new_version: String(v) }));
     } finally {
-      await this.admin("/resume", undefined);
+      await this.patiently("POST /resume", () => this.admin("/resume", undefined));
     }
-    const now = await this.serverVersion();
+    const now = await this.patiently("GET /weight_info", () => this.serverVersion());
     if (now !== v)
       throw new RlqError("engine_version_mismatch", `vLLM ${url}: loaded ${path} as version ${v} but /weight_info reports ${now}`, { isRetriable: true });
   }
@@ -485,7 +494,7 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
     }
     if (this.options.loadsWeights) {
       try {
-        await this.serverVersion();
+        await this.patiently("GET /weight_info", () => this.serverVersion());
       } catch (e) {
         if (e instanceof EngineHttpError && e.status === 404)
           throw new RlqError(
@@ -496,7 +505,9 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
         throw e;
       }
     }
-    const res = (await callJson("GET", `${url}/v1/models`, undefined, { timeoutMs: this.adminMs, headers: this.headers })) as {
+    const res = (await this.patiently("GET /v1/models", () =>
+      callJson("GET", `${url}/v1/models`, undefined, { timeoutMs: this.adminMs, headers: this.headers }),
+    )) as {
       data?: Array<{ id?: string; max_model_len?: unknown }>;
     };
     const ids = (res.data ?? []).map((m) => m.id);
@@ -559,7 +570,7 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
   /** GET /is_paused (rl/online/api_router.py): 200 in dev mode; FastAPI's 404 without it. */
   private async answersDevRoutes(): Promise<boolean> {
     try {
-      await callJson("GET", `${this.url}/is_paused`, undefined, { timeoutMs: this.adminMs, headers: this.headers });
+      await this.patiently("GET /is_paused", () => callJson("GET", `${this.url}/is_paused`, undefined, { timeoutMs: this.adminMs, headers: this.headers }));
       return true;
     } catch (e) {
       if (e instanceof EngineHttpError && e.status === 404) return false;
@@ -585,6 +596,33 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
   async resumeMemory(tags: readonly MemoryTag[]): Promise<void> {
     const query = tags.map((t) => `tags=${t}`).join("&");
     await this.admin(`/wake_up?${query}`, undefined, this.options.loadTimeoutMs ?? 600_000);
+  }
+
+  /**
+   * An idempotent admin call of admission or of a load's bookkeeping, sent again while it times
+   * out, for up to `adminWaitMs`. vLLM answers `GET /weight_info` and `POST /update_weight_version`
+   * by a utility call into the engine core process (v1/engine/async_llm.py get_weight_version,
+   * update_weight_version), which takes it between scheduler steps, and its API server streams
+   * every running request's tokens on the same event loop: on a loaded box a read can take longer
+   * than one call's timeout while the server is well. Taken as a failure, it refused the engine,
+   * and at a run's start (the load of version 0) failed the run. Only a timeout is retried: a
+   * refused connection or an HTTP error is an answer.
+   */
+  private async patiently<T>(what: string, call: () => Promise<T>): Promise<T> {
+    const startedAt = Date.now();
+    for (let tries = 1; ; tries++) {
+      try {
+        return await call();
+      } catch (e) {
+        if (!(e instanceof EngineHttpError && e.code === "engine_timeout")) throw e;
+        if (Date.now() - startedAt + this.adminMs > this.adminWaitMs)
+          throw new RlqError(
+            "engine_timeout",
+            `vLLM ${this.url}: ${what} gave no answer in ${tries} tries of ${this.adminMs / 1000} s over ${this.adminWaitMs / 1000} s: the server is up but too loaded (or stopped) to answer; check its load and its log`,
+            { cause: e, isRetriable: true },
+          );
+      }
+    }
   }
 
   private admin(path: string, payload: unknown, timeoutMs = this.adminMs): Promise<unknown> {
