@@ -15,13 +15,14 @@
  *   npx tsx bench/cluster-sim.ts [--engines 8,64,512] [--modes sync_partial_off,sync_partial_on,async_k1,async_k2,async_k4]
  *     [--reps 3] [--steps 6] [--time-scale 8:4,64:4,512:2] [--reps-at 64:1,512:1] [--steps-at 64:5,512:4]
  *     [--modes-at 512:async_k1]
+ *     [--sync-arms abort,in_place,early,staggered_early]
  *     [--max-running 16] [--token-scale 16] [--server-concurrency N] [--prof DIR] [--out cluster-sim]
  *
  * Uses the test services (TEST_DATABASE_URL / TEST_REDIS_URL, default 127.0.0.1), each run in its
  * own database and queue prefix.
  */
 import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { createDb } from "../src/store/db.ts";
@@ -30,7 +31,16 @@ import { createTestDatabase, redisUrl } from "../test/helpers/services.ts";
 import { repoRoot, spawnFake, spawnRlq, type Proc } from "../test/helpers/processes.ts";
 import { median, prepareServices, startCpuSampler, writeResult } from "./lib.ts";
 import { defaultParams, idealPipeline, paramSources, type SimParams } from "./sim/model.ts";
-import { benchModePolicies, simulatePolicy, type BenchMode } from "./sim/policy-sim.ts";
+import {
+  benchModePolicies,
+  EARLY_EXTRA_SAMPLES,
+  simulatePolicy,
+  staggerWidth,
+  syncArmNames,
+  syncArmPolicy,
+  type BenchMode,
+  type SyncArm,
+} from "./sim/policy-sim.ts";
 
 const { values } = parseArgs({
   options: {
@@ -53,6 +63,10 @@ const { values } = parseArgs({
     // run, as slime runs its own), so a weight sync ends their requests with one abort_all each.
     // "false" measures servers other runs may share: one abort per request.
     "engine-exclusive": { type: "string", default: "true" },
+    // weight_update_mode per arm (async modes), interleaved with the modes in each repetition:
+    // abort (today's), in_place (engines paused keeping their requests: SGLang pause_generation in_place),
+    // early (group_extra_samples 2), staggered_early (in_place, an eighth of the engines loading at once, and early).
+    "sync-arms": { type: "string", default: "abort" },
     out: { type: "string", default: "cluster-sim" },
   },
 });
@@ -94,6 +108,8 @@ interface Totals {
   busyMs: number;
   tokens: number;
   slotMs: number;
+  /** Engine-sim-ms with no request decoding (bench/sim/model.ts SimEngine.idleMs), summed over engines. */
+  idleMs?: number;
   timerLateness?: { count: number; sumMs: number; maxMs: number };
 }
 /** A series of the farm's totals, read at any wall time by linear interpolation. */
@@ -103,14 +119,29 @@ function totalsAt(series: Totals[], t: number): Totals {
     if (s.wallNowMs <= t) a = s;
     else {
       const f = (t - a.wallNowMs) / Math.max(1, s.wallNowMs - a.wallNowMs);
-      const at = (k: "busyMs" | "tokens" | "slotMs") => a[k] + f * (s[k] - a[k]);
-      return { wallNowMs: t, busyMs: at("busyMs"), tokens: at("tokens"), slotMs: at("slotMs") };
+      const at = (k: "busyMs" | "tokens" | "slotMs" | "idleMs") => (a[k] ?? 0) + f * ((s[k] ?? 0) - (a[k] ?? 0));
+      return { wallNowMs: t, busyMs: at("busyMs"), tokens: at("tokens"), slotMs: at("slotMs"), idleMs: at("idleMs") };
     }
   }
   return a;
 }
 
-async function once(engines: number, mode: Mode, p: SimParams, steps: number, rep: number) {
+type SyncArmName = SyncArm;
+/** Each arm's run-config keys (the same policies as policy-sim.ts syncArmPolicy). */
+const armConfig = (arm: SyncArmName, engines: number): Record<string, unknown> => {
+  switch (arm) {
+    case "abort":
+      return {};
+    case "in_place":
+      return { weight_update_mode: "in_place" };
+    case "early":
+      return { group_extra_samples: EARLY_EXTRA_SAMPLES };
+    case "staggered_early":
+      return { weight_update_mode: "in_place", weight_load_max_engines: staggerWidth(engines), group_extra_samples: EARLY_EXTRA_SAMPLES };
+  }
+};
+
+async function once(engines: number, mode: Mode, p: SimParams, steps: number, rep: number, arm: SyncArmName = "abort") {
   const n = 8;
   const samplesPerStep = engines * p.maxRunning;
   const rbs = Math.max(1, Math.round(samplesPerStep / n));
@@ -118,6 +149,7 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
   const db = createDb(database.url, { max: 2 });
   const home = mkdtempSync(join(tmpdir(), "rlq-csim-"));
   const procs: Proc[] = [];
+  const loadAvgAtStart = loadavg()[0] as number;
   try {
     const farm = await spawnFake("bench/sim/engine-farm.ts", ["--engines", String(engines), "--params", JSON.stringify(p)]);
     procs.push(farm);
@@ -156,6 +188,7 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       trainer: { kind: "remote", url: trainer.url },
       train_stall_timeout_s: 120,
       ...modeConfig[mode],
+      ...armConfig(arm, engines),
     };
     const { runId } = await startRun(db, { config });
     // Enough rollout jobs in flight for every group the controller may admit (async: (k+1) steps' worth).
@@ -329,6 +362,16 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       });
       // What rlq adds to the sync beyond the engines' own load (the model's weight-load time).
       const row = perStep[perStep.length - 1] as Record<string, number>;
+      // The engines' idle time during the sync (no request decoding), from the train commit to
+      // weights.synced: mean wall ms per engine, and as a share of that window.
+      {
+        const syncEnd = synced.get(s) ?? NaN;
+        if (!Number.isNaN(commit) && !Number.isNaN(syncEnd) && syncEnd > commit) {
+          const idle = ((totalsAt(series, syncEnd).idleMs ?? 0) - (totalsAt(series, commit).idleMs ?? 0)) / p.timeScale / engines;
+          row.sync_engine_idle_ms_per_engine = idle;
+          row.sync_engine_idle_frac = idle / (syncEnd - commit);
+        }
+      }
       row.commit_to_all_engines_decoding_beyond_load_ms = (row.commit_to_all_engines_decoding_ms as number) - (row.engine_load_ms_max as number);
       row.commit_to_all_engines_requested_beyond_load_ms = (row.commit_to_all_engines_requested_ms as number) - (row.engine_load_ms_max as number);
       // Each engine, from the end of its own load to its first request on the new version (median and slowest engine).
@@ -376,6 +419,7 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
     const r = {
       engines,
       mode,
+      arm,
       rep,
       rollout_batch_size: rbs,
       samples_per_step: rbs * n,
@@ -389,6 +433,8 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       ratio_tokens_vs_ideal: realTokensPerS / (ideal.pipelined.tokensPerS * p.timeScale),
       ratio_samples_vs_sequential_ideal: samplesPerS / (ideal.sequential.samplesPerS * p.timeScale),
       engine_busy_fraction: (b.busyMs - a.busyMs) / p.timeScale / (engines * (t1 - t0)),
+      // No request decoding (loads, pauses, empty or prefilling engines), over the steady window.
+      engine_idle_fraction: ((b.idleMs ?? 0) - (a.idleMs ?? 0)) / p.timeScale / (engines * (t1 - t0)),
       engine_decode_utilization: (b.tokens - a.tokens) / (engines * ideal.engineTokensPerSAtFullBatch * p.timeScale * windowS),
       // The engines' slots holding a request (prefilling or decoding), weight loads included.
       engine_slot_occupancy: (b.slotMs - a.slotMs) / p.timeScale / (engines * p.maxRunning * (t1 - t0)),
@@ -428,6 +474,8 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       farm_timer_lateness_ms_max: series.at(-1)?.timerLateness?.maxMs ?? null,
       weight_load_ms_model: p.weightLoadMs / p.timeScale,
       weight_sync_engine_ms_max: medianOf("engine_load_ms_max"),
+      sync_engine_idle_ms_per_engine: medianOf("sync_engine_idle_ms_per_engine"),
+      sync_engine_idle_frac: medianOf("sync_engine_idle_frac"),
       weight_sync_commit_to_synced_ms: medianOf("commit_to_synced_ms"),
       rlq_cpu_s: rlqCpuS,
       rlq_cpu_cores: rlqCpuS / windowS,
@@ -438,6 +486,9 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       decisions: Object.fromEntries(outcomes.map((o) => [o.kind, o.n])),
       farm_requests: farmStats.requests,
       engine_exclusive: isExclusive,
+      // The box's 1-minute load average when the run began and ended (the 64-engine sim is load-sensitive).
+      load_avg_1m_start: loadAvgAtStart,
+      load_avg_1m_end: loadavg()[0] as number,
       farm_aborts: farmStats.aborts,
       farm_abort_alls: farmStats.abortAlls,
       // /health_generate calls, and those that answered 503 (a load held the lock past SGLang's 20 s).
@@ -446,7 +497,7 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       per_step: perStep,
     };
     process.stderr.write(
-      `${engines} engines ${mode} #${rep}: ${samplesPerS.toFixed(1)} samples/s vs ideal ${idealSamplesPerS.toFixed(1)} (x${r.ratio_samples_vs_ideal.toFixed(2)}); engine busy ${r.engine_busy_fraction.toFixed(2)}, decode util ${r.engine_decode_utilization.toFixed(2)}, slots held ${r.engine_slot_occupancy.toFixed(2)}, trainer busy ${r.trainer_busy_fraction.toFixed(2)}; bubbles ${r.bubble_seal_to_train_start_ms.toFixed(0)} / ${r.bubble_commit_to_all_engines_decoding_ms.toFixed(0)} ms of ${stepMs.toFixed(0)} (beyond the model ${r.bubble_beyond_model_ms.toFixed(0)} ms); rlq ${r.rlq_cpu_cores.toFixed(2)} cores, ${r.rlq_cpu_ms_per_sample.toFixed(2)} ms/sample\n`,
+      `${engines} engines ${mode} ${arm} #${rep}: ${samplesPerS.toFixed(1)} samples/s vs ideal ${idealSamplesPerS.toFixed(1)} (x${r.ratio_samples_vs_ideal.toFixed(2)}); engine busy ${r.engine_busy_fraction.toFixed(2)}, decode util ${r.engine_decode_utilization.toFixed(2)}, slots held ${r.engine_slot_occupancy.toFixed(2)}, trainer busy ${r.trainer_busy_fraction.toFixed(2)}; bubbles ${r.bubble_seal_to_train_start_ms.toFixed(0)} / ${r.bubble_commit_to_all_engines_decoding_ms.toFixed(0)} ms of ${stepMs.toFixed(0)} (beyond the model ${r.bubble_beyond_model_ms.toFixed(0)} ms); rlq ${r.rlq_cpu_cores.toFixed(2)} cores, ${r.rlq_cpu_ms_per_sample.toFixed(2)} ms/sample\n`,
     );
     return r;
   } finally {
@@ -462,6 +513,9 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
 await prepareServices();
 const modes = values.modes.split(",") as Mode[];
 for (const m of modes) if (!(m in modeConfig)) throw new Error(`--modes: unknown mode ${m}; expected some of ${Object.keys(modeConfig).join(", ")}`);
+const arms = values["sync-arms"].split(",") as SyncArmName[];
+for (const a of arms)
+  if (!(syncArmNames as readonly string[]).includes(a)) throw new Error(`--sync-arms: unknown arm ${a}; expected some of ${syncArmNames.join(", ")}`);
 const results: Record<string, unknown> = {};
 const allRuns: unknown[] = [];
 for (const e of values.engines.split(",").map(Number)) {
@@ -481,76 +535,89 @@ for (const e of values.engines.split(",").map(Number)) {
   const steps = perEngines(values["steps-at"], e, Number(values.steps));
   const runs: Array<Awaited<ReturnType<typeof once>>> = [];
   // Modes interleaved within each repetition, so every mode sees the same machine noise.
-  for (let rep = 0; rep < reps; rep++) for (const m of modesHere) runs.push(await once(e, m, p, steps, rep));
+  for (let rep = 0; rep < reps; rep++)
+    for (const m of modesHere)
+      for (const arm of isAsyncMode(m) ? arms : (["abort"] as const)) {
+        runs.push(await once(e, m, p, steps, rep, arm));
+        // Each run as it ends, so a run cut short keeps what it measured (the medians come below).
+        await writeResult(values.out, { bench: "cluster-sim", note: "partial: runs so far", results, runs: [...allRuns, ...runs] });
+      }
   allRuns.push(...runs);
   const ideal = idealPipeline(p, e, e * p.maxRunning);
   const byMode: Record<string, unknown> = {};
-  for (const m of modesHere) {
-    const rs = runs.filter((r) => r.mode === m);
-    const med = (k: keyof (typeof rs)[number]) => median(rs.map((r) => r[k] as number));
-    // The zero-overhead event simulation of the same policy (bench/sim/policy-sim.ts), in wall units.
-    const policy = simulatePolicy(p, e, benchModePolicies[m], Math.max(1, Math.round((e * p.maxRunning) / 8)), 8, steps);
-    const policySps = policy.samplesPerS * p.timeScale;
-    // The same, with rlq's pool cap and its batch /generate holding a finished request's slot until
-    // its batch-mates finish (src/engines/pool.ts runOn, src/engines/sglang-batcher.ts SglangBatcher).
-    const serverConcurrency = values["server-concurrency"] ? Number(values["server-concurrency"]) : p.maxRunning;
-    const coupled = simulatePolicy(
-      p,
-      e,
-      { ...benchModePolicies[m], poolCap: serverConcurrency, isBatchCoupled: true },
-      Math.max(1, Math.round((e * p.maxRunning) / 8)),
-      8,
-      steps,
-    );
-    byMode[m] = {
-      reps: rs.length,
-      steps,
-      policy_ideal_samples_per_s: policySps,
-      policy_ideal_step_ms: policy.stepMs / p.timeScale,
-      policy_ideal_engine_decode_utilization: policy.engineDecodeUtilization,
-      policy_ideal_ratio_vs_pipeline_ideal: policySps / (ideal.pipelined.samplesPerS * p.timeScale),
-      ratio_samples_vs_policy_ideal: med("samples_per_s") / policySps,
-      policy_ideal_batch_coupled_samples_per_s: coupled.samplesPerS * p.timeScale,
-      ratio_samples_vs_policy_ideal_batch_coupled: med("samples_per_s") / (coupled.samplesPerS * p.timeScale),
-      samples_per_s: med("samples_per_s"),
-      real_tokens_per_s: med("real_tokens_per_s"),
-      ratio_samples_vs_ideal: med("ratio_samples_vs_ideal"),
-      ratio_tokens_vs_ideal: med("ratio_tokens_vs_ideal"),
-      ratio_samples_vs_sequential_ideal: med("ratio_samples_vs_sequential_ideal"),
-      engine_busy_fraction: med("engine_busy_fraction"),
-      engine_decode_utilization: med("engine_decode_utilization"),
-      engine_slot_occupancy: med("engine_slot_occupancy"),
-      bubble_commit_to_half_engines_full_ms: med("bubble_commit_to_half_engines_full_ms"),
-      policy_ideal_engine_slot_occupancy: policy.engineSlotOccupancy,
-      trainer_busy_fraction: med("trainer_busy_fraction"),
-      step_ms: med("step_ms"),
-      bubble_seal_to_train_start_ms: med("bubble_seal_to_train_start_ms"),
-      bubble_seal_to_train_start_frac: med("bubble_seal_to_train_start_frac"),
-      bubble_commit_to_all_engines_decoding_ms: med("bubble_commit_to_all_engines_decoding_ms"),
-      bubble_commit_to_all_engines_decoding_frac: med("bubble_commit_to_all_engines_decoding_frac"),
-      bubble_commit_to_all_engines_requested_ms: med("bubble_commit_to_all_engines_requested_ms"),
-      commit_to_syncing_ms: med("commit_to_syncing_ms"),
-      syncing_to_load_asked_ms: med("syncing_to_load_asked_ms"),
-      engine_load_done_to_first_request_ms_median: med("engine_load_done_to_first_request_ms_median"),
-      engine_load_done_to_first_request_ms_max: med("engine_load_done_to_first_request_ms_max"),
-      bubble_requested_to_decoding_ms: med("bubble_requested_to_decoding_ms"),
-      bubble_beyond_model_ms: med("bubble_beyond_model_ms"),
-      bubble_beyond_model_frac: med("bubble_beyond_model_frac"),
-      bubble_beyond_model_frac_at_real_time: med("bubble_beyond_model_frac_at_real_time"),
-      bubble_beyond_load_to_decoding_ms: med("bubble_beyond_load_to_decoding_ms"),
-      bubble_beyond_load_to_decoding_frac_at_real_time: med("bubble_beyond_load_to_decoding_frac_at_real_time"),
-      weight_sync_engine_ms_max: med("weight_sync_engine_ms_max"),
-      weight_sync_commit_to_synced_ms: med("weight_sync_commit_to_synced_ms"),
-      rlq_cpu_cores: med("rlq_cpu_cores"),
-      rlq_cpu_ms_per_sample: med("rlq_cpu_ms_per_sample"),
-      rlq_cpu_ms_per_1k_rlq_tokens: med("rlq_cpu_ms_per_1k_rlq_tokens"),
-      rlq_cpu_ms_per_1k_real_tokens: med("rlq_cpu_ms_per_1k_real_tokens"),
-      ready_to_first_dispatch_ms: med("ready_to_first_dispatch_ms"),
-      first_dispatch_to_first_round_ms: med("first_dispatch_to_first_round_ms"),
-      last_reward_to_seal_ms: med("last_reward_to_seal_ms"),
-      farm_timer_lateness_ms_mean: med("farm_timer_lateness_ms_mean"),
-    };
-  }
+  for (const m of modesHere)
+    for (const arm of isAsyncMode(m) ? arms : (["abort"] as const)) {
+      const rs = runs.filter((r) => r.mode === m && r.arm === arm);
+      const key = arm === "abort" ? m : `${m}_${arm}`;
+      const med = (k: keyof (typeof rs)[number]) => median(rs.map((r) => r[k] as number));
+      // The zero-overhead event simulation of the same policy (bench/sim/policy-sim.ts), in wall units.
+      const armPolicy = syncArmPolicy(arm, e);
+      const policy = simulatePolicy(p, e, { ...benchModePolicies[m], ...armPolicy }, Math.max(1, Math.round((e * p.maxRunning) / 8)), 8, steps);
+      const policySps = policy.samplesPerS * p.timeScale;
+      // The same, with rlq's pool cap and its batch /generate holding a finished request's slot until
+      // its batch-mates finish (src/engines/pool.ts runOn, src/engines/sglang-batcher.ts SglangBatcher).
+      const serverConcurrency = values["server-concurrency"] ? Number(values["server-concurrency"]) : p.maxRunning;
+      const coupled = simulatePolicy(
+        p,
+        e,
+        { ...benchModePolicies[m], ...armPolicy, poolCap: serverConcurrency, isBatchCoupled: true },
+        Math.max(1, Math.round((e * p.maxRunning) / 8)),
+        8,
+        steps,
+      );
+      byMode[key] = {
+        weight_update_mode: arm,
+        reps: rs.length,
+        steps,
+        policy_ideal_samples_per_s: policySps,
+        policy_ideal_step_ms: policy.stepMs / p.timeScale,
+        policy_ideal_engine_decode_utilization: policy.engineDecodeUtilization,
+        policy_ideal_ratio_vs_pipeline_ideal: policySps / (ideal.pipelined.samplesPerS * p.timeScale),
+        ratio_samples_vs_policy_ideal: med("samples_per_s") / policySps,
+        policy_ideal_batch_coupled_samples_per_s: coupled.samplesPerS * p.timeScale,
+        ratio_samples_vs_policy_ideal_batch_coupled: med("samples_per_s") / (coupled.samplesPerS * p.timeScale),
+        samples_per_s: med("samples_per_s"),
+        real_tokens_per_s: med("real_tokens_per_s"),
+        ratio_samples_vs_ideal: med("ratio_samples_vs_ideal"),
+        ratio_tokens_vs_ideal: med("ratio_tokens_vs_ideal"),
+        ratio_samples_vs_sequential_ideal: med("ratio_samples_vs_sequential_ideal"),
+        engine_busy_fraction: med("engine_busy_fraction"),
+        engine_idle_fraction: med("engine_idle_fraction"),
+        sync_engine_idle_ms_per_engine: med("sync_engine_idle_ms_per_engine"),
+        sync_engine_idle_frac: med("sync_engine_idle_frac"),
+        engine_decode_utilization: med("engine_decode_utilization"),
+        engine_slot_occupancy: med("engine_slot_occupancy"),
+        bubble_commit_to_half_engines_full_ms: med("bubble_commit_to_half_engines_full_ms"),
+        policy_ideal_engine_slot_occupancy: policy.engineSlotOccupancy,
+        trainer_busy_fraction: med("trainer_busy_fraction"),
+        step_ms: med("step_ms"),
+        bubble_seal_to_train_start_ms: med("bubble_seal_to_train_start_ms"),
+        bubble_seal_to_train_start_frac: med("bubble_seal_to_train_start_frac"),
+        bubble_commit_to_all_engines_decoding_ms: med("bubble_commit_to_all_engines_decoding_ms"),
+        bubble_commit_to_all_engines_decoding_frac: med("bubble_commit_to_all_engines_decoding_frac"),
+        bubble_commit_to_all_engines_requested_ms: med("bubble_commit_to_all_engines_requested_ms"),
+        commit_to_syncing_ms: med("commit_to_syncing_ms"),
+        syncing_to_load_asked_ms: med("syncing_to_load_asked_ms"),
+        engine_load_done_to_first_request_ms_median: med("engine_load_done_to_first_request_ms_median"),
+        engine_load_done_to_first_request_ms_max: med("engine_load_done_to_first_request_ms_max"),
+        bubble_requested_to_decoding_ms: med("bubble_requested_to_decoding_ms"),
+        bubble_beyond_model_ms: med("bubble_beyond_model_ms"),
+        bubble_beyond_model_frac: med("bubble_beyond_model_frac"),
+        bubble_beyond_model_frac_at_real_time: med("bubble_beyond_model_frac_at_real_time"),
+        bubble_beyond_load_to_decoding_ms: med("bubble_beyond_load_to_decoding_ms"),
+        bubble_beyond_load_to_decoding_frac_at_real_time: med("bubble_beyond_load_to_decoding_frac_at_real_time"),
+        weight_sync_engine_ms_max: med("weight_sync_engine_ms_max"),
+        weight_sync_commit_to_synced_ms: med("weight_sync_commit_to_synced_ms"),
+        rlq_cpu_cores: med("rlq_cpu_cores"),
+        rlq_cpu_ms_per_sample: med("rlq_cpu_ms_per_sample"),
+        rlq_cpu_ms_per_1k_rlq_tokens: med("rlq_cpu_ms_per_1k_rlq_tokens"),
+        rlq_cpu_ms_per_1k_real_tokens: med("rlq_cpu_ms_per_1k_real_tokens"),
+        ready_to_first_dispatch_ms: med("ready_to_first_dispatch_ms"),
+        first_dispatch_to_first_round_ms: med("first_dispatch_to_first_round_ms"),
+        last_reward_to_seal_ms: med("last_reward_to_seal_ms"),
+        farm_timer_lateness_ms_mean: med("farm_timer_lateness_ms_mean"),
+      };
+    }
   const sps = (m: string) => (byMode[m] as { samples_per_s: number } | undefined)?.samples_per_s;
   const pol = (m: string) => (byMode[m] as { policy_ideal_samples_per_s: number } | undefined)?.policy_ideal_samples_per_s;
   results[String(e)] = {

@@ -15,6 +15,8 @@
  *     generation, then a check every second whether anything came out since it began; 200 once
  *     something did, so never in under a second, and 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s)
  *     of nothing, as while a load holds the model update lock (the seconds are the engines', scaled);
+ *   POST /pause_generation {mode: "in_place"}, /continue_generation: the requests stay through a load
+ *     and go on at the new version; their answers then carry meta_info.weight_versions spans;
  *   GET /get_weight_version, /get_model_info, /get_server_info; POST /flush_cache.
  * GET /_stats (farm only): per-engine busy time, tokens, loads, first request and first decode per version, the
  *   slots held every 100 ms, when each abort arrived; GET /_totals: the sums now.
@@ -41,7 +43,7 @@ const EOS = 257;
 /** http_server.py health_generate: `await asyncio.sleep(1)` between its checks, and HEALTH_CHECK_TIMEOUT (env SGLANG_HEALTH_CHECK_TIMEOUT, default 20 s). */
 const HEALTH_POLL_MS = 1000;
 const HEALTH_TIMEOUT_MS = 20_000;
-const stats = { generateCalls: 0, requests: 0, aborts: 0, abortAlls: 0, loads: 0, healthChecks: 0, healthBusy: 0 };
+const stats = { generateCalls: 0, requests: 0, aborts: 0, abortAlls: 0, loads: 0, pauses: 0, healthChecks: 0, healthBusy: 0 };
 // The slots holding a request across all engines, sampled every 100 wall ms: the bench reads how
 // full the engines were around each weight sync.
 const occupancy: Array<[number, number]> = [];
@@ -69,7 +71,7 @@ function runOne(e: SimEngine, item: Item): Promise<unknown> {
       rid: item.rid,
       target: left * p.tokenScale,
       inputTokens: p.promptTokens + prev * p.tokenScale,
-      onDone(real, isAborted, version) {
+      onDone(real, isAborted, version, spans) {
         const k = isAborted ? Math.floor(real / p.tokenScale) : left;
         const out: Array<[number, number, null]> = [];
         for (let i = 0; i < k; i++) out.push([-0.7, 128 + (((prev + i) * 37 + key.length) % 128), null]);
@@ -85,6 +87,9 @@ function runOne(e: SimEngine, item: Item): Promise<unknown> {
             output_token_logprobs: out,
             finish_reason: { type: finish, ...(finish === "abort" ? { message: "Abort before finishing." } : {}) },
             weight_version: String(version),
+            // utils/weight_versions.py add_weight_versions_to_meta_info: where a request outlived an
+            // in-place load, the versions of its output's spans (in rlq's tokens here), oldest first.
+            ...(spans.length > 1 ? { weight_versions: versionSpans(spans, k) } : {}),
             prompt_tokens: item.ids.length,
             completion_tokens: out.length,
             cached_tokens: 0,
@@ -93,6 +98,21 @@ function runOne(e: SimEngine, item: Item): Promise<unknown> {
       },
     });
   });
+}
+
+/** Real-token spans as rlq-token spans over an output of k tokens: [{weight_version, start, end}]. */
+function versionSpans(spans: Array<[number, number, number]>, k: number): Array<{ weight_version: string; start: number; end: number }> {
+  const out: Array<{ weight_version: string; start: number; end: number }> = [];
+  for (const [v, a, b] of spans) {
+    const start = Math.min(k, Math.floor(a / p.tokenScale));
+    const end = Math.min(k, Math.floor(b / p.tokenScale));
+    const last = out[out.length - 1];
+    if (last) last.end = start;
+    if (end > start || out.length === 0) out.push({ weight_version: String(v), start, end });
+  }
+  const last = out[out.length - 1];
+  if (last) last.end = k;
+  return out.filter((x) => x.end > x.start || out.length === 1);
 }
 
 async function generate(e: SimEngine, b: Record<string, unknown>, res: ServerResponse): Promise<void> {
@@ -123,13 +143,15 @@ const server = createServer((req, res) => {
         let busyMs = 0;
         let tokens = 0;
         let slotMs = 0;
+        let idleMs = 0;
         for (const e of engines) {
           e.sync();
+          idleMs += e.idleMs;
           busyMs += e.busyMs;
           tokens += e.tokens;
           slotMs += e.slotMs;
         }
-        return sendJson(res, 200, { wallNowMs: Date.now(), busyMs, tokens, slotMs, timerLateness: clock.lateness });
+        return sendJson(res, 200, { wallNowMs: Date.now(), busyMs, tokens, slotMs, idleMs, timerLateness: clock.lateness });
       }
       if (url === "/_stats") {
         return sendJson(res, 200, {
@@ -188,6 +210,22 @@ async function serveEngine(e: SimEngine, path: string, req: IncomingMessage, res
     stats.aborts++;
     abortsWallMs.push(Date.now());
     e.abort(String(b.rid));
+    return sendJson(res, 200, {});
+  }
+  // pause_generation {mode} (io_struct.py PauseGenerationReqInput; scheduler.py pause_generation):
+  // in_place keeps the running and waiting requests with their caches, making no tokens, and a load
+  // from disk then starts at once (tokenizer_manager.py update_weights_from_disk: "Immediately update
+  // the weights if the engine is in paused state", no model update lock). Only in_place is modelled.
+  if (req.method === "POST" && path === "/pause_generation") {
+    const b = await readJson(req);
+    if (b.mode !== "in_place")
+      return sendJson(res, 400, { error: { message: `the engine farm models pause_generation mode in_place only, not ${String(b.mode)}` } });
+    stats.pauses++;
+    e.pauseInPlace();
+    return sendJson(res, 200, {});
+  }
+  if (req.method === "POST" && path === "/continue_generation") {
+    e.resume();
     return sendJson(res, 200, {});
   }
   if (req.method === "POST" && path === "/update_weights_from_disk") {

@@ -193,11 +193,17 @@ export interface SimRequest {
   /** Real tokens to generate before this request ends (its budget or its sample's end, whichever first). */
   target: number;
   inputTokens: number;
-  onDone(producedRealTokens: number, isAborted: boolean, version: number): void;
+  /**
+   * `spans`: the versions its tokens were made at, [version, startRealToken, endRealToken), oldest
+   * first; more than one only for a request that outlived an in-place load.
+   */
+  onDone(producedRealTokens: number, isAborted: boolean, version: number, spans: Array<[number, number, number]>): void;
 }
 
 interface Live extends SimRequest {
   produced: number;
+  /** Where each version began (real tokens produced then): [version, from]. */
+  versionsFrom: Array<[number, number]>;
   decodeFrom: number;
   /** Held behind a load when its client went away: it ends when the load releases it. */
   isGone?: boolean;
@@ -214,6 +220,12 @@ export class SimEngine {
   private waiting: Live[] = [];
   private held: Live[] = [];
   private loading: { version: number; done: () => void } | null = null;
+  /**
+   * pause_generation {mode: "in_place"} (scheduler.py pause_generation): the running and waiting
+   * requests stay, keep their caches and make no tokens; new ones wait; a load from disk starts at
+   * once (tokenizer_manager.py update_weights_from_disk skips the model update lock while paused).
+   */
+  private isPaused = false;
   /** Sim time the model update lock was asked for (the current load, or the first of a chain); null when none is. */
   private lockedSince: number | null = null;
   /** Sim time a request last ended (its output reached the tokenizer manager). */
@@ -225,6 +237,8 @@ export class SimEngine {
   busyMs = 0;
   tokens = 0;
   loadMs = 0;
+  /** Sim ms with no request decoding (empty, prefilling only, paused or loading): the engine's idle time. */
+  idleMs = 0;
   /** Sum over time of the requests holding a slot (prefilling or decoding), sim ms: occupancy = slotMs / (maxRunning · time). */
   slotMs = 0;
   /** Sim time at which a request first decoded on each version. */
@@ -262,8 +276,8 @@ export class SimEngine {
 
   submit(r: SimRequest): void {
     this.advance();
-    const l: Live = { ...r, produced: 0, decodeFrom: Infinity };
-    if (this.loading) this.held.push(l);
+    const l: Live = { ...r, produced: 0, decodeFrom: Infinity, versionsFrom: [] };
+    if (this.loading && !this.isPaused) this.held.push(l);
     else {
       this.waiting.push(l);
       this.noteRequest();
@@ -361,7 +375,25 @@ export class SimEngine {
 
   private end(r: Live, produced: number, isAborted: boolean): void {
     this.lastOutputAt = this.clock.now();
-    r.onDone(produced, isAborted, this.version);
+    const from = r.versionsFrom.length > 0 ? r.versionsFrom : [[this.version, 0] as [number, number]];
+    const spans = from
+      .map(([v, a], i): [number, number, number] => [v, Math.min(a, produced), Math.min(from[i + 1]?.[1] ?? produced, produced)])
+      .filter(([, a, b], i) => b > a || i === from.length - 1);
+    r.onDone(produced, isAborted, this.version, spans);
+  }
+
+  /** pause_generation in_place: every request stays where it is; nothing decodes until `resume`. */
+  pauseInPlace(): void {
+    this.advance();
+    this.isPaused = true;
+    this.settle();
+  }
+
+  /** continue_generation: the kept requests go on, at whatever version is loaded now. */
+  resume(): void {
+    this.advance();
+    this.isPaused = false;
+    this.settle();
   }
 
   /** Bring the accounting up to now (no state change). */
@@ -376,7 +408,8 @@ export class SimEngine {
       if (this.running.size > 0 || (this.loading && this.isLoadTimed)) this.busyMs += dt;
       if (this.loading && this.isLoadTimed) this.loadMs += dt;
       this.slotMs += this.running.size * dt;
-      const decoding = [...this.running.values()].filter((r) => r.decodeFrom <= this.last);
+      const decoding = this.isPaused ? [] : [...this.running.values()].filter((r) => r.decodeFrom <= this.last);
+      if (decoding.length === 0) this.idleMs += dt;
       if (decoding.length > 0) {
         const gain = dt / iterationMs(this.p, decoding.length);
         for (const r of decoding) r.produced += gain;
@@ -408,13 +441,15 @@ export class SimEngine {
         this.end(r, r.target, false);
       }
     }
-    if (this.loading && this.running.size === 0 && this.waiting.length === 0 && !this.isLoadTimed) {
+    if (this.loading && (this.isPaused || (this.running.size === 0 && this.waiting.length === 0)) && !this.isLoadTimed) {
       this.isLoadTimed = true;
       const l = this.loading;
       this.timer?.cancel();
       this.timer = this.clock.at(now + this.p.weightLoadMs, () => {
         this.advance();
         this.version = l.version;
+        // Requests kept through the load (in place) go on at the new version from here.
+        for (const r of [...this.running.values(), ...this.waiting]) if (r.versionsFrom.length > 0) r.versionsFrom.push([l.version, r.produced]);
         this.loading = null;
         this.isLoadTimed = false;
         this.lockedSince = null;
@@ -430,8 +465,14 @@ export class SimEngine {
       return;
     }
     if (this.loading && this.isLoadTimed) return; // the load's timer is the next event
+    if (this.isPaused) {
+      this.timer?.cancel();
+      this.timer = null;
+      return;
+    }
     while (this.running.size < this.p.maxRunning && this.waiting.length > 0) {
       const r = this.waiting.shift() as Live;
+      r.versionsFrom = [[this.version, 0]];
       r.decodeFrom = now + this.p.prefill0Ms + this.p.prefillPerTokenMs * r.inputTokens;
       this.running.set(r.rid, r);
     }

@@ -7,6 +7,7 @@
  * (long tails, group granularity, sync pauses); what rlq loses against it is rlq's.
  */
 import { responseLength, SimEngine, type SimClock, type SimParams } from "./model.ts";
+import { mayServeAtVersion } from "../../src/core/staggered-load.ts";
 
 /** A virtual clock: timers run in time order in `run()`. */
 export function virtualClock(): SimClock & { run(until?: number): void } {
@@ -89,6 +90,24 @@ export interface PolicyMode {
    * ends; the pool frees their slots only then (pool.ts runOn).
    */
   isBatchCoupled?: boolean;
+  /**
+   * What a weight sync does to the requests in flight (weight_update_mode): `abort` (the default)
+   * aborts them all and loads every engine at once; `in_place` pauses each engine keeping its
+   * requests, loads, and continues them at the new version (their tokens split at the load).
+   */
+  syncMode?: "abort" | "in_place";
+  /**
+   * in_place only: at most this many engines load at once (weight_load_max_engines); the rest keep
+   * decoding their requests at the old version and take no new ones, and the groups the new version
+   * admits go to the engines already loaded (the per-token staleness bound stays exact: a token is
+   * never sampled at a version older than its group's admission). Unset: all at once.
+   */
+  maxLoadingEngines?: number;
+  /**
+   * Group completion that does not wait on its slowest sample: each group draws this many samples
+   * beyond n, and completes with its first n finished; the rest are aborted and dropped. 0: none.
+   */
+  extraSamplesPerGroup?: number;
 }
 
 /** The bench's modes (bench/cluster-sim.ts) as the policies they run. */
@@ -99,6 +118,28 @@ export const benchModePolicies = {
   async_k2: { isAsync: true, k: 2, isPartial: false, overSampling: 1 },
   async_k4: { isAsync: true, k: 4, isPartial: false, overSampling: 1 },
 } as const satisfies Record<string, PolicyMode>;
+
+/**
+ * The weight-sync and group-completion arms the bench compares on an async mode (bench/cluster-sim.ts
+ * --sync-arms), as the policies they run; staggered arms load an eighth of the engines at a time.
+ */
+export const syncArmNames = ["abort", "in_place", "early", "staggered_early"] as const;
+export type SyncArm = (typeof syncArmNames)[number];
+export const EARLY_EXTRA_SAMPLES = 2;
+export const staggerWidth = (engines: number) => Math.max(1, Math.round(engines / 8));
+export function syncArmPolicy(arm: SyncArm, engines: number): Partial<PolicyMode> {
+  switch (arm) {
+    case "abort":
+      return {};
+    case "in_place":
+      return { syncMode: "in_place" };
+    case "early":
+      return { extraSamplesPerGroup: EARLY_EXTRA_SAMPLES };
+    case "staggered_early":
+      return { syncMode: "in_place", maxLoadingEngines: staggerWidth(engines), extraSamplesPerGroup: EARLY_EXTRA_SAMPLES };
+  }
+}
+
 export type BenchMode = keyof typeof benchModePolicies;
 
 interface Sample {
@@ -129,12 +170,14 @@ export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMo
   const tokensAt: Array<[number, number]> = [];
   const slotsAt: Array<[number, number]> = [];
 
+  const extra = mode.extraSamplesPerGroup ?? 0;
+  const isInPlace = mode.syncMode === "in_place";
   const newGroup = (): Group => {
     const id = nextGroup++;
     return {
       id,
       isComplete: false,
-      samples: Array.from({ length: n }, (_, i) => ({
+      samples: Array.from({ length: n + extra }, (_, i) => ({
         key: `sim-${id}-${i}`,
         total: Math.ceil(responseLength(`sim-${id}-${i}`, p) / p.tokenScale),
         done: 0,
@@ -147,8 +190,24 @@ export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMo
     };
   };
   const live = new Set<Group>();
+  const isGroupDone = (g: Group) => g.samples.filter((x) => x.isDone).length >= n;
+  /** Engines a new request may go to: during a staggered sync, only those on the newest version. */
+  const isStaggered = isInPlace && mode.maxLoadingEngines !== undefined;
+  /**
+   * Engines a new request may go to. During a staggered sync only those on the newest version, and
+   * only while they have a free slot (rlq's pool cap), so the first engines loaded are not buried.
+   */
+  const routable = () =>
+    isSyncing && isStaggered ? engines.filter((e) => mayServeAtVersion(e.version, version, mode.k) && !e.isLoading && e.live < p.maxRunning) : engines;
+  const flushWaiting = () => {
+    const w = waitingForLoad;
+    waitingForLoad = [];
+    for (const x of w) if (live.has(x.g) && !x.s.isDone && x.s.rid === null) dispatchSample(x.g, x.s);
+  };
   let onGroupDone: (g: Group) => void = () => undefined;
 
+  /** Requests that found no engine on the newest version yet (a staggered sync's first load). */
+  let waitingForLoad: Array<{ g: Group; s: Sample }> = [];
   const outstanding = new Map<SimEngine, number>(engines.map((e) => [e, 0]));
   const poolQueue: Array<{ g: Group; s: Sample }> = [];
   const openBatch = new Map<SimEngine, { at: number; left: number; size: number }>();
@@ -156,7 +215,7 @@ export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMo
     const cap = mode.poolCap as number;
     while (poolQueue.length > 0) {
       let best: SimEngine | null = null;
-      for (const e of engines)
+      for (const e of routable())
         if ((outstanding.get(e) as number) < cap && (best === null || (outstanding.get(e) as number) < (outstanding.get(best) as number))) best = e;
       if (!best) return;
       const { g, s } = poolQueue.shift() as { g: Group; s: Sample };
@@ -166,7 +225,12 @@ export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMo
   };
   const dispatchSample = (g: Group, s: Sample) => {
     if (mode.poolCap === undefined) {
-      sendTo(mode.hasAffinity && s.home ? s.home : engines.reduce((best, x) => (x.live < best.live ? x : best)), g, s);
+      const to = routable();
+      if (to.length === 0) {
+        waitingForLoad.push({ g, s });
+        return;
+      }
+      sendTo(mode.hasAffinity && s.home && to.includes(s.home) ? s.home : to.reduce((best, x) => (x.live < best.live ? x : best)), g, s);
       return;
     }
     poolQueue.push({ g, s });
@@ -211,38 +275,77 @@ export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMo
         s.rid = null;
         s.engine = null;
         release();
+        if (waitingForLoad.length > 0) clock.at(clock.now(), flushWaiting);
         if (isAborted) {
           s.done += Math.floor(real / p.tokenScale);
           return;
         }
         s.done += left;
         s.isDone = true;
-        if (g.samples.every((x) => x.isDone)) clock.at(clock.now() + p.rewardMs, () => onGroupDone(g));
+        if (isGroupDone(g)) {
+          // Early completion: the samples still running are aborted and dropped.
+          if (extra > 0) for (const x of g.samples) if (!x.isDone && x.rid && x.engine) x.engine.abort(x.rid);
+          clock.at(clock.now() + p.rewardMs, () => onGroupDone(g));
+        }
       },
     });
   };
   const dispatch = (g: Group) => {
     live.add(g);
-    for (const s of g.samples) if (!s.isDone && s.rid === null) dispatchSample(g, s);
+    if (!isGroupDone(g)) for (const s of g.samples) if (!s.isDone && s.rid === null) dispatchSample(g, s);
     // A group whose every member finished before it was drained back only waits for its reward.
-    if (g.samples.every((x) => x.isDone)) clock.at(clock.now() + p.rewardMs, () => onGroupDone(g));
+    if (isGroupDone(g)) clock.at(clock.now() + p.rewardMs, () => onGroupDone(g));
   };
   const abortAll = (filter: (g: Group) => boolean) => {
     for (const g of live) if (filter(g)) for (const s of g.samples) if (s.rid && s.engine) s.engine.abort(s.rid);
   };
+  /** Real tokens each trained step trained (the kept samples' responses), in training order: commits[i]'s step. */
+  const trainedTokens: number[] = [];
+  const tokensOf = (groups: Group[]) =>
+    groups.reduce(
+      (a, g) =>
+        a +
+        g.samples
+          .filter((s) => s.isDone)
+          .slice(0, n)
+          .reduce((b, s) => b + s.done * p.tokenScale, 0),
+      0,
+    );
   const trainMs = (groups: Group[]) =>
-    p.train0Ms + (1000 * groups.reduce((a, g) => a + g.samples.reduce((b, s) => b + s.done * p.tokenScale, 0), 0)) / p.trainTokensPerS;
-  const syncWeights = (then: () => void) => {
+    p.train0Ms +
+    (1000 *
+      groups.reduce(
+        (a, g) =>
+          a +
+          g.samples
+            .filter((s) => s.isDone)
+            .slice(0, n)
+            .reduce((b, s) => b + s.done * p.tokenScale, 0),
+        0,
+      )) /
+      p.trainTokensPerS;
+  const syncWeights = (then: () => void, onEngineLoaded: () => void = () => undefined) => {
     isSyncing = true;
     version++;
     let left = engines.length;
-    for (const e of engines) {
+    const queue = [...engines];
+    const loadNext = () => {
+      const e = queue.shift();
+      if (!e) return;
+      if (isInPlace) e.pauseInPlace();
       void e.load(version, () => {
-        if (--left > 0) return;
-        isSyncing = false;
-        then();
+        if (isInPlace) e.resume();
+        onEngineLoaded();
+        if (--left === 0) {
+          isSyncing = false;
+          then();
+          return;
+        }
+        loadNext();
       });
-    }
+    };
+    const atOnce = isInPlace ? Math.min(engines.length, mode.maxLoadingEngines ?? engines.length) : engines.length;
+    for (let i = 0; i < atOnce; i++) loadNext();
   };
   let trainerBusyMs = 0;
 
@@ -268,6 +371,7 @@ export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMo
         buffer = mode.isPartial ? [...buffer, ...rest] : buffer;
         const t = trainMs(kept);
         trainerBusyMs += t;
+        trainedTokens.push(tokensOf(kept));
         clock.at(clock.now() + t, () => {
           commits.push(clock.now());
           syncWeights(() => step(s + 1));
@@ -284,22 +388,50 @@ export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMo
     const sealed: Group[][] = [];
     let isTraining = false;
     const admit = () => {
-      if (isSyncing) return;
+      if (isSyncing && !isStaggered) return;
       while (accepted + running < (mode.k + version + 1) * rbs && drawnGroups < steps * rbs) {
         drawnGroups++;
         running++;
         dispatch(newGroup());
       }
     };
+    // A commit that came while a staggered sync was still loading: its sync starts when that one ends.
+    let deferredSync: (() => void) | null = null;
     const train = () => {
-      if (isTraining || isSyncing || sealed.length === 0) return;
+      // rlq's controller trains the next sealed step while a sync runs (async-pipeline.ts trainAsync);
+      // the abort-mode model keeps the trainer waiting for the sync, as the policy ideal always has.
+      if (isTraining || (isSyncing && !isStaggered) || sealed.length === 0) return;
       const groups = sealed.shift() as Group[];
       isTraining = true;
       const t = trainMs(groups);
       trainerBusyMs += t;
+      trainedTokens.push(tokensOf(groups));
       clock.at(clock.now() + t, () => {
         isTraining = false;
         commits.push(clock.now());
+        if (isInPlace) {
+          // In place: nothing is aborted; each engine's requests wait for its own load. Staggered, the
+          // new version admits its groups as soon as one engine has loaded it.
+          const sync = () =>
+            syncWeights(
+              () => {
+                flushWaiting();
+                admit();
+                const next = deferredSync;
+                deferredSync = null;
+                next?.();
+                train();
+              },
+              () => {
+                flushWaiting();
+                if (isStaggered) admit();
+              },
+            );
+          if (isSyncing) deferredSync = sync;
+          else sync();
+          train();
+          return;
+        }
         // Sync: abort the in-flight requests (they resume after the load), load every engine.
         const pending = [...live];
         abortAll(() => true);
@@ -346,6 +478,8 @@ export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMo
   return {
     stepMs: (t1 - t0) / last,
     samplesPerS: (1000 * rbs * n * last) / (t1 - t0),
+    /** Trained real tokens per sim s over the window (steps 1..last): early completion trains shorter samples, so samples/s alone flatters it. */
+    trainedTokensPerS: (1000 * trainedTokens.slice(1, last + 1).reduce((a, b) => a + b, 0)) / (t1 - t0),
     engineSlotOccupancy: (nearest(slotsAt, t1) - nearest(slotsAt, t0)) / (engineCount * p.maxRunning * (t1 - t0)),
     engineDecodeUtilization: (tokAt(t1) - tokAt(t0)) / (((engineCount * (1000 * p.maxRunning)) / (p.itl0Ms + p.itlPerReqMs * p.maxRunning) / 1000) * (t1 - t0)),
     commits,

@@ -47,13 +47,34 @@ describe("weight_sync with a vLLM engine", () => {
 describe("weight_update_mode in_place", () => {
   const sglang = { ...vllm, train_async: true, engine: { kind: "sglang", urls: ["http://127.0.0.1:30000"] } };
 
-  it("is refused for each engine kind, naming what the engine lacks and what to write instead", () => {
-    expect(refusal({ ...sglang, weight_update_mode: "in_place" })).toMatch(
-      /weight_update_mode in_place with engine.kind sglang: SGLang's update_weights_from_disk .*writer_lock.*never start; use weight_update_mode abort or drain/,
-    );
+  it("is accepted for SGLang loading from disk: pause_generation in_place, then the load skips the model update lock", () => {
+    expect(parseRunConfig({ ...sglang, weight_update_mode: "in_place" }, "run.yaml", "user").weight_update_mode).toBe("in_place");
+  });
+
+  it("is refused for the other engines and syncs, naming what the engine lacks and what to write instead", () => {
     expect(refusal({ ...sglang, weight_update_mode: "in_place", weight_sync: "trainer_push" })).toMatch(/trainer push does not pause SGLang in place/);
     expect(refusal({ ...vllm, train_async: true, weight_update_mode: "in_place" })).toMatch(
       /engine.kind openai: .*POST \/pause\?mode=wait.*POST \/pause\?mode=keep.*use weight_update_mode abort or drain/,
     );
+  });
+});
+
+describe("weight_load_max_engines and group_extra_samples", () => {
+  const sglang = { ...vllm, train_async: true, engine: { kind: "sglang", urls: ["http://127.0.0.1:30000"] } };
+
+  it("staggered loads are accepted in place and refused otherwise, saying what to write", () => {
+    expect(parseRunConfig({ ...sglang, weight_update_mode: "in_place", weight_load_max_engines: 2 }, "run.yaml", "user").weight_load_max_engines).toBe(2);
+    expect(refusal({ ...sglang, weight_load_max_engines: 2 })).toMatch(
+      /weight_load_max_engines 2 with weight_update_mode abort: .*set weight_update_mode: in_place or weight_load_max_engines: null/,
+    );
+    expect(refusal({ ...sglang, weight_update_mode: "in_place", weight_load_max_engines: 0 })).toMatch(/weight_load_max_engines/);
+  });
+
+  it("extra samples per group are accepted, and refused with a custom generate function", () => {
+    expect(parseRunConfig({ ...sglang, group_extra_samples: 2 }, "run.yaml", "user").group_extra_samples).toBe(2);
+    expect(refusal({ ...sglang, group_extra_samples: 2, custom_generate_function_path: "plugins/gen.ts:generate" })).toMatch(
+      /group_extra_samples 2 with custom_generate_function_path: .*set group_extra_samples: 0/,
+    );
+    expect(refusal({ ...sglang, group_extra_samples: -1 })).toMatch(/group_extra_samples/);
   });
 });

@@ -91,6 +91,13 @@ export const runConfigSchema = z
     rollout_seed: z.number().int().nonnegative().default(42),
     // partial rollouts and filters
     partial_rollout: z.boolean().default(false),
+    /**
+     * rlq: early group completion (core/early-completion.ts). A group's first round draws
+     * n_samples_per_prompt + this many samples and completes with the first n_samples_per_prompt that
+     * finish; the others are aborted and dropped, so a group does not wait on its slowest sample.
+     * It favours shorter responses (the dropped ones are the slowest); 0 (default): off.
+     */
+    group_extra_samples: z.number().int().nonnegative().default(0),
     mask_offpolicy_in_partial_rollout: z.boolean().default(false),
     dynamic_sampling_filter_path: pathOrNull,
     buffer_filter_path: pathOrNull,
@@ -211,6 +218,13 @@ export const runConfigSchema = z
      * core/weight-sync.ts `SyncStrategy`).
      */
     weight_update_mode: z.enum(["abort", "drain", "in_place"]).default("abort"),
+    /**
+     * rlq: weight_update_mode in_place only. At most this many engines pause and load at once while
+     * the others keep decoding their requests at the old version (core/staggered-load.ts); engines
+     * still on the old version take no new request, so the per-token staleness bound stays exact.
+     * null (default): every engine at once.
+     */
+    weight_load_max_engines: z.number().int().positive().nullable().default(null),
     // rlq: a learned reward model scored in-process (docs/rewards.md "onnx_rm")
     /** rm_type onnx_rm: the model directory (model.onnx, tokenizer.json, reward_model.json) that scripts/export-reward-model.py writes. */
     rm_model_path: pathOrNull,
@@ -238,6 +252,7 @@ export const runConfigSchema = z
       });
     }
     refineInPlace(c, ctx);
+    refineEarlyAndStaggered(c, ctx);
     if (c.weight_sync === "none" && c.train_async) {
       ctx.addIssue({
         code: "custom",
@@ -441,21 +456,42 @@ export function effectiveMaxStaleness(c: Pick<RunConfig, "max_staleness" | "trai
   return c.max_staleness ?? (c.train_async ? 1 : null);
 }
 
+/** group_extra_samples and weight_load_max_engines: the settings each works with, named when missing. */
+function refineEarlyAndStaggered(
+  c: { group_extra_samples: number; custom_generate_function_path: string | null; weight_load_max_engines: number | null; weight_update_mode: string },
+  ctx: z.RefinementCtx,
+): void {
+  if (c.group_extra_samples > 0 && c.custom_generate_function_path !== null) {
+    ctx.addIssue({
+      code: "custom",
+      path: ["group_extra_samples"],
+      message: `group_extra_samples ${c.group_extra_samples} with custom_generate_function_path: a custom generate function's turns cannot be dropped part-way; set group_extra_samples: 0`,
+    });
+  }
+  if (c.weight_load_max_engines !== null && c.weight_update_mode !== "in_place") {
+    ctx.addIssue({
+      code: "custom",
+      path: ["weight_load_max_engines"],
+      message: `weight_load_max_engines ${c.weight_load_max_engines} with weight_update_mode ${c.weight_update_mode}: only engines paused in place keep decoding while others load; set weight_update_mode: in_place or weight_load_max_engines: null`,
+    });
+  }
+}
+
 /**
  * weight_update_mode in_place needs an engine adapter that pauses keeping its requests, loads, and
- * splits each request's tokens at the load (engines/pool-types.ts `InPlacePause`); none of rlq's
- * adapters can yet, so the run is refused before it starts, saying what each engine lacks. The
- * pool refuses such a load by name too (engines/pool-versions.ts).
+ * splits each request's tokens at the load (engines/pool-types.ts `InPlacePause`). SGLang loading
+ * from disk has one: pause_generation in_place, then update_weights_from_disk, which skips the model
+ * update lock while the engine is paused (tokenizer_manager.py update_weights_from_disk,
+ * "Immediately update the weights if the engine is in paused state"), then continue_generation.
+ * Every other engine and sync is refused before the run starts, saying what it lacks; the pool
+ * refuses such a load by name too (engines/pool-versions.ts).
  */
 function refineInPlace(c: { weight_update_mode: string; weight_sync: string; engine: { kind: string } }, ctx: z.RefinementCtx): void {
   if (c.weight_update_mode !== "in_place") return;
+  if (c.engine.kind === "sglang" && c.weight_sync === "disk") return;
   const why: Record<string, string> = {
     sglang:
-      c.weight_sync === "trainer_push"
-        ? "rlq's trainer push does not pause SGLang in place (POST /pause_generation {mode: in_place}) around its update_weights_from_tensor or update_weights_from_distributed"
-        : "SGLang's update_weights_from_disk takes the model update lock's writer side, which waits for every request to end " +
-          "(tokenizer_manager.py update_weights_from_disk, model_update_lock.writer_lock), while each request holds the reader side until it ends " +
-          "(generate_request): a request paused in place (POST /pause_generation {mode: in_place}) never ends, so a load from disk would never start",
+      "rlq's trainer push does not pause SGLang in place (POST /pause_generation {mode: in_place}) around its update_weights_from_tensor or update_weights_from_distributed",
     openai:
       "rlq's vLLM adapter loads with POST /pause?mode=wait (engines/openai-compat.ts), not vLLM's POST /pause?mode=keep, and vLLM's answers carry no " +
       "per-token weight versions to split a request's tokens at the load",

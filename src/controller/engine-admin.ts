@@ -73,7 +73,12 @@ export function createEngineAdmin(config: RunConfig, hooks: EngineAdminHooks = {
   const get = () => {
     state ??= createEnginesFromConfig(e, config).then((pool) => ({
       pool,
-      sync: createWeightSync(pool, { mode: config.weight_sync, updateMode: config.weight_update_mode, pushTimeoutMs: config.weight_sync_timeout_s * 1000 }),
+      sync: createWeightSync(pool, {
+        mode: config.weight_sync,
+        updateMode: config.weight_update_mode,
+        maxLoadingEngines: config.weight_load_max_engines,
+        pushTimeoutMs: config.weight_sync_timeout_s * 1000,
+      }),
     }));
     return state;
   };

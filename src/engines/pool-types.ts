@@ -62,9 +62,15 @@ export interface LoaderPool {
   /**
    * Load a checkpoint into every live engine; `onEngineLoaded` hears of each engine as its load
    * ends. `keepRequests` (weight_update_mode in_place): each engine is paused around its load
-   * keeping its requests (`InPlacePause`), which then go on at the new version.
+   * keeping its requests (`InPlacePause`), which then go on at the new version. `maxLoadingEngines`
+   * (with keepRequests): at most that many engines load at once, the others decoding meanwhile.
    */
-  loadWeights(version: number, checkpointUri: string, onEngineLoaded?: (engineId: string) => void, options?: { keepRequests?: boolean }): Promise<void>;
+  loadWeights(
+    version: number,
+    checkpointUri: string,
+    onEngineLoaded?: (engineId: string) => void,
+    options?: { keepRequests?: boolean; maxLoadingEngines?: number | null },
+  ): Promise<void>;
   /** Route only to engines on `version` from now on (trainer_push: after the trainer reports it). */
   setCurrentVersion(version: number): void;
   /** Resolves when every live engine reports `version`; engines that die meanwhile are left out. */

@@ -8,6 +8,7 @@ import type { PoolState } from "./pool-state.ts";
 import { canPauseInPlace, type InPlacePause, type Member } from "./pool-types.ts";
 import type { RemoteEngine } from "./remote.ts";
 import { isLive } from "../core/weight-sync.ts";
+import { nextEnginesToLoad } from "../core/staggered-load.ts";
 import { RlqError, errorMessage } from "../lib/errors.ts";
 
 /** Route only to `version` from now on: healthy engines on another are stale; health checks no longer move it. */
@@ -25,7 +26,7 @@ export async function loadWeights(
   version: number,
   uri: string,
   onEngineLoaded?: (engineId: string) => void,
-  options: { keepRequests?: boolean } = {},
+  options: { keepRequests?: boolean; maxLoadingEngines?: number | null } = {},
 ): Promise<void> {
   const live = pool.members.filter((m) => isLive(m.mode) && m.engine.canLoadWeights);
   const isInPlace = options.keepRequests === true;
@@ -38,20 +39,21 @@ export async function loadWeights(
     );
   }
   pool.recordLoad(version, uri);
-  const results = await Promise.allSettled(
-    live.map(async (m) => {
-      pool.setEngineMode(m, { kind: "loadStarted" });
-      try {
-        await (isInPlace && canPauseInPlace(m.engine) ? loadInPlace(m.engine, version, uri) : m.engine.loadWeights(version, uri));
-      } catch (e) {
-        pool.setEngineMode(m, { kind: "loadFailed" });
-        throw e;
-      }
-      m.version = version;
-      pool.setEngineMode(m, { kind: "loadEnded" });
-      onEngineLoaded?.(m.engine.id);
-    }),
-  );
+  const loadOne = async (m: Member): Promise<void> => {
+    pool.setEngineMode(m, { kind: "loadStarted" });
+    try {
+      await (isInPlace && canPauseInPlace(m.engine) ? loadInPlace(m.engine, version, uri) : m.engine.loadWeights(version, uri));
+    } catch (e) {
+      pool.setEngineMode(m, { kind: "loadFailed" });
+      throw e;
+    }
+    m.version = version;
+    pool.setEngineMode(m, { kind: "loadEnded" });
+    onEngineLoaded?.(m.engine.id);
+  };
+  // Staggered (in place only): a few engines pause and load at a time while the rest decode.
+  const maxLoading = isInPlace ? (options.maxLoadingEngines ?? null) : null;
+  const results = maxLoading === null ? await Promise.allSettled(live.map(loadOne)) : await loadStaggered(live, loadOne, maxLoading);
   const failures = results.flatMap((r, i) => (r.status === "rejected" ? [{ m: live[i] as Member, e: r.reason as unknown }] : []));
   for (const { m, e } of failures) pool.markDead(m, `loading version ${version} failed: ${errorMessage(e)}`);
   setCurrentVersion(pool, version);
@@ -62,6 +64,35 @@ export async function loadWeights(
       isRetriable: !(first instanceof RlqError) || first.isRetriable,
     });
   }
+}
+
+/** Load `live` with at most `maxLoading` at once (core/staggered-load.ts), in the pool's order; results in that order. */
+async function loadStaggered(live: readonly Member[], loadOne: (m: Member) => Promise<void>, maxLoading: number): Promise<PromiseSettledResult<void>[]> {
+  const ids = live.map((m) => m.engine.id);
+  const byId = new Map(live.map((m) => [m.engine.id, m]));
+  const loading = new Set<string>();
+  const done = new Set<string>();
+  const results = new Map<string, PromiseSettledResult<void>>();
+  await new Promise<void>((resolve) => {
+    const startDue = () => {
+      if (done.size === ids.length) return resolve();
+      for (const id of nextEnginesToLoad(ids, loading, done, maxLoading)) {
+        loading.add(id);
+        loadOne(byId.get(id) as Member)
+          .then(
+            () => results.set(id, { status: "fulfilled", value: undefined }),
+            (reason: unknown) => results.set(id, { status: "rejected", reason }),
+          )
+          .finally(() => {
+            loading.delete(id);
+            done.add(id);
+            startDue();
+          });
+      }
+    };
+    startDue();
+  });
+  return ids.map((id) => results.get(id) as PromiseSettledResult<void>);
 }
 
 /** Pause keeping the requests, load, continue: the requests go on at `version` (their tokens' versions split there). */

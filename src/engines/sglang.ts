@@ -333,6 +333,24 @@ class SglangServer implements RemoteEngine {
     return this.lastVersion;
   }
 
+  /**
+   * weight_update_mode in_place (engines/pool-types.ts `InPlacePause`): POST /pause_generation
+   * {mode: "in_place"} keeps every running and waiting request with its KV cache and stops
+   * scheduling (io_struct.py PauseGenerationReqInput, scheduler.py pause_generation); a load from disk
+   * sent while paused skips the model update lock the requests hold and starts at once
+   * (tokenizer_manager.py update_weights_from_disk: "Immediately update the weights if the engine is
+   * in paused state"). The kept requests' answers then carry meta_info.weight_versions spans
+   * (utils/weight_versions.py), and rlq cuts each at its version boundary (sglang-answer.ts).
+   */
+  async pauseInPlace(): Promise<void> {
+    await this.admin("/pause_generation", { mode: "in_place" }, this.adminMs, "control");
+  }
+
+  /** POST /continue_generation: the requests kept by `pauseInPlace` go on at the weights loaded meanwhile. */
+  async resumeInPlace(): Promise<void> {
+    await this.admin("/continue_generation", {}, this.adminMs, "control");
+  }
+
   async loadWeights(version: number, uri: string): Promise<void> {
     const modelPath = uri.startsWith("file://") ? decodeURIComponent(new URL(uri).pathname) : uri;
     let res: { success?: boolean; message?: string };

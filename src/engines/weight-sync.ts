@@ -53,6 +53,8 @@ export interface WeightSyncOptions {
   mode: WeightSyncMode;
   /** weight_update_mode: `in_place` loads each engine paused keeping its requests (core/weight-sync.ts `SyncStrategy`). Default abort. */
   updateMode?: SyncStrategy;
+  /** weight_load_max_engines: with `in_place`, at most this many engines load at once (core/staggered-load.ts); null or unset: all. */
+  maxLoadingEngines?: number | null;
   pushTimeoutMs?: number;
   now?: () => number;
 }
@@ -76,7 +78,10 @@ export function createWeightSync(pool: LoaderPool, options: WeightSyncOptions): 
       if (options.mode === "none") return report(version, t0);
       if (options.mode === "disk") {
         if (checkpointUri === null) throw new RlqError("version_unavailable", `weight sync (disk): version ${version} has no checkpoint URI`);
-        await pool.loadWeights(version, checkpointUri, onEngineLoaded, { keepRequests: loadKeepsRequests(options.updateMode ?? "abort") });
+        await pool.loadWeights(version, checkpointUri, onEngineLoaded, {
+          keepRequests: loadKeepsRequests(options.updateMode ?? "abort"),
+          maxLoadingEngines: options.maxLoadingEngines ?? null,
+        });
       } else {
         try {
           await pool.awaitVersion(version, options.pushTimeoutMs ?? 600_000);

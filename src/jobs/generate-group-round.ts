@@ -11,6 +11,7 @@ import { isRequestError } from "../engines/remote.ts";
 import { generateCustomRound } from "../rollout/custom-generate-round.ts";
 import { runSampling } from "../rollout/sampling-params.ts";
 import { imageDataUri, type PromptImage } from "../data/images.ts";
+import { chooseGroupSamples, isGroupSettled, type GroupCandidate } from "../core/early-completion.ts";
 
 /**
  * Rounds one group may take. A sample aborted again and again (a server that
@@ -107,28 +108,42 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
   })();
 
   const segments: RoundFacts["segments"] = [];
+  // Early group completion: a fresh group's first round races n + extra candidates (group_extra_samples).
+  const isEarly =
+    c.group_extra_samples > 0 &&
+    round === 0 &&
+    !ctx.customGenerate &&
+    engine !== null &&
+    pending.length === view.samples.length &&
+    pending.every((s) => s.responseTokens.length === 0 && s.nextSegmentIndex === 0);
   try {
-    await Promise.all(
-      pending.map(async (s) => {
-        if (ctx.customGenerate) {
-          const input = {
-            runId,
-            groupId,
-            round,
-            weightVersion: job.weightVersion,
-            config: c,
-            tokenizer: ctx.tokenizer,
-            prompt: view.prompt,
-            sample: s,
-            pluginPath: c.custom_generate_function_path as string,
-          };
-          segments.push(...(await generateCustomRound(ctx.customGenerate, engine, input, inflight, () => wasAborted)));
-          return;
-        }
-        const seg = await generateSegment(engine, ctx, view.prompt.promptTokens, s, job, inflight, () => wasAborted, view.prompt.images ?? []);
-        if (seg) segments.push(seg);
-      }),
-    );
+    if (isEarly) {
+      segments.push(
+        ...(await generateCandidates(engine, ctx, view.prompt.promptTokens, pending, job, inflight, () => wasAborted, view.prompt.images ?? [], deps.log)),
+      );
+    } else {
+      await Promise.all(
+        pending.map(async (s) => {
+          if (ctx.customGenerate) {
+            const input = {
+              runId,
+              groupId,
+              round,
+              weightVersion: job.weightVersion,
+              config: c,
+              tokenizer: ctx.tokenizer,
+              prompt: view.prompt,
+              sample: s,
+              pluginPath: c.custom_generate_function_path as string,
+            };
+            segments.push(...(await generateCustomRound(ctx.customGenerate, engine, input, inflight, () => wasAborted)));
+            return;
+          }
+          const seg = await generateSegment(engine, ctx, view.prompt.promptTokens, s, job, inflight, () => wasAborted, view.prompt.images ?? []);
+          if (seg) segments.push(seg);
+        }),
+      );
+    }
   } finally {
     watching = false;
     stopHints();
@@ -151,6 +166,66 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
     wasAborted: wasAborted || segments.some((s) => s.finishReason === "abort"),
   });
   if (isComplete) await deps.onRoundComplete(job);
+}
+
+/**
+ * Early group completion (core/early-completion.ts): the group's n fresh samples race with
+ * `group_extra_samples` more candidates drawn from the same prompt (candidate i has its own request
+ * id and seed). Once n candidates reached a terminal status the others are aborted by id; the first n
+ * to finish become the group's samples 0..n-1 (in candidate order), or, for a round a weight sync
+ * ended first, the finished ones and then those with the most tokens. The dropped candidates' tokens
+ * are not recorded: they are work the engines did for nothing, traded for the group's tail.
+ */
+async function generateCandidates(
+  engine: Engine,
+  ctx: RunContext,
+  promptTokens: readonly number[],
+  pending: readonly AssembledSample[],
+  job: RolloutJob,
+  inflight: Set<string>,
+  isAborted: () => boolean,
+  images: readonly PromptImage[],
+  log: RolloutDeps["log"],
+): Promise<RoundFacts["segments"]> {
+  const n = pending.length;
+  const template = pending[0] as AssembledSample;
+  const candidates = Array.from({ length: n + ctx.config.group_extra_samples }, (_, i): AssembledSample => ({ ...template, sampleIndex: i }));
+  const results: Array<RoundFacts["segments"][number] | null> = candidates.map(() => null);
+  const finishedOrder: Array<number | null> = candidates.map(() => null);
+  const mine = new Set<string>();
+  let finished = 0;
+  let isSettled = false;
+  const ridOf = (i: number) => requestId(job.runId, job.groupId, i, 0);
+  await Promise.all(
+    candidates.map(async (cand, i) => {
+      mine.add(ridOf(i));
+      const seg = await generateSegment(engine, ctx, promptTokens, cand, job, inflight, () => isAborted() || isSettled, images);
+      mine.delete(ridOf(i));
+      results[i] = seg;
+      if (seg === null || !isTerminal(seg.status) || isSettled) return;
+      finishedOrder[i] = finished++;
+      if (!isGroupSettled(finished, n)) return;
+      isSettled = true;
+      // The stragglers end now with what they have; they are dropped below.
+      const stragglers = [...mine].filter((rid) => inflight.has(rid));
+      if (stragglers.length > 0)
+        await engine.abort(stragglers).catch((e: unknown) => {
+          // Nothing is lost: an unaborted straggler runs to its end and is dropped all the same.
+          log?.warn(
+            { runId: job.runId, groupId: job.groupId, requests: stragglers.length, err: errorMessage(e) },
+            "rollout: aborting a group's stragglers failed",
+          );
+        });
+    }),
+  );
+  const chosen = chooseGroupSamples(
+    candidates.map((cand, i): GroupCandidate => ({ index: i, tokens: results[i]?.tokens.length ?? 0, finishedOrder: finishedOrder[i] ?? null })),
+    n,
+  );
+  return chosen.flatMap((from, to) => {
+    const seg = results[from];
+    return seg ? [{ ...seg, sampleIndex: (pending[to] as AssembledSample).sampleIndex }] : [];
+  });
 }
 
 async function generateSegment(
