@@ -17,8 +17,8 @@ const { values } = parseArgs({
   options: { engines: { type: "string", default: "8,64" }, out: { type: "string", default: "policy-ideal-sync-arms" } },
 });
 const modes = ["async_k1", "async_k2"] as const;
-/** The bench's steps per engine count (cluster-sim.ts --steps-at defaults). */
-const stepsAt = (e: number) => (e === 64 ? 5 : 6);
+/** Steps per engine count: enough for two steady steps at k = 2 (the bench runs 64 engines with --steps-at 64:8). */
+const stepsAt = (e: number) => (e === 64 ? 8 : 6);
 
 function run(p: SimParams, e: number, mode: PolicyMode) {
   const ideal = idealPipeline(p, e, e * p.maxRunning);
