@@ -443,12 +443,26 @@ export function effectiveMaxStaleness(c: Pick<RunConfig, "max_staleness" | "trai
 
 /**
  * weight_update_mode in_place needs an engine adapter that pauses keeping its requests, loads, and
- * splits each request's tokens at the load (engines/pool-types.ts `InPlacePause`); none of rlq's
- * adapters can yet, so the run is refused before it starts, saying what each engine lacks. The
- * pool refuses such a load by name too (engines/pool-versions.ts).
+ * splits each request's tokens at the load (engines/pool-types.ts `InPlacePause`). vLLM has one
+ * with weight_sync disk (engines/vllm-in-place.ts); the others are refused before the run starts,
+ * saying what each lacks. The pool refuses such a load by name too (engines/pool-versions.ts).
  */
-function refineInPlace(c: { weight_update_mode: string; weight_sync: string; engine: { kind: string } }, ctx: z.RefinementCtx): void {
+function refineInPlace(
+  c: { weight_update_mode: string; weight_sync: string; engine: { kind: string }; custom_generate_function_path?: string | null },
+  ctx: z.RefinementCtx,
+): void {
   if (c.weight_update_mode !== "in_place") return;
+  if (c.engine.kind === "openai" && c.weight_sync === "disk") {
+    if (c.custom_generate_function_path)
+      ctx.addIssue({
+        code: "custom",
+        path: ["weight_update_mode"],
+        message:
+          "weight_update_mode in_place with custom_generate_function_path: a custom generate records one weight version per engine call, " +
+          "and a call loaded in place holds tokens of two versions; use weight_update_mode abort or drain with a custom generate",
+      });
+    return;
+  }
   const why: Record<string, string> = {
     sglang:
       c.weight_sync === "trainer_push"
@@ -457,8 +471,9 @@ function refineInPlace(c: { weight_update_mode: string; weight_sync: string; eng
           "(tokenizer_manager.py update_weights_from_disk, model_update_lock.writer_lock), while each request holds the reader side until it ends " +
           "(generate_request): a request paused in place (POST /pause_generation {mode: in_place}) never ends, so a load from disk would never start",
     openai:
-      "rlq's vLLM adapter loads with POST /pause?mode=wait (engines/openai-compat.ts), not vLLM's POST /pause?mode=keep, and vLLM's answers carry no " +
-      "per-token weight versions to split a request's tokens at the load",
+      "vLLM is loaded in place only with weight_sync disk (engines/vllm-in-place.ts); with weight_sync " +
+      c.weight_sync +
+      (c.weight_sync === "none" ? " nothing is loaded" : " rlq loads nothing into vLLM itself (its weight transfer needs CUDA)"),
     embedded: "the embedded engine has no pause that keeps its requests",
   };
   ctx.addIssue({
