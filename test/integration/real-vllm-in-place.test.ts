@@ -52,7 +52,7 @@ function perturbedCopy(model: string): string {
 
 /**
  * Prompts as raw text (no chat template): the fixture model answers "13+81=" in a few tokens,
- * right about half the time (reward to learn from), and goes on past 256 tokens after
+ * right about half the time (reward to learn from), and goes on to the length limit after
  * "attention_mask" (a request long enough to be running when a load lands).
  */
 function promptFile(): string {
@@ -172,13 +172,14 @@ describe("weight_update_mode in_place on a real vLLM server", () => {
           ref_load: model,
           rm_type: "math",
           rollout_batch_size: 4,
-          n_samples_per_prompt: 4,
-          num_rollout: 3,
-          rollout_max_response_len: 256,
+          n_samples_per_prompt: 8,
+          num_rollout: 4,
+          // The trainer takes the fixture model's 128 positions at most (prompt and response).
+          rollout_max_response_len: 112,
+          rollout_max_context_len: 128,
           rollout_temperature: 1,
           advantage_estimator: "grpo",
           lr: 1e-4,
-          deterministic: true,
           get_mismatch_metrics: true,
           train_async: true,
           max_staleness: 1,
@@ -223,7 +224,7 @@ describe("weight_update_mode in_place on a real vLLM server", () => {
       expect(onPolicy.length).toBeGreaterThan(0);
       for (const s of onPolicy) expect(s.mean_diff, `step ${s.step}`).toBeLessThan(1e-4);
       const steps = await q<{ step: number }>("SELECT step FROM train_steps WHERE run_id = $1 ORDER BY step");
-      expect(steps.map((r) => r.step)).toEqual([0, 1, 2]);
+      expect(steps.map((r) => r.step)).toEqual([0, 1, 2, 3]);
     } finally {
       await db.close();
       await database.drop();
