@@ -212,6 +212,15 @@ describe("weight_update_mode in_place on a real vLLM server", () => {
         expect(s.finishes[0]).toBe("abort");
       }
 
+      // The trained sample holds both versions, and the staleness bound (max_staleness 1) holds per token.
+      const trained = await q<{ mixed: number; stalest: number }>(
+        `SELECT count(DISTINCT (group_id, sample_index)) FILTER (WHERE cardinality(ARRAY(SELECT DISTINCT unnest(token_versions))) > 1)::int AS mixed,
+                (SELECT max(r2.trained_step - v) FROM rollout_history r2, unnest(r2.token_versions) AS v WHERE r2.run_id = $1 AND r2.trained_step IS NOT NULL)::int AS stalest
+           FROM rollout_history WHERE run_id = $1 AND trained_step IS NOT NULL`,
+      );
+      expect(trained[0]?.mixed).toBeGreaterThan(0);
+      expect(trained[0]?.stalest).toBeLessThanOrEqual(1);
+
       // Every token of the version a step trained from: the trainer's log-prob equals vLLM's (the
       // tokens after a cut included, which only holds if their version is exact).
       const onPolicy = await q<{ step: number; tokens: string; mean_diff: number; max_diff: number }>(
