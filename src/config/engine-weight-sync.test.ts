@@ -51,11 +51,23 @@ describe("weight_update_mode in_place", () => {
     expect(parseRunConfig({ ...sglang, weight_update_mode: "in_place" }, "run.yaml", "user").weight_update_mode).toBe("in_place");
   });
 
-  it("is refused for the other engines and syncs, naming what the engine lacks and what to write instead", () => {
-    expect(refusal({ ...sglang, weight_update_mode: "in_place", weight_sync: "trainer_push" })).toMatch(/trainer push does not pause SGLang in place/);
-    expect(refusal({ ...vllm, train_async: true, weight_update_mode: "in_place" })).toMatch(
-      /engine.kind openai: .*POST \/pause\?mode=wait.*POST \/pause\?mode=keep.*use weight_update_mode abort or drain/,
+  it("is accepted for vLLM with weight_sync disk: the vLLM adapter pauses keeping its requests (engines/vllm-in-place.ts)", () => {
+    const c = parseRunConfig({ ...vllm, train_async: true, weight_update_mode: "in_place" }, "run.yaml", "user");
+    expect(c.weight_update_mode).toBe("in_place");
+    expect(c.weight_sync).toBe("disk");
+  });
+
+  it("is refused where nothing loads in place, and with a custom generate, saying why", () => {
+    expect(refusal({ ...vllm, weight_update_mode: "in_place", weight_sync: "none" })).toMatch(
+      /weight_update_mode in_place with engine.kind openai: vLLM is loaded in place only with weight_sync disk .*with weight_sync none nothing is loaded; use weight_update_mode abort or drain/,
     );
+    expect(refusal({ ...vllm, train_async: true, weight_update_mode: "in_place", custom_generate_function_path: "plugins/gen.ts:gen" })).toMatch(
+      /weight_update_mode in_place with custom_generate_function_path: .*two versions; use weight_update_mode abort or drain/,
+    );
+    expect(refusal({ ...sglang, weight_update_mode: "in_place", custom_generate_function_path: "plugins/gen.ts:gen" })).toMatch(
+      /weight_update_mode in_place with custom_generate_function_path/,
+    );
+    expect(refusal({ ...sglang, weight_update_mode: "in_place", weight_sync: "trainer_push" })).toMatch(/trainer push does not pause SGLang in place/);
   });
 });
 

@@ -483,18 +483,35 @@ function refineEarlyAndStaggered(
  * from disk has one: pause_generation in_place, then update_weights_from_disk, which skips the model
  * update lock while the engine is paused (tokenizer_manager.py update_weights_from_disk,
  * "Immediately update the weights if the engine is in paused state"), then continue_generation.
- * Every other engine and sync is refused before the run starts, saying what it lacks; the pool
- * refuses such a load by name too (engines/pool-versions.ts).
+ * vLLM has one with weight_sync disk too (engines/vllm-in-place.ts). Every other engine and sync is
+ * refused before the run starts, saying what it lacks; the pool refuses such a load by name too
+ * (engines/pool-versions.ts).
  */
-function refineInPlace(c: { weight_update_mode: string; weight_sync: string; engine: { kind: string } }, ctx: z.RefinementCtx): void {
+function refineInPlace(
+  c: { weight_update_mode: string; weight_sync: string; engine: { kind: string }; custom_generate_function_path?: string | null },
+  ctx: z.RefinementCtx,
+): void {
   if (c.weight_update_mode !== "in_place") return;
-  if (c.engine.kind === "sglang" && c.weight_sync === "disk") return;
+  if ((c.engine.kind === "sglang" || c.engine.kind === "openai") && c.weight_sync === "disk") {
+    if (c.custom_generate_function_path)
+      ctx.addIssue({
+        code: "custom",
+        path: ["weight_update_mode"],
+        message:
+          "weight_update_mode in_place with custom_generate_function_path: a custom generate records one weight version per engine call, " +
+          "and a call loaded in place holds tokens of two versions; use weight_update_mode abort or drain with a custom generate",
+      });
+    return;
+  }
   const why: Record<string, string> = {
     sglang:
-      "rlq's trainer push does not pause SGLang in place (POST /pause_generation {mode: in_place}) around its update_weights_from_tensor or update_weights_from_distributed",
+      c.weight_sync === "trainer_push"
+        ? "rlq's trainer push does not pause SGLang in place (POST /pause_generation {mode: in_place}) around its update_weights_from_tensor or update_weights_from_distributed"
+        : `SGLang is loaded in place only with weight_sync disk; with weight_sync ${c.weight_sync} nothing is loaded`,
     openai:
-      "rlq's vLLM adapter loads with POST /pause?mode=wait (engines/openai-compat.ts), not vLLM's POST /pause?mode=keep, and vLLM's answers carry no " +
-      "per-token weight versions to split a request's tokens at the load",
+      "vLLM is loaded in place only with weight_sync disk (engines/vllm-in-place.ts); with weight_sync " +
+      c.weight_sync +
+      (c.weight_sync === "none" ? " nothing is loaded" : " rlq loads nothing into vLLM itself (its weight transfer needs CUDA)"),
     embedded: "the embedded engine has no pause that keeps its requests",
   };
   ctx.addIssue({

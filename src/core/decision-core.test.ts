@@ -338,7 +338,7 @@ describe("the decision core, async pipeline", () => {
     log.commit({ kind: "train.dispatched", payload: { step: 0, weightVersionIn: 0 } });
     log.commit({ kind: "step.trained", payload: { step: 0, weightVersionOut: 1, checkpointUri: "file:///c0" } });
     expect([...s.inflight]).toEqual([2]);
-    // The run config refuses in_place for every engine adapter rlq has (run-config.ts refineInPlace); the decision is pure in the config.
+    // in_place runs on vLLM only (run-config.ts refineInPlace); the decision is pure in the config.
     const inPlace = { ...s, config: { ...s.config, weight_update_mode: "in_place" as const } };
     expect(syncDecisions(inPlace, new Set())).toEqual([{ kind: "weights.syncing", payload: { step: 0, weightVersion: 1, mode: "in_place" } }]);
   });

@@ -30,9 +30,9 @@ import type { LoggedDecision } from "./decisions.ts";
  * - `in_place`: each engine pauses generation keeping its requests and their caches (vLLM
  *   `/pause?mode=keep`), loads, and continues: the requests go on at the new version and their
  *   tokens' versions split at the boundary (rlq records spans). Nothing is aborted or drained, and
- *   no router holds: a request waits only for its engine's load. No adapter rlq has does this yet
- *   (config/run-config.ts `refineInPlace` says what each lacks; SGLang's load from disk waits for
- *   every request to end, the paused ones too).
+ *   no router holds: a request waits only for its engine's load. vLLM with weight_sync disk does
+ *   this (engines/vllm-in-place.ts); config/run-config.ts `refineInPlace` says what the others lack
+ *   (SGLang's load from disk waits for every request to end, the paused ones too).
  */
 export type SyncStrategy = "abort" | "drain" | "in_place";
 

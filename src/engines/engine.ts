@@ -60,6 +60,25 @@ export type GenerateRequest = z.infer<typeof generateRequestSchema>;
 export const finishReasonSchema = z.enum(["stop", "length", "abort"]);
 export type FinishReason = z.infer<typeof finishReasonSchema>;
 
+export const versionSpanSchema = z.object({
+  version: z.number().int().nonnegative(),
+  start: z.number().int().nonnegative(),
+  end: z.number().int().nonnegative(),
+});
+export type VersionSpan = z.infer<typeof versionSpanSchema>;
+
+/** Spans that tile [0, numTokens) in order, the first at `firstVersion`, each version after the one before (a load never goes back). */
+export function spansCover(spans: readonly VersionSpan[], numTokens: number, firstVersion: number): boolean {
+  let at = 0;
+  let version = firstVersion - 1;
+  for (const s of spans) {
+    if (s.start !== at || s.end <= s.start || s.version <= version) return false;
+    at = s.end;
+    version = s.version;
+  }
+  return at === numTokens && spans[0]?.version === firstVersion;
+}
+
 export const generateResultSchema = z
   .object({
     tokenIds: z.array(z.number().int().nonnegative()),
@@ -74,9 +93,18 @@ export const generateResultSchema = z
      * finish_reason "repetition"). The sample is complete, like any stop; the reason is recorded.
      */
     stopReason: z.literal("repetition").optional(),
+    /**
+     * Where the weights changed under this call (vLLM paused in place for a load, weight_update_mode
+     * in_place): consecutive spans [start, end) over tokenIds, each sampled by one version, the first
+     * at `weightVersion`. Absent: every token is `weightVersion`'s. The rollout records one segment per span.
+     */
+    versionSpans: z.array(versionSpanSchema).min(2).optional(),
   })
   .refine((r) => r.tokenIds.length === r.logProbs.length, {
     message: "tokenIds and logProbs must have the same length",
+  })
+  .refine((r) => r.versionSpans === undefined || spansCover(r.versionSpans, r.tokenIds.length, r.weightVersion), {
+    message: "versionSpans must cover tokenIds in order, starting at weightVersion, with rising versions",
   });
 export type GenerateResult = z.infer<typeof generateResultSchema>;
 

@@ -11,6 +11,7 @@ import { createEnginePool, type EnginePool, type PoolLog } from "./pool.ts";
 import { createSglangServer } from "./sglang.ts";
 import { listRouterWorkers } from "./sglang-router.ts";
 import { createOpenAiCompatEngine } from "./openai-compat.ts";
+import { createVllmInPlaceEngine } from "./vllm-in-place.ts";
 import type { RemoteEngine } from "./remote.ts";
 import { readOptionalSecret } from "../config/secrets.ts";
 import { readEnv } from "../config/env.ts";
@@ -32,7 +33,10 @@ function engineLog(): PoolLog {
   return defaultLog;
 }
 
-export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: EngineRuntimeKeys, deps: EnginesFromConfigDeps = {}): Promise<EnginePool> {
+/** The run's weight_update_mode, where the caller has the whole run config: in_place picks vLLM's in-place adapter. */
+type PoolKeys = EngineRuntimeKeys & { weight_update_mode?: "abort" | "drain" | "in_place" };
+
+export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: PoolKeys, deps: EnginesFromConfigDeps = {}): Promise<EnginePool> {
   const timeoutMs = engine.request_timeout_s * 1000;
   const env = deps.envSource ?? process.env;
   const log = deps.log ?? engineLog();
@@ -86,8 +90,11 @@ export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: 
       );
     }
     const apiKey = readOptionalSecret(engine.api_key, "engine.api_key", env);
+    // weight_update_mode in_place (run-config.ts allows it with weight_sync disk only): the adapter that
+    // pauses keeping the requests and reads each token's version (vllm-in-place.ts).
+    const make = keys.weight_update_mode === "in_place" && keys.weight_sync === "disk" ? createVllmInPlaceEngine : createOpenAiCompatEngine;
     members = engine.urls.map((url) =>
-      createOpenAiCompatEngine({
+      make({
         url,
         model: engine.model,
         requestTimeoutMs: timeoutMs,

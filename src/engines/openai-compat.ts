@@ -45,6 +45,8 @@
  * routes are outside /v1, so vLLM's --api-key does not guard them
  * (vllm/entrypoints/serve/middleware/authenticate.py GUARDED_PREFIX: /v1, /v2, /inference,
  * /cohere): keep the port private. rlq sends its key on every call all the same.
+ * weight_update_mode in_place keeps the running requests across a load instead and labels each
+ * token with its version: vllm-in-place.ts, a subclass of this adapter.
  *
  * LoRA adapters (`loraSync: "adapter"`, run config lora_sync: adapter): vLLM started with
  * --enable-lora --max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 serves POST
@@ -246,24 +248,24 @@ export function createOpenAiCompatEngine(options: OpenAiCompatOptions): OpenAiCo
  * one writer: `version` (`setVersion`: the version of record where rlq does not load weights),
  * `maxModelLen` and `hasDevRoutes` (`checkServer`, at admission).
  */
-class OpenAiCompatServer implements OpenAiCompatEngine {
+export class OpenAiCompatServer implements OpenAiCompatEngine {
   readonly kind = "openai" as const;
   readonly id: string;
   readonly url: string;
   readonly canLoadWeights: boolean;
   /** Loads are peft adapters named per version, and each request names its version's adapter. */
   private readonly isAdapterSync: boolean;
-  private readonly adminMs: number;
+  protected readonly adminMs: number;
   private readonly adminWaitMs: number;
   private readonly logprobsMode: VllmLogprobsMode;
-  private readonly headers: Record<string, string> | undefined;
+  protected readonly headers: Record<string, string> | undefined;
   private version: number;
   /** /v1/models' max_model_len for the served model, read at admission (checkServer); null until then. */
   private maxModelLen: number | null = null;
   /** Whether the dev-mode RL routes answer (GET /is_paused), read at admission: they hold the abort by id. */
   private hasDevRoutes = false;
 
-  constructor(private readonly options: OpenAiCompatOptions) {
+  constructor(protected readonly options: OpenAiCompatOptions) {
     this.url = options.url.replace(/\/+$/, "").replace(/\/v1$/, "");
     this.id = this.url;
     this.canLoadWeights = options.loadsWeights === true;
@@ -344,6 +346,11 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
     };
   }
 
+  /** The id vLLM's engine knows a request by, which /abort_requests takes. */
+  protected externalRequestId(requestId: string): string {
+    return `cmpl-${requestId}-0`;
+  }
+
   async abort(requestIds: readonly string[]): Promise<void> {
     // Without the dev routes the pool closes the connection instead (canAbortById false). An empty
     // list is never sent: /abort_requests with no ids aborts every request on the server.
@@ -354,7 +361,7 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
     await callJson(
       "POST",
       `${this.url}/abort_requests`,
-      { request_ids: requestIds.map((id) => `cmpl-${id}-0`) },
+      { request_ids: requestIds.map((id) => this.externalRequestId(id)) },
       { timeoutMs: this.adminMs, headers: this.headers, lane: "control" },
     );
   }
@@ -380,38 +387,50 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
   }
 
   async loadWeights(v: number, uri: string): Promise<void> {
-    const url = this.url;
-    if (!this.options.loadsWeights)
-      throw new RlqError(
-        "engine_cannot_load",
-        `${url}: rlq does not load weights into this server (weight_sync none keeps version ${this.version}); asked for version ${v}`,
-        {
-          isRetriable: false,
-        },
-      );
-    const path = uri.startsWith("file://") ? decodeURIComponent(new URL(uri).pathname) : uri;
+    const path = this.checkpointPath(v, uri);
     const loadMs = this.options.loadTimeoutMs ?? 600_000;
     if (this.isAdapterSync) return this.loadAdapter(v, path, loadMs);
     await this.admin("/pause?mode=wait", undefined, loadMs);
     try {
-      try {
-        await this.admin("/collective_rpc", { method: "reload_weights", kwargs: { weights_path: path } }, loadMs);
-      } catch (e) {
-        // A failed reload is a 500 naming the worker's error (serve/dev/rpc/api_router.py).
-        if (e instanceof EngineHttpError && e.status !== null && e.status >= 400)
-          throw new RlqError("engine_load_failed", `vLLM ${url}: reload_weights(${path}) for version ${v} failed: ${e.message}`, {
-            cause: e,
-            isRetriable: false,
-          });
-        throw e;
-      }
-      await this.patiently("POST /update_weight_version", () => this.admin("/update_weight_version", { new_version: String(v) }));
+      await this.reload(v, path);
     } finally {
       await this.patiently("POST /resume", () => this.admin("/resume", undefined));
     }
+    await this.expectVersion(v, path);
+  }
+
+  /** The checkpoint directory a load of `v` reads; refuses where rlq does not load this server's weights. */
+  protected checkpointPath(v: number, uri: string): string {
+    if (!this.options.loadsWeights)
+      throw new RlqError(
+        "engine_cannot_load",
+        `${this.url}: rlq does not load weights into this server (weight_sync none keeps version ${this.version}); asked for version ${v}`,
+        { isRetriable: false },
+      );
+    return uri.startsWith("file://") ? decodeURIComponent(new URL(uri).pathname) : uri;
+  }
+
+  /** With generation paused: every worker reloads from `path`, then the server's version is set to `v`. */
+  protected async reload(v: number, path: string): Promise<void> {
+    const loadMs = this.options.loadTimeoutMs ?? 600_000;
+    try {
+      await this.admin("/collective_rpc", { method: "reload_weights", kwargs: { weights_path: path } }, loadMs);
+    } catch (e) {
+      // A failed reload is a 500 naming the worker's error (serve/dev/rpc/api_router.py).
+      if (e instanceof EngineHttpError && e.status !== null && e.status >= 400)
+        throw new RlqError("engine_load_failed", `vLLM ${this.url}: reload_weights(${path}) for version ${v} failed: ${e.message}`, {
+          cause: e,
+          isRetriable: false,
+        });
+      throw e;
+    }
+    await this.patiently("POST /update_weight_version", () => this.admin("/update_weight_version", { new_version: String(v) }));
+  }
+
+  protected async expectVersion(v: number, path: string): Promise<void> {
     const now = await this.patiently("GET /weight_info", () => this.serverVersion());
     if (now !== v)
-      throw new RlqError("engine_version_mismatch", `vLLM ${url}: loaded ${path} as version ${v} but /weight_info reports ${now}`, { isRetriable: true });
+      throw new RlqError("engine_version_mismatch", `vLLM ${this.url}: loaded ${path} as version ${v} but /weight_info reports ${now}`, { isRetriable: true });
   }
 
   /** The served name a request for version `v` sends: the base model, or with adapter sync (v > 0) that version's adapter. */
@@ -553,7 +572,7 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
   }
 
   /** GET /weight_info: "default" (nothing loaded since start) is version 0; else the version a load named. */
-  private async serverVersion(): Promise<number> {
+  protected async serverVersion(): Promise<number> {
     const res = (await callJson("GET", `${this.url}/weight_info`, undefined, { timeoutMs: this.adminMs, headers: this.headers })) as {
       weight_version?: unknown;
     };
@@ -608,7 +627,7 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
    * and at a run's start (the load of version 0) failed the run. Only a timeout is retried: a
    * refused connection or an HTTP error is an answer.
    */
-  private async patiently<T>(what: string, call: () => Promise<T>): Promise<T> {
+  protected async patiently<T>(what: string, call: () => Promise<T>): Promise<T> {
     const startedAt = Date.now();
     for (let tries = 1; ; tries++) {
       try {
@@ -625,12 +644,12 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
     }
   }
 
-  private admin(path: string, payload: unknown, timeoutMs = this.adminMs): Promise<unknown> {
+  protected admin(path: string, payload: unknown, timeoutMs = this.adminMs): Promise<unknown> {
     return callJson("POST", `${this.url}${path}`, payload, { timeoutMs, headers: this.headers });
   }
 
   /** The /v1/completions body for `req` (vLLM's sampling_params names). */
-  private body(req: GenerateRequest, isStream: boolean, overrides: Record<string, unknown> = {}): Record<string, unknown> {
+  protected body(req: GenerateRequest, isStream: boolean, overrides: Record<string, unknown> = {}): Record<string, unknown> {
     // vLLM's /v1/completions takes a prompt (token ids included) or prompt_embeds, no images
     // (vllm/entrypoints/openai/completion/protocol.py CompletionRequest); its images come only as
     // chat content parts, which re-render the prompt from messages instead of rlq's token ids.
@@ -673,7 +692,7 @@ class OpenAiCompatServer implements OpenAiCompatEngine {
    * room at all is refused here, naming the numbers, as the server would (400 "maximum context
    * length"); the sample fails with that reason and the engine is not blamed.
    */
-  private maxTokensFor(req: GenerateRequest, where: string): number {
+  protected maxTokensFor(req: GenerateRequest, where: string): number {
     const wanted = req.sampling.maxNewTokens;
     if (this.maxModelLen === null) return wanted;
     const room = this.maxModelLen - req.inputIds.length;

@@ -139,8 +139,7 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
             segments.push(...(await generateCustomRound(ctx.customGenerate, engine, input, inflight, () => wasAborted)));
             return;
           }
-          const seg = await generateSegment(engine, ctx, view.prompt.promptTokens, s, job, inflight, () => wasAborted, view.prompt.images ?? []);
-          if (seg) segments.push(seg);
+          segments.push(...(await generateSegments(engine, ctx, view.prompt.promptTokens, s, job, inflight, () => wasAborted, view.prompt.images ?? [])));
         }),
       );
     }
@@ -163,7 +162,9 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
     expectedWeightVersion: job.weightVersion,
     segments,
     isComplete,
-    wasAborted: wasAborted || segments.some((s) => s.finishReason === "abort"),
+    // A sample's last segment says how its request ended; the earlier segments of one request ended
+    // at a weight version boundary (an in-place load), not at an abort.
+    wasAborted: wasAborted || lastPerSample(segments).some((s) => s.finishReason === "abort"),
   });
   if (isComplete) await deps.onRoundComplete(job);
 }
@@ -190,7 +191,7 @@ async function generateCandidates(
   const n = pending.length;
   const template = pending[0] as AssembledSample;
   const candidates = Array.from({ length: n + ctx.config.group_extra_samples }, (_, i): AssembledSample => ({ ...template, sampleIndex: i }));
-  const results: Array<RoundFacts["segments"][number] | null> = candidates.map(() => null);
+  const results: Array<Awaited<ReturnType<typeof generateSegment>>> = candidates.map(() => null);
   const finishedOrder: Array<number | null> = candidates.map(() => null);
   const mine = new Set<string>();
   let finished = 0;
@@ -224,7 +225,56 @@ async function generateCandidates(
   );
   return chosen.flatMap((from, to) => {
     const seg = results[from];
-    return seg ? [{ ...seg, sampleIndex: (pending[to] as AssembledSample).sampleIndex }] : [];
+    if (!seg) return [];
+    // A candidate that ran across an in-place load holds tokens of two versions: one segment per version.
+    const { versionSpans, ...whole } = seg;
+    return splitAtVersions({ ...whole, sampleIndex: (pending[to] as AssembledSample).sampleIndex }, versionSpans);
+  });
+}
+
+/** The segment with the highest index of each sample. */
+function lastPerSample(segments: RoundFacts["segments"]): RoundFacts["segments"] {
+  const last = new Map<number, RoundFacts["segments"][number]>();
+  for (const s of segments) if ((last.get(s.sampleIndex)?.segmentIndex ?? -1) < s.segmentIndex) last.set(s.sampleIndex, s);
+  return [...last.values()];
+}
+
+/**
+ * One request's segments: one, or one per weight version where the engine was loaded in place
+ * under the request (GenerateResult.versionSpans). Each earlier piece ends at a version boundary,
+ * as a continued segment ends ("abort", the sample not finished); the last says how it ended.
+ */
+async function generateSegments(
+  engine: Engine | null,
+  ctx: RunContext,
+  promptTokens: readonly number[],
+  sample: AssembledSample,
+  job: RolloutJob,
+  inflight: Set<string>,
+  isAborted: () => boolean,
+  images: readonly PromptImage[],
+): Promise<RoundFacts["segments"]> {
+  const seg = await generateSegment(engine, ctx, promptTokens, sample, job, inflight, isAborted, images);
+  if (seg === null) return [];
+  const { versionSpans, ...whole } = seg;
+  return splitAtVersions(whole, versionSpans);
+}
+
+/** `whole` as one segment per span of `spans` (absent: itself). Pure. */
+export function splitAtVersions(whole: RoundFacts["segments"][number], spans: GenerateResult["versionSpans"]): RoundFacts["segments"] {
+  if (spans === undefined) return [whole];
+  return spans.map((span, i) => {
+    const isLast = i === spans.length - 1;
+    return {
+      ...whole,
+      segmentIndex: whole.segmentIndex + i,
+      tokenStart: whole.tokenStart + span.start,
+      weightVersion: span.version,
+      tokens: whole.tokens.slice(span.start, span.end),
+      logProbs: whole.logProbs.slice(span.start, span.end),
+      lossMask: whole.lossMask.slice(span.start, span.end),
+      ...(isLast ? {} : { finishReason: "abort", status: "aborted" as const, error: null }),
+    };
   });
 }
 
@@ -237,7 +287,7 @@ async function generateSegment(
   inflight: Set<string>,
   isAborted: () => boolean,
   images: readonly PromptImage[] = [],
-): Promise<RoundFacts["segments"][number] | null> {
+): Promise<(RoundFacts["segments"][number] & { versionSpans?: GenerateResult["versionSpans"] }) | null> {
   const c = ctx.config;
   const segmentIndex = sample.nextSegmentIndex;
   const base = {
@@ -313,5 +363,6 @@ async function generateSegment(
     status,
     engine: result.engineId,
     error,
+    ...(result.versionSpans ? { versionSpans: result.versionSpans } : {}),
   };
 }

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { fixtureModel, startVllm, type Server } from "../../scripts/real-stack.ts";
 import { loadHfTokenizer } from "../../src/engines/hf-tokenizer.ts";
 import { createOpenAiCompatEngine, type OpenAiCompatEngine } from "../../src/engines/openai-compat.ts";
+import { createVllmInPlaceEngine } from "../../src/engines/vllm-in-place.ts";
 import type { GenerateResult } from "../../src/engines/engine.ts";
 import { emptyPartial, type PartialOutput } from "../../src/engines/remote.ts";
 import { engineHarness } from "../helpers/engine-harness.ts";
@@ -197,6 +198,17 @@ describe("the real vLLM server, and the fake held to it", () => {
         body: { error: { message: `The model \`other\` does not exist. Valid aliases: ${MODEL}.`, type: "NotFoundError", param: "model", code: 404 } },
       });
     }
+  });
+
+  it("weight_update_mode in_place: a server started without --enable-scale-out is refused at admission, naming the flag", async () => {
+    // entrypoints/scale_out/factories.py: without the flag /inference/v1/generate answers 403 (the
+    // in-place adapter reads each token's version there: src/engines/vllm-in-place.ts).
+    const t = targets[0] as Target;
+    expect((await raw(t, "/inference/v1/generate", {})).status).toBe(403);
+    await expect(createVllmInPlaceEngine({ url: t.url, model: MODEL, requestTimeoutMs: 60_000, apiKey: KEY }).checkServer()).rejects.toMatchObject({
+      code: "engine_cannot_load",
+      message: expect.stringMatching(/in_place .*\/inference\/v1\/generate.*only when started with --enable-scale-out/),
+    });
   });
 
   it("--api-key: /v1 answers 401 without it, /health and /metrics are open, rlq's calls carry it", async () => {

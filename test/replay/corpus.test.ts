@@ -90,10 +90,11 @@ describe("the corpus of recorded decision logs", () => {
   });
 
   /**
-   * Values no run can record today, each with why. A run with weight_update_mode in_place is refused
-   * at its config for every engine kind (config/run-config.ts `refineInPlace`: SGLang's load from disk
-   * waits for paused requests, the vLLM adapter pauses with mode=wait), so no log can hold the mode;
-   * the fold's case for it is tested in core/decision-core.test.ts. Take an entry out when a run can.
+   * Values the recorder cannot record, each with why. weight_update_mode in_place runs on vLLM only
+   * (config/run-config.ts `refineInPlace`; engines/vllm-in-place.ts reads each token's version from
+   * vLLM's /inference/v1/generate spans), and scripts/record-decision-logs.ts drives fake SGLang
+   * servers, which refuse it; a real vLLM run records it (test/integration/real-vllm-in-place.test.ts).
+   * The fold's case for it is tested in core/decision-core.test.ts. Take an entry out when the recorder can.
    */
   const unrecordable = new Set(["weights.syncing.mode = in_place"]);
 
