@@ -1,4 +1,5 @@
 import type { RoundFacts } from "../store/rollout-facts.ts";
+import type { GroupView } from "../store/group-view.ts";
 import { createWaker } from "../store/notify.ts";
 import type { JobStore } from "../store/job-batch.ts";
 import type { Engine, GenerateResult } from "../engines/engine.ts";
@@ -107,42 +108,9 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
     }
   })();
 
-  const segments: RoundFacts["segments"] = [];
-  // Early group completion: a fresh group's first round races n + extra candidates (group_extra_samples).
-  const isEarly =
-    c.group_extra_samples > 0 &&
-    round === 0 &&
-    !ctx.customGenerate &&
-    engine !== null &&
-    pending.length === view.samples.length &&
-    pending.every((s) => s.responseTokens.length === 0 && s.nextSegmentIndex === 0);
+  let segments: RoundFacts["segments"];
   try {
-    if (isEarly) {
-      segments.push(
-        ...(await generateCandidates(engine, ctx, view.prompt.promptTokens, pending, job, inflight, () => wasAborted, view.prompt.images ?? [], deps.log)),
-      );
-    } else {
-      await Promise.all(
-        pending.map(async (s) => {
-          if (ctx.customGenerate) {
-            const input = {
-              runId,
-              groupId,
-              round,
-              weightVersion: job.weightVersion,
-              config: c,
-              tokenizer: ctx.tokenizer,
-              prompt: view.prompt,
-              sample: s,
-              pluginPath: c.custom_generate_function_path as string,
-            };
-            segments.push(...(await generateCustomRound(ctx.customGenerate, engine, input, inflight, () => wasAborted)));
-            return;
-          }
-          segments.push(...(await generateSegments(engine, ctx, view.prompt.promptTokens, s, job, inflight, () => wasAborted, view.prompt.images ?? [])));
-        }),
-      );
-    }
+    segments = await generatePending(deps, ctx, job, view, pending, engine, inflight, () => wasAborted);
   } finally {
     watching = false;
     stopHints();
@@ -167,6 +135,51 @@ export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job
     wasAborted: wasAborted || lastPerSample(segments).some((s) => s.finishReason === "abort"),
   });
   if (isComplete) await deps.onRoundComplete(job);
+}
+
+/**
+ * The round's requests: each pending sample's next segment(s), through the custom generate function
+ * when the run has one; or, for a fresh group's first round with group_extra_samples, n + extra
+ * candidates raced (early group completion).
+ */
+async function generatePending(
+  deps: RolloutDeps,
+  ctx: RunContext,
+  job: RolloutJob,
+  view: GroupView,
+  pending: readonly AssembledSample[],
+  engine: Engine | null,
+  inflight: Set<string>,
+  isAborted: () => boolean,
+): Promise<RoundFacts["segments"]> {
+  const c = ctx.config;
+  const images = view.prompt.images ?? [];
+  const isEarly =
+    c.group_extra_samples > 0 &&
+    job.round === 0 &&
+    !ctx.customGenerate &&
+    engine !== null &&
+    pending.length === view.samples.length &&
+    pending.every((s) => s.responseTokens.length === 0 && s.nextSegmentIndex === 0);
+  if (isEarly) return generateCandidates(engine, ctx, view.prompt.promptTokens, pending, job, inflight, isAborted, images, deps.log);
+  const perSample = await Promise.all(
+    pending.map(async (s) => {
+      if (!ctx.customGenerate) return generateSegments(engine, ctx, view.prompt.promptTokens, s, job, inflight, isAborted, images);
+      const input = {
+        runId: job.runId,
+        groupId: job.groupId,
+        round: job.round,
+        weightVersion: job.weightVersion,
+        config: c,
+        tokenizer: ctx.tokenizer,
+        prompt: view.prompt,
+        sample: s,
+        pluginPath: c.custom_generate_function_path as string,
+      };
+      return generateCustomRound(ctx.customGenerate, engine, input, inflight, isAborted);
+    }),
+  );
+  return perSample.flat();
 }
 
 /**
