@@ -311,19 +311,7 @@ export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMo
           .reduce((b, s) => b + s.done * p.tokenScale, 0),
       0,
     );
-  const trainMs = (groups: Group[]) =>
-    p.train0Ms +
-    (1000 *
-      groups.reduce(
-        (a, g) =>
-          a +
-          g.samples
-            .filter((s) => s.isDone)
-            .slice(0, n)
-            .reduce((b, s) => b + s.done * p.tokenScale, 0),
-        0,
-      )) /
-      p.trainTokensPerS;
+  const trainMs = (groups: Group[]) => p.train0Ms + (1000 * tokensOf(groups)) / p.trainTokensPerS;
   const syncWeights = (then: () => void, onEngineLoaded: () => void = () => undefined) => {
     isSyncing = true;
     version++;

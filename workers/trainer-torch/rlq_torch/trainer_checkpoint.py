@@ -148,8 +148,8 @@ class AsyncCheckpoints:
 
 class _AlreadyStaged(AsyncStager):
     """DCP's stager protocol for a state already in host buffers of its own (AsyncCheckpoints.stage): DCP's
-    DefaultStager would copy it once more, and with pinned buffers the torch of the lent GPU machine (2.11) failed its
-    second use (KeyError: <class 'type'>)."""
+    DefaultStager would copy it once more, and a DefaultStager kept for its pinned buffers failed its second use on
+    torch 2.11 (KeyError: <class 'type'>), so the buffers are this module's and DCP only writes them."""
 
     _synchronize_after_execute = False
 
