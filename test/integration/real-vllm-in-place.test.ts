@@ -143,8 +143,15 @@ describe("weight_update_mode in_place on a real vLLM server", () => {
       const before = await generatedTokens(url);
       const req = p.generate(request(`inplace-split-${attempt}`, { inputIds: prompt, stopTokenIds: [], maxNewTokens: budget, seed: 3, ignoreEos: true }));
       await waitFor("the request generating", async () => (await generatedTokens(url)) - before >= 16, 120_000, 20);
+      let ended = false;
+      void req.then(
+        () => (ended = true),
+        () => (ended = true),
+      );
       await postAdmin(url, "/pause?mode=keep&clear_cache=false");
-      if ((await runningRequests(url)) > 0) running = req;
+      // /pause answers once the output queue is empty (async_llm.py pause_generation): an ended request has its last chunk out.
+      await p.health?.().catch(() => undefined);
+      if (!ended) running = req;
       else {
         await postAdmin(url, "/resume");
         await req;
