@@ -78,6 +78,41 @@ describe("SGLang /generate answers", () => {
     expect(p.logProbs).toEqual([-1, -2, -3]);
   });
 
+  it("keeps every token of an answer whose weight_versions spans tile it, and cuts one whose spans do not", () => {
+    const out: Array<[number, number, null]> = [
+      [-1, 5, null],
+      [-2, 6, null],
+      [-3, 7, null],
+    ];
+    const tiled = emptyPartial();
+    const spans = [
+      { weight_version: "2", start: 0, end: 2 },
+      { weight_version: "3", start: 2, end: 3 },
+    ];
+    expect(applySglangMeta(tiled, { output_token_logprobs: out, finish_reason: { type: "length" }, weight_versions: spans, completion_tokens: 3 }, "t")).toBe(
+      "length",
+    );
+    expect(tiled).toMatchObject({
+      tokenIds: [5, 6, 7],
+      weightVersion: 2,
+      versionSpans: [
+        { version: 2, start: 0, end: 2 },
+        { version: 3, start: 2, end: 3 },
+      ],
+    });
+    // Spans that leave a gap: only the first version's tokens are kept, as an abort at the cut.
+    const gap = emptyPartial();
+    const gapped = [
+      { weight_version: "2", start: 0, end: 1 },
+      { weight_version: "3", start: 2, end: 3 },
+    ];
+    expect(applySglangMeta(gap, { output_token_logprobs: out, finish_reason: { type: "length" }, weight_versions: gapped, completion_tokens: 3 }, "t")).toBe(
+      "abort",
+    );
+    expect(gap).toMatchObject({ tokenIds: [5], weightVersion: 2, isVersionCut: true });
+    expect(gap.versionSpans).toBeUndefined();
+  });
+
   it("maps abort, clamps log-probs to <= 0 and rejects unknown finish reasons", () => {
     const p = emptyPartial();
     expect(applySglangMeta(p, { output_token_logprobs: [[1e-9, 1]], finish_reason: { type: "abort", message: "x" } }, "t")).toBe("abort");

@@ -5,7 +5,7 @@
  * log-prob probe, and whether it can load weights itself.
  */
 
-import type { Engine, GenerateRequest, GenerateResult } from "./engine.ts";
+import type { Engine, GenerateRequest, GenerateResult, VersionSpan } from "./engine.ts";
 import type { LogprobProbe } from "./logprob-check.ts";
 import { RlqError } from "../lib/errors.ts";
 
@@ -15,9 +15,11 @@ export interface PartialOutput {
   logProbs: number[];
   /** The version the server reported for this request, once it has said. */
   weightVersion: number | null;
+  /** The versions of the output's tokens where more than one sampled them (a load in place under the request). */
+  versionSpans?: VersionSpan[];
   /**
-   * Set when the output was cut at a weight-version boundary (SGLang's weight_versions spans): the
-   * tokens kept are the first version's, and a stream must stop there (the request is aborted).
+   * Set when the output was cut at a weight-version boundary (SGLang's weight_versions spans that do
+   * not tile it): the tokens kept are the first version's, and a stream must stop there (the request is aborted).
    */
   isVersionCut?: boolean;
 }
@@ -116,5 +118,6 @@ export function abortedResult(partial: PartialOutput, engineId: string, fallback
     finishReason: "abort",
     weightVersion: partial.weightVersion ?? fallbackVersion,
     engineId,
+    ...(partial.versionSpans ? { versionSpans: partial.versionSpans.map((x) => ({ ...x })) } : {}),
   };
 }

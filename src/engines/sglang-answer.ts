@@ -2,6 +2,7 @@
 
 import { RlqError } from "../lib/errors.ts";
 import { EngineHttpError } from "./http.ts";
+import { spansCover } from "./engine.ts";
 import { EngineRequestError, parseWeightVersion, type PartialOutput } from "./remote.ts";
 
 export interface SglangMetaInfo {
@@ -142,12 +143,16 @@ export function tokenVersionSpans(raw: unknown, numTokens: number, where: string
  * resumable partial: 4xx is the request's fault (EngineRequestError), 5xx the
  * server's (engine_server_abort, retriable from scratch elsewhere).
  *
- * meta_info.weight_versions (where the server gives per-token versions): the
- * answer is cut at the first version boundary and returned as an abort at
- * that point, so one segment holds one version, the one that sampled its
- * tokens (never the newer `weight_version` a delta event carries); the rollout
- * continues the sample from there. `isVersionCut` tells the caller that an
- * abort came from such a cut, not from the server.
+ * meta_info.weight_versions (where the server gives per-token versions): spans
+ * that tile the output with rising versions are kept whole as `versionSpans`,
+ * and the rollout records one segment per version (jobs/generate-group-round.ts
+ * `splitAtVersions`), so the tokens past a load in place are kept, not
+ * generated again. Spans that do not tile it (a server that lists them some
+ * other way) cut the answer at the first boundary instead, returned as an
+ * abort there: one segment, one version, the one that sampled its tokens
+ * (never the newer `weight_version` a delta event carries), and the rollout
+ * continues the sample. `isVersionCut` tells the caller that an abort came
+ * from such a cut, not from the server.
  */
 export function applySglangMeta(partial: PartialOutput, meta: SglangMetaInfo, where: string): "stop" | "length" | "abort" | null {
   const lps = meta.output_token_logprobs ?? [];
@@ -174,10 +179,12 @@ export function applySglangMeta(partial: PartialOutput, meta: SglangMetaInfo, wh
   // log-prob keys for --incremental-streaming-output, so a delta carries every span so far and the
   // newest weight_version): `partial` holds the whole output by now, so they apply to it alike.
   const spans = tokenVersionSpans(meta.weight_versions, partial.tokenIds.length, where);
+  delete partial.versionSpans; // an event's spans describe the whole output so far: only the newest apply
   if (spans !== null && spans.length > 0) {
     const first = spans[0] as { version: number; start: number; end: number };
     partial.weightVersion = first.version;
-    if (spans.length > 1 && first.end < partial.tokenIds.length) {
+    if (spans.length > 1 && spansCover(spans, partial.tokenIds.length, first.version)) partial.versionSpans = spans;
+    else if (spans.length > 1 && first.end < partial.tokenIds.length) {
       partial.tokenIds.length = first.end;
       partial.logProbs.length = first.end;
       partial.isVersionCut = true;

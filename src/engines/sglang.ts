@@ -444,13 +444,16 @@ class SglangServer implements RemoteEngine {
         isRetriable: true,
       });
     }
-    if (partial.weightVersion !== null) this.lastVersion = partial.weightVersion;
+    // The server's version now: the newest span's where a load in place ran under the request.
+    const newest = partial.versionSpans?.at(-1)?.version ?? partial.weightVersion;
+    if (newest !== null) this.lastVersion = newest;
     return {
       tokenIds: [...partial.tokenIds],
       logProbs: [...partial.logProbs],
       finishReason: finish,
       weightVersion: partial.weightVersion ?? this.lastVersion,
       engineId: this.url,
+      ...(partial.versionSpans ? { versionSpans: partial.versionSpans.map((x) => ({ ...x })) } : {}),
     };
   }
 

@@ -218,15 +218,18 @@ export async function runCustomGenerate(fn: CustomGenerateFunction, b: CustomGen
               `engine ${r.engineId} returned ${r.tokenIds.length} tokens for a budget of ${budget} (request ${requestId})`,
             );
           }
+          // An engine turn is one segment of one version: a turn that ran across a load in place keeps
+          // its first version's tokens and ends as an abort there; the sample continues next round.
+          const cut = r.versionSpans?.[0]?.end ?? r.tokenIds.length;
           turn = {
             kind: "engine",
             requestId,
-            tokens: r.tokenIds,
-            logProbs: r.logProbs,
+            tokens: r.tokenIds.slice(0, cut),
+            logProbs: r.logProbs.slice(0, cut),
             weightVersion: r.weightVersion,
-            finishReason: r.finishReason,
+            finishReason: r.versionSpans ? "abort" : r.finishReason,
             engineId: r.engineId,
-            text: b.tokenizer.decode(r.tokenIds),
+            text: b.tokenizer.decode(r.tokenIds.slice(0, cut)),
           };
         } finally {
           b.inflight?.delete(requestId);

@@ -171,31 +171,43 @@ describe("SGLang as it is", () => {
     expect((await p.generate(request("ea-ok", { maxNewTokens: 50 }))).finishReason).toBe("length");
   });
 
-  it("7. weight_versions spans: an answer that outlived a push (generation paused in place) is cut at the boundary, every kept token labelled with its version", async () => {
-    const f = await fake(["--token-delay-ms", "4", "--stop-prob", "0", "--weight-versions-spans"]);
-    const e = createSglangServer({ url: f.url, requestTimeoutMs: 10_000, isStreaming: false });
-    const post = (path: string, body: unknown) =>
-      fetch(`${f.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
-    const pending = e.generate(request("span", { maxNewTokens: 300, stopTokenIds: [], seed: 9 }));
-    await waitFor("tokens flowing", async () => (await fakeStats(f.url)).live === 1 && (await fakeStats(f.url)).tokensGenerated >= 10);
-    // Unpaused, a push waits for in-flight requests (tokenizer_communicator_mixin.py: the writer
-    // lock), so no answer spans it; paused in place, it applies at once.
-    expect((await post("/pause_generation", { mode: "in_place" })).status).toBe(200);
-    expect((await post("/flush_cache", {})).status).toBe(400); // a request is still running
-    await post("/init_weights_update_group", { master_address: "127.0.0.1", master_port: 1, rank_offset: 1, world_size: 2, group_name: "g" });
-    const pushed = await post("/update_weights_from_distributed", { names: [], dtypes: [], shapes: [], group_name: "g", weight_version: "5" });
-    expect(pushed.status).toBe(200);
-    await post("/continue_generation", {});
-    const r = await pending;
-    expect(r).toMatchObject({ finishReason: "abort", weightVersion: 0 });
-    expect(r.tokenIds.length).toBeGreaterThan(0);
-    expect(r.tokenIds.length).toBeLessThan(300);
-    const g = await fake(["--stop-prob", "0"]);
-    const ref = await createSglangServer({ url: g.url, requestTimeoutMs: 10_000 }).generate(
-      request("span-ref", { maxNewTokens: r.tokenIds.length, stopTokenIds: [], seed: 9 }),
-    );
-    expect(ref.tokenIds).toEqual(r.tokenIds);
-  });
+  it.each([
+    ["whole", false],
+    ["streamed", true],
+  ])(
+    "7. weight_versions spans: an answer (%s) that outlived a push (generation paused in place) keeps every token, each labelled with its version by the spans",
+    async (_, isStreaming) => {
+      const f = await fake(["--token-delay-ms", "4", "--stop-prob", "0", "--weight-versions-spans"]);
+      const e = createSglangServer({ url: f.url, requestTimeoutMs: 10_000, isStreaming });
+      const post = (path: string, body: unknown) =>
+        fetch(`${f.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+      const pending = e.generate(request("span", { maxNewTokens: 300, stopTokenIds: [], seed: 9 }));
+      await waitFor("tokens flowing", async () => (await fakeStats(f.url)).live === 1 && (await fakeStats(f.url)).tokensGenerated >= 10);
+      // Unpaused, a push waits for in-flight requests (tokenizer_communicator_mixin.py: the writer
+      // lock), so no answer spans it; paused in place, it applies at once.
+      expect((await post("/pause_generation", { mode: "in_place" })).status).toBe(200);
+      expect((await post("/flush_cache", {})).status).toBe(400); // a request is still running
+      await post("/init_weights_update_group", { master_address: "127.0.0.1", master_port: 1, rank_offset: 1, world_size: 2, group_name: "g" });
+      const pushed = await post("/update_weights_from_distributed", { names: [], dtypes: [], shapes: [], group_name: "g", weight_version: "5" });
+      expect(pushed.status).toBe(200);
+      await post("/continue_generation", {});
+      const r = await pending;
+      expect(r).toMatchObject({ finishReason: "length", weightVersion: 0 });
+      expect(r.tokenIds.length).toBe(300);
+      const cut = r.versionSpans?.[0]?.end as number;
+      expect(r.versionSpans).toEqual([
+        { version: 0, start: 0, end: cut },
+        { version: 5, start: cut, end: 300 },
+      ]);
+      expect(cut).toBeGreaterThanOrEqual(10);
+      // The tokens before the cut are the old version's: the same as a server that never loaded.
+      const g = await fake(["--stop-prob", "0"]);
+      const ref = await createSglangServer({ url: g.url, requestTimeoutMs: 10_000 }).generate(
+        request("span-ref", { maxNewTokens: cut, stopTokenIds: [], seed: 9 }),
+      );
+      expect(ref.tokenIds).toEqual(r.tokenIds.slice(0, cut));
+    },
+  );
 
   it("8. the version is read from /model_info where /get_weight_version is gone", async () => {
     const f = await fake(["--weight-version", "3"]);
