@@ -15,6 +15,7 @@ const PYTHON_FILES = [
   "test/integration/real-vllm.test.ts",
   "test/integration/vllm-faults.test.ts",
   "test/integration/real-vllm-in-place.test.ts",
+  "test/integration/colocate-torch.test.ts",
   "test/integration/opd-teacher-vllm.test.ts",
   "test/integration/onnx-reward-model.test.ts",
   "test/integration/lora-resume.test.ts",

@@ -114,6 +114,8 @@ export const stats = {
   /** Generate requests and loads that came while memory they need was released (rlq must send none). */
   generateWhileReleased: 0,
   loadWhileReleased: 0,
+  /** The model_path of each update_weights_from_disk that loaded, in order. */
+  loadedPaths: [] as string[],
   /** Per weight version, when (epoch ms) the first request started generating on it. */
   firstGenerateAt: {} as Record<string, number>,
 };

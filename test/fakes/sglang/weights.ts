@@ -39,6 +39,7 @@ export async function loadWeights(b: Record<string, unknown>, res: ServerRespons
     }
     st.weightVersion = Number(b.weight_version);
     stats.loads++;
+    stats.loadedPaths.push(b.model_path);
     stats.calls.push("update_weights_from_disk");
     send(res, 200, { success: true, message: `Succeeded to update model weights from ${String(b.model_path)}`, num_paused_requests: 0 });
   });

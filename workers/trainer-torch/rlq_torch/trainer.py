@@ -467,8 +467,13 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         samples = sorted(batch.samples, key=lambda s: (s.group_index, s.sample_index))
         if not samples:
             raise bad_request(f"train step {req['step']} has no samples")
-        # Colocated mode: the engines released the GPUs before this step was dispatched.
-        self.memory.onload(self.held, self.device)
+        # Colocated mode: the engines released the GPUs before this step was dispatched. Only weights the
+        # step starts from come back; others (another run's, a version the request does not name) would
+        # cross to the device only for _start to drop them, so they are dropped on the host.
+        if self.held_serves(req):
+            self.memory.onload(self.held, self.device, self._fsdp2_root())
+        else:
+            self.memory.onload(None, self.device)
         gbs, num_opt = optimizer_step_plan(t, len(samples))
         state = {"done": 0}
         report = lambda phase: progress(state["done"], num_opt, phase)
@@ -528,7 +533,8 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         )
         if should_offload(req["config"]):
             # The engines resume once this step commits: the GPUs are theirs until the next step.
-            self.memory.offload(self.held)
+            self.memory.offload(self.held, self._fsdp2_root())
+            metrics.update(self._memory_move_metrics())
         return {
             "weight_version_out": version,
             "checkpoint_uri": "file://" + quote(os.path.abspath(out_dir)),
@@ -537,6 +543,31 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
             "metrics": {k: float(v) for k, v in metrics.items() if math.isfinite(v)},
             "old_log_probs": self._old_log_probs_in_request_order(c, samples, batch),
         }
+
+    def _fsdp2_root(self) -> torch.nn.Module | None:
+        """fsdp2: the held policy's sharded training forward, which offload.py moves whole; None otherwise."""
+        if (
+            self.fsdp
+            and self.dist.sharding == "fsdp2"
+            and self.held is not None
+            and self._ddp_cache is not None
+            and self._ddp_cache[0] is self.held.policy
+        ):
+            return self._ddp_cache[1]
+        return None
+
+    def _memory_move_metrics(self) -> dict[str, float]:
+        """Colocated mode: this step's onload (before it: 0 bytes when nothing was held, as in a fresh
+        process) and offload (after it), bytes summed over the ranks, seconds the slowest rank's. A
+        collective on many ranks: every rank reaches it, as should_offload reads the step's config."""
+        moves = self.dist.all_gather(
+            {k: (m.nbytes, m.seconds) for k, m in self.memory.last.items()}
+        )
+        out: dict[str, float] = {}
+        for kind in ("onload", "offload"):
+            out[f"{kind}_bytes"] = float(sum(m[kind][0] for m in moves))
+            out[f"{kind}_s"] = max(m[kind][1] for m in moves)
+        return out
 
     @staticmethod
     def _old_log_probs_in_request_order(c, samples, batch: Batch) -> list[list[float]]:

@@ -56,6 +56,16 @@ class WeightLoading:
             )
         return EmbeddedPolicy(t.model, gpt.init_weights(t.model, t.seed), self.device)
 
+    def held_serves(self, req: dict[str, Any]) -> bool:
+        """The held weights are the step's start: the version and checkpoint it names (``_start`` keeps them)."""
+        h, uri = self.held, req["checkpoint_uri_in"]
+        return (
+            h is not None
+            and uri is not None
+            and h.path == os.path.realpath(path_from_uri(uri))
+            and h.version == req["weight_version_in"]
+        )
+
     def _start(self, req: dict[str, Any], t: TrainConfig, report) -> Held:
         uri = req["checkpoint_uri_in"]
         v_in = req["weight_version_in"]
@@ -67,7 +77,7 @@ class WeightLoading:
             return Held(self._init_policy(t), {}, 0, 0, None)
         path = os.path.realpath(path_from_uri(uri))
         h = self.held
-        if h is not None and h.path == path and h.version == v_in:
+        if h is not None and self.held_serves(req):
             return h
         self.held = None
         self._ddp_cache = None

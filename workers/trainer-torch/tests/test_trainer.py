@@ -384,14 +384,16 @@ class OffloadBetweenStepsTest(unittest.TestCase):
 
         trainer = TorchTrainer("cpu")
         seen = []  # the move log as each step starts and ends
+        self.metrics = []  # each step's metrics
         for step, uri in ((0, None), (1, f"file://{self.dir}/{tag}0")):
             r = req("r", step, f"{self.dir}/{tag}{step}", uri=uri, **config)
             t = parse_train_config(r["config"], trainer.defaults)
             o = parse_algorithm(r["config"])
             progress = lambda *a: seen.append(tuple(trainer.memory.log))  # noqa: E731
-            trainer.train_step(
+            out = trainer.train_step(
                 r, make_batch("r", step, seed=step + 1), t, o, progress, lambda: None
             )
+            self.metrics.append(out["metrics"])
             seen.append(tuple(trainer.memory.log))
         return trainer, seen
 
@@ -405,9 +407,22 @@ class OffloadBetweenStepsTest(unittest.TestCase):
         second = [s for s in seen if len(s) >= 2]
         self.assertTrue(second and all(s[1] == "onload:cpu" for s in second))
         self.assertTrue(trainer.memory.is_offloaded)
+        # The steps report the moves: the policy and its Adam moments (fp32: 3 x 4 bytes a parameter)
+        # go off after each step; the second step's onload brings back what the first moved off; the
+        # first found nothing held.
+        n_params = sum(
+            p.numel() for _, p in trainer.held.policy.named_params()
+        )  # the embedded model: no buffers
+        first, second = self.metrics
+        self.assertEqual(first["offload_bytes"], 12 * n_params)
+        self.assertEqual(first["onload_bytes"], 0)
+        self.assertEqual(second["onload_bytes"], first["offload_bytes"])
+        self.assertEqual(second["offload_bytes"], first["offload_bytes"])
+        self.assertGreaterEqual(second["onload_s"], 0)
         # offload_train follows colocate; an explicit false keeps everything in place.
         off, _ = self.two_steps("off", colocate=True, offload_train=False)
         self.assertEqual(off.memory.log, [])
+        self.assertNotIn("offload_bytes", self.metrics[0])
         split, _ = self.two_steps("split")
         self.assertEqual(split.memory.log, [])
         # The moves change nothing trained: the second step's files are the same bytes.
@@ -415,3 +430,28 @@ class OffloadBetweenStepsTest(unittest.TestCase):
             self.assertEqual(
                 read(f"{self.dir}/on1/{f}"), read(f"{self.dir}/split1/{f}"), f
             )
+
+    def test_weights_the_step_does_not_start_from_stay_on_the_host(self):
+        """A step that starts from another checkpoint than the held one (step 1 again, from step 0's
+        files, as after a lost commit) drops the held weights without moving them to the device."""
+        from rlq_torch.trainer import parse_algorithm, parse_train_config
+
+        trainer, _ = self.two_steps("again", colocate=True)
+        r = req(
+            "r", 1, f"{self.dir}/again1b", uri=f"file://{self.dir}/again0", colocate=True
+        )
+        t = parse_train_config(r["config"], trainer.defaults)
+        o = parse_algorithm(r["config"])
+        out = trainer.train_step(
+            r, make_batch("r", 1, seed=2), t, o, lambda *a: None, lambda: None
+        )
+        self.assertEqual(
+            trainer.memory.log, ["offload:cpu", "onload:cpu", "offload:cpu", "offload:cpu"]
+        )
+        self.assertEqual(out["metrics"]["onload_bytes"], 0)
+        self.assertEqual(out["metrics"]["offload_bytes"], self.metrics[0]["offload_bytes"])
+        # The same step as the first time: dropping the held weights changed nothing trained.
+        self.assertEqual(
+            read(f"{self.dir}/again1b/weights.safetensors"),
+            read(f"{self.dir}/again1/weights.safetensors"),
+        )
