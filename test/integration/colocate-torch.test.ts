@@ -170,7 +170,9 @@ describe("colocated mode on the real PyTorch trainer (FSDP2, 2 ranks)", () => {
     ).rows;
     const at = (step: number, key: string) => moves.find((m) => m.step === step && m.key === key)?.value;
     const offloaded = at(0, "offload_bytes") ?? 0;
-    console.log(`colocate-torch: trainer killed in step ${KILLED_STEP}; per step [offload, onload] bytes ${JSON.stringify([...Array(NUM_ROLLOUT).keys()].map((s) => [at(s, "offload_bytes"), at(s, "onload_bytes")]))}`);
+    console.log(
+      `colocate-torch: trainer killed in step ${KILLED_STEP}; per step [offload, onload] bytes ${JSON.stringify([...Array(NUM_ROLLOUT).keys()].map((s) => [at(s, "offload_bytes"), at(s, "onload_bytes")]))}`,
+    );
     expect(offloaded, JSON.stringify(moves)).toBeGreaterThan(0);
     for (let step = 0; step < NUM_ROLLOUT; step++) {
       expect(at(step, "offload_bytes"), `step ${step} offload_bytes`).toBe(offloaded);

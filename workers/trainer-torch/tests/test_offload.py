@@ -12,9 +12,8 @@ require("torch")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-
 from test_distributed import _free_port  # noqa: E402
+from torch import nn  # noqa: E402
 
 
 class _Inner(nn.Module):
@@ -72,7 +71,9 @@ class Fsdp2MovesTest(unittest.TestCase):
         from rlq_torch.fsdp import wrap
 
         inner = _Inner()
-        inner._no_split_modules = ["Linear"]  # fsdp.py shards the classes an HF model names here
+        inner._no_split_modules = [
+            "Linear"
+        ]  # fsdp.py shards the classes an HF model names here
         root = wrap(_Forward(inner), torch.device("cpu"), "fsdp2")
         held = SimpleNamespace(
             policy=SimpleNamespace(module=inner), moments={}, critic=None

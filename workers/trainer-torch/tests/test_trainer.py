@@ -438,7 +438,11 @@ class OffloadBetweenStepsTest(unittest.TestCase):
 
         trainer, _ = self.two_steps("again", colocate=True)
         r = req(
-            "r", 1, f"{self.dir}/again1b", uri=f"file://{self.dir}/again0", colocate=True
+            "r",
+            1,
+            f"{self.dir}/again1b",
+            uri=f"file://{self.dir}/again0",
+            colocate=True,
         )
         t = parse_train_config(r["config"], trainer.defaults)
         o = parse_algorithm(r["config"])
@@ -446,10 +450,13 @@ class OffloadBetweenStepsTest(unittest.TestCase):
             r, make_batch("r", 1, seed=2), t, o, lambda *a: None, lambda: None
         )
         self.assertEqual(
-            trainer.memory.log, ["offload:cpu", "onload:cpu", "offload:cpu", "offload:cpu"]
+            trainer.memory.log,
+            ["offload:cpu", "onload:cpu", "offload:cpu", "offload:cpu"],
         )
         self.assertEqual(out["metrics"]["onload_bytes"], 0)
-        self.assertEqual(out["metrics"]["offload_bytes"], self.metrics[0]["offload_bytes"])
+        self.assertEqual(
+            out["metrics"]["offload_bytes"], self.metrics[0]["offload_bytes"]
+        )
         # The same step as the first time: dropping the held weights changed nothing trained.
         self.assertEqual(
             read(f"{self.dir}/again1b/weights.safetensors"),
