@@ -1,8 +1,8 @@
 """Colocated mode (run config ``colocate`` / ``offload_train``, slime's --colocate and --offload-train):
 the trainer and the engines share GPUs and take turns. Between steps the trainer gives its share back:
 after a step it moves what it holds for the next one (the policy's parameters and buffers, its Adam
-moments, the critic's) to CPU memory; the next step moves them back to the trainer's device before it
-starts. The controller releases the engines before it dispatches a step and resumes them after the
+moments, the critic's, the cached reference policy for KL terms) to CPU memory; the next step moves
+them back to the trainer's device before it starts (the reference policy when it is used). The controller releases the engines before it dispatches a step and resumes them after the
 step committed (src/core/colocate.ts), so the two never hold the GPUs at once.
 
 On a CPU trainer both moves are to the device the tensors are on already: the calls, their order
@@ -97,19 +97,33 @@ class MemoryMoves:
 
     def __init__(self) -> None:
         self.is_offloaded = False
+        # Reference policies (KL terms) the last offload moved: each comes back when a step uses it
+        # (``onload_reference``), not with the held weights, since a step without KL never reads it.
+        self._references_off: list[Any] = []
         # Each move, in order, with the device it moved to (tests read it).
         self.log: list[str] = []
         # The latest move of each kind; an onload that found nothing held (a fresh process, a
         # step after a cancel) leaves Move() there, which the step reports as 0 bytes.
         self.last: dict[str, Move] = {"offload": Move(), "onload": Move()}
 
-    def offload(self, held: Any, root: nn.Module | None = None) -> None:
-        """After a step: the held policy, moments and critic to CPU memory (``root``: ``move_held``)."""
+    def offload(
+        self,
+        held: Any,
+        root: nn.Module | None = None,
+        references: list[Any] | tuple[Any, ...] = (),
+    ) -> None:
+        """After a step: the held policy, moments and critic to CPU memory (``root``: ``move_held``),
+        and the cached reference policies, which would otherwise keep their device memory through
+        the rollout."""
         self.last["offload"] = Move()
         if held is None or self.is_offloaded:
             return
         began = time.perf_counter()
-        moved = move_held(held, torch.device("cpu"), root)
+        cpu = torch.device("cpu")
+        moved = move_held(held, cpu, root)
+        for ref in references:
+            moved += _move_module(ref, cpu)
+        self._references_off = list(references)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         self.is_offloaded = True
@@ -130,3 +144,17 @@ class MemoryMoves:
         moved = move_held(held, device, root)
         self.last["onload"] = Move(moved, time.perf_counter() - began)
         self.log.append(f"onload:{device.type}")
+
+    def onload_reference(self, ref: Any, device: torch.device) -> None:
+        """A reference policy the step is about to use, back on the trainer's device if the last
+        offload moved it; its bytes and time join the step's onload."""
+        if not any(r is ref for r in self._references_off):
+            return
+        self._references_off = [r for r in self._references_off if r is not ref]
+        began = time.perf_counter()
+        moved = _move_module(ref, device)
+        last = self.last["onload"]
+        self.last["onload"] = Move(
+            last.nbytes + moved, last.seconds + time.perf_counter() - began
+        )
+        self.log.append(f"onload_reference:{device.type}")

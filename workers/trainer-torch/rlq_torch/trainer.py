@@ -533,7 +533,9 @@ class TorchTrainer(WeightLoading, CriticSteps, ShardedAdamW):
         )
         if should_offload(req["config"]):
             # The engines resume once this step commits: the GPUs are theirs until the next step.
-            self.memory.offload(self.held, self._fsdp2_root())
+            self.memory.offload(
+                self.held, self._fsdp2_root(), list(self.ref_cache.values())
+            )
             metrics.update(self._memory_move_metrics())
         return {
             "weight_version_out": version,

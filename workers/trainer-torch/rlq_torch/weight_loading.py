@@ -38,7 +38,7 @@ class Held:
 
 
 class WeightLoading:
-    """TorchTrainer's loading half (a mixin: it uses self.device, self.dist, self.held, self.ref_cache and the DDP caches)."""
+    """TorchTrainer's loading half (a mixin: it uses self.device, self.dist, self.held, self.ref_cache, self.memory and the DDP caches)."""
 
     def _init_policy(self, t: TrainConfig):
         """Version 0 without a checkpoint: hf_checkpoint, else the embedded model from seed."""
@@ -165,4 +165,6 @@ class WeightLoading:
                 p.requires_grad_(False)
             self.ref_cache.clear()
             self.ref_cache[key] = ref
+        # Colocated mode: the offload after the last step moved it to CPU memory (offload.py).
+        self.memory.onload_reference(ref, self.device)
         return ref

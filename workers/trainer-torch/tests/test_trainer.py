@@ -462,3 +462,24 @@ class OffloadBetweenStepsTest(unittest.TestCase):
             read(f"{self.dir}/again1b/weights.safetensors"),
             read(f"{self.dir}/again1/weights.safetensors"),
         )
+
+    def test_the_reference_policy_goes_off_with_the_held_weights_and_back_on_use(self):
+        """With a KL term the cached reference policy (fp32 weights, 4 bytes a parameter, no moments)
+        is offloaded after each step too, and the next step brings it back when it computes the
+        reference log-probs; the files are those of the run without offload."""
+        trainer, _ = self.two_steps(
+            "kl", colocate=True, use_kl_loss=True, kl_loss_coef=0.1
+        )
+        n_params = sum(p.numel() for _, p in trainer.held.policy.named_params())
+        first, second = self.metrics
+        self.assertEqual(first["offload_bytes"], (12 + 4) * n_params)
+        self.assertEqual(second["onload_bytes"], first["offload_bytes"])
+        self.assertEqual(
+            trainer.memory.log,
+            ["offload:cpu", "onload:cpu", "onload_reference:cpu", "offload:cpu"],
+        )
+        self.two_steps("klsplit", use_kl_loss=True, kl_loss_coef=0.1)
+        for f in ("weights.safetensors", "optimizer.safetensors"):
+            self.assertEqual(
+                read(f"{self.dir}/kl1/{f}"), read(f"{self.dir}/klsplit1/{f}"), f
+            )
