@@ -77,6 +77,9 @@ describe("colocated mode on the real PyTorch trainer (FSDP2, 2 ranks)", () => {
       hf_checkpoint: model,
       tokenizer: "hf",
       lr: 1e-3,
+      // A KL term: the trainer holds a reference policy (hf_checkpoint) that it offloads too.
+      use_kl_loss: true,
+      kl_loss_coef: 0.01,
       weight_sync: "disk",
       train_stall_timeout_s: 120,
     });
@@ -159,9 +162,10 @@ describe("colocated mode on the real PyTorch trainer (FSDP2, 2 ranks)", () => {
     );
 
     // The trainer's moves (rlq_torch/offload.py), as each step reported them, bytes summed over the
-    // ranks: every step ends offloaded, the same state each time (the policy, buffers and Adam moments).
-    // A step onloads what the step before offloaded in the same process; step 0 and the retried step
-    // start in a process that holds nothing, so they onload nothing and load from disk.
+    // ranks: every step ends offloaded, the same state each time (the policy's shards, its buffers
+    // and Adam moments, the reference policy). A step onloads what the step before offloaded in the
+    // same process; step 0 and the retried step start in a process that holds nothing, so they
+    // onload nothing and load from disk.
     const moves = (
       await w.db.pool.query<{ step: number; key: string; value: number }>(
         "SELECT step, key, value FROM train_metrics WHERE run_id = $1 AND key IN ('offload_bytes', 'onload_bytes') ORDER BY step, key",
