@@ -34,7 +34,8 @@ function engineLog(): PoolLog {
 }
 
 /** The run's weight_update_mode, where the caller has the whole run config: in_place picks vLLM's in-place adapter. */
-type PoolKeys = EngineRuntimeKeys & { weight_update_mode?: "abort" | "drain" | "in_place" };
+/** multimodal_keys: the run's prompts carry images, which vLLM takes on /inference/v1/generate only. */
+type PoolKeys = EngineRuntimeKeys & { weight_update_mode?: "abort" | "drain" | "in_place"; multimodal_keys?: Record<string, string> | null };
 
 export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: PoolKeys, deps: EnginesFromConfigDeps = {}): Promise<EnginePool> {
   const timeoutMs = engine.request_timeout_s * 1000;
@@ -104,6 +105,7 @@ export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: 
         loadsWeights: keys.weight_sync === "disk",
         loraSync: keys.lora_sync,
         apiKey,
+        hasImages: keys.multimodal_keys != null,
         ...(engine.repetition_detection ? { repetitionDetection: engine.repetition_detection } : {}),
       }),
     );

@@ -87,48 +87,12 @@ import { z } from "zod";
 import { generateRequestSchema, type GenerateRequest, type GenerateResult } from "./engine.ts";
 import { bearer, callJson, callText, EngineHttpError, isLocalCancel, postStream } from "./http.ts";
 import { classifyProbe, type LogprobProbe } from "./logprob-check.ts";
+import { applyCompletionChoice, completionChunkSchema, errorEventSchema, streamedError, type CompletionFinish } from "./openai-compat-choice.ts";
+import { checkTokensRoute, generateTokensBody, generateTokensRequestId, streamGenerateTokens } from "./vllm-generate-tokens.ts";
 import { abortedResult, EngineRequestError, emptyPartial, type GenerateHooks, type PartialOutput, type RemoteEngine } from "./remote.ts";
 import { RlqError } from "../lib/errors.ts";
 import { requestText } from "../lib/http-client.ts";
 import type { MemoryTag } from "../core/decisions.ts";
-
-const completionChoiceSchema = z
-  .object({
-    text: z.string().optional(),
-    finish_reason: z.string().nullable().optional(),
-    token_ids: z.array(z.number().int().nonnegative()).nullable().optional(),
-    logprobs: z
-      .object({
-        tokens: z.array(z.string()).optional(),
-        token_logprobs: z.array(z.number().nullable()).optional(),
-      })
-      .passthrough()
-      .nullable()
-      .optional(),
-  })
-  .passthrough();
-export const completionChunkSchema = z.object({ choices: z.array(completionChoiceSchema) }).passthrough();
-export type CompletionChoice = z.infer<typeof completionChoiceSchema>;
-
-/** vllm/entrypoints/serve/engine/protocol.py ErrorResponse, as a stream event or a body. */
-const errorEventSchema = z.object({ error: z.object({ message: z.string(), code: z.number().int().optional() }).passthrough() });
-
-/**
- * An error vLLM sent inside a 200 stream. 4xx: the request's fault. 5xx: the server's, and
- * retryable as vLLM means it: a generation whose engine output says finish_reason "error" (a
- * request-level internal error such as a failed KV load, v1/engine/__init__.py FinishReason.ERROR,
- * "always converted to 500") becomes GenerationError, 500 (generate/base/serving.py
- * _raise_if_error), and RetryableRequestError is 503 (vllm/exceptions.py); either is sent as this
- * event (completion/serving.py completion_stream_generator). An HTTP 5xx answer is what the pool
- * treats it as: the tokens streamed before it are kept as a resumable partial, else the request is
- * retried, on another engine first.
- */
-function streamedError(event: z.infer<typeof errorEventSchema>, where: string): RlqError {
-  const status = event.error.code ?? 500;
-  const message = `${where}: the server failed the request with status ${status}: ${event.error.message}`;
-  if (status >= 400 && status < 500) return new EngineRequestError(message);
-  return new EngineHttpError("engine_http_error", message, { isRetriable: true, status });
-}
 
 /** A refusal before generation (HTTP 400/413/422) is the request's fault; other statuses keep their own meaning. */
 function refusal(e: unknown, where: string): unknown {
@@ -142,52 +106,6 @@ export type VllmLogprobsMode = "raw_logprobs" | "processed_logprobs";
 
 /** Between the served model's name and the version in an adapter's name: `<model>-rlq-v<version>`. */
 const ADAPTER_INFIX = "-rlq-v";
-
-/** What a choice's finish_reason says, in rlq's terms; "repetition" is a stop whose reason is recorded. */
-export type CompletionFinish = "stop" | "length" | "abort" | "repetition";
-
-/**
- * Fold one choice (a streamed delta, or the whole answer) into `partial`; returns its finish reason,
- * if any. vLLM's reasons are v1/engine/__init__.py FINISH_REASON_STRINGS: "repetition" ends a sample
- * whose output repeats itself (the request's repetition_detection, v1/core/sched/utils.py
- * check_stop): the sample is complete, as at a stop. "error" never reaches a completions client
- * from vLLM (it is turned into a 500 error event first); from another server it is read as vLLM
- * means it, a retryable server error after the tokens so far.
- */
-export function applyCompletionChoice(partial: PartialOutput, choice: CompletionChoice, where: string): CompletionFinish | null {
-  const lps = choice.logprobs?.token_logprobs ?? [];
-  let ids = choice.token_ids ?? null;
-  if (ids === null) {
-    ids = (choice.logprobs?.tokens ?? []).map((t) => {
-      const m = /^token_id:(\d+)$/.exec(t);
-      if (!m)
-        throw new RlqError(
-          "engine_bad_response",
-          `${where}: token ${JSON.stringify(t)} is not "token_id:<id>"; the server must honour return_tokens_as_token_ids`,
-          { isRetriable: false },
-        );
-      return Number(m[1]);
-    });
-  }
-  if (ids.length !== lps.length) {
-    throw new RlqError("engine_bad_response", `${where}: ${ids.length} token id(s) but ${lps.length} log-prob(s)`, { isRetriable: true });
-  }
-  for (let i = 0; i < ids.length; i++) {
-    const lp = lps[i];
-    if (lp === null || lp === undefined) throw new RlqError("engine_bad_response", `${where}: a generated token has no log-prob`, { isRetriable: true });
-    partial.tokenIds.push(ids[i] as number);
-    partial.logProbs.push(Math.min(0, lp));
-  }
-  const fr = choice.finish_reason ?? null;
-  if (fr === null) return null;
-  if (fr === "stop" || fr === "length" || fr === "abort" || fr === "repetition") return fr;
-  if (fr === "error")
-    throw new EngineHttpError("engine_http_error", `${where}: finish_reason "error" (a request-level server error) after ${partial.tokenIds.length} token(s)`, {
-      isRetriable: true,
-      status: 500,
-    });
-  throw new RlqError("engine_bad_response", `${where}: unknown finish_reason ${JSON.stringify(fr)}`, { isRetriable: true });
-}
 
 export interface OpenAiCompatOptions {
   /** Server root, e.g. http://host:8000 (the adapter adds /v1/...). */
@@ -225,6 +143,12 @@ export interface OpenAiCompatOptions {
    * (GenerateResult.stopReason). Default: not sent (vLLM's default: off).
    */
   repetitionDetection?: RepetitionDetection;
+  /**
+   * The run's prompts carry images (multimodal_keys): every request goes to POST
+   * /inference/v1/generate with its images as content_parts (vllm-generate-tokens.ts), which vLLM
+   * serves when started with --enable-scale-out; /v1/completions takes no images.
+   */
+  hasImages?: boolean;
 }
 
 /** vllm/sampling_params.py RepetitionDetectionParams (min_pattern_size 0 means 1; min_count >= 2). */
@@ -293,7 +217,14 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
   async generateWith(request: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult> {
     const url = this.url;
     const req = generateRequestSchema.parse(request);
-    const where = `${url}/v1/completions (request ${req.requestId})`;
+    const route = this.isTokensRoute ? "/inference/v1/generate" : "/v1/completions";
+    const where = `${url}${route} (request ${req.requestId})`;
+    if (req.imageData?.length && !this.isTokensRoute)
+      throw new RlqError(
+        "config_invalid",
+        `${where}: the request has ${req.imageData.length} image(s) and this engine sends /v1/completions, which takes none; images go to vLLM when the run sets multimodal_keys`,
+        { isRetriable: false },
+      );
     const maxTokens = this.maxTokensFor(req, where);
     // The version is read before generating: the fence guarantees it does not change under a
     // request, and where vLLM loads weights itself it is read again after (below).
@@ -301,22 +232,27 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
     hooks.partial.weightVersion = v;
     let finish: CompletionFinish | null = null;
     try {
-      await postStream(
-        `${url}/v1/completions`,
-        this.body(req, true, { max_tokens: maxTokens, model: this.servedModelFor(v) }),
-        { timeoutMs: this.options.requestTimeoutMs, signal: hooks.signal, headers: this.headers },
-        (payload) => {
-          if (typeof payload === "object" && payload !== null && "error" in payload) {
-            const failed = errorEventSchema.safeParse(payload);
-            if (failed.success) throw streamedError(failed.data, where);
-          }
-          const parsed = completionChunkSchema.safeParse(payload);
-          if (!parsed.success)
-            throw new RlqError("engine_bad_response", `${where}: unexpected answer: ${parsed.error.issues[0]?.message}`, { isRetriable: true });
-          const choice = parsed.data.choices[0];
-          if (choice) finish = applyCompletionChoice(hooks.partial, choice, where) ?? finish;
-        },
-      );
+      if (this.isTokensRoute) {
+        const body = generateTokensBody(req, this.body(req, true, { max_tokens: maxTokens, model: this.servedModelFor(v) }));
+        const opts = { timeoutMs: this.options.requestTimeoutMs, signal: hooks.signal, headers: this.headers };
+        finish = (await streamGenerateTokens(url, body, opts, hooks.partial, where)).finish;
+      } else
+        await postStream(
+          `${url}/v1/completions`,
+          this.body(req, true, { max_tokens: maxTokens, model: this.servedModelFor(v) }),
+          { timeoutMs: this.options.requestTimeoutMs, signal: hooks.signal, headers: this.headers },
+          (payload) => {
+            if (typeof payload === "object" && payload !== null && "error" in payload) {
+              const failed = errorEventSchema.safeParse(payload);
+              if (failed.success) throw streamedError(failed.data, where);
+            }
+            const parsed = completionChunkSchema.safeParse(payload);
+            if (!parsed.success)
+              throw new RlqError("engine_bad_response", `${where}: unexpected answer: ${parsed.error.issues[0]?.message}`, { isRetriable: true });
+            const choice = parsed.data.choices[0];
+            if (choice) finish = applyCompletionChoice(hooks.partial, choice, where) ?? finish;
+          },
+        );
     } catch (e) {
       if (isLocalCancel(e, hooks.signal)) return abortedResult(hooks.partial, url, v);
       // The adapter this request named was unloaded after newer loads: no token was made, the sample continues.
@@ -348,7 +284,12 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
 
   /** The id vLLM's engine knows a request by, which /abort_requests takes. */
   protected externalRequestId(requestId: string): string {
-    return `cmpl-${requestId}-0`;
+    return this.isTokensRoute ? generateTokensRequestId(requestId) : `cmpl-${requestId}-0`;
+  }
+
+  /** Requests go to /inference/v1/generate (vllm-generate-tokens.ts) rather than /v1/completions. */
+  protected get isTokensRoute(): boolean {
+    return this.options.hasImages === true;
   }
 
   async abort(requestIds: readonly string[]): Promise<void> {
@@ -540,6 +481,12 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
     const len = served.max_model_len;
     this.maxModelLen = typeof len === "number" && Number.isSafeInteger(len) && len > 0 ? len : null;
     this.hasDevRoutes = await this.answersDevRoutes();
+    if (this.isTokensRoute) await checkTokensRoute(url, { timeoutMs: this.adminMs, headers: this.headers }, this.tokensRouteReason());
+  }
+
+  /** Why this engine needs /inference/v1/generate, for the refusal of a server that does not serve it. */
+  protected tokensRouteReason(): string {
+    return "the run's prompts carry images (multimodal_keys), which vLLM takes with token ids only there (/v1/completions takes no images)";
   }
 
   async probeLogProbs(inputIds: number[]): Promise<LogprobProbe> {
@@ -648,16 +595,8 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
     return callJson("POST", `${this.url}${path}`, payload, { timeoutMs, headers: this.headers });
   }
 
-  /** The /v1/completions body for `req` (vLLM's sampling_params names). */
+  /** The /v1/completions body for `req` (vLLM's sampling_params names); /inference/v1/generate takes its sampling keys (vllm-generate-tokens.ts). */
   protected body(req: GenerateRequest, isStream: boolean, overrides: Record<string, unknown> = {}): Record<string, unknown> {
-    // vLLM's /v1/completions takes a prompt (token ids included) or prompt_embeds, no images
-    // (vllm/entrypoints/openai/completion/protocol.py CompletionRequest); its images come only as
-    // chat content parts, which re-render the prompt from messages instead of rlq's token ids.
-    if (req.imageData?.length)
-      throw new RlqError(
-        "config_invalid",
-        `request ${req.requestId} has ${req.imageData.length} image(s): rlq sends token ids to vLLM's /v1/completions, which takes no images; use an SGLang engine (engine.kind: sglang) for multimodal_keys`,
-      );
     const s = req.sampling;
     return {
       model: this.options.model,

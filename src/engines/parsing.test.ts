@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { applySglangMeta, readSglangAnswer } from "./sglang-answer.ts";
-import { applyCompletionChoice } from "./openai-compat.ts";
+import { applyCompletionChoice } from "./openai-compat-choice.ts";
 import { emptyPartial, parseWeightVersion } from "./remote.ts";
 
 describe("SGLang /generate answers", () => {

@@ -33,36 +33,14 @@
  * request comes back aborted and empty, the rollout continues the sample), as openai-compat.ts does.
  */
 
-import { z } from "zod";
 import { generateRequestSchema, spansCover, type GenerateRequest, type GenerateResult, type VersionSpan } from "./engine.ts";
-import { EngineHttpError, callJson, isLocalCancel, postStream } from "./http.ts";
-import { applyCompletionChoice, OpenAiCompatServer, type CompletionFinish, type OpenAiCompatOptions } from "./openai-compat.ts";
+import { EngineHttpError, isLocalCancel } from "./http.ts";
+import { OpenAiCompatServer, type OpenAiCompatOptions } from "./openai-compat.ts";
+import type { CompletionFinish } from "./openai-compat-choice.ts";
+import { generateTokensBody, streamGenerateTokens } from "./vllm-generate-tokens.ts";
 import type { InPlacePause } from "./pool-types.ts";
-import { abortedResult, EngineRequestError, parseWeightVersion, type GenerateHooks, type PartialOutput } from "./remote.ts";
+import { abortedResult, EngineRequestError, type GenerateHooks, type PartialOutput } from "./remote.ts";
 import { RlqError } from "../lib/errors.ts";
-
-/** One choice of a /inference/v1/generate stream chunk (token_in_token_out/protocol.py GenerateTokensStreamChoice). */
-const generateChoiceSchema = z
-  .object({
-    finish_reason: z.string().nullable().optional(),
-    token_ids: z.array(z.number().int().nonnegative()).nullable().optional(),
-    logprobs: z
-      .object({
-        content: z
-          .array(z.object({ token_id: z.number().int(), logprob: z.number() }).passthrough())
-          .nullable()
-          .optional(),
-      })
-      .nullable()
-      .optional(),
-    weight_versions: z
-      .array(z.object({ version: z.union([z.string(), z.number()]), start: z.number().int().nonnegative(), end: z.number().int().nonnegative() }))
-      .nullable()
-      .optional(),
-  })
-  .passthrough();
-const generateChunkSchema = z.object({ choices: z.array(generateChoiceSchema) }).passthrough();
-const errorEventSchema = z.object({ error: z.object({ message: z.string(), code: z.number().int().optional() }).passthrough() });
 
 export function createVllmInPlaceEngine(options: OpenAiCompatOptions): VllmInPlaceServer {
   return new VllmInPlaceServer({ ...options, loadsWeights: true });
@@ -94,30 +72,12 @@ export class VllmInPlaceServer extends OpenAiCompatServer implements InPlacePaus
     await this.expectVersion(v, path);
   }
 
-  /** /inference/v1/generate takes the request id as given and prefixes it (serving.py `serve_tokens`). */
-  protected override externalRequestId(requestId: string): string {
-    return `generate-tokens-${requestId}`;
+  protected override get isTokensRoute(): boolean {
+    return true;
   }
 
-  override async checkServer(): Promise<void> {
-    await super.checkServer();
-    try {
-      // An empty body: the route answers 422 (validation) where it is served.
-      await callJson("POST", `${this.url}/inference/v1/generate`, {}, { timeoutMs: this.adminMs, headers: this.headers });
-    } catch (e) {
-      if (!(e instanceof EngineHttpError) || e.status === null) throw e;
-      if (e.status === 403 || e.status === 404)
-        throw new RlqError(
-          "engine_cannot_load",
-          `vLLM ${this.url}: weight_update_mode in_place reads each token's weight version from POST /inference/v1/generate, which ` +
-            (e.status === 403
-              ? "this server serves only when started with --enable-scale-out"
-              : "this server does not have (vLLM 0.32 or newer has it, with --enable-scale-out)") +
-            "; start vLLM with --enable-scale-out (and VLLM_SERVER_DEV_MODE=1), or use weight_update_mode abort or drain",
-          { cause: e, isRetriable: false },
-        );
-      if (e.status !== 400 && e.status !== 422) throw e;
-    }
+  protected override tokensRouteReason(): string {
+    return "weight_update_mode in_place reads each token's weight version from /inference/v1/generate (or use weight_update_mode abort or drain)";
   }
 
   override async generateWith(request: GenerateRequest, hooks: GenerateHooks): Promise<GenerateResult> {
@@ -129,37 +89,9 @@ export class VllmInPlaceServer extends OpenAiCompatServer implements InPlacePaus
     let finish: CompletionFinish | null = null;
     let spans: VersionSpan[] | null = null;
     try {
-      await postStream(
-        `${this.url}/inference/v1/generate`,
-        this.generateBody(req, maxTokens),
-        { timeoutMs: this.options.requestTimeoutMs, signal: hooks.signal, headers: this.headers },
-        (payload) => {
-          if (typeof payload === "object" && payload !== null && "error" in payload) {
-            const failed = errorEventSchema.safeParse(payload);
-            if (failed.success) {
-              const status = failed.data.error.code ?? 500;
-              const message = `${where}: the server failed the request with status ${status}: ${failed.data.error.message}`;
-              throw status >= 400 && status < 500
-                ? new EngineRequestError(message)
-                : new EngineHttpError("engine_http_error", message, { isRetriable: true, status });
-            }
-          }
-          const parsed = generateChunkSchema.safeParse(payload);
-          if (!parsed.success)
-            throw new RlqError("engine_bad_response", `${where}: unexpected answer: ${parsed.error.issues[0]?.message}`, { isRetriable: true });
-          const choice = parsed.data.choices[0];
-          if (!choice) return;
-          const content = choice.logprobs?.content ?? [];
-          const asCompletion = {
-            token_ids: choice.token_ids ?? content.map((c) => c.token_id),
-            logprobs: { token_logprobs: content.map((c) => c.logprob) },
-            finish_reason: choice.finish_reason ?? null,
-          };
-          finish = applyCompletionChoice(hooks.partial, asCompletion, where) ?? finish;
-          if (choice.weight_versions)
-            spans = choice.weight_versions.map((s) => ({ version: parseWeightVersion(s.version, where), start: s.start, end: s.end }));
-        },
-      );
+      const body = generateTokensBody(req, this.body(req, true, { max_tokens: maxTokens }));
+      const opts = { timeoutMs: this.options.requestTimeoutMs, signal: hooks.signal, headers: this.headers };
+      ({ finish, spans } = await streamGenerateTokens(this.url, body, opts, hooks.partial, where));
     } catch (e) {
       if (isLocalCancel(e, hooks.signal)) return this.unlabelled(hooks.partial, v);
       if (e instanceof EngineHttpError && (e.status === 400 || e.status === 413 || e.status === 422))
@@ -217,28 +149,5 @@ export class VllmInPlaceServer extends OpenAiCompatServer implements InPlacePaus
     if (now === v) return;
     partial.tokenIds.length = 0;
     partial.logProbs.length = 0;
-  }
-
-  /** The /inference/v1/generate body (token_in_token_out/protocol.py GenerateRequest; sampling_params as vllm/sampling_params.py names them). */
-  private generateBody(req: GenerateRequest, maxTokens: number): Record<string, unknown> {
-    const completion = this.body(req, true, { max_tokens: maxTokens });
-    const sampling: Record<string, unknown> = {};
-    for (const k of [
-      "max_tokens",
-      "temperature",
-      "top_p",
-      "top_k",
-      "seed",
-      "stop",
-      "stop_token_ids",
-      "include_stop_str_in_output",
-      "skip_special_tokens",
-      "spaces_between_special_tokens",
-      "ignore_eos",
-      "repetition_detection",
-      "logprobs",
-    ])
-      if (completion[k] !== undefined) sampling[k] = completion[k];
-    return { request_id: req.requestId, token_ids: req.inputIds, model: completion.model, sampling_params: sampling, stream: true, output_mode: "tokens" };
   }
 }
