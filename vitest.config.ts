@@ -22,6 +22,7 @@ const PYTHON_FILES = [
   "test/integration/lora-adapter-sync.test.ts",
   "test/integration/sft-conversation.test.ts",
   "test/integration/vlm-prompt-parity.test.ts",
+  "test/integration/vlm-run.test.ts",
 ];
 
 export default defineConfig({

@@ -151,6 +151,8 @@
  *     [--disconnect-abort-delay-ms 2000] [--fault MODE] [--fault-after-tokens N] [--fault-version V]
  *     [--model full|instant]   (instant: fake-lm.ts instantToken, for throughput benches)
  *     [--frontend python|rust] [--dp-size 1] [--enable-dp-attention]
+ *     [--policy-url URL]   (the tokens and log-probs of a real model, test/fakes/hf-vlm-policy.py;
+ *                           disk loads load its weights)
  * prints "listening <port>" on stdout.
  */
 import { createServer, type IncomingMessage } from "node:http";
@@ -199,6 +201,7 @@ const { values } = parseArgs({
     frontend: { type: "string", default: "python" },
     "dp-size": { type: "string", default: "1" },
     "enable-dp-attention": { type: "boolean", default: false },
+    "policy-url": { type: "string" },
   },
 });
 if (values.model !== "full" && values.model !== "instant") throw new Error(`--model: expected full or instant, got ${values.model}`);
@@ -224,6 +227,7 @@ Object.assign(opts, {
   isRustFrontend: values.frontend === "rust",
   dpSize: Number(values["dp-size"]),
   isDpAttention: values["enable-dp-attention"] === true,
+  policyUrl: values["policy-url"],
 });
 if (values.frontend !== "python" && values.frontend !== "rust") throw new Error(`--frontend: expected python or rust, got ${values.frontend}`);
 st.weightVersion = Number(values["weight-version"]);

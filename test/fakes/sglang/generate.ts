@@ -58,6 +58,12 @@ export function imagesOf(value: unknown): { hashes: string[] } | { error: string
   return { hashes };
 }
 
+/** One request's image_data entries as a list (a single image may come bare); imagesOf has checked them. */
+function imageList(value: unknown): string[] {
+  if (value === undefined || value === null) return [];
+  return (Array.isArray(value) ? value : [value]).filter((x): x is string => typeof x === "string");
+}
+
 /**
  * The fake's answer depends on the images: their hashes are folded into the sampling seed, so
  * another image (or none) gives other tokens, and a test sees that the bytes arrived.
@@ -121,7 +127,14 @@ export async function generateOne(
   const g: Generated = { out: [], top: [], versions: [], finish: "length" };
   let prev = ids[ids.length - 1] ?? 0;
   try {
+    const drawn = opts.policyUrl
+      ? await policyDraw(ids, sp, state.imageData ?? [], opts.isDeterministic ? seed : Math.floor(Math.random() * 0x7fffffff))
+      : null;
     for (let i = 0; i < maxNew; i++) {
+      if (drawn && i >= drawn.output_ids.length) {
+        g.finish = drawn.finish;
+        break;
+      }
       if (opts.tokenDelayMs > 0) await sleep(opts.tokenDelayMs);
       if (isHanging() && g.out.length >= st.fault.afterTokens) await hangWhileFaulted();
       while (st.paused && !state.aborted) await st.paused;
@@ -153,7 +166,11 @@ export async function generateOne(
         topN,
         ...(opts.isDeterministic ? {} : { unseeded: Math.random() }),
       };
-      const d = opts.isInstant ? { ...instantToken(x), top: [] as Array<[number, number]> } : sampleToken(x);
+      const d = drawn
+        ? { token: drawn.output_ids[i] as number, logProb: drawn.output_logprobs[i] as number, top: [] as Array<[number, number]> }
+        : opts.isInstant
+          ? { ...instantToken(x), top: [] as Array<[number, number]> }
+          : sampleToken(x);
       g.out.push([d.logProb, d.token, null]);
       stats.tokensGenerated++;
       if (topN > 0) g.top.push(d.top.map(([lp, t]) => [lp, t, null]));
@@ -163,7 +180,7 @@ export async function generateOne(
         process.stderr.write(`fake-sglang: injected death after ${g.out.length} tokens of ${rid}\n`);
         process.exit(1);
       }
-      if (stopIds.has(d.token)) {
+      if (!drawn && stopIds.has(d.token)) {
         g.finish = "stop";
         break;
       }
@@ -176,6 +193,24 @@ export async function generateOne(
   }
   if (g.finish === "abort" || g.finish === "error_abort") stats.aborted++;
   return g;
+}
+
+/** The policy's answer (test/fakes/hf-vlm-policy.py): the whole response, drawn as SGLang's scheduler draws it. */
+interface PolicyDraw {
+  output_ids: number[];
+  output_logprobs: number[];
+  finish: "stop" | "length";
+}
+
+async function policyDraw(ids: number[], sp: Record<string, unknown>, imageData: readonly string[], seed: number): Promise<PolicyDraw> {
+  const res = await fetch(`${opts.policyUrl}/generate`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ input_ids: ids, image_data: imageData, sampling_params: sp, seed }),
+  });
+  const body = (await res.json()) as PolicyDraw & { error?: string };
+  if (res.status !== 200) throw new Error(`policy /generate: ${res.status} ${body.error ?? ""}`);
+  return body;
 }
 
 export const errorAbortMessage = () => `injected server-side error ${st.fault.statusCode}`;
@@ -327,7 +362,7 @@ export async function generateBatch(b: Record<string, unknown>, res: ServerRespo
   }
   stats.batches++;
   const states = ids.map((_, i) => {
-    const s = { aborted: false };
+    const s: LiveRequest = { aborted: false, imageData: imageList(Array.isArray(imageData) ? imageData[i] : undefined) };
     live.set(String(rids[i]), s);
     return s;
   });
@@ -377,7 +412,7 @@ export async function generate(b: Record<string, unknown>, res: ServerResponse):
     res.end("data: [DONE]\n\n");
     return;
   }
-  const state: LiveRequest = { aborted: false };
+  const state: LiveRequest = { aborted: false, imageData: imageList(b.image_data) };
   live.set(rid, state);
   if (st.fault.mode === "reset" && st.fault.count !== 0) {
     if (st.fault.count > 0) st.fault.count--;

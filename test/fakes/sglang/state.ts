@@ -32,6 +32,11 @@ export const opts = {
   /** --dp-size / --enable-dp-attention: the push routes assert dp_size == 1 or DP attention. */
   dpSize: 1,
   isDpAttention: false,
+  /**
+   * --policy-url: the tokens and log-probs come from a real model (test/fakes/hf-vlm-policy.py) instead
+   * of fake-lm.ts, and disk loads load its weights; the fake keeps the protocol, faults and versions.
+   */
+  policyUrl: undefined as string | undefined,
 };
 
 export type FaultMode = "none" | "5xx" | "hang" | "abort_mid" | "error_abort" | "error_event" | "reset" | "die" | "stale_version";
@@ -64,6 +69,8 @@ export const st = {
 };
 export interface LiveRequest {
   aborted: boolean;
+  /** The request's image_data entries as sent (data URIs or paths), for --policy-url. */
+  imageData?: readonly string[];
 }
 export const live = new Map<string, LiveRequest>();
 export const stats = {

@@ -37,6 +37,15 @@ export async function loadWeights(b: Record<string, unknown>, res: ServerRespons
       // http_server.py update_weights_from_disk: a failed load is HTTP 400.
       return send(res, 400, { success: false, message: `Failed to update weights: cannot load ${String(b.model_path)}` });
     }
+    if (opts.policyUrl) {
+      const loaded = await fetch(`${opts.policyUrl}/load`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ path: b.model_path }),
+      });
+      if (loaded.status !== 200)
+        return send(res, 400, { success: false, message: `Failed to update weights: cannot load ${b.model_path}: ${await loaded.text()}` });
+    }
     st.weightVersion = Number(b.weight_version);
     stats.loads++;
     stats.loadedPaths.push(b.model_path);
