@@ -1,14 +1,15 @@
 """Write a synthetic visual task and a tiny vision-language model warmed on it: the vision-language run test uses them.
 
-    .venv/bin/python scripts/make-vlm-task.py OUT_DIR [--seed 0] [--sft-steps 120] [--rows 64]
+    .venv/bin/python scripts/make-vlm-task.py OUT_DIR [--seed 0] [--target 0.6] [--rows 64]
 
 The task, "which square is larger": a 56x56 picture holds a red and a blue square on white, one in each half
 (which half is drawn), their sides drawn from 6 to 26 px at least 4 px apart; the prompt is the user turn
 "Which square is larger, red (r) or blue (b)?" with the picture, the answer "r" or "b" and the end of the
 turn. What it writes, deterministically from the seed, downloading nothing:
 - OUT_DIR/model: a tiny random Qwen2-VL (scripts/make-tiny-vlm.py) trained by plain supervised steps (AdamW,
-  loss on the answer tokens only) on pictures of its own, stopped early: it answers in the right form and
-  better than chance but far from always, so RL has room to raise the reward;
+  loss on the answer tokens only) on pictures of its own, stopped once its expected reward on another set of
+  pictures reaches --target (checked every 10 steps): it answers in the right form and better than chance but
+  far from always, so RL has room to raise the reward;
 - OUT_DIR/data/train.jsonl: rows {"input", "label", "images"} for rlq (multimodal_keys {"image": "images"},
   rm_type exact_match; the label is the response as it decodes, the letter then <|im_end|>), pictures
   under OUT_DIR/data/img/, drawn from another seed than the warm-up's;
@@ -94,7 +95,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sft-steps", type=int, default=120)
+    ap.add_argument("--target", type=float, default=0.6)
+    ap.add_argument("--max-sft-steps", type=int, default=1000)
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
     args = ap.parse_args()
@@ -117,10 +119,25 @@ def main() -> None:
     prompt = prompt_text(proc.tokenizer)
 
     rng = np.random.default_rng(args.seed)
+    # The warm-up stops at the first check where the expected reward on pictures of its own reaches the
+    # target: when the model starts to tell the squares apart depends on the seed (from about 100 steps to
+    # several hundred), so a fixed step count leaves some seeds at chance, where RL has no signal to follow.
+    check_rng = np.random.default_rng(args.seed + 2_000_003)
+    check = [picture(check_rng) for _ in range(64)]
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    model.train()
     batch = 8
-    for _ in range(args.sft_steps):
+    steps = 0
+    while steps < args.max_sft_steps:
+        if steps % 10 == 0:
+            model.eval()
+            if (
+                expected_reward(
+                    model, proc, prompt, [x for x, _ in check], [y for _, y in check]
+                )
+                >= args.target
+            ):
+                break
+            model.train()
         drawn = [picture(rng) for _ in range(batch)]
         # Every answer is one letter and <|im_end|>: the rows have one length, the labels are the last tokens.
         full, labels = encode_rows(
@@ -130,6 +147,7 @@ def main() -> None:
         opt.zero_grad()
         out.loss.backward()
         opt.step()
+        steps += 1
     model.eval()
     model.save_pretrained(model_dir)
 
@@ -154,7 +172,7 @@ def main() -> None:
         json.dumps(
             {
                 "expected_reward": round(reward, 4),
-                "sft_steps": args.sft_steps,
+                "sft_steps": steps,
                 "rows": args.rows,
             }
         )

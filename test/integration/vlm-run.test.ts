@@ -26,10 +26,14 @@ import { requirePythonModules } from "../helpers/python.ts";
  */
 const python = requirePythonModules(["torch", "transformers", "PIL"]);
 
-const STEPS = 10;
-/** Mean |train - rollout| log-prob per step (train_rollout_logprob_abs_diff); both sides fp32 transformers. */
-const MISMATCH_BOUND = 1e-4;
-/** Mean reward of the last three steps minus the first three's. */
+const STEPS = 20;
+/**
+ * Mean |train - rollout| log-prob per step (train_rollout_logprob_abs_diff). Both sides run the same fp32
+ * transformers model on the CPU, so only summation order separates them; a missed weight load, an image that
+ * did not reach one side, or other prompt ids would put it orders of magnitude higher.
+ */
+const MISMATCH_BOUND = 1e-6;
+/** Mean reward of the last three steps minus the first three's (the model starts at about 0.6). */
 const REWARD_RISE = 0.1;
 
 interface Proc {
@@ -62,13 +66,10 @@ describe("RL on a tiny vision-language model (fake SGLang drawing from the model
 
   beforeAll(async () => {
     dir = mkdtempSync(join(tmpdir(), "rlq-vlm-run-"));
-    const made = await runChecked(python, [join(repoRoot, "scripts/make-vlm-task.py"), dir, "--seed", process.env.RLQ_VLM_SEED ?? "0"], { timeoutMs: 300_000 });
+    const made = await runChecked(python, [join(repoRoot, "scripts/make-vlm-task.py"), dir, "--seed", "0"], { timeoutMs: 300_000 });
     warm = (JSON.parse(made.trim().split("\n").pop() as string) as { expected_reward: number }).expected_reward;
     policy = await startPolicy(join(dir, "model"));
-    [w, trainer] = await Promise.all([
-      createWorld("vlmrun", { engineArgs: ["--policy-url", policy.url, "--enable-deterministic-inference"] }),
-      startTorchTrainer(python, ["--threads", "1"]),
-    ]);
+    [w, trainer] = await Promise.all([createWorld("vlmrun", { engineArgs: ["--policy-url", policy.url] }), startTorchTrainer(python, ["--threads", "1"])]);
   }, 600_000);
 
   afterAll(async () => {
@@ -89,7 +90,7 @@ describe("RL on a tiny vision-language model (fake SGLang drawing from the model
       custom_rm_path: null,
       dynamic_sampling_filter_path: null,
       over_sampling_batch_size: null,
-      rollout_batch_size: 16,
+      rollout_batch_size: 32,
       n_samples_per_prompt: 8,
       num_rollout: STEPS,
       rollout_max_response_len: 4,

@@ -11,7 +11,8 @@ each placeholder expanded by the image's grid, or the sample is refused (bad_req
 
 Vision tokens are never trained: in the prompt they sit before the response; an image observation
 inside the response (multi-turn) is expanded with loss mask 0, and the step's results are read back
-at the response's own positions (``response_index``).
+at the response's own positions (``response_index``). A placeholder token the policy itself sampled
+(loss mask 1) is not an image: the sample trains up to it and no further (``expand_sample``).
 
 Without torchvision, transformers' AutoProcessor cannot build Qwen2-VL's processor (its video processor
 requires torchvision, even for a request with no video); ``load_processor`` then builds the same processor
@@ -141,6 +142,10 @@ class VisionInputs:
         self.image_token_id = int(processor.image_token_id)
         self.merge = int(processor.image_processor.merge_size)
         self.tokenizer = tok
+        # What a sampled image placeholder is fed as (expand_sample): any id that is not a vision token.
+        self.pad_token_id = int(
+            tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        )
 
     def expand_sample(self, s: Sample, index: int) -> Sample:
         """The sample with its image placeholders expanded and its vision inputs attached (see the module doc).
@@ -153,6 +158,20 @@ class VisionInputs:
             s.tokens[:pl].astype(np.int64),
             s.tokens[pl:].astype(np.int64),
         )
+        loss_mask = s.loss_mask
+        generated = np.flatnonzero(
+            (response == self.image_token_id) & (s.loss_mask != 0)
+        )
+        if generated.size:
+            # The policy sampled the image placeholder token itself (a small or drifting model does; it
+            # is an ordinary id to the engine). It is no image: the model's forward reads every
+            # placeholder as one and refuses a count that does not match the images. So the sample
+            # trains up to that token only: from there its loss mask is 0, and the token is fed as the
+            # pad token, whose log-prob no loss reads.
+            loss_mask = s.loss_mask.copy()
+            loss_mask[int(generated[0]) :] = 0
+            response = response.copy()
+            response[generated] = self.pad_token_id
         in_prompt = int((prompt == self.image_token_id).sum())
         in_response = int((response == self.image_token_id).sum())
         if in_prompt + in_response != len(images):
@@ -205,7 +224,7 @@ class VisionInputs:
 
         if in_response:
             placeholders = np.flatnonzero(response == self.image_token_id)
-            if np.any(s.loss_mask[placeholders] != 0):
+            if np.any(loss_mask[placeholders] != 0):
                 raise bad_request(
                     f"{where}: an image placeholder in the response has loss mask 1; an image observation is not the policy's output (mask it)"
                 )
@@ -215,7 +234,7 @@ class VisionInputs:
             s,
             tokens=tokens,
             prompt_length=int(got.shape[0]),
-            loss_mask=spread(s.loss_mask, 0),
+            loss_mask=spread(loss_mask, 0),
             rollout_log_probs=spread(s.rollout_log_probs, 0.0),
             token_versions=spread(s.token_versions, -1),
             denom_mask=spread(s.denom_mask, 0),

@@ -339,6 +339,39 @@ class TestTrainStep(VisionCase):
         )
         self.assertTrue(np.isfinite(res["metrics"]["pg_loss"]))
 
+    def test_a_placeholder_the_policy_sampled_ends_the_samples_loss_there(self):
+        """The policy may sample <|image_pad|> as an ordinary token; the sample is no image observation, and it
+        trains up to that token: the forward runs (no image is looked for there) and no later token is in the loss."""
+        import torch
+        from rlq_torch.models import load_policy
+        from rlq_torch.trainer import TorchTrainer
+
+        policy = load_policy(self.base, torch.device("cpu"))
+        pad = self.processor.image_token_id
+        resp = self.answer("ab")[:-1] + [pad] + self.answer("c")
+        s = self.sample("Which?", [self.red], resp)
+        x = policy.vision_inputs.expand_sample(s, 0)
+        self.assertEqual(
+            x.response_length, len(resp)
+        )  # nothing expanded in the response
+        self.assertEqual(x.loss_mask.tolist(), [1, 1] + [0] * (len(resp) - 2))
+        self.assertNotIn(pad, x.tokens[x.prompt_length :].tolist())
+        self.assertEqual(int((x.tokens == pad).sum()), 4)  # the prompt's image only
+        self.assertEqual(
+            s.loss_mask.tolist(), [1] * len(resp)
+        )  # the batch's sample is left as it came
+        lp, _ = TorchTrainer("cpu").token_stats(policy, [x], 1.0, grad=False)
+        self.assertTrue(torch.isfinite(lp).all())
+        out = os.path.join(self.tmp.name, "sampled-pad")
+        os.makedirs(out)
+        other = copy.deepcopy(s)
+        other.sample_index, other.reward = 1, 0.0
+        res = self.run_step(
+            decode_batch(encode_batch(Batch("vlm", 0, [s, other]))), out
+        )
+        self.assertEqual(res["num_tokens"], 2 * 2)
+        self.assertTrue(np.isfinite(res["metrics"]["pg_loss"]))
+
     def test_packed_rows_are_refused_with_the_reason(self):
         from rlq_torch.trainer import StepError
 
