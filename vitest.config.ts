@@ -23,6 +23,7 @@ const PYTHON_FILES = [
   "test/integration/sft-conversation.test.ts",
   "test/integration/vlm-prompt-parity.test.ts",
   "test/integration/vlm-run.test.ts",
+  "test/integration/real-vllm-images.test.ts",
 ];
 
 export default defineConfig({
