@@ -83,7 +83,6 @@
 import { randomUUID } from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { join, posix } from "node:path";
-import { z } from "zod";
 import { generateRequestSchema, type GenerateRequest, type GenerateResult } from "./engine.ts";
 import { bearer, callJson, callText, EngineHttpError, isLocalCancel, postStream } from "./http.ts";
 import { classifyProbe, type LogprobProbe } from "./logprob-check.ts";
@@ -271,7 +270,7 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
       hooks.partial.logProbs.length = 0;
       return abortedResult(hooks.partial, url, v);
     }
-    const ended = finish as CompletionFinish;
+    const ended = finish;
     return {
       tokenIds: [...hooks.partial.tokenIds],
       logProbs: [...hooks.partial.logProbs],

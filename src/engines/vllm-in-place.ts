@@ -36,8 +36,7 @@
 import { generateRequestSchema, spansCover, type GenerateRequest, type GenerateResult, type VersionSpan } from "./engine.ts";
 import { EngineHttpError, isLocalCancel } from "./http.ts";
 import { OpenAiCompatServer, type OpenAiCompatOptions } from "./openai-compat.ts";
-import type { CompletionFinish } from "./openai-compat-choice.ts";
-import { generateTokensBody, streamGenerateTokens } from "./vllm-generate-tokens.ts";
+import { generateTokensBody, streamGenerateTokens, type GenerateTokensOutcome } from "./vllm-generate-tokens.ts";
 import type { InPlacePause } from "./pool-types.ts";
 import { abortedResult, EngineRequestError, type GenerateHooks, type PartialOutput } from "./remote.ts";
 import { RlqError } from "../lib/errors.ts";
@@ -86,12 +85,11 @@ export class VllmInPlaceServer extends OpenAiCompatServer implements InPlacePaus
     const maxTokens = this.maxTokensFor(req, where);
     const v = await this.serverVersion();
     hooks.partial.weightVersion = v;
-    let finish: CompletionFinish | null = null;
-    let spans: VersionSpan[] | null = null;
+    let outcome: GenerateTokensOutcome;
     try {
       const body = generateTokensBody(req, this.body(req, true, { max_tokens: maxTokens }));
       const opts = { timeoutMs: this.options.requestTimeoutMs, signal: hooks.signal, headers: this.headers };
-      ({ finish, spans } = await streamGenerateTokens(this.url, body, opts, hooks.partial, where));
+      outcome = await streamGenerateTokens(this.url, body, opts, hooks.partial, where);
     } catch (e) {
       if (isLocalCancel(e, hooks.signal)) return this.unlabelled(hooks.partial, v);
       if (e instanceof EngineHttpError && (e.status === 400 || e.status === 413 || e.status === 422))
@@ -99,6 +97,7 @@ export class VllmInPlaceServer extends OpenAiCompatServer implements InPlacePaus
       await this.dropIfVersionMoved(hooks.partial, v);
       throw e;
     }
+    const { finish, spans } = outcome;
     if (finish === null) {
       if (hooks.signal?.aborted) return this.unlabelled(hooks.partial, v);
       await this.dropIfVersionMoved(hooks.partial, v);
@@ -106,7 +105,7 @@ export class VllmInPlaceServer extends OpenAiCompatServer implements InPlacePaus
         isRetriable: true,
       });
     }
-    const ended = finish as CompletionFinish;
+    const ended = finish;
     const labelled = this.labelled(hooks.partial, spans, where);
     if (labelled === null) return this.unlabelled(hooks.partial, v);
     return {
