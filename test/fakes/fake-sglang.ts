@@ -152,7 +152,8 @@
  *     [--model full|instant]   (instant: fake-lm.ts instantToken, for throughput benches)
  *     [--frontend python|rust] [--dp-size 1] [--enable-dp-attention]
  *     [--policy-url URL]   (the tokens and log-probs of a real model, test/fakes/hf-vlm-policy.py;
- *                           disk loads load its weights)
+ *                           disk loads load its weights; a response is drawn whole, then answered
+ *                           token by token, so faults, pauses and aborts act between its tokens)
  * prints "listening <port>" on stdout.
  */
 import { createServer, type IncomingMessage } from "node:http";

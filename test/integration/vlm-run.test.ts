@@ -10,8 +10,8 @@ import { requirePythonModules } from "../helpers/python.ts";
 
 /**
  * RL on a tiny vision-language model, end to end: scripts/make-vlm-task.py makes the task ("which square is
- * larger, red or blue", pictures drawn with numpy) and a tiny random Qwen2-VL warmed on it by a few supervised
- * steps to about half the reward; `rlq up` then runs GRPO on it with the torch trainer (weight_sync disk: each
+ * larger, red or blue", pictures drawn with numpy) and a tiny random Qwen2-VL warmed on it by supervised steps
+ * until its expected reward reaches 0.6; `rlq up` then runs GRPO on it with the torch trainer (weight_sync disk: each
  * committed checkpoint is loaded by the engine before the next step's rollouts).
  *
  * The engine is the fake SGLang reading image_data as SGLang does, its tokens and log-probs drawn by the model
