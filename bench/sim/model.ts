@@ -228,6 +228,8 @@ export class SimEngine {
   private isPaused = false;
   /** Sim time the model update lock was asked for (the current load, or the first of a chain); null when none is. */
   private lockedSince: number | null = null;
+  /** Sim time at which the current version took effect (its load's end; 0 for the first). */
+  private versionSince = 0;
   /** Sim time a request last ended (its output reached the tokenizer manager). */
   private lastOutputAt = -Infinity;
   private isLoadTimed = false;
@@ -427,7 +429,8 @@ export class SimEngine {
   private noteDecoding(now: number): void {
     if (this.firstDecodeAt.has(this.version)) return;
     let first = Infinity;
-    for (const r of this.running.values()) if (r.decodeFrom <= now) first = Math.min(first, r.decodeFrom);
+    // A request kept through an in-place load decoded before it: on this version it decodes from the load's end.
+    for (const r of this.running.values()) if (r.decodeFrom <= now) first = Math.min(first, Math.max(r.decodeFrom, this.versionSince));
     if (first !== Infinity) this.firstDecodeAt.set(this.version, first);
   }
 
@@ -448,6 +451,7 @@ export class SimEngine {
       this.timer = this.clock.at(now + this.p.weightLoadMs, () => {
         this.advance();
         this.version = l.version;
+        this.versionSince = this.clock.now();
         // Requests kept through the load (in place) go on at the new version from here.
         for (const r of [...this.running.values(), ...this.waiting]) if (r.versionsFrom.length > 0) r.versionsFrom.push([l.version, r.produced]);
         this.loading = null;

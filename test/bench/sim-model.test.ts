@@ -110,6 +110,25 @@ describe("SimEngine (the engine farm's model of one SGLang engine)", () => {
     expect(e.loadMs).toBeCloseTo(p.weightLoadMs, 6);
   });
 
+  it("in place: a request kept through the load decodes on the new version from the load's end, not from its first token", async () => {
+    const clock = virtualClock();
+    const p = params({ prefill0Ms: 0 });
+    const e = new SimEngine(p, clock);
+    let spans: Array<[number, number, number]> = [];
+    e.submit({ rid: "kept", target: 20, inputTokens: 1, onDone: (_n, _a, _v, s) => (spans = s) });
+    const t = 5 * iterationMs(p, 1);
+    clock.run(t);
+    e.pauseInPlace();
+    const loaded = e.load(1);
+    clock.run(t + p.weightLoadMs);
+    e.resume();
+    clock.run();
+    await loaded;
+    expect(e.firstDecodeAt.get(0)).toBe(0);
+    expect(e.firstDecodeAt.get(1)).toBeCloseTo(t + p.weightLoadMs, 6);
+    expect(spans.map(([v]) => v)).toEqual([0, 1]);
+  });
+
   it("an abort does not reach a request held behind a load (SGLang: not in rid_to_state yet): it runs on the new version", async () => {
     const clock = virtualClock();
     const p = params({ prefill0Ms: 0 });
