@@ -4,6 +4,21 @@
  */
 export type SampleStatus = "pending" | "completed" | "truncated" | "aborted" | "failed";
 
+/**
+ * An image by reference, as data/images.ts `PromptImage` records it (never the bytes): a tool
+ * observation's image (custom generate) on the segment whose tokens hold its placeholder.
+ */
+export interface ImageRef {
+  type: string;
+  key: string;
+  sha256: string;
+  byteLength: number;
+  mime: string;
+  origin: "path" | "data_uri" | "bytes";
+  path: string;
+  source: string | null;
+}
+
 export interface SegmentFact {
   sampleIndex: number;
   segmentIndex: number;
@@ -15,6 +30,8 @@ export interface SegmentFact {
   finishReason: string;
   status: SampleStatus;
   engine: string;
+  /** Observation images whose placeholders are in `tokens`, in placeholder order; absent: none. */
+  images?: readonly ImageRef[];
 }
 
 export interface AssembledSample {
@@ -33,6 +50,11 @@ export interface AssembledSample {
   oldestVersion: number | null;
   status: SampleStatus;
   finishReason: string;
+  /**
+   * Observation images of the counted segments, in order: every request after them sends the
+   * prompt's images then these; the train batch carries them after the prompt's. Absent: none.
+   */
+  images?: ImageRef[];
 }
 
 /** How a sample's segments are turned into training data. */
@@ -83,6 +105,7 @@ export function assembleSample(sampleIndex: number, segments: readonly SegmentFa
     if (s.tokens.length > 0 && out.weightVersions[out.weightVersions.length - 1] !== s.weightVersion) {
       out.weightVersions.push(s.weightVersion);
     }
+    if (s.images && s.images.length > 0) (out.images ??= []).push(...s.images);
     out.status = s.status;
     out.finishReason = s.finishReason;
   }

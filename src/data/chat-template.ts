@@ -294,3 +294,31 @@ export function filterLongPrompts(
 export function withImageDir<T extends PromptRenderOptions>(datasetPath: string, options: T): T {
   return options.imageBaseDir !== undefined ? options : { ...options, imageBaseDir: dirname(resolvePath(datasetPath)) };
 }
+
+/**
+ * The text the chat template renders for one image content part (Qwen2-VL:
+ * `<|vision_start|><|image_pad|><|vision_end|>`): the difference between a user turn
+ * `[text, image]` and the same turn without the image, as the prompt's placeholders are made
+ * (`renderPromptInput`). Null when the template renders no image part (a text-only model's).
+ */
+export function imagePlaceholderOf(renderer: ChatTemplateRenderer): string | null {
+  const marker = "\u0001rlq\u0001";
+  const render = (parts: Array<Record<string, string>>) =>
+    renderer.applyChatTemplate([{ role: "user", content: parts as unknown as string }], { addGenerationPrompt: false });
+  let withImage: string;
+  let without: string;
+  try {
+    withImage = render([{ type: "text", text: marker }, { type: "image" }]);
+    without = render([{ type: "text", text: marker }]);
+  } catch (e) {
+    if (e instanceof RlqError) throw e;
+    return null; // a template that cannot render a content part list has no image placeholder
+  }
+  const at = withImage.indexOf(marker);
+  if (at < 0 || without.indexOf(marker) !== at) return null;
+  const after = withImage.slice(at + marker.length);
+  const rest = without.slice(at + marker.length);
+  if (!after.endsWith(rest)) return null;
+  const placeholder = after.slice(0, after.length - rest.length);
+  return placeholder === "" ? null : placeholder;
+}

@@ -156,6 +156,15 @@ export function loadRecordImages(record: Record<string, unknown>, keys: Multimod
   return { ok: true, value: out };
 }
 
+/**
+ * One image from anywhere the dataset loader takes one (a path, a data URI, bytes, `{bytes, path}`):
+ * a tool observation's image in a custom generate function (rollout/custom-generate.ts). `key`
+ * names where it came from in the history (`observation`).
+ */
+export function loadImage(value: unknown, type: string, key: string, where: string, o: ImageLoadOptions): Decoded<PromptImage> {
+  return oneImage(value, type, key, where, o);
+}
+
 /** An image's bytes for an engine request, refusing a file that changed since the dataset was loaded. */
 export function readPromptImage(img: Pick<PromptImage, "path" | "sha256">): Buffer {
   let bytes: Buffer;

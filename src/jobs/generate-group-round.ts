@@ -11,7 +11,11 @@ import { errorMessage, RlqError } from "../lib/errors.ts";
 import { isRequestError } from "../engines/remote.ts";
 import { generateCustomRound } from "../rollout/custom-generate-round.ts";
 import { runSampling } from "../rollout/sampling-params.ts";
-import { imageDataUri, type PromptImage } from "../data/images.ts";
+import { resolve } from "node:path";
+import { imageDataUri } from "../data/images.ts";
+import { imagePlaceholderOf, type ChatTemplateRenderer } from "../data/chat-template.ts";
+import { readEnv } from "../config/env.ts";
+import type { ImageRef } from "../core/sample.ts";
 import { chooseGroupSamples, isGroupSettled, type GroupCandidate } from "../core/early-completion.ts";
 
 /**
@@ -62,6 +66,16 @@ function abortCheck(deps: RolloutDeps, job: RolloutJob): () => Promise<boolean> 
         return false;
       },
     );
+}
+
+/** The run tokenizer's image placeholder (data/chat-template.ts `imagePlaceholderOf`), once per run context. */
+const placeholders = new WeakMap<RunContext, string | null>();
+function imagePlaceholder(ctx: RunContext): string | null {
+  if (!placeholders.has(ctx)) {
+    const t = ctx.tokenizer as Partial<ChatTemplateRenderer>;
+    placeholders.set(ctx, ctx.config.apply_chat_template && typeof t.applyChatTemplate === "function" ? imagePlaceholderOf(t as ChatTemplateRenderer) : null);
+  }
+  return placeholders.get(ctx) ?? null;
 }
 
 export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job: RolloutJob, jobId: string): Promise<void> {
@@ -175,6 +189,10 @@ async function generatePending(
         prompt: view.prompt,
         sample: s,
         pluginPath: c.custom_generate_function_path as string,
+        imagePlaceholder: imagePlaceholder(ctx),
+        // Observation images: relative paths from the worker's directory (where plugin paths resolve),
+        // inline bytes kept by hash under RLQ_HOME/images like a dataset's.
+        imageLoad: { baseDir: process.cwd(), imageStoreDir: resolve(readEnv().RLQ_HOME, "images") },
       };
       return generateCustomRound(ctx.customGenerate, engine, input, inflight, isAborted);
     }),
@@ -198,7 +216,7 @@ async function generateCandidates(
   job: RolloutJob,
   inflight: Set<string>,
   isAborted: () => boolean,
-  images: readonly PromptImage[],
+  images: readonly ImageRef[],
   log: RolloutDeps["log"],
 ): Promise<RoundFacts["segments"]> {
   const n = pending.length;
@@ -265,9 +283,11 @@ async function generateSegments(
   job: RolloutJob,
   inflight: Set<string>,
   isAborted: () => boolean,
-  images: readonly PromptImage[],
+  images: readonly ImageRef[],
 ): Promise<RoundFacts["segments"]> {
-  const seg = await generateSegment(engine, ctx, promptTokens, sample, job, inflight, isAborted, images);
+  // A sample with observation images (an earlier custom generate round) sends them after the prompt's.
+  const all = sample.images && sample.images.length > 0 ? [...images, ...sample.images] : images;
+  const seg = await generateSegment(engine, ctx, promptTokens, sample, job, inflight, isAborted, all);
   if (seg === null) return [];
   const { versionSpans, ...whole } = seg;
   return splitAtVersions(whole, versionSpans);
@@ -299,7 +319,7 @@ async function generateSegment(
   job: RolloutJob,
   inflight: Set<string>,
   isAborted: () => boolean,
-  images: readonly PromptImage[] = [],
+  images: readonly ImageRef[] = [],
 ): Promise<(RoundFacts["segments"][number] & { versionSpans?: GenerateResult["versionSpans"] }) | null> {
   const c = ctx.config;
   const segmentIndex = sample.nextSegmentIndex;

@@ -50,7 +50,8 @@ export function groupSamples(g: GroupView & { rewards: Map<number, RewardFact> }
       reward: r.reward,
       sampleIndex: s.sampleIndex,
       // By reference: the batch encoder reads the bytes the rollout sent (checked against the recorded sha256).
-      ...(g.prompt.images && g.prompt.images.length > 0 && { images: g.prompt.images }),
+      // Observation images (custom generate tool turns) follow the prompt's, as the engine was sent them.
+      ...(((g.prompt.images?.length ?? 0) > 0 || (s.images?.length ?? 0) > 0) && { images: [...(g.prompt.images ?? []), ...(s.images ?? [])] }),
     });
     for (const m of s.lossMask) numTokens += m;
   }

@@ -1,7 +1,8 @@
 /** One rollout round of a sample through `custom_generate_function_path` (custom-generate.ts runs the function). */
 
 import type { Engine } from "../engines/engine.ts";
-import type { AssembledSample } from "../core/sample.ts";
+import type { AssembledSample, ImageRef } from "../core/sample.ts";
+import type { ImageLoadOptions } from "../data/images.ts";
 import type { RunConfig } from "../config/run-config.ts";
 import type { Tokenizer } from "../data/tokenizer.ts";
 import { requestId } from "../queue/payloads.ts";
@@ -37,7 +38,11 @@ export interface CustomRoundInput {
   weightVersion: number;
   config: RunConfig;
   tokenizer: Pick<Tokenizer, "encode" | "decode" | "eosId">;
-  prompt: { prompt: string; promptTokens: readonly number[]; label: string | null; metadata: unknown };
+  prompt: { prompt: string; promptTokens: readonly number[]; label: string | null; metadata: unknown; images?: readonly ImageRef[] };
+  /** The chat template's image placeholder (null: tool turns carry no image). */
+  imagePlaceholder?: string | null;
+  /** Where observation images given as relative paths are read and inline ones kept. */
+  imageLoad?: ImageLoadOptions;
   sample: AssembledSample;
   /** The configured path or URL, for messages. */
   pluginPath: string;
@@ -63,6 +68,8 @@ export async function generateCustomRound(
   if (c.rollout_max_context_len !== null) budget = Math.min(budget, c.rollout_max_context_len - input.prompt.promptTokens.length - s.responseTokens.length);
   if (engine === null || (isAborted() && budget > 0)) return [];
   const io = encoderWithoutPrefix(input.tokenizer);
+  // The prompt's images, then the observations of the sample's earlier rounds (a resumed sample).
+  const images = [...(input.prompt.images ?? []), ...(s.images ?? [])];
   const out = await runCustomGenerate(fn, {
     engine,
     args: c,
@@ -77,7 +84,11 @@ export async function generateCustomRound(
       label: input.prompt.label,
       metadata: (input.prompt.metadata as Record<string, unknown> | null) ?? {},
       status: s.status,
+      ...(images.length > 0 ? { imageHashes: images.map((i) => i.sha256) } : {}),
     },
+    images,
+    imagePlaceholder: input.imagePlaceholder ?? null,
+    ...(input.imageLoad ? { imageLoad: input.imageLoad } : {}),
     sampling: runSampling(c, input.tokenizer.eosId),
     budget: Math.max(0, budget),
     firstSegmentIndex: s.nextSegmentIndex,

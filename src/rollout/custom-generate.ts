@@ -39,8 +39,9 @@
 
 import { z } from "zod";
 import type { Engine, FinishReason, SamplingParams } from "../engines/engine.ts";
-import type { SampleStatus, SegmentFact } from "../core/sample.ts";
+import type { ImageRef, SampleStatus, SegmentFact } from "../core/sample.ts";
 import { RlqError } from "../lib/errors.ts";
+import { imageDataUri, loadImage, type ImageLoadOptions } from "../data/images.ts";
 
 /** What the function sees of the sample (plain JSON, also what an HTTP plugin is sent). */
 export interface CustomGenerateSample {
@@ -55,6 +56,8 @@ export interface CustomGenerateSample {
   label: string | null;
   metadata: Record<string, unknown>;
   status: SampleStatus;
+  /** sha256 of every image the engine is sent before this round's turns (the prompt's, then earlier observations'); absent: none. */
+  imageHashes?: string[];
 }
 
 export const engineTurnSchema = z.strictObject({
@@ -69,11 +72,25 @@ export const engineTurnSchema = z.strictObject({
 });
 export type EngineTurn = z.infer<typeof engineTurnSchema>;
 
+/** An image by reference (core/sample.ts `ImageRef`), as `tool(text, { images })` builds it. */
+export const imageRefSchema = z.strictObject({
+  type: z.string().min(1),
+  key: z.string(),
+  sha256: z.string().regex(/^[0-9a-f]{64}$/),
+  byteLength: z.number().int().positive(),
+  mime: z.string().startsWith("image/"),
+  origin: z.enum(["path", "data_uri", "bytes"]),
+  path: z.string().min(1),
+  source: z.string().nullable(),
+});
+
 export const toolTurnSchema = z
   .strictObject({
     kind: z.literal("tool"),
     tokens: z.array(z.number().int().nonnegative()),
     text: z.string().optional(),
+    /** Observation images, in the order of their placeholders in `tokens` (build them with `tool(text, { images })`). */
+    images: z.array(imageRefSchema).optional(),
     /** Optional; if given, all 0: tool tokens are never trained on. */
     lossMask: z.array(z.literal(0)).optional(),
     /** Optional; if given, all 0. */
@@ -104,11 +121,25 @@ export interface GenerateOptions {
   temperature?: number;
 }
 
+/** One image as the dataset loader takes it: a path, a `data:image/...;base64,` URI, bytes, or `{bytes, path}`. */
+export type ImageInput = string | Uint8Array | { bytes?: Uint8Array | null; path?: string | null };
+
+export interface ToolOptions {
+  /**
+   * Images of the observation, in order. With text: each is one image placeholder of the chat
+   * template (`imagePlaceholder`); text without placeholders gets one per image in front of it.
+   * With token ids: the ids must hold the placeholder's ids once per image.
+   */
+  images?: readonly ImageInput[];
+}
+
 export interface CustomGenerateHelpers {
   /** One engine call on prompt + response so far + `turns`. Push the result into your turns. */
   generate(turns: readonly Turn[], options?: GenerateOptions): Promise<EngineTurn>;
   /** A tool/environment turn (loss mask 0) from text, encoded by the run's tokenizer, or from ids. */
-  tool(textOrTokens: string | readonly number[]): ToolTurn;
+  tool(textOrTokens: string | readonly number[], options?: ToolOptions): ToolTurn;
+  /** The chat template's text for one image (Qwen2-VL `<|vision_start|><|image_pad|><|vision_end|>`); null: the run has none. */
+  imagePlaceholder: string | null;
   /** Tokens the response may still take after `turns`. */
   remainingTokens(turns: readonly Turn[]): number;
   tokenizer: { encode(text: string): number[]; decode(ids: readonly number[]): string };
@@ -140,6 +171,12 @@ export interface CustomGenerateBinding {
   isAborted?: () => boolean;
   /** How the plugin was named, for messages. */
   where?: string;
+  /** Images every engine call sends before the round's own (the prompt's, then earlier observations'), in placeholder order. */
+  images?: readonly ImageRef[];
+  /** Observation images: the chat template's placeholder text (absent or null: tool turns may carry no image). */
+  imagePlaceholder?: string | null;
+  /** Where relative image paths are read and inline images are kept (RLQ_HOME/images). */
+  imageLoad?: ImageLoadOptions;
 }
 
 /** One segment to write (the rollout job adds sampleIndex, round, tokenStart, error). */
@@ -171,7 +208,10 @@ export async function runCustomGenerate(fn: CustomGenerateFunction, b: CustomGen
   const helpers: CustomGenerateHelpers = {
     tokenizer: b.tokenizer,
     remainingTokens,
-    tool(textOrTokens) {
+    imagePlaceholder: b.imagePlaceholder ?? null,
+    tool(textOrTokens, options = {}) {
+      const images = options.images ?? [];
+      if (images.length > 0) return imageToolTurn(textOrTokens, images, b, where);
       if (typeof textOrTokens === "string") return { kind: "tool", tokens: b.tokenizer.encode(textOrTokens), text: textOrTokens };
       return { kind: "tool", tokens: [...textOrTokens], text: b.tokenizer.decode(textOrTokens) };
     },
@@ -198,11 +238,14 @@ export async function runCustomGenerate(fn: CustomGenerateFunction, b: CustomGen
         turn = empty("length"); // slime: no request when the budget is spent
       else if (isStopped || b.isAborted?.()) turn = empty("abort");
       else {
+        // Every call sends the prompt's and earlier observations' images, then those of this round's tool turns so far.
+        const images = [...(b.images ?? []), ...turns.flatMap((t) => (t.kind === "tool" ? (t.images ?? []) : []))];
         b.inflight?.add(requestId);
         try {
           const r = await b.engine.generate({
             requestId,
             inputIds: [...promptAndResponse, ...turns.flatMap((t) => t.tokens)],
+            ...(images.length > 0 ? { imageData: images.map(imageDataUri) } : {}),
             sampling: {
               ...b.sampling,
               ...(options.extraStopTokenIds ? { stopTokenIds: [...new Set([...b.sampling.stopTokenIds, ...options.extraStopTokenIds])] } : {}),
@@ -351,7 +394,52 @@ function toSegments(result: CustomGenerateResult, issued: readonly EngineTurn[],
 }
 
 function appendTool(seg: SegmentDraft, t: ToolTurn): void {
+  if (t.images && t.images.length > 0) seg.images = [...(seg.images ?? []), ...t.images];
   seg.tokens.push(...t.tokens);
   seg.logProbs.push(...t.tokens.map(() => 0));
   seg.lossMask.push(...t.tokens.map(() => 0));
+}
+
+/** Occurrences of `needle` in `ids` (non-overlapping). */
+function countSequence(ids: readonly number[], needle: readonly number[]): number {
+  if (needle.length === 0) return 0;
+  let n = 0;
+  for (let i = 0; i + needle.length <= ids.length; i++) {
+    if (needle.every((x, j) => ids[i + j] === x)) {
+      n++;
+      i += needle.length - 1;
+    }
+  }
+  return n;
+}
+
+/**
+ * A tool turn with images: each loaded as the dataset loader loads one (checked, hashed, inline
+ * bytes kept under the image store), the text's placeholders matched one to one with the images.
+ * The engine expands each placeholder by its image (as for the prompt's), and the trainer's
+ * processor counts placeholders against the sample's images, so a mismatch is refused here.
+ */
+function imageToolTurn(textOrTokens: string | readonly number[], inputs: readonly ImageInput[], b: CustomGenerateBinding, where: string): ToolTurn {
+  const placeholder = b.imagePlaceholder ?? null;
+  if (placeholder === null)
+    throw invalid(where, "tool(..., { images }) needs a chat template that renders image parts (a vision-language hf_checkpoint with apply_chat_template)");
+  const images = inputs.map((v, i) => {
+    const img = loadImage(v, "image", "observation", `tool image ${i}`, b.imageLoad ?? { baseDir: "." });
+    if (!img.ok) throw invalid(where, img.error);
+    return img.value;
+  });
+  const placeholderIds = b.tokenizer.encode(placeholder);
+  let tokens: number[];
+  let text: string;
+  if (typeof textOrTokens === "string") {
+    text = textOrTokens.includes(placeholder) ? textOrTokens : placeholder.repeat(images.length) + textOrTokens;
+    tokens = b.tokenizer.encode(text);
+  } else {
+    tokens = [...textOrTokens];
+    text = b.tokenizer.decode(tokens);
+  }
+  const found = countSequence(tokens, placeholderIds);
+  if (found !== images.length)
+    throw invalid(where, `a tool turn with ${images.length} image(s) holds ${found} image placeholder(s) ${JSON.stringify(placeholder)}; give one per image, in order`);
+  return { kind: "tool", tokens, text, images };
 }

@@ -10,6 +10,7 @@ import {
   type SampleStatus,
   type SegmentFact,
   type SegmentTokens,
+  type ImageRef,
 } from "../core/sample.ts";
 import { RlqError } from "../lib/errors.ts";
 import { inKeyOrder } from "./key-order.ts";
@@ -114,7 +115,7 @@ export function groupColumns(runId: string, groupId: string, perToken: "all" | "
   return `
   p.draw_ordinal, p.epoch, p.dataset_index, p.step AS draw_step, p.prompt, p.label, p.metadata, p.prompt_tokens, p.images,
   (SELECT json_agg(json_build_array(s.sample_index, s.segment_index, s.round, s.weight_version, s.tokens,
-                                    ${perToken === "all" ? "s.log_probs, s.loss_mask" : "NULL, NULL"}, s.finish_reason, s.status, s.engine))
+                                    ${perToken === "all" ? "s.log_probs, s.loss_mask" : "NULL, NULL"}, s.finish_reason, s.status, s.engine, s.images))
      FROM sample_segments s WHERE s.run_id = ${runId} AND s.group_id = ${groupId}) AS segments,
   (SELECT json_agg(c.payload) FROM decisions c WHERE c.run_id = ${runId} AND c.group_id = ${groupId} AND c.kind = 'group.cut') AS cuts`;
 }
@@ -139,8 +140,10 @@ export interface GroupRow {
   metadata: unknown;
   prompt_tokens: number[];
   images: PromptImage[] | null;
-  /** [sample_index, segment_index, round, weight_version, tokens, log_probs, loss_mask, finish_reason, status, engine]; log_probs and loss_mask null when loaded with `perToken` "tokens". */
-  segments: Array<[number, number, number, number, number[], Array<number | string> | null, number[] | null, string, string, string]> | null;
+  /** [sample_index, segment_index, round, weight_version, tokens, log_probs, loss_mask, finish_reason, status, engine, images]; log_probs and loss_mask null when loaded with `perToken` "tokens"; images null when the segment has none. */
+  segments: Array<
+    [number, number, number, number, number[], Array<number | string> | null, number[] | null, string, string, string, ImageRef[] | null | undefined]
+  > | null;
   cuts: unknown[] | null;
 }
 
@@ -185,7 +188,7 @@ function segmentsBySample<T extends object>(
   perToken: (tokens: number[], logProbs: Array<number | string> | null, lossMask: number[] | null) => T,
 ): Map<number, Array<SegmentTokens & T>> {
   const out = new Map<number, Array<SegmentTokens & T>>();
-  for (const [sampleIndex, segmentIndex, round, weightVersion, tokens, logProbs, lossMask, finishReason, status, engine] of row.segments ?? []) {
+  for (const [sampleIndex, segmentIndex, round, weightVersion, tokens, logProbs, lossMask, finishReason, status, engine, images] of row.segments ?? []) {
     const list = out.get(sampleIndex) ?? [];
     out.set(sampleIndex, list);
     list.push({
@@ -197,6 +200,7 @@ function segmentsBySample<T extends object>(
       finishReason,
       status: status as SampleStatus,
       engine,
+      ...(images && images.length > 0 ? { images } : {}),
       ...perToken(tokens, logProbs, lossMask),
     });
   }

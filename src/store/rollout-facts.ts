@@ -79,7 +79,8 @@ function roundKey(r: { runId: string; groupId: number; round: number }): string 
 /**
  * `writeRounds`' statement: $1..$7 the markers' columns (`markerColumns`), $8..$30 the segments'
  * columns with each per-token array's offset and length, $31..$33 the per-token arrays of all
- * segments, one binary array each (`segmentColumns`).
+ * segments, one binary array each, $34 each segment's observation images as JSON text or null
+ * (`segmentColumns`).
  */
 const WRITE_ROUNDS_SQL = `WITH marker AS (
        INSERT INTO group_rounds (run_id, group_id, round, step, job_id, is_complete, was_aborted)
@@ -88,19 +89,19 @@ const WRITE_ROUNDS_SQL = `WITH marker AS (
      segments AS (
        INSERT INTO sample_segments (run_id, group_id, sample_index, segment_index, round, step, job_id,
          weight_version, expected_weight_version, is_version_mismatch, token_start, token_end, tokens, log_probs, loss_mask,
-         engine, finish_reason, status, error)
+         engine, finish_reason, status, error, images)
        SELECT v.run_id, v.group_id, v.sample_index, v.segment_index, v.seg_round, v.step, v.job_id, v.weight_version, v.expected,
               v.is_mismatch, v.token_start, v.token_end,
               a.tokens[v.tokens_at : v.tokens_at + v.tokens_len - 1],
               a.log_probs[v.log_probs_at : v.log_probs_at + v.log_probs_len - 1],
               a.loss_mask[v.loss_mask_at : v.loss_mask_at + v.loss_mask_len - 1],
-              v.engine, v.finish_reason, v.status, v.error
+              v.engine, v.finish_reason, v.status, v.error, v.images::jsonb
          FROM unnest($8::text[], $9::bigint[], $10::int[], $11::int[], $12::text[], $13::int[], $14::int[], $15::int[], $16::int[], $17::int[],
                      $18::boolean[], $19::int[], $20::int[], $21::int[], $22::int[], $23::int[], $24::int[], $25::int[], $26::int[],
-                     $27::text[], $28::text[], $29::text[], $30::text[])
+                     $27::text[], $28::text[], $29::text[], $30::text[], $34::text[])
            AS v(run_id, group_id, round, step, job_id, expected, sample_index, segment_index, seg_round, weight_version,
                 is_mismatch, token_start, token_end, tokens_at, tokens_len, log_probs_at, log_probs_len, loss_mask_at, loss_mask_len,
-                engine, finish_reason, status, error)
+                engine, finish_reason, status, error, images)
          JOIN marker w ON w.run_id = v.run_id AND w.group_id = v.group_id AND w.round = v.round
          CROSS JOIN (SELECT $31::int4[] AS tokens, $32::float4[] AS log_probs, $33::int2[] AS loss_mask) a
        RETURNING 1)
@@ -119,7 +120,7 @@ function markerColumns(unique: readonly RoundFacts[]): unknown[] {
   ];
 }
 
-/** The segments of every round, one array per column ($8..$33 of WRITE_ROUNDS_SQL). */
+/** The segments of every round, one array per column ($8..$34 of WRITE_ROUNDS_SQL). */
 function segmentColumns(unique: readonly RoundFacts[]): unknown[] {
   const g = {
     runId: [] as string[],
@@ -142,6 +143,7 @@ function segmentColumns(unique: readonly RoundFacts[]): unknown[] {
     finishReason: [] as string[],
     status: [] as string[],
     error: [] as Array<string | null>,
+    images: [] as Array<string | null>,
   };
   for (const r of unique) {
     for (const seg of r.segments) {
@@ -165,6 +167,7 @@ function segmentColumns(unique: readonly RoundFacts[]): unknown[] {
       g.finishReason.push(seg.finishReason);
       g.status.push(seg.status);
       g.error.push(seg.error);
+      g.images.push(seg.images && seg.images.length > 0 ? JSON.stringify(seg.images) : null);
     }
   }
   return [
@@ -194,6 +197,7 @@ function segmentColumns(unique: readonly RoundFacts[]): unknown[] {
     g.tokens.binary(),
     g.logProbs.binary(),
     g.lossMask.binary(),
+    g.images,
   ];
 }
 

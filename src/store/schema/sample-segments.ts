@@ -1,4 +1,5 @@
-import { bigint, boolean, index, integer, pgTable, primaryKey, real, smallint, text, timestamp } from "drizzle-orm/pg-core";
+import { bigint, boolean, index, integer, jsonb, pgTable, primaryKey, real, smallint, text, timestamp } from "drizzle-orm/pg-core";
+import type { ImageRef } from "../../core/sample.ts";
 
 /**
  * `sample_segments`: one row per (sample, segment), insert-only, written by the
@@ -31,6 +32,13 @@ export const sampleSegments = pgTable(
     /** Sample status after this segment: completed | truncated | aborted | failed */
     status: text("status").notNull(),
     error: text("error"),
+    /**
+     * Observation images (a custom generate tool turn's) whose placeholders are in `tokens`, in
+     * order, by sha256 and origin like drawn_prompts.images (never the bytes); null: none. A
+     * sample's images are its prompt's then these, segment by segment. Query:
+     * `SELECT s.segment_index, i->>'sha256' FROM sample_segments s, jsonb_array_elements(s.images) i`.
+     */
+    images: jsonb("images").$type<ImageRef[]>(),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
   },
   (t) => [primaryKey({ columns: [t.runId, t.groupId, t.sampleIndex, t.segmentIndex] }), index("sample_segments_run_step_idx").on(t.runId, t.step)],

@@ -1,0 +1,1 @@
+ALTER TABLE "sample_segments" ADD COLUMN "images" jsonb;
