@@ -4,7 +4,12 @@ import { createDemoTokenizer } from "../model/tokenizer.ts";
 import { generate as toolAgent } from "../../examples/tool-agent/agent.ts";
 import { parseRunConfig } from "../config/run-config.ts";
 import { createByteTokenizer } from "../data/tokenizer.ts";
-import { runCustomGenerate, type CustomGenerateBinding, type CustomGenerateFunction, type EngineTurn } from "./custom-generate.ts";
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { solidPng } from "../../test/helpers/png.ts";
+import { sha256Hex } from "../lib/hash.ts";
+import { runCustomGenerate, type CustomGenerateBinding, type CustomGenerateFunction, type EngineTurn, type Turn } from "./custom-generate.ts";
 import { encoderWithoutPrefix, generateCustomRound } from "./custom-generate-round.ts";
 
 const tok = createDemoTokenizer();
@@ -299,5 +304,121 @@ describe("generateCustomRound: the rollout job's drop-in", () => {
         () => true,
       ),
     ).toEqual([]);
+  });
+});
+
+describe("custom generate: a tool turn with an image (an image observation)", () => {
+  const bytes = encoderWithoutPrefix(createByteTokenizer());
+  const placeholder = "<img/>";
+  const red = solidPng([255, 0, 0]);
+  const blue = solidPng([0, 0, 255]);
+  const promptImage = {
+    type: "image",
+    key: "images",
+    sha256: sha256Hex(red),
+    byteLength: red.byteLength,
+    mime: "image/png",
+    origin: "path" as const,
+    path: "",
+    source: "red.png",
+  };
+
+  it("puts the placeholder in the observation, masks it, records the image on its segment, and sends prompt + observation images after it", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "rlq-obs-"));
+    writeFileSync(join(dir, "red.png"), red);
+    const engine = scriptedEngine([
+      ["(3*4)", "stop"],
+      ["12<eos>", "stop"],
+    ]);
+    const fn: CustomGenerateFunction = async (_a, s, h) => {
+      expect(s.imageHashes).toEqual([sha256Hex(red)]);
+      expect(h.imagePlaceholder).toBe(placeholder);
+      const turns: Turn[] = [];
+      turns.push(await h.generate(turns));
+      turns.push(h.tool("\nseen:", { images: [`data:image/png;base64,${blue.toString("base64")}`] }));
+      turns.push(await h.generate(turns));
+      return { turns };
+    };
+    const out = await runCustomGenerate(
+      fn,
+      binding(engine, {
+        tokenizer: bytes,
+        images: [{ ...promptImage, path: join(dir, "red.png") }],
+        sample: { ...binding(engine).sample, imageHashes: [sha256Hex(red)] },
+        imagePlaceholder: placeholder,
+        imageLoad: { baseDir: dir, imageStoreDir: join(dir, "store") },
+      }),
+    );
+    // The first call sends the prompt's image; the second the prompt's then the observation's, in order.
+    expect(engine.requests.map((r) => (r.imageData ?? []).map((u) => sha256Hex(Buffer.from(u.split(",")[1] as string, "base64"))))).toEqual([
+      [sha256Hex(red)],
+      [sha256Hex(red), sha256Hex(blue)],
+    ]);
+    const obs = bytes.encode(`${placeholder}\nseen:`);
+    const first = tok.encode("(3*4)");
+    // The second request's ids end with the observation, its placeholder included (the engine expands it).
+    expect(engine.requests[1]?.inputIds.slice(-obs.length)).toEqual(obs);
+    expect(out.segments).toHaveLength(2);
+    const [seg0, seg1] = out.segments;
+    expect(seg0?.tokens).toEqual([...first, ...obs]);
+    expect(seg0?.lossMask).toEqual([...first.map(() => 1), ...obs.map(() => 0)]);
+    expect(seg0?.images).toEqual([
+      {
+        type: "image",
+        key: "observation",
+        sha256: sha256Hex(blue),
+        byteLength: blue.byteLength,
+        mime: "image/png",
+        origin: "data_uri",
+        path: join(dir, "store", sha256Hex(blue)),
+        source: null,
+      },
+    ]);
+    expect(readFileSync(join(dir, "store", sha256Hex(blue)))).toEqual(blue);
+    expect(seg1?.images).toBeUndefined();
+  });
+
+  it("a path image is read from the image base directory; placeholders written in the text are kept where they are", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "rlq-obs-"));
+    writeFileSync(join(dir, "blue.png"), blue);
+    const fn: CustomGenerateFunction = (_a, _s, h) => ({ turns: [h.tool(`a ${placeholder} b`, { images: ["blue.png"] })], status: "completed" });
+    const out = await runCustomGenerate(fn, binding(scriptedEngine([]), { tokenizer: bytes, imagePlaceholder: placeholder, imageLoad: { baseDir: dir } }));
+    expect(out.segments[0]?.tokens).toEqual(bytes.encode(`a ${placeholder} b`));
+    expect(out.segments[0]?.images?.map((i) => [i.origin, i.source, i.path])).toEqual([["path", "blue.png", join(dir, "blue.png")]]);
+  });
+
+  it("refuses placeholders that do not match the images, an unreadable image, and images on a run without a placeholder", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "rlq-obs-"));
+    writeFileSync(join(dir, "blue.png"), blue);
+    const run = (fn: CustomGenerateFunction, over: Partial<CustomGenerateBinding> = {}) =>
+      runCustomGenerate(fn, binding(scriptedEngine([]), { tokenizer: bytes, imagePlaceholder: placeholder, imageLoad: { baseDir: dir }, ...over }));
+    await expect(run((_a, _s, h) => ({ turns: [h.tool(`${placeholder}`, { images: ["blue.png", "blue.png"] })] }))).rejects.toMatchObject({
+      code: "custom_generate_invalid",
+      message: expect.stringMatching(/2 image\(s\) holds 1 image placeholder/),
+    });
+    await expect(run((_a, _s, h) => ({ turns: [h.tool(bytes.encode("no image"), { images: ["blue.png"] })] }))).rejects.toMatchObject({
+      message: expect.stringMatching(/1 image\(s\) holds 0 image placeholder/),
+    });
+    await expect(run((_a, _s, h) => ({ turns: [h.tool("x", { images: ["none.png"] })] }))).rejects.toMatchObject({
+      code: "custom_generate_invalid",
+      message: expect.stringMatching(/tool image 0: image none.png cannot be read/),
+    });
+    await expect(run((_a, _s, h) => ({ turns: [h.tool("x", { images: ["blue.png"] })] }), { imagePlaceholder: null })).rejects.toMatchObject({
+      message: expect.stringMatching(/needs a chat template that renders image parts/),
+    });
+  });
+
+  it("a text-only run sends no image data and records no images", async () => {
+    const engine = scriptedEngine([["(3*4)", "stop"]]);
+    const fn: CustomGenerateFunction = async (_a, s, h) => {
+      expect("imageHashes" in s).toBe(false);
+      const turns: Turn[] = [];
+      turns.push(await h.generate(turns));
+      turns.push(h.tool("=12"));
+      return { turns };
+    };
+    const out = await runCustomGenerate(fn, binding(engine));
+    expect(engine.requests[0]).not.toHaveProperty("imageData");
+    expect(out.segments[0]).not.toHaveProperty("images");
   });
 });
