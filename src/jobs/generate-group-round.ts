@@ -13,7 +13,7 @@ import { generateCustomRound } from "../rollout/custom-generate-round.ts";
 import { runSampling } from "../rollout/sampling-params.ts";
 import { resolve } from "node:path";
 import { imageDataUri } from "../data/images.ts";
-import { imagePlaceholderOf, type ChatTemplateRenderer } from "../data/chat-template.ts";
+import { imagePlaceholderOf } from "../data/chat-template.ts";
 import { readEnv } from "../config/env.ts";
 import type { ImageRef } from "../core/sample.ts";
 import { chooseGroupSamples, isGroupSettled, type GroupCandidate } from "../core/early-completion.ts";
@@ -68,14 +68,23 @@ function abortCheck(deps: RolloutDeps, job: RolloutJob): () => Promise<boolean> 
     );
 }
 
-/** The run tokenizer's image placeholder (data/chat-template.ts `imagePlaceholderOf`), once per run context. */
-const placeholders = new WeakMap<RunContext, string | null>();
-function imagePlaceholder(ctx: RunContext): string | null {
-  if (!placeholders.has(ctx)) {
-    const t = ctx.tokenizer as Partial<ChatTemplateRenderer>;
-    placeholders.set(ctx, ctx.config.apply_chat_template && typeof t.applyChatTemplate === "function" ? imagePlaceholderOf(t as ChatTemplateRenderer) : null);
+/**
+ * The image placeholder of the chat template the prompts were rendered with (hf_checkpoint's, as
+ * the dataset loader uses it; data/chat-template.ts `imagePlaceholderOf`), once per run context.
+ * Null without apply_chat_template: tool turns of such a run carry no image.
+ */
+const placeholders = new WeakMap<RunContext, Promise<string | null>>();
+function imagePlaceholder(ctx: RunContext): Promise<string | null> {
+  let hit = placeholders.get(ctx);
+  if (!hit) {
+    const c = ctx.config;
+    hit =
+      c.apply_chat_template && c.hf_checkpoint
+        ? import("../engines/hf-tokenizer.ts").then(async ({ loadHfTokenizer }) => imagePlaceholderOf(await loadHfTokenizer(c.hf_checkpoint as string)))
+        : Promise.resolve(null);
+    placeholders.set(ctx, hit);
   }
-  return placeholders.get(ctx) ?? null;
+  return hit;
 }
 
 export async function generateGroupRound(deps: RolloutDeps, ctx: RunContext, job: RolloutJob, jobId: string): Promise<void> {
@@ -189,7 +198,7 @@ async function generatePending(
         prompt: view.prompt,
         sample: s,
         pluginPath: c.custom_generate_function_path as string,
-        imagePlaceholder: imagePlaceholder(ctx),
+        imagePlaceholder: await imagePlaceholder(ctx),
         // Observation images: relative paths from the worker's directory (where plugin paths resolve),
         // inline bytes kept by hash under RLQ_HOME/images like a dataset's.
         imageLoad: { baseDir: process.cwd(), imageStoreDir: resolve(readEnv().RLQ_HOME, "images") },
