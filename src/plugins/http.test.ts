@@ -1,7 +1,14 @@
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
-import type { Engine } from "../engines/engine.ts";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { Engine, GenerateRequest } from "../engines/engine.ts";
+import { createByteTokenizer } from "../data/tokenizer.ts";
+import { encoderWithoutPrefix } from "../rollout/custom-generate-round.ts";
+import { sha256Hex } from "../lib/hash.ts";
+import { solidPng } from "../../test/helpers/png.ts";
 import { createDemoTokenizer } from "../model/tokenizer.ts";
 import { validatePluginGroupReward, validatePluginReward } from "../reward/plugin-contract.ts";
 import { toDynamicFilterOutput } from "../filters/dynamic-filter.ts";
@@ -161,6 +168,37 @@ describe("HTTP custom generate (step protocol)", () => {
     expect(out.segments[0]?.lossMask).toEqual([1, 1, 1, 1, 1, 0, 0, 0]);
     expect(bodies).toHaveLength(4);
     expect(bodies[3]).toMatchObject({ kind: "generate", remaining_tokens: 20 - 8 - 4 });
+  });
+
+  it("a tool step with images: rlq loads them, puts one placeholder each, and sends them with the next engine call", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "rlq-http-obs-"));
+    const png = solidPng([0, 255, 0]);
+    writeFileSync(join(dir, "g.png"), png);
+    const bytes = encoderWithoutPrefix(createByteTokenizer());
+    const requests: GenerateRequest[] = [];
+    const imgEngine: Engine = {
+      ...engine,
+      async generate(req) {
+        requests.push(req);
+        return { tokenIds: [65], logProbs: [-0.5], finishReason: "stop", weightVersion: 2, engineId: "e" };
+      },
+    };
+    const { url, bodies } = await serve((b) => {
+      if (b.turns.length === 0) return [200, { result: { action: "tool", text: "see:", images: ["g.png"] } }];
+      if (b.turns.length === 1) return [200, { result: { action: "generate" } }];
+      return [200, { result: { action: "finish" } }];
+    });
+    const out = await runCustomGenerate(httpCustomGenerate(url), {
+      ...binding,
+      engine: imgEngine,
+      tokenizer: bytes,
+      imagePlaceholder: "<img/>",
+      imageLoad: { baseDir: dir },
+    });
+    expect(bodies[0]).toMatchObject({ image_placeholder: "<img/>" });
+    expect(out.segments[0]?.tokens).toEqual([...bytes.encode("<img/>see:"), 65]);
+    expect(out.segments[0]?.images?.map((i) => i.sha256)).toEqual([sha256Hex(png)]);
+    expect(requests[0]?.imageData).toEqual([`data:image/png;base64,${png.toString("base64")}`]);
   });
 
   it("rejects an unknown action with the URL", async () => {

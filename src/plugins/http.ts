@@ -90,7 +90,13 @@ export const generateStepSchema = z.discriminatedUnion("action", [
     extra_stop_token_ids: z.array(z.number().int().nonnegative()).optional(),
   }),
   z
-    .strictObject({ action: z.literal("tool"), text: z.string().optional(), tokens: z.array(z.number().int().nonnegative()).optional() })
+    .strictObject({
+      action: z.literal("tool"),
+      text: z.string().optional(),
+      tokens: z.array(z.number().int().nonnegative()).optional(),
+      /** An image observation: paths (read where rlq runs) or data URIs, one placeholder each (custom-generate.ts `ToolOptions`). */
+      images: z.array(z.string().min(1)).optional(),
+    })
     .refine((s) => (s.text === undefined) !== (s.tokens === undefined), { message: "a tool step carries exactly one of text or tokens" }),
   z.strictObject({ action: z.literal("finish"), status: z.enum(["completed", "truncated", "failed"]).optional() }),
 ]);
@@ -101,7 +107,9 @@ export const generateStepSchema = z.discriminatedUnion("action", [
  * `{"kind":"generate","args","sample","turns","remaining_tokens"}` and the
  * endpoint answers the next action (`generateStepSchema`): generate (rlq calls
  * the engine and appends its turn), tool (rlq appends text/tokens with loss
- * mask 0), or finish. Stateless: `turns` is the whole round so far.
+ * mask 0, and its images if any), or finish. Stateless: `turns` is the whole
+ * round so far. With a vision-language chat template the request also carries
+ * `image_placeholder`, the text of one image.
  */
 export function httpCustomGenerate(url: string, options: HttpPluginOptions = {}): CustomGenerateFunction {
   const option = options.option ?? "custom_generate_function_path";
@@ -109,7 +117,14 @@ export function httpCustomGenerate(url: string, options: HttpPluginOptions = {})
     const turns: Turn[] = [];
     const maxSteps = 4 * (helpers.remainingTokens([]) + 2);
     for (let step = 0; step < maxSteps; step++) {
-      const raw = await callHttpPlugin(url, "generate", { args, sample, turns, remaining_tokens: helpers.remainingTokens(turns) }, { ...options, option });
+      const body = {
+        args,
+        sample,
+        turns,
+        remaining_tokens: helpers.remainingTokens(turns),
+        ...(helpers.imagePlaceholder !== null ? { image_placeholder: helpers.imagePlaceholder } : {}),
+      };
+      const raw = await callHttpPlugin(url, "generate", body, { ...options, option });
       const parsed = generateStepSchema.safeParse(raw);
       if (!parsed.success) {
         const detail = parsed.error.issues.map((i) => `${i.path.join(".") || "(value)"}: ${i.message}`).join("; ");
@@ -120,7 +135,7 @@ export function httpCustomGenerate(url: string, options: HttpPluginOptions = {})
       }
       const s = parsed.data;
       if (s.action === "finish") return s.status ? { turns, status: s.status } : { turns };
-      if (s.action === "tool") turns.push(helpers.tool(s.text ?? (s.tokens as number[])));
+      if (s.action === "tool") turns.push(helpers.tool(s.text ?? (s.tokens as number[]), s.images ? { images: s.images } : {}));
       else {
         turns.push(
           await helpers.generate(turns, {
