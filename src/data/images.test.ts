@@ -5,7 +5,8 @@ import { ByteWriter, parquetWrite, schemaFromColumnData } from "hyparquet-writer
 import { beforeAll, describe, expect, it } from "vitest";
 import { loadHfTokenizer, type HfTokenizer } from "../engines/hf-tokenizer.ts";
 import { sha256Hex } from "../lib/hash.ts";
-import { visionChatTokenizerDir } from "../../test/helpers/chat-tokenizer.ts";
+import { chatTokenizerDir, visionChatTokenizerDir } from "../../test/helpers/chat-tokenizer.ts";
+import { imagePlaceholderOf } from "./chat-template.ts";
 import { solidPng } from "../../test/helpers/png.ts";
 import { loadPromptData } from "./dataset.ts";
 import { imageDataUri, readPromptImage } from "./images.ts";
@@ -117,5 +118,12 @@ describe("datasets with images (multimodal_keys)", () => {
       code: "config_invalid",
       message: expect.stringContaining("multimodal_keys needs apply_chat_template: true"),
     });
+  });
+});
+
+describe("imagePlaceholderOf: the chat template's text for one image", () => {
+  it("is Qwen2-VL's placeholder for a vision template, null for a text-only one", async () => {
+    expect(imagePlaceholderOf(await loadHfTokenizer(visionChatTokenizerDir()))).toBe("<|vision_start|><|image_pad|><|vision_end|>");
+    expect(imagePlaceholderOf(await loadHfTokenizer(chatTokenizerDir()))).toBeNull();
   });
 });

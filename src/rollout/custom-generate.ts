@@ -35,6 +35,14 @@
  * segment of its own with version -1: a segment's version is "who generated
  * these tokens", `weight_versions` would list -1, and staleness views would
  * count it.
+ *
+ * **Image observations.** `tool(text, { images })` loads each image as the
+ * dataset loader does and checks that the turn holds the chat template's image
+ * placeholder once per image. The images ride on the tool turn, then on the
+ * segment the turn joins (`SegmentDraft.images`, stored in
+ * `sample_segments.images`): every later engine call sends the prompt's images,
+ * then earlier observations', then this round's, matching the placeholders'
+ * order in its input ids, which the engine's processor pairs one by one.
  */
 
 import { z } from "zod";
