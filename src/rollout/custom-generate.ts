@@ -448,6 +448,9 @@ function imageToolTurn(textOrTokens: string | readonly number[], inputs: readonl
   }
   const found = countSequence(tokens, placeholderIds);
   if (found !== images.length)
-    throw invalid(where, `a tool turn with ${images.length} image(s) holds ${found} image placeholder(s) ${JSON.stringify(placeholder)}; give one per image, in order`);
+    throw invalid(
+      where,
+      `a tool turn with ${images.length} image(s) holds ${found} image placeholder(s) ${JSON.stringify(placeholder)}; give one per image, in order`,
+    );
   return { kind: "tool", tokens, text, images };
 }

@@ -94,7 +94,16 @@ describe("a custom generate function with an image observation", () => {
         key,
       ).toEqual([0, 1]);
       expect(list[0]?.images, key).toEqual([
-        { type: "image", key: "observation", sha256: greenSha, byteLength: green.byteLength, mime: "image/png", origin: "path", source: join(dir, "green.png"), path: join(dir, "green.png") },
+        {
+          type: "image",
+          key: "observation",
+          sha256: greenSha,
+          byteLength: green.byteLength,
+          mime: "image/png",
+          origin: "path",
+          source: join(dir, "green.png"),
+          path: join(dir, "green.png"),
+        },
       ]);
       expect(list[1]?.images, key).toBeNull();
       // The observation (placeholder included) is not trained on.
