@@ -14,7 +14,7 @@ import type { Db } from "../store/db.ts";
 import { RlqError } from "../lib/errors.ts";
 import { insertDrawnPrompts, loadRunRow } from "../store/run-facts.ts";
 import { loadRoundStatuses, writeRewardsOfRounds, writeRounds, type RoundFacts, type RewardFact } from "../store/rollout-facts.ts";
-import type { SampleStatus } from "../core/sample.ts";
+import type { ImageRef, SampleStatus } from "../core/sample.ts";
 import type { ControllerHost } from "./host.ts";
 import type { RoundKey } from "./groups.ts";
 import { collectWritten } from "./sft-collect.ts";
@@ -128,8 +128,9 @@ async function loadRecordedGroups(db: Db, runId: string, groupIds: readonly numb
     finish_reason: string;
     status: string;
     error: string | null;
+    images: ImageRef[] | null;
   }>(
-    `SELECT group_id, round, sample_index, segment_index, weight_version, token_start, tokens, log_probs, loss_mask, engine, finish_reason, status, error
+    `SELECT group_id, round, sample_index, segment_index, weight_version, token_start, tokens, log_probs, loss_mask, engine, finish_reason, status, error, images
        FROM sample_segments WHERE run_id = $1 AND group_id = ANY($2::bigint[]) ORDER BY group_id, sample_index, segment_index`,
     [runId, [...lastRound.keys()]],
   );
@@ -163,6 +164,8 @@ async function loadRecordedGroups(db: Db, runId: string, groupIds: readonly numb
       engine: r.engine,
       tokenStart: r.token_start,
       error: r.error,
+      // Observation images go with their segment: the replayed batch carries them as the recorded one did.
+      ...(r.images && r.images.length > 0 ? { images: r.images } : {}),
     });
   }
   for (const r of rw.rows) {
