@@ -51,6 +51,27 @@ describe("assembleSample with staleness", () => {
     expect(fresh).toMatchObject({ responseTokens: [], status: "pending", nextSegmentIndex: 2, oldestVersion: null });
   });
 
+  it("observation images follow the counted segments in order; a cut drops those of the segments it drops", () => {
+    const img = (sha: string) => ({
+      type: "image",
+      key: "observation",
+      sha256: sha,
+      byteLength: 1,
+      mime: "image/png",
+      origin: "bytes" as const,
+      path: sha,
+      source: null,
+    });
+    const segments = [
+      { ...seg(0, 0, 0, 1, [1, 2], [1, 0]), images: [img("a")] },
+      { ...seg(0, 1, 1, 2, [3, 4], [1, 0]), images: [img("b"), img("c")] },
+      seg(0, 2, 2, 3, [9], [1], "completed"),
+    ];
+    expect(assembleSample(0, segments).images?.map((i) => i.sha256)).toEqual(["a", "b", "c"]);
+    expect(assembleSample(0, segments, { cutBeforeRound: 1 }).images?.map((i) => i.sha256)).toEqual(["b", "c"]);
+    expect(assembleSample(0, segments, { cutBeforeRound: 2 })).not.toHaveProperty("images");
+  });
+
   it("maskStale zeroes tokens older than minVersion and keeps the denominator mask", () => {
     const s = assembleSample(0, [seg(0, 0, 0, 1, [1, 2]), seg(0, 1, 1, 2, [3], [0]), seg(0, 2, 2, 3, [4, 5], [1, 1], "completed")]);
     const m = maskStale(s, 3);

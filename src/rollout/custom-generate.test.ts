@@ -408,6 +408,65 @@ describe("custom generate: a tool turn with an image (an image observation)", ()
     });
   });
 
+  it("a resumed sample (generateCustomRound) sends the prompt's images then its earlier observations'", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "rlq-obs-"));
+    writeFileSync(join(dir, "red.png"), red);
+    writeFileSync(join(dir, "blue.png"), blue);
+    const red0 = { ...promptImage, path: join(dir, "red.png") };
+    const blue0 = { ...promptImage, key: "observation", sha256: sha256Hex(blue), byteLength: blue.byteLength, path: join(dir, "blue.png"), source: "blue.png" };
+    const engine = scriptedEngine([["12<eos>", "stop"]]);
+    let seen: string[] | undefined;
+    const fn: CustomGenerateFunction = async (_a, s, h) => {
+      seen = s.imageHashes;
+      const turns: Turn[] = [];
+      turns.push(await h.generate(turns));
+      return { turns };
+    };
+    const config = parseRunConfig({
+      prompt_data: "p.jsonl",
+      rollout_batch_size: 1,
+      rollout_max_response_len: 32,
+      num_rollout: 1,
+      rm_type: "math",
+      ref_load: "ckpt",
+    });
+    const rows = await generateCustomRound(
+      fn,
+      engine,
+      {
+        runId: "r1",
+        groupId: 4,
+        round: 1,
+        weightVersion: 3,
+        config,
+        tokenizer: { ...bytes, eosId: 257 },
+        prompt: { prompt: "?", promptTokens: [1, 2], label: null, metadata: {}, images: [red0] },
+        sample: {
+          sampleIndex: 0,
+          responseTokens: [3, 4],
+          logProbs: [-1, 0],
+          lossMask: [1, 0],
+          denomMask: [1, 0],
+          tokenVersions: [3, -1],
+          weightVersions: [3],
+          numSegments: 1,
+          nextSegmentIndex: 1,
+          oldestVersion: 3,
+          status: "aborted",
+          finishReason: "abort",
+          images: [blue0],
+        },
+        pluginPath: "agent.mjs",
+        imagePlaceholder: placeholder,
+      },
+      new Set(),
+      () => false,
+    );
+    expect(seen).toEqual([sha256Hex(red), sha256Hex(blue)]);
+    expect(engine.requests[0]?.imageData?.map((u) => sha256Hex(Buffer.from(u.split(",")[1] as string, "base64")))).toEqual([sha256Hex(red), sha256Hex(blue)]);
+    expect(rows.map((r) => r.images)).toEqual([undefined]);
+  });
+
   it("a text-only run sends no image data and records no images", async () => {
     const engine = scriptedEngine([["(3*4)", "stop"]]);
     const fn: CustomGenerateFunction = async (_a, s, h) => {
