@@ -217,12 +217,7 @@ export async function runCustomGenerate(fn: CustomGenerateFunction, b: CustomGen
     tokenizer: b.tokenizer,
     remainingTokens,
     imagePlaceholder: b.imagePlaceholder ?? null,
-    tool(textOrTokens, options = {}) {
-      const images = options.images ?? [];
-      if (images.length > 0) return imageToolTurn(textOrTokens, images, b, where);
-      if (typeof textOrTokens === "string") return { kind: "tool", tokens: b.tokenizer.encode(textOrTokens), text: textOrTokens };
-      return { kind: "tool", tokens: [...textOrTokens], text: b.tokenizer.decode(textOrTokens) };
-    },
+    tool: (textOrTokens, options = {}) => toolTurn(textOrTokens, options, b, where),
     async generate(turns, options = {}) {
       const segmentIndex = b.firstSegmentIndex + issued.length;
       const requestId = b.requestIdFor(segmentIndex);
@@ -246,8 +241,7 @@ export async function runCustomGenerate(fn: CustomGenerateFunction, b: CustomGen
         turn = empty("length"); // slime: no request when the budget is spent
       else if (isStopped || b.isAborted?.()) turn = empty("abort");
       else {
-        // Every call sends the prompt's and earlier observations' images, then those of this round's tool turns so far.
-        const images = [...(b.images ?? []), ...turns.flatMap((t) => (t.kind === "tool" ? (t.images ?? []) : []))];
+        const images = requestImages(b, turns);
         b.inflight?.add(requestId);
         try {
           const r = await b.engine.generate({
@@ -308,6 +302,19 @@ export async function runCustomGenerate(fn: CustomGenerateFunction, b: CustomGen
     throw invalid(where, `returned ${JSON.stringify(raw)?.slice(0, 200) ?? String(raw)}; expected {turns: [...], status?} (${detail})`, parsed.error);
   }
   return toSegments(parsed.data, issued, b, where);
+}
+
+/** `helpers.tool`: a tool turn from text (encoded without special tokens) or ids, with its images if any. */
+function toolTurn(textOrTokens: string | readonly number[], options: ToolOptions, b: CustomGenerateBinding, where: string): ToolTurn {
+  const images = options.images ?? [];
+  if (images.length > 0) return imageToolTurn(textOrTokens, images, b, where);
+  if (typeof textOrTokens === "string") return { kind: "tool", tokens: b.tokenizer.encode(textOrTokens), text: textOrTokens };
+  return { kind: "tool", tokens: [...textOrTokens], text: b.tokenizer.decode(textOrTokens) };
+}
+
+/** What an engine call sends: the prompt's and earlier observations' images, then those of this round's tool turns so far. */
+function requestImages(b: CustomGenerateBinding, turns: readonly Turn[]): ImageRef[] {
+  return [...(b.images ?? []), ...turns.flatMap((t) => (t.kind === "tool" ? (t.images ?? []) : []))];
 }
 
 /** Check the validated turns against what was issued, and build the segments. */
