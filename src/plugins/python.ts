@@ -322,6 +322,7 @@ export async function resolvePythonPlugin(
 const sglangPayloadSchema = z.looseObject({
   input_ids: z.array(z.number().int().nonnegative()).optional(),
   text: z.string().optional(),
+  image_data: z.union([z.array(z.unknown()), z.string()]).nullish(),
   sampling_params: z
     .looseObject({
       max_new_tokens: z.number().int().nonnegative().optional(),
@@ -372,6 +373,17 @@ function pythonGenerate(
       const parsed = sglangPayloadSchema.safeParse(raw);
       if (!parsed.success) throw new RlqError("plugin_bad_call", `${where} posted ${JSON.stringify(raw)?.slice(0, 200)}; expected SGLang's /generate body`);
       const p = parsed.data;
+      // rlq sends the sample's own images with every request; a Python function cannot add one yet
+      // (an observation's): refused rather than dropped, so the engine never sees fewer images than placeholders.
+      const posted = p.image_data === null || p.image_data === undefined ? 0 : Array.isArray(p.image_data) ? p.image_data.length : 1;
+      const held = sample.imageHashes?.length ?? 0;
+      if (posted > held) {
+        throw new RlqError(
+          "plugin_bad_call",
+          `${where} posted ${posted} image(s) in image_data; the sample holds ${held}: a py: generate function cannot add images (an image observation) yet. ` +
+            "Write the generate function in JavaScript/TypeScript (tool(text, { images })) or serve it over HTTP (a tool step with images), docs/plugins.md",
+        );
+      }
       const ids = p.input_ids ?? (p.text !== undefined ? helpers.tokenizer.encode(p.text) : null);
       const extra = ids === null ? null : extension(known, ids);
       if (extra === null) {

@@ -106,6 +106,23 @@ describe("Python plugins in slime's signatures", () => {
     }
   });
 
+  it("a generate function that posts an image the sample does not hold (an image observation) pauses the run, naming what to use instead", async () => {
+    const engineUrl = await w.freshEngine();
+    const { outcome, status } = await runUntilDone(
+      w.baseConfig({
+        custom_generate_function_path: `py:${PLUGINS}/my_agent.py:generate_image_observation`,
+        custom_rm_path: `${rewards}:reward_func`,
+        dynamic_sampling_filter_path: null,
+        engine: { kind: "sglang", urls: [engineUrl] },
+      }),
+      { env: w.env, baseDir: repoRoot },
+    );
+    expect(outcome).toBe("paused");
+    expect(status.lastError).toMatch(
+      /my_agent\.py:generate_image_observation .*posted 1 image\(s\) in image_data; the sample holds 0: a py: generate function cannot add images/,
+    );
+  });
+
   for (const [fn, message] of [
     ["reward_raises", /custom_rm_path py:.*my_rewards\.py:reward_raises threw on sample \d+: ValueError: judge unavailable for 'Q\d+: /],
     [
