@@ -22,6 +22,7 @@ import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { fixtureModel, startTorchTrainer, type Server } from "../../scripts/real-stack.ts";
 import { checkRunInvariants } from "../helpers/invariants.ts";
+import { colocateCrashPoints, expectColocatedPhases } from "../helpers/colocate.ts";
 import { keepRestarting, spawnRlq, waitFor } from "../helpers/processes.ts";
 import { requirePythonModules } from "../helpers/python.ts";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
@@ -31,14 +32,6 @@ const NUM_ROLLOUT = 3;
 /** The step whose training the trainer's kill interrupts. */
 const KILLED_STEP = 1;
 const trainerArgs = ["--threads", "1", "--nproc", "2", "--sharding", "fsdp"];
-
-/** Controller crash points, one in each phase (as test/integration/colocate.test.ts). */
-const controllerPoints = [
-  ["controller.before_release_decision", "released (the release sent, not recorded)"],
-  ["controller.after_train_dispatch", "training"],
-  ["controller.before_resume_decision", "pushing (the weights resumed, not recorded)"],
-  ["controller.after_sync", "resuming (the trained version loaded, the KV cache not resumed)"],
-] as const;
 
 /** SIGKILL a server's whole process group (torchrun's ranks with it), as a crash would. */
 function killGroup(s: Server): void {
@@ -83,8 +76,8 @@ describe("colocated mode on the real PyTorch trainer (FSDP2, 2 ranks)", () => {
       weight_sync: "disk",
       train_stall_timeout_s: 120,
     });
-    const marks = controllerPoints.map((_, i) => join(w.home, `colotorch-crash-${i}`));
-    const upEnv = { ...w.env, RLQ_CRASH_AT: controllerPoints.map(([p], i) => `${p}:once=${marks[i]}`).join(",") };
+    const marks = colocateCrashPoints.map((_, i) => join(w.home, `colotorch-crash-${i}`));
+    const upEnv = { ...w.env, RLQ_CRASH_AT: colocateCrashPoints.map(([p], i) => `${p}:once=${marks[i]}`).join(",") };
     // A controller only: its kills take no job with them, the worker below runs every one.
     const up = keepRestarting(() => spawnRlq(["up", "--run", runId, "--workers", ""], upEnv));
     const worker = spawnRlq(["worker", "rollout", "reward", "train", "--concurrency", "8"], w.env);
@@ -130,8 +123,8 @@ describe("colocated mode on the real PyTorch trainer (FSDP2, 2 ranks)", () => {
       worker.kill("SIGTERM");
       await Promise.all([up.current().exited, worker.exited]);
     }
-    controllerPoints.forEach(([point], i) => expect(existsSync(marks[i] as string), point).toBe(true));
-    expect(up.restarts()).toBe(controllerPoints.length);
+    colocateCrashPoints.forEach(([point], i) => expect(existsSync(marks[i] as string), point).toBe(true));
+    expect(up.restarts()).toBe(colocateCrashPoints.length);
     // The killed step was trained by the second trainer only, and no earlier step again.
     expect(first.log()).not.toMatch(new RegExp(`step ${runId}/${KILLED_STEP} attempt \\S+: done`));
     expect(second?.log()).toMatch(new RegExp(`step ${runId}/${KILLED_STEP} attempt \\S+: done`));
@@ -141,25 +134,7 @@ describe("colocated mode on the real PyTorch trainer (FSDP2, 2 ranks)", () => {
     const replay = spawnRlq(["replay", runId, "--check"], w.env);
     expect(await replay.exited, replay.output()).toBe(0);
 
-    // Per step, the phases in the log's order: released → trained → weights resumed → synced → KV cache resumed → next step.
-    const log = (
-      await w.db.pool.query<{ kind: string; step: number | null; tag: string | null }>(
-        "SELECT kind, step, payload->>'tag' AS tag FROM decisions WHERE run_id = $1 AND kind IN ('step.sealed', 'engines.released', 'train.dispatched', 'step.trained', 'engines.resumed', 'weights.synced', 'step.started') ORDER BY seq",
-        [runId],
-      )
-    ).rows.map((d) => `${d.kind}${d.tag ? `:${d.tag}` : ""}@${d.step}`);
-    expect(log).toEqual(
-      [...Array(NUM_ROLLOUT).keys()].flatMap((step) => [
-        ...(step > 0 ? [`step.started@${step}`] : []),
-        `step.sealed@${step}`,
-        `engines.released@${step}`,
-        `train.dispatched@${step}`,
-        `step.trained@${step}`,
-        `engines.resumed:weights@${step}`,
-        `weights.synced@${step}`,
-        `engines.resumed:kv_cache@${step}`,
-      ]),
-    );
+    await expectColocatedPhases(w.db, runId, NUM_ROLLOUT);
 
     // The trainer's moves (rlq_torch/offload.py), as each step reported them, bytes summed over the
     // ranks: every step ends offloaded, the same state each time (the policy's shards, its buffers

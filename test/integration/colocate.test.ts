@@ -14,18 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 import { keepRestarting, spawnRlq, waitFor } from "../helpers/processes.ts";
 import { checkRunInvariants } from "../helpers/invariants.ts";
-
-/**
- * Controller crash points, one in each phase, with the phase it kills in. Two of them fall between
- * an endpoint call and its decision, where the restarted controller sends the call again. (Each
- * restart of `rlq up` costs seconds of process start: one kill a phase keeps the test short.)
- */
-const controllerPoints = [
-  ["controller.before_release_decision", "released (the release sent, not recorded)"],
-  ["controller.after_train_dispatch", "training"],
-  ["controller.before_resume_decision", "pushing (the weights resumed, not recorded)"],
-  ["controller.after_sync", "resuming (the trained version loaded, the KV cache not resumed)"],
-] as const;
+import { colocateCrashPoints, expectColocatedPhases } from "../helpers/colocate.ts";
 
 describe("colocated mode", () => {
   let w: World;
@@ -46,8 +35,8 @@ describe("colocated mode", () => {
       rollout_shuffle: true,
       engine: { kind: "sglang", urls: [engineUrl] },
     });
-    const marks = controllerPoints.map((_, i) => join(w.home, `colocate-crash-${i}`));
-    const upEnv = { ...w.env, RLQ_CRASH_AT: controllerPoints.map(([p], i) => `${p}:once=${marks[i]}`).join(",") };
+    const marks = colocateCrashPoints.map((_, i) => join(w.home, `colocate-crash-${i}`));
+    const upEnv = { ...w.env, RLQ_CRASH_AT: colocateCrashPoints.map(([p], i) => `${p}:once=${marks[i]}`).join(",") };
     const trainMark = join(w.home, "colocate-crash-train");
     const workerEnv = { ...w.env, RLQ_CRASH_AT: `train.before_commit:once=${trainMark}` };
     const up = keepRestarting(() => spawnRlq(["up", "--run", runId], upEnv));
@@ -71,33 +60,16 @@ describe("colocated mode", () => {
       await Promise.all([up.current().exited, worker.current().exited]);
     }
     // Every crash point was reached and killed its process once.
-    controllerPoints.forEach(([point], i) => expect(existsSync(marks[i] as string), point).toBe(true));
+    colocateCrashPoints.forEach(([point], i) => expect(existsSync(marks[i] as string), point).toBe(true));
     expect(existsSync(trainMark)).toBe(true);
-    expect(up.restarts()).toBe(controllerPoints.length);
+    expect(up.restarts()).toBe(colocateCrashPoints.length);
     expect(worker.restarts()).toBe(1);
 
     await checkRunInvariants(w.db, runId, { numRollout, datasetSize: 64, shuffle: true, seed: 42, rbs: 4 });
     const replay = spawnRlq(["replay", runId, "--check"], w.env);
     expect(await replay.exited, replay.output()).toBe(0);
 
-    // Per step, the phases in the log's order: released → trained → weights resumed → synced → KV cache resumed → next step.
-    const log = (
-      await w.db.pool.query<{ kind: string; step: number | null; tag: string | null }>(
-        "SELECT kind, step, payload->>'tag' AS tag FROM decisions WHERE run_id = $1 AND kind IN ('step.sealed', 'engines.released', 'train.dispatched', 'step.trained', 'engines.resumed', 'weights.synced', 'step.started') ORDER BY seq",
-        [runId],
-      )
-    ).rows.map((d) => `${d.kind}${d.tag ? `:${d.tag}` : ""}@${d.step}`);
-    const expected = [...Array(numRollout).keys()].flatMap((step) => [
-      ...(step > 0 ? [`step.started@${step}`] : []),
-      `step.sealed@${step}`,
-      `engines.released@${step}`,
-      `train.dispatched@${step}`,
-      `step.trained@${step}`,
-      `engines.resumed:weights@${step}`,
-      `weights.synced@${step}`,
-      `engines.resumed:kv_cache@${step}`,
-    ]);
-    expect(log).toEqual(expected);
+    await expectColocatedPhases(w.db, runId, numRollout);
 
     // The engine was asked for nothing it could not take: no generation or load while released, no
     // release while requests ran, no resume of memory it held.
