@@ -68,8 +68,9 @@ async function trainAsync(h: ControllerHost): Promise<boolean> {
  * aborts (the engines hold them until their requests ended); with drain,
  * once the rounds landed: no request spans two versions. With in_place the loads start
  * at once, each engine paused keeping its requests, and the rounds in flight go on across
- * the load: their tokens' versions split at the boundary (engines/sglang.ts cuts a segment
- * there), and the staleness bound applies per token as for any segment.
+ * the load: their tokens' versions split at the boundary (one segment per version,
+ * engines/sglang-answer.ts and jobs/generate-group-round.ts `splitAtVersions`), and the staleness
+ * bound applies per token as for any segment.
  */
 async function syncAsync(h: ControllerHost): Promise<boolean> {
   const s = h.state;

@@ -174,8 +174,9 @@ function applyAnswer(partial: PartialOutput, payload: unknown, where: string): "
     throw new VersionChanged();
   }
   const finish = applySglangMeta(partial, meta, where);
-  // Cut at a version boundary mid-stream (spans): the tokens past it belong to the next segment,
-  // and later delta events would be appended to a cut output, so the stream stops here.
+  // Cut at a version boundary mid-stream (spans that do not tile the output): the tokens past it
+  // belong to the next segment, and later delta events would be appended to a cut output, so the
+  // stream stops here. Spans that tile it are kept whole and the stream runs on.
   if (partial.isVersionCut === true && (meta.finish_reason === null || meta.finish_reason === undefined)) throw new VersionChanged();
   return finish;
 }
@@ -340,7 +341,7 @@ class SglangServer implements RemoteEngine {
    * sent while paused skips the model update lock the requests hold and starts at once
    * (tokenizer_manager.py update_weights_from_disk: "Immediately update the weights if the engine is
    * in paused state"). The kept requests' answers then carry meta_info.weight_versions spans
-   * (utils/weight_versions.py), and rlq cuts each at its version boundary (sglang-answer.ts).
+   * (utils/weight_versions.py), and rlq records one segment per version (sglang-answer.ts).
    */
   async pauseInPlace(): Promise<void> {
     await this.admin("/pause_generation", { mode: "in_place" }, this.adminMs, "control");

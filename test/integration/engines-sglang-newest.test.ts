@@ -188,25 +188,32 @@ describe("streamed error events {message, type, code, retryable} (http_server.py
 });
 
 describe("incremental streaming across an in-place update (tokenizer_manager.py slices only the log-prob keys)", () => {
-  it("a delta event carries every span and the new weight_version: the segment keeps the version that sampled it, cut at the boundary", async () => {
+  it("a delta event carries every span and the new weight_version: every token keeps the version that sampled it, the request runs on", async () => {
     const f = await h.fake(["--token-delay-ms", "4", "--stop-prob", "0", "--weight-versions-spans", "--incremental-streaming-output"]);
     const e = createSglangServer({ url: f.url, requestTimeoutMs: 10_000, isStreaming: true });
     const pending = e.generate(request("inc-span", { maxNewTokens: 300, stopTokenIds: [], seed: 9 }));
     await waitFor("tokens flowing", async () => (await fakeStats(f.url)).tokensGenerated >= 10);
     await pushInPlace(f.url, 5);
     const r = await pending;
-    expect(r).toMatchObject({ finishReason: "abort", weightVersion: 0 });
-    expect(r.tokenIds.length).toBeGreaterThanOrEqual(10);
-    expect(r.tokenIds.length).toBeLessThan(300);
-    // Every kept token is version 0's: the same seed on a server that never moved gives the same tokens.
+    // The delta events' spans apply to the whole output held so far: the request ran to its length,
+    // the tokens before the push labelled 0 and the ones after it 5 (never the delta's newest version for all).
+    expect(r).toMatchObject({ finishReason: "length", weightVersion: 0 });
+    expect(r.tokenIds.length).toBe(300);
+    const cut = r.versionSpans?.[0]?.end as number;
+    expect(r.versionSpans).toEqual([
+      { version: 0, start: 0, end: cut },
+      { version: 5, start: cut, end: 300 },
+    ]);
+    expect(cut).toBeGreaterThanOrEqual(10);
+    // The version-0 tokens are version 0's: the same seed on a server that never moved gives the same tokens.
     const g = await h.fake(["--stop-prob", "0"]);
     const ref = await createSglangServer({ url: g.url, requestTimeoutMs: 10_000 }).generate(
-      request("inc-ref", { maxNewTokens: r.tokenIds.length, stopTokenIds: [], seed: 9 }),
+      request("inc-ref", { maxNewTokens: cut, stopTokenIds: [], seed: 9 }),
     );
-    expect(ref.tokenIds).toEqual(r.tokenIds);
-    // The stream stopped at the boundary and the request was aborted on the server.
+    expect(ref.tokenIds).toEqual(r.tokenIds.slice(0, cut));
+    // Nothing was aborted: the request ended by itself on the server.
     await waitFor("the request ended on the server", async () => (await fakeStats(f.url)).live === 0);
-    expect((await fakeStats(f.url)).abortRequests).toBeGreaterThanOrEqual(1);
+    expect((await fakeStats(f.url)).abortRequests).toBe(0);
   });
 });
 
