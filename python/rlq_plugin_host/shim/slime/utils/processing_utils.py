@@ -19,4 +19,3 @@ def encode_image_for_rollout_engine(image) -> str:
         image = image.convert("RGB")
     image.save(buffer, format="PNG")
     return base64.b64encode(buffer.getvalue()).decode("utf-8")
-
