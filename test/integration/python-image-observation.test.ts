@@ -164,6 +164,21 @@ describe("a slime VLM generate function (py:) with an image observation", () => 
     await expectBatchImages(runId, [redSha, ...screenshots]);
   });
 
+  it("without Pillow the host hands the images' file paths, and the shim's encode_image_for_rollout_engine sends their bytes as base64", () => {
+    const script = [
+      "import json, sys",
+      "sys.modules['PIL'] = None  # as in a Python without Pillow",
+      `sys.path.insert(0, ${JSON.stringify(join(repoRoot, "python/rlq_plugin_host"))})`,
+      "import host",
+      "from slime.utils.processing_utils import encode_image_for_rollout_engine",
+      "images = host.open_images([sys.argv[1]])",
+      "print(json.dumps({'images': images, 'encoded': [encode_image_for_rollout_engine(i) for i in images]}))",
+    ].join("\n");
+    const r = spawnSync(python, ["-c", script, join(dir, "red.png")], { encoding: "utf8" });
+    expect(r.status, r.stderr).toBe(0);
+    expect(JSON.parse(r.stdout)).toEqual({ images: [join(dir, "red.png")], encoded: [red.toString("base64")] });
+  });
+
   it("tokens holding an image placeholder whose image is never posted pause the run, naming image_data", async () => {
     const { outcome, status } = await run("generate_placeholder_without_image");
     expect(outcome).toBe("paused");
