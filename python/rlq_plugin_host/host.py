@@ -175,8 +175,12 @@ def open_images(paths: list) -> list:
 
 def image_entry(image, path: str) -> str:
     """One image a function added to sample.multimodal_inputs["images"], as an image_data entry
-    (base64 PNG for a PIL image, as slime's encode_image_for_rollout_engine writes it)."""
+    (base64 PNG for a PIL image, as slime's encode_image_for_rollout_engine writes it; a file's
+    bytes as base64, whatever its name; a data URI or base64 string as it is)."""
     if isinstance(image, str):
+        if os.path.isfile(image):
+            with open(image, "rb") as f:
+                return base64.b64encode(f.read()).decode("ascii")
         return image
     if isinstance(image, (bytes, bytearray)):
         return base64.b64encode(bytes(image)).decode("ascii")
