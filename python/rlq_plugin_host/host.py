@@ -21,12 +21,15 @@ The signatures are slime's:
 - generate:       async fn(args, sample, sampling_params[, evaluation]) -> Sample
                   (slime/rollout/sglang_rollout.py generate_and_rm); its `post` to /generate
                   (slime.utils.http_utils) is sent to rlq as {"id", "engine": n, "payload"} and
-                  answered with {"engine_reply": n, "ok", "result"} on stdin.
+                  answered with {"engine_reply": n, "ok", "result"} on stdin. The request's
+                  "images" (file paths) become sample.multimodal_inputs["images"]; the answer's
+                  "images" are the ones the function added there, as image_data entries.
 `args` is an argparse.Namespace of the run's config under slime's names.
 """
 
 import argparse
 import asyncio
+import base64
 import importlib
 import importlib.util
 import inspect
@@ -155,6 +158,53 @@ def slime_sampling_params(args) -> dict:
     }
 
 
+def open_images(paths: list) -> list:
+    """The sample's images as slime's functions read sample.multimodal_inputs["images"]: PIL images
+    in RGB (qwen_vl_utils' fetch_image, through slime's process_vision_info), or their file paths
+    when Pillow is not installed in this Python."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return list(paths)
+    out = []
+    for p in paths:
+        with Image.open(p) as img:
+            out.append(img.convert("RGB"))
+    return out
+
+
+def image_entry(image, path: str) -> str:
+    """One image a function added to sample.multimodal_inputs["images"], as an image_data entry
+    (base64 PNG for a PIL image, as slime's encode_image_for_rollout_engine writes it; a file's
+    bytes as base64, whatever its name; a data URI or base64 string as it is)."""
+    if isinstance(image, str):
+        if os.path.isfile(image):
+            with open(image, "rb") as f:
+                return base64.b64encode(f.read()).decode("ascii")
+        return image
+    if isinstance(image, (bytes, bytearray)):
+        return base64.b64encode(bytes(image)).decode("ascii")
+    if hasattr(image, "save"):
+        from slime.utils.processing_utils import encode_image_for_rollout_engine
+
+        return encode_image_for_rollout_engine(image)
+    raise BadReturn(
+        f"{path} is a {type(image).__name__} ({_short(image)}); expected a PIL image, a path, a data URI or base64"
+    )
+
+
+def added_images(out, handed: int) -> list:
+    mm = getattr(out, "multimodal_inputs", None)
+    images = mm.get("images") if isinstance(mm, dict) else None
+    if not images:
+        return []
+    return [
+        image_entry(img, f'sample.multimodal_inputs["images"][{i}]')
+        for i, img in enumerate(images)
+        if i >= handed
+    ]
+
+
 async def run_generate(fn, args, req: dict, bridge):
     s = req["sample"]
     prompt_tokens = list(s.get("promptTokens") or [])
@@ -168,6 +218,9 @@ async def run_generate(fn, args, req: dict, bridge):
     )
     # slime's generate expects PENDING, or ABORTED for a sample continued after an abort (partial rollout).
     sample.status = Sample.Status.ABORTED if response_tokens else Sample.Status.PENDING
+    handed = list(req.get("images") or [])
+    if handed:
+        sample.multimodal_inputs = {"images": open_images(handed)}
     params = slime_sampling_params(args)
     token = http_utils.engine_bridge.set(bridge)
     try:
@@ -189,6 +242,7 @@ async def run_generate(fn, args, req: dict, bridge):
         "response_length": int(out.response_length or 0),
         "loss_mask": plain(out.loss_mask, "sample.loss_mask"),
         "status": status,
+        "images": added_images(out, len(handed)),
     }
 
 

@@ -26,7 +26,15 @@ import { fileURLToPath } from "node:url";
 import { z } from "zod";
 import { pluginPython } from "../config/env.ts";
 import { RlqError } from "../lib/errors.ts";
-import type { CustomGenerateFunction, CustomGenerateHelpers, CustomGenerateSample, EngineTurn, Turn } from "../rollout/custom-generate.ts";
+import {
+  countSequence,
+  type CustomGenerateFunction,
+  type CustomGenerateHelpers,
+  type CustomGenerateSample,
+  type EngineTurn,
+  type ImageInput,
+  type Turn,
+} from "../rollout/custom-generate.ts";
 
 export const PY_PREFIX = "py:";
 
@@ -337,6 +345,8 @@ const generateReturnSchema = z.object({
   response_length: z.number().int().nonnegative(),
   loss_mask: z.array(z.number()).nullable(),
   status: z.string(),
+  /** sample.multimodal_inputs["images"] beyond the ones the host handed in, encoded as image_data entries (host.py). */
+  images: z.array(z.string()).optional(),
 });
 
 /** How far `ids` extend `known`: the extra tokens, or null when `ids` do not start with `known`. */
@@ -347,6 +357,23 @@ function extension(known: readonly number[], ids: readonly number[]): number[] |
 }
 
 /**
+ * One image_data entry as SGLang's load_image reads it (python/sglang/srt/utils/common.py): a
+ * name ending in png, jpg, jpeg, webp or gif is a file, a `data:` URI is decoded after its comma,
+ * any other string is base64 (slime's encode_image_for_rollout_engine sends PNG base64 bare).
+ * Returned as `tool(..., { images })` takes it; a URL or a non-string goes through as is, for
+ * loadImage to refuse by name.
+ */
+function imageInputOf(entry: unknown): ImageInput {
+  if (typeof entry !== "string" || entry.startsWith("data:") || /^[a-z][a-z0-9+.-]*:\/\//i.test(entry)) return entry as ImageInput;
+  if (/(png|jpg|jpeg|webp|gif)$/i.test(entry)) return entry;
+  return `data:;base64,${entry}`;
+}
+
+function imageDataList(v: unknown[] | string | null | undefined): unknown[] {
+  return v === null || v === undefined ? [] : Array.isArray(v) ? v : [v];
+}
+
+/**
  * slime's `async generate(args, sample, sampling_params) -> Sample` run in
  * the host. Each \`post(url, payload)\` to /generate it makes comes here: the
  * payload's \`input_ids\` (or \`text\`) must extend the sample's tokens so far;
@@ -354,6 +381,16 @@ function extension(known: readonly number[], ids: readonly number[]): number[] |
  * rlq's engine call runs as a turn (helpers.generate: rlq's request id, seed,
  * abort, budget), answered in SGLang's /generate shape. Tokens the returned
  * Sample holds after the last engine call are a final tool turn.
+ *
+ * Images, as slime's VLM multi-turn rollouts carry them: the host puts the
+ * sample's images in `sample.multimodal_inputs["images"]`; a post's
+ * `image_data` is the images so far (the sample's, then earlier observations')
+ * followed by the new ones, which are the images of the tool turn before that
+ * request (its tokens hold one placeholder each, as `tool(ids, { images })`
+ * checks). The entries standing for images rlq holds are not read: rlq sends
+ * its own copies. A final tool turn's images are read back from the returned
+ * Sample's `multimodal_inputs["images"]` (slime's rollouts extend it with each
+ * observation's images).
  */
 function pythonGenerate(
   option: string,
@@ -364,26 +401,36 @@ function pythonGenerate(
     const turns: Turn[] = [];
     const known = [...sample.promptTokens, ...sample.responseTokens];
     const where = `${option} ${path} (sample ${sample.sampleIndex} of group ${sample.groupId})`;
-    const addTool = (extra: readonly number[]) => {
+    /** Images rlq holds for this sample so far: the round's own (observations) follow helpers.images. */
+    let heldImages = helpers.images.length;
+    const addTool = (extra: readonly number[], images: readonly unknown[], from: string) => {
+      if (images.length > 0 && extra.length === 0) {
+        throw new RlqError(
+          "plugin_bad_call",
+          `${where} ${from} ${images.length} new image(s) (beyond the ${heldImages} the sample holds) with no tokens appended since the last request to hold their placeholders: ` +
+            "append the observation's tokens (one image placeholder per image) to sample.tokens before posting its images",
+        );
+      }
       if (extra.length === 0) return;
-      turns.push(helpers.tool(extra));
+      const placeholder = helpers.imagePlaceholder;
+      if (images.length === 0 && placeholder !== null) {
+        const found = countSequence(extra, helpers.tokenizer.encode(placeholder));
+        if (found > 0) {
+          throw new RlqError(
+            "plugin_bad_call",
+            `${where} appended tokens holding ${found} image placeholder(s) ${JSON.stringify(placeholder)} but ${from} no new image for them: ` +
+              "post the images so far followed by the observation's in image_data (or, after the last request, add them to sample.multimodal_inputs['images'])",
+          );
+        }
+      }
+      turns.push(helpers.tool(extra, images.length > 0 ? { images: images.map(imageInputOf) } : {}));
       known.push(...extra);
+      heldImages += images.length;
     };
     const onEngine: EngineRequestHandler = async (raw) => {
       const parsed = sglangPayloadSchema.safeParse(raw);
       if (!parsed.success) throw new RlqError("plugin_bad_call", `${where} posted ${JSON.stringify(raw)?.slice(0, 200)}; expected SGLang's /generate body`);
       const p = parsed.data;
-      // rlq sends the sample's own images with every request; a Python function cannot add one yet
-      // (an observation's): refused rather than dropped, so the engine never sees fewer images than placeholders.
-      const posted = p.image_data === null || p.image_data === undefined ? 0 : Array.isArray(p.image_data) ? p.image_data.length : 1;
-      const held = sample.imageHashes?.length ?? 0;
-      if (posted > held) {
-        throw new RlqError(
-          "plugin_bad_call",
-          `${where} posted ${posted} image(s) in image_data; the sample holds ${held}: a py: generate function cannot add images (an image observation) yet. ` +
-            "Write the generate function in JavaScript/TypeScript (tool(text, { images })) or serve it over HTTP (a tool step with images), docs/plugins.md",
-        );
-      }
       const ids = p.input_ids ?? (p.text !== undefined ? helpers.tokenizer.encode(p.text) : null);
       const extra = ids === null ? null : extension(known, ids);
       if (extra === null) {
@@ -392,7 +439,8 @@ function pythonGenerate(
           `${where} posted ${p.input_ids ? "input_ids" : p.text !== undefined ? "text" : "neither input_ids nor text"} that do not continue the sample (prompt + response so far): post input_ids = sample.tokens (the prompt's, then every token appended since)`,
         );
       }
-      addTool(extra);
+      // rlq sends the images it holds with every request; only the entries beyond them are new.
+      addTool(extra, imageDataList(p.image_data).slice(heldImages), "posted");
       const sp = p.sampling_params ?? {};
       const turn: EngineTurn = await helpers.generate(turns, {
         ...(sp.max_new_tokens !== undefined ? { maxNewTokens: sp.max_new_tokens } : {}),
@@ -412,7 +460,7 @@ function pythonGenerate(
         },
       };
     };
-    const raw = await call({ args, sample }, onEngine);
+    const raw = await call({ args, sample, images: helpers.images.map((i) => i.path) }, onEngine);
     const out = generateReturnSchema.safeParse(raw);
     if (!out.success) throw new RlqError("plugin_bad_return", `${where} returned ${JSON.stringify(raw)?.slice(0, 200)}; expected ${EXPECTED.generate}`);
     const tail = extension(known, out.data.tokens);
@@ -422,7 +470,9 @@ function pythonGenerate(
         `${where} returned sample.tokens (${out.data.tokens.length}) that do not continue the prompt and the engine's tokens (${known.length}); expected ${EXPECTED.generate}`,
       );
     }
-    addTool(tail);
+    // multimodal_inputs["images"] beyond the sample's: the observations posted this round, then the final tool turn's.
+    const observed = heldImages - helpers.images.length;
+    addTool(tail, (out.data.images ?? []).slice(observed), "the returned sample.multimodal_inputs['images'] holds");
     const status = out.data.status;
     // aborted / pending: rlq's status follows the last engine turn (an abort resumes as a partial rollout).
     return status === "completed" || status === "truncated" || status === "failed" ? { turns, status } : { turns };

@@ -148,6 +148,8 @@ export interface CustomGenerateHelpers {
   tool(textOrTokens: string | readonly number[], options?: ToolOptions): ToolTurn;
   /** The chat template's text for one image (Qwen2-VL `<|vision_start|><|image_pad|><|vision_end|>`); null: the run has none. */
   imagePlaceholder: string | null;
+  /** The images every engine call sends before this round's own (the prompt's, then earlier observations'), as `sample.imageHashes` names them. */
+  images: readonly ImageRef[];
   /** Tokens the response may still take after `turns`. */
   remainingTokens(turns: readonly Turn[]): number;
   tokenizer: { encode(text: string): number[]; decode(ids: readonly number[]): string };
@@ -217,6 +219,7 @@ export async function runCustomGenerate(fn: CustomGenerateFunction, b: CustomGen
     tokenizer: b.tokenizer,
     remainingTokens,
     imagePlaceholder: b.imagePlaceholder ?? null,
+    images: b.images ?? [],
     tool: (textOrTokens, options = {}) => toolTurn(textOrTokens, options, b, where),
     async generate(turns, options = {}) {
       const segmentIndex = b.firstSegmentIndex + issued.length;
@@ -416,7 +419,7 @@ function appendTool(seg: SegmentDraft, t: ToolTurn): void {
 }
 
 /** Occurrences of `needle` in `ids` (non-overlapping). */
-function countSequence(ids: readonly number[], needle: readonly number[]): number {
+export function countSequence(ids: readonly number[], needle: readonly number[]): number {
   if (needle.length === 0) return 0;
   let n = 0;
   for (let i = 0; i + needle.length <= ids.length; i++) {

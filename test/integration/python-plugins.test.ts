@@ -106,7 +106,7 @@ describe("Python plugins in slime's signatures", () => {
     }
   });
 
-  it("a generate function that posts an image the sample does not hold (an image observation) pauses the run, naming what to use instead", async () => {
+  it("a generate function that posts a new image with no observation tokens before it pauses the run, naming what to append", async () => {
     const engineUrl = await w.freshEngine();
     const { outcome, status } = await runUntilDone(
       w.baseConfig({
@@ -119,7 +119,7 @@ describe("Python plugins in slime's signatures", () => {
     );
     expect(outcome).toBe("paused");
     expect(status.lastError).toMatch(
-      /my_agent\.py:generate_image_observation .*posted 1 image\(s\) in image_data; the sample holds 0: a py: generate function cannot add images/,
+      /my_agent\.py:generate_image_observation \(sample \d+ of group \d+\) posted 1 new image\(s\) \(beyond the 0 the sample holds\) with no tokens appended since the last request to hold their placeholders: append the observation's tokens/,
     );
   });
 
