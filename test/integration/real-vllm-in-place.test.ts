@@ -24,15 +24,18 @@ import { createDb, type Db } from "../../src/store/db.ts";
 import { fixtureModel, startTorchTrainer, startVllm, type Server } from "../../scripts/real-stack.ts";
 import { loadHfTokenizer } from "../../src/engines/hf-tokenizer.ts";
 import { createVllmInPlaceEngine } from "../../src/engines/vllm-in-place.ts";
+import type { PartialOutput } from "../../src/engines/remote.ts";
 import { engineHarness } from "../helpers/engine-harness.ts";
-import { repoRoot, spawnRlq, waitFor } from "../helpers/processes.ts";
+import { repoRoot, spawnRlq } from "../helpers/processes.ts";
 import { requirePythonModules } from "../helpers/python.ts";
 import { createTestDatabase, redisUrl } from "../helpers/services.ts";
 import { request } from "../fakes/fake-engine-control.ts";
 
 const python = requirePythonModules(["torch", "transformers", "vllm", "safetensors"]);
 const MODEL = "fixture";
-const MAX_MODEL_LEN = 512;
+// Long enough that a request outlasts the test's pause on a fast idle machine (this tiny model samples
+// hundreds of tokens in the time of one HTTP round trip); RoPE takes the longer positions.
+const MAX_MODEL_LEN = 2048;
 const h = engineHarness("vllm");
 
 /** A copy of the model with its output layer scaled: every log-prob at temperature 1 moves, so the two versions tell tokens apart. */
@@ -62,14 +65,6 @@ function promptFile(): string {
   const demo = readFileSync(join(repoRoot, "examples/demo/train.jsonl"), "utf8").trim().split("\n").slice(0, 8);
   writeFileSync(file, demo.flatMap((line) => [line, JSON.stringify({ input: "attention_mask", label: "0" })]).join("\n") + "\n");
   return file;
-}
-
-/** vLLM's generated-token counter (vllm/v1/metrics/loggers.py), summed over label sets. */
-async function generatedTokens(url: string): Promise<number> {
-  const text = await (await fetch(`${url}/metrics`)).text();
-  let n = 0;
-  for (const line of text.split("\n")) if (line.startsWith("vllm:generation_tokens_total{")) n += Number(line.slice(line.lastIndexOf(" ") + 1));
-  return n;
 }
 
 async function postAdmin(url: string, path: string): Promise<void> {
@@ -122,34 +117,51 @@ describe("weight_update_mode in_place on a real vLLM server", () => {
 
   it("a request running across a load in place comes back split at the pause, each token's log-prob its labelled version's", async () => {
     const url = (vllm as Server).url;
-    const p = h.pool([createVllmInPlaceEngine({ url, model: MODEL, requestTimeoutMs: 300_000 })], { healthTimeoutMs: 10_000 });
+    // The engine tapped so the test sees the request's output as it streams.
+    const engine = createVllmInPlaceEngine({ url, model: MODEL, requestTimeoutMs: 300_000 });
+    let streamed: PartialOutput | null | undefined;
+    const generateWith = engine.generateWith.bind(engine);
+    engine.generateWith = (req, hooks) => {
+      streamed = hooks.partial;
+      return generateWith(req, hooks);
+    };
+    const p = h.pool([engine], { healthTimeoutMs: 10_000 });
     await p.awaitReady(60_000);
     const budget = MAX_MODEL_LEN - prompt.length - 1;
-    // The request must still be running when the load pauses the server. On a quiet machine it can
-    // end first, so the test pauses the server itself (mode=keep, as the load does; pausing twice
-    // is allowed: core.py pause_scheduler only sets PAUSED_ALL) once the request has sampled some
-    // tokens, and loads only when the server counts it running: nothing steps while paused, so it
-    // is still running when the load's own pause lands. Otherwise it resumes and tries again.
+    // The request must be running, with tokens sampled, when the load pauses the server. The test
+    // pauses it itself first (mode=keep, as the load does; pausing twice is allowed: core.py
+    // pause_scheduler only sets PAUSED_ALL): nothing steps while paused, and /pause answers once the
+    // output queue is empty (async_llm.py pause_generation), so what has streamed by then is what
+    // was sampled. No signal says "running, some tokens in" on an idle machine: this tiny model's
+    // outputs reach the client merged (a whole request at its end) and the metrics trail as far
+    // (seen: a pause at once finds nothing sampled, a pause at the first streamed token finds the
+    // request done). So the tries pause a growing delay after the send, a search for a cut point
+    // whose result the facts below check; a try whose request had not started, or had ended, resumes
+    // and goes again.
     let running: ReturnType<typeof p.generate> | undefined;
-    for (let attempt = 0; attempt < 5 && running === undefined; attempt++) {
-      const before = await generatedTokens(url);
-      const req = p.generate(request(`inplace-split-${attempt}`, { inputIds: prompt, stopTokenIds: [], maxNewTokens: budget, seed: 3, ignoreEos: true }));
-      await waitFor("the request generating", async () => (await generatedTokens(url)) - before >= 16, 120_000, 20);
+    const delaysMs = [0, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560];
+    for (const [attempt, delay] of delaysMs.entries()) {
+      streamed = null;
       let ended = false;
+      const req = p.generate(request(`inplace-split-${attempt}`, { inputIds: prompt, stopTokenIds: [], maxNewTokens: budget, seed: 3, ignoreEos: true }));
       void req.then(
         () => (ended = true),
         () => (ended = true),
       );
+      await new Promise((resolve) => setTimeout(resolve, delay));
       await postAdmin(url, "/pause?mode=keep&clear_cache=false");
-      // /pause answers once the output queue is empty (async_llm.py pause_generation): an ended request has its last chunk out.
       await p.health?.().catch(() => undefined);
-      if (!ended) running = req;
-      else {
-        await postAdmin(url, "/resume");
-        await req;
+      const sampled = (streamed as PartialOutput | null)?.tokenIds.length ?? 0;
+      console.log(`split try ${attempt} (pause ${delay} ms after the send): ended ${ended}, sampled ${sampled}`);
+      if (!ended && sampled > 0) {
+        running = req;
+        break;
       }
+      await postAdmin(url, "/resume");
+      await req;
     }
-    if (running === undefined) throw new Error("in 5 tries the request always ended before the server paused");
+    if (running === undefined)
+      throw new Error(`in ${delaysMs.length} tries the request had either not started or ended when the server paused (see the tries above)`);
     await p.loadWeights(1, `file://${perturbed}`, undefined, { keepRequests: true });
     const result = await running;
 
@@ -159,7 +171,7 @@ describe("weight_update_mode in_place on a real vLLM server", () => {
     const spans = result.versionSpans ?? [];
     expect(spans.map((s) => s.version)).toEqual([0, 1]);
     const cut = spans[0]?.end as number;
-    expect(cut).toBeGreaterThanOrEqual(16);
+    expect(cut).toBeGreaterThanOrEqual(1);
     expect(cut).toBeLessThan(budget);
 
     const atV1 = await score(url, prompt, result.tokenIds);
@@ -239,7 +251,7 @@ describe("weight_update_mode in_place on a real vLLM server", () => {
       console.log(`in place run: ${split.length} request(s) split: ${JSON.stringify(split.slice(0, 4))}`);
       // Whether a request is running when a load lands depends on timing the test does not control
       // (seen split in 2 of 3 runs on a loaded 2-core box), so the run checks every split it holds;
-      // the first case makes the split happen on cue (the load starts once tokens are counted).
+      // the first case makes the split happen on cue (the server paused with tokens sampled).
       for (const s of split) {
         expect(s.versions[1]).toBe((s.versions[0] as number) + 1);
         expect(s.starts[1]).toBe(s.ends[0]);
