@@ -129,6 +129,9 @@ function checkTokens(r: GenerateResult) {
  * Cut a generation mid-stream with `cut` and return its result, or null when the server finished
  * first (the generation stops at EOS when it likes; the caller tries another seed).
  */
+/** The delays after the send at which seeds 2, 3, ... cut (cutMidStream). */
+const CUT_DELAYS_MS = [0, 5, 10, 20, 40, 80, 160, 320, 640];
+
 async function cutMidStream(
   t: Target,
   seed: number,
@@ -141,18 +144,32 @@ async function cutMidStream(
   const before = await metrics(t);
   const id = `cut-${t.name}-${seed}`;
   let settled = false;
-  // Odd seeds cut once the request runs: as soon as a token has streamed to the client, or the
-  // server counts it running, whichever is seen first. On a loaded machine the server's metrics
-  // trail the stream; on an idle one the stream trails the engine (its outputs reach the client
-  // merged), and a cut sent at a later token can arrive after every token has been made. So even
-  // seeds cut as soon as the request is sent: the cut then lands before the first token or a few
-  // hundred in, and either way what streamed must be what rlq keeps.
+  // The first seed cuts once the request runs: as soon as a token has streamed to the client, or
+  // the server counts it running, whichever is seen first. On a loaded machine the server's metrics
+  // trail the stream; on an idle one both trail the engine (its outputs reach the client merged, a
+  // whole request at its end), and a cut sent at the first streamed token arrives after every token
+  // has been made. So the later seeds cut a growing delay after the send, a search for a cut point
+  // whose outcome the checks below judge (a cut may land before the first token).
   const { result, tokens } = run(id);
   const pending = result.finally(() => (settled = true));
-  if (seed % 2 === 1)
-    await waitFor(`${id} running on ${t.name}`, async () => settled || tokens() >= 1 || (await metrics(t)).running > before.running, 120_000, 1);
+  if (seed === 1) await waitFor(`${id} running on ${t.name}`, async () => settled || tokens() >= 1 || (await metrics(t)).running > before.running, 120_000, 1);
+  else await new Promise((resolve) => setTimeout(resolve, CUT_DELAYS_MS[seed - 2] ?? 0));
   if (!settled) await cut(id);
-  const r = await pending;
+  // An abort by id that reaches vLLM before the request's first output ends its stream with no
+  // finish_reason, which the engine alone (no pool, no signal) reports as unreachable: nothing was
+  // kept, so that try shows nothing and the next goes again.
+  const outcome = await pending.catch((e: unknown) => e);
+  if (outcome instanceof Error) {
+    if (tokens() === 0 && (outcome as { code?: string }).code === "engine_unreachable") {
+      console.log(`${id}: cut before the first output (${outcome.message})`);
+      return null;
+    }
+    throw outcome;
+  }
+  const r = outcome as GenerateResult;
+  console.log(
+    `${id} (cut ${seed === 1 ? "once running" : `${CUT_DELAYS_MS[seed - 2]} ms after the send`}): ${r.finishReason} after ${r.tokenIds.length} token(s)`,
+  );
   if (r.finishReason !== "abort") return null;
   // Aborted server-side: nothing runs, and the request stopped short of the tokens it would have
   // generated had it run to its end (ignore_eos: exactly maxNewTokens). Counted in tokens rather
@@ -389,7 +406,7 @@ describe("the real vLLM server, and the fake held to it", () => {
       const p = h.pool([tapped], { healthTimeoutMs: 10_000 });
       await p.awaitReady(60_000);
       let r: GenerateResult | null = null;
-      for (let seed = 1; r === null && seed <= 6; seed++) {
+      for (let seed = 1; r === null && seed <= CUT_DELAYS_MS.length + 1; seed++) {
         r = await cutMidStream(
           t,
           seed,
@@ -418,7 +435,7 @@ describe("the real vLLM server, and the fake held to it", () => {
     await e.checkServer();
     expect(e.canAbortById).toBe(true);
     let r: GenerateResult | null = null;
-    for (let seed = 1; r === null && seed <= 6; seed++) {
+    for (let seed = 1; r === null && seed <= CUT_DELAYS_MS.length + 1; seed++) {
       r = await cutMidStream(
         t,
         seed,
