@@ -150,11 +150,15 @@ async function cutMidStream(
   // whole request at its end), and a cut sent at the first streamed token arrives after every token
   // has been made. So the later seeds cut a growing delay after the send, a search for a cut point
   // whose outcome the checks below judge (a cut may land before the first token).
+  const t0 = Date.now();
+  let endedAt = 0;
   const { result, tokens } = run(id);
-  const pending = result.finally(() => (settled = true));
+  const pending = result.finally(() => ((settled = true), (endedAt = Date.now() - t0)));
   if (seed === 1) await waitFor(`${id} running on ${t.name}`, async () => settled || tokens() >= 1 || (await metrics(t)).running > before.running, 120_000, 1);
   else await new Promise((resolve) => setTimeout(resolve, CUT_DELAYS_MS[seed - 2] ?? 0));
+  const cutAt = Date.now() - t0;
   if (!settled) await cut(id);
+  const cutDone = Date.now() - t0;
   // An abort by id that reaches vLLM before the request's first output ends its stream with no
   // finish_reason, which the engine alone (no pool, no signal) reports as unreachable: nothing was
   // kept, so that try shows nothing and the next goes again.
@@ -168,7 +172,7 @@ async function cutMidStream(
   }
   const r = outcome as GenerateResult;
   console.log(
-    `${id} (cut ${seed === 1 ? "once running" : `${CUT_DELAYS_MS[seed - 2]} ms after the send`}): ${r.finishReason} after ${r.tokenIds.length} token(s)`,
+    `${id} (cut ${seed === 1 ? "once running" : `${CUT_DELAYS_MS[seed - 2]} ms after the send`}, sent at ${cutAt} ms, answered at ${cutDone} ms, the request ended at ${endedAt} ms): ${r.finishReason} after ${r.tokenIds.length} token(s)`,
   );
   if (r.finishReason !== "abort") return null;
   // Aborted server-side: nothing runs, and the request stopped short of the tokens it would have
