@@ -196,6 +196,11 @@ describe("the real vLLM server, and the fake held to it", () => {
         apiKey: KEY,
         maxModelLen: MAX_MODEL_LEN,
         extraArgs: ["--hf-overrides", JSON.stringify({ max_position_embeddings: MAX_MODEL_LEN })],
+        // vLLM's CPU engine binds its OpenMP threads to every core by default ("auto") and they spin
+        // while it generates: on a 2-core machine this test's own process then gets no CPU until the
+        // request is done (measured: a 0 ms timer fired ~1 s late, the whole 1008-token request),
+        // and no cut can land mid-stream. One core for vLLM leaves the other to the test.
+        env: { VLLM_CPU_OMP_THREADS_BIND: "0" },
       }),
       h.fake(["--model", MODEL, "--api-key", KEY, "--max-model-len", String(MAX_MODEL_LEN), "--token-delay-ms", "3", "--stop-prob", "0.03"]),
     ]);
