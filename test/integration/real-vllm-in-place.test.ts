@@ -136,12 +136,11 @@ describe("weight_update_mode in_place on a real vLLM server", () => {
     // pause_scheduler only sets PAUSED_ALL): nothing steps while paused, and /pause answers once the
     // output queue is empty (async_llm.py pause_generation), so a token streamed by then says the
     // request was running with tokens sampled (the stream may trail: the cut is where the load's own
-    // pause lands, which the version spans report). No signal says "running, some tokens in" on an idle machine: this tiny model's
-    // outputs reach the client merged (a whole request at its end) and the metrics trail as far
-    // (seen: a pause at once finds nothing sampled, a pause at the first streamed token finds the
-    // request done). So the tries pause a growing delay after the send, a search for a cut point
-    // whose result the facts below check; a try whose request had not started, or had ended, resumes
-    // and goes again.
+    // pause lands, which the version spans report). When to pause has no signal to wait for: with
+    // vLLM on every core this process was starved until the request ended (hence the pinning above),
+    // and even pinned the stream and the metrics trail the engine. So the tries pause a growing delay
+    // after the send, a search for a cut point whose result the facts below check; a try whose
+    // request had not started, or had ended, resumes and goes again.
     let running: ReturnType<typeof p.generate> | undefined;
     const delaysMs = [0, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560];
     for (const [attempt, delay] of delaysMs.entries()) {
