@@ -105,6 +105,12 @@ export interface VllmOptions {
   env?: Record<string, string>;
   /** Listen on this port (a restart on the port the run knows); a free one if unset. */
   port?: number;
+  /**
+   * Sleep this long before each engine step (test/helpers/vllm_step_pace.py, a logits processor that
+   * leaves the logits alone): for tests that cut a request while it runs, which on a 2-core machine
+   * otherwise see its tokens only once it has ended.
+   */
+  stepPaceMs?: number;
 }
 
 /**
@@ -120,7 +126,20 @@ export async function startVllm(o: VllmOptions): Promise<Server> {
   if (o.servedModelName) args.push("--served-model-name", o.servedModelName);
   if (o.apiKey) args.push("--api-key", o.apiKey);
   args.push(...(o.extraArgs ?? []));
-  const p = spawnGroup(o.python, args, { VLLM_CPU_KVCACHE_SPACE: "1", VLLM_SERVER_DEV_MODE: "1", HF_HUB_OFFLINE: "1", VLLM_NO_USAGE_STATS: "1", ...o.env });
+  const pace: Record<string, string> = {};
+  if (o.stepPaceMs !== undefined) {
+    args.push("--logits-processors", "vllm_step_pace:StepPace");
+    const path = [join(repoRoot, "test/helpers"), process.env.PYTHONPATH].filter((x) => x !== undefined && x !== "").join(":");
+    Object.assign(pace, { PYTHONPATH: path, RLQ_VLLM_STEP_PACE_MS: String(o.stepPaceMs) });
+  }
+  const p = spawnGroup(o.python, args, {
+    VLLM_CPU_KVCACHE_SPACE: "1",
+    VLLM_SERVER_DEV_MODE: "1",
+    HF_HUB_OFFLINE: "1",
+    VLLM_NO_USAGE_STATS: "1",
+    ...pace,
+    ...o.env,
+  });
   const url = `http://127.0.0.1:${port}`;
   const stop = stopper(p.child, p.exited);
   const deadline = Date.now() + (o.startTimeoutS ?? 600) * 1000;

@@ -78,7 +78,12 @@ describe("lora_sync adapter: vLLM (CPU) loads each version's peft adapter by nam
         apply_chat_template: true,
         hf_checkpoint: model,
         ref_load: model,
-        rm_type: "math",
+        // A bit of a hash of the response text (test/fixtures/reward-text-hash.mjs): distinct responses
+        // score 0 or 1 independently, so nearly every group has a spread and trains. Under the math
+        // reward this model's groups are often all right or all wrong, and in one CI run steps 0 and 1
+        // trained nothing (version 2's adapter scored exactly as the base); under byte-length parity
+        // no group has a spread (8 one-byte tokens).
+        custom_rm_path: join(repoRoot, "test/fixtures/reward-text-hash.mjs"),
         rollout_batch_size: 8,
         n_samples_per_prompt: 4,
         num_rollout: STEPS,
@@ -117,6 +122,21 @@ describe("lora_sync adapter: vLLM (CPU) loads each version's peft adapter by nam
     console.log(`adapter sync, train/rollout log-prob diff by step: ${JSON.stringify(diffs.rows)}`);
     expect(diffs.rows.map((r) => r.step)).toEqual([0, 1, 2]);
     for (const d of diffs.rows) expect(d.value, `step ${d.step}`).toBeLessThan(1e-4);
+    // What moved the adapter before step 2: each step's learning rate, gradient norm and reward
+    // spread (a group whose samples all score the same has no advantage, and trains nothing).
+    const trained = await db.pool.query<{ step: number; lr: number; grad_norm: number; groups_with_spread: string }>(
+      `SELECT m.step, m.lr, m.grad_norm,
+              (SELECT count(*) FROM (SELECT group_id FROM rollout_history h WHERE h.run_id = $1 AND h.trained_step = m.step
+                                      GROUP BY group_id HAVING count(DISTINCT reward) > 1) g) AS groups_with_spread
+         FROM (SELECT step, max(value) FILTER (WHERE key = 'lr') AS lr, max(value) FILTER (WHERE key = 'grad_norm') AS grad_norm
+                 FROM train_metrics WHERE run_id = $1 GROUP BY step) m ORDER BY m.step`,
+      [runId],
+    );
+    console.log(`adapter sync, lr, grad norm and groups with a reward spread by step: ${JSON.stringify(trained.rows)}`);
+    expect(
+      trained.rows.slice(0, 2).map((r) => Number(r.groups_with_spread)),
+      "groups that trained at steps 0 and 1",
+    ).not.toEqual([0, 0]);
 
     // vLLM records the version as a merged load does, and keeps the last two adapters (older ones unloaded).
     const url = (vllm as Server).url;

@@ -26,16 +26,16 @@ import { loadHfTokenizer } from "../../src/engines/hf-tokenizer.ts";
 import { createVllmInPlaceEngine } from "../../src/engines/vllm-in-place.ts";
 import type { PartialOutput } from "../../src/engines/remote.ts";
 import { engineHarness } from "../helpers/engine-harness.ts";
-import { repoRoot, spawnRlq } from "../helpers/processes.ts";
+import { repoRoot, spawnRlq, waitFor } from "../helpers/processes.ts";
 import { requirePythonModules } from "../helpers/python.ts";
 import { createTestDatabase, redisUrl } from "../helpers/services.ts";
 import { request } from "../fakes/fake-engine-control.ts";
 
 const python = requirePythonModules(["torch", "transformers", "vllm", "safetensors"]);
 const MODEL = "fixture";
-// Long enough that a request outlasts the test's pause on a fast idle machine (this tiny model samples
-// hundreds of tokens in the time of one HTTP round trip); RoPE takes the longer positions.
-const MAX_MODEL_LEN = 2048;
+// A request of hundreds of tokens, for the pause to land in (the server is paced: about 100 tokens a
+// second); RoPE takes the positions past the fixture model's 128.
+const MAX_MODEL_LEN = 512;
 const h = engineHarness("vllm");
 
 /** A copy of the model with its output layer scaled: every log-prob at temperature 1 moves, so the two versions tell tokens apart. */
@@ -106,6 +106,7 @@ describe("weight_update_mode in_place on a real vLLM server", () => {
         servedModelName: MODEL,
         maxModelLen: MAX_MODEL_LEN,
         extraArgs: ["--hf-overrides", JSON.stringify({ max_position_embeddings: MAX_MODEL_LEN }), "--enforce-eager", "--enable-scale-out"],
+        stepPaceMs: 5,
       }),
       startTorchTrainer(python, ["--threads", "1", "--nproc", "2", "--sharding", "fsdp"]),
     ]);
@@ -129,39 +130,23 @@ describe("weight_update_mode in_place on a real vLLM server", () => {
     await p.awaitReady(60_000);
     const budget = MAX_MODEL_LEN - prompt.length - 1;
     // The request must be running, with tokens sampled, when the load pauses the server. The test
-    // pauses it itself first (mode=keep, as the load does; pausing twice is allowed: core.py
-    // pause_scheduler only sets PAUSED_ALL): nothing steps while paused, and /pause answers once the
-    // output queue is empty (async_llm.py pause_generation), so what has streamed by then is what
-    // was sampled. No signal says "running, some tokens in" on an idle machine: this tiny model's
-    // outputs reach the client merged (a whole request at its end) and the metrics trail as far
-    // (seen: a pause at once finds nothing sampled, a pause at the first streamed token finds the
-    // request done). So the tries pause a growing delay after the send, a search for a cut point
-    // whose result the facts below check; a try whose request had not started, or had ended, resumes
-    // and goes again.
-    let running: ReturnType<typeof p.generate> | undefined;
-    const delaysMs = [0, 5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560];
-    for (const [attempt, delay] of delaysMs.entries()) {
-      streamed = null;
-      let ended = false;
-      const req = p.generate(request(`inplace-split-${attempt}`, { inputIds: prompt, stopTokenIds: [], maxNewTokens: budget, seed: 3, ignoreEos: true }));
-      void req.then(
-        () => (ended = true),
-        () => (ended = true),
-      );
-      await new Promise((resolve) => setTimeout(resolve, delay));
-      await postAdmin(url, "/pause?mode=keep&clear_cache=false");
-      await p.health?.().catch(() => undefined);
-      const sampled = (streamed as PartialOutput | null)?.tokenIds.length ?? 0;
-      console.log(`split try ${attempt} (pause ${delay} ms after the send): ended ${ended}, sampled ${sampled}`);
-      if (!ended && sampled > 0) {
-        running = req;
-        break;
-      }
-      await postAdmin(url, "/resume");
-      await req;
-    }
-    if (running === undefined)
-      throw new Error(`in ${delaysMs.length} tries the request had either not started or ended when the server paused (see the tries above)`);
+    // pauses it itself first, at the first streamed token (mode=keep, as the load does; pausing twice
+    // is allowed: core.py pause_scheduler only sets PAUSED_ALL): nothing steps while paused, and
+    // /pause answers once the output queue is empty (async_llm.py pause_generation), so what has
+    // streamed by then is what was sampled. The server is paced (stepPaceMs), so its tokens stream
+    // out as they are made and the pause lands while the request runs.
+    streamed = null;
+    let ended = false;
+    const running = p.generate(request("inplace-split", { inputIds: prompt, stopTokenIds: [], maxNewTokens: budget, seed: 3, ignoreEos: true }));
+    void running.then(
+      () => (ended = true),
+      () => (ended = true),
+    );
+    await waitFor("a token streamed", async () => ended || ((streamed as PartialOutput | null)?.tokenIds.length ?? 0) >= 1, 120_000, 1);
+    await postAdmin(url, "/pause?mode=keep&clear_cache=false");
+    const sampled = (streamed as PartialOutput | null)?.tokenIds.length ?? 0;
+    console.log(`split: paused after ${sampled} of ${budget} tokens`);
+    expect(ended, "the request ended before the pause").toBe(false);
     await p.loadWeights(1, `file://${perturbed}`, undefined, { keepRequests: true });
     const result = await running;
 
@@ -249,14 +234,15 @@ describe("weight_update_mode in_place on a real vLLM server", () => {
            FROM sample_segments WHERE run_id = $1 GROUP BY group_id, sample_index, round HAVING count(*) > 1`,
       );
       console.log(`in place run: ${split.length} request(s) split: ${JSON.stringify(split.slice(0, 4))}`);
-      // Whether a request is running when a load lands depends on timing the test does not control
-      // (seen split in 2 of 3 runs on a loaded 2-core box), so the run checks every split it holds;
-      // the first case makes the split happen on cue (the server paused with tokens sampled).
-      for (const s of split) {
-        expect(s.versions[1]).toBe((s.versions[0] as number) + 1);
-        expect(s.starts[1]).toBe(s.ends[0]);
-        expect(s.finishes[0]).toBe("abort");
-      }
+      // Whether a request is running when a load lands depends on timing the test does not control,
+      // so the run checks every split it holds (a request may span three versions); the first case
+      // makes the split happen on cue (the server paused with tokens sampled).
+      for (const s of split)
+        for (let i = 1; i < s.versions.length; i++) {
+          expect(s.versions[i]).toBe((s.versions[i - 1] as number) + 1);
+          expect(s.starts[i]).toBe(s.ends[i - 1]);
+          expect(s.finishes[i - 1]).toBe("abort");
+        }
 
       // The staleness bound (max_staleness 1) holds for every trained token (loss mask 1), the tokens after a cut included.
       const stalest = await q<{ n: number | null }>(

@@ -19,8 +19,9 @@ import { request } from "../fakes/fake-engine-control.ts";
  *
  * One server for the whole file (starting it is most of the file's time). Its context is widened
  * to MAX_MODEL_LEN positions (--hf-overrides; the fixture model was built for 128) so that a
- * generation past the end of turn (ignore_eos) runs thousands of tokens: long enough to be cut
- * mid-stream even when the API server's stream trails the engine on a loaded machine.
+ * generation past the end of turn (ignore_eos) runs a thousand tokens, and it is paced (a 5 ms sleep
+ * before each engine step, test/helpers/vllm_step_pace.py) so that a cut sent at the first streamed
+ * token lands mid-request on a loaded 2-core machine.
  */
 const python = requirePythonModules(["vllm"]);
 const KEY = "rlq-real-vllm-key";
@@ -126,55 +127,29 @@ function checkTokens(r: GenerateResult) {
 }
 
 /**
- * Cut a generation mid-stream with `cut` and return its result, or null when the server finished
- * first (the generation stops at EOS when it likes; the caller tries another seed).
+ * Cut a generation with `cut` once its first token has reached the client, and return the result.
+ * The server is paced (startVllm stepPaceMs; the fake's --token-delay-ms), so its tokens stream out
+ * as they are made and the cut lands while the request runs, however loaded the machine.
  */
-/** The delays after the send at which seeds 2, 3, ... cut (cutMidStream). */
-const CUT_DELAYS_MS = [0, 5, 10, 20, 40, 80, 160, 320, 640];
-
 async function cutMidStream(
   t: Target,
-  seed: number,
   run: (id: string) => { result: Promise<GenerateResult>; tokens: () => number },
   cut: (id: string) => Promise<void>,
   maxNewTokens: number,
-) {
+): Promise<GenerateResult> {
   // Earlier requests (a pool's admission probe, the last test's) done first.
   await waitFor(`nothing running on ${t.name} before the cut`, async () => (await metrics(t)).running === 0);
   const before = await metrics(t);
-  const id = `cut-${t.name}-${seed}`;
+  const id = `cut-${t.name}`;
   let settled = false;
-  // The first seed cuts once the request runs: as soon as a token has streamed to the client, or
-  // the server counts it running, whichever is seen first. On a loaded machine the server's metrics
-  // trail the stream; on an idle one both trail the engine (its outputs reach the client merged, a
-  // whole request at its end), and a cut sent at the first streamed token arrives after every token
-  // has been made. So the later seeds cut a growing delay after the send, a search for a cut point
-  // whose outcome the checks below judge (a cut may land before the first token).
-  const t0 = Date.now();
-  let endedAt = 0;
   const { result, tokens } = run(id);
-  const pending = result.finally(() => ((settled = true), (endedAt = Date.now() - t0)));
-  if (seed === 1) await waitFor(`${id} running on ${t.name}`, async () => settled || tokens() >= 1 || (await metrics(t)).running > before.running, 120_000, 1);
-  else await new Promise((resolve) => setTimeout(resolve, CUT_DELAYS_MS[seed - 2] ?? 0));
-  const cutAt = Date.now() - t0;
-  if (!settled) await cut(id);
-  const cutDone = Date.now() - t0;
-  // An abort by id that reaches vLLM before the request's first output ends its stream with no
-  // finish_reason, which the engine alone (no pool, no signal) reports as unreachable: nothing was
-  // kept, so that try shows nothing and the next goes again.
-  const outcome = await pending.catch((e: unknown) => e);
-  if (outcome instanceof Error) {
-    if (tokens() === 0 && (outcome as { code?: string }).code === "engine_unreachable") {
-      console.log(`${id}: cut before the first output (${outcome.message})`);
-      return null;
-    }
-    throw outcome;
-  }
-  const r = outcome as GenerateResult;
-  console.log(
-    `${id} (cut ${seed === 1 ? "once running" : `${CUT_DELAYS_MS[seed - 2]} ms after the send`}, sent at ${cutAt} ms, answered at ${cutDone} ms, the request ended at ${endedAt} ms): ${r.finishReason} after ${r.tokenIds.length} token(s)`,
-  );
-  if (r.finishReason !== "abort") return null;
+  const pending = result.finally(() => (settled = true));
+  await waitFor(`${id}: a token streamed`, async () => settled || tokens() >= 1, 120_000, 1);
+  expect(settled, `${id} ended before its first token reached the client`).toBe(false);
+  await cut(id);
+  const r = await pending;
+  console.log(`${id}: ${r.finishReason} after ${r.tokenIds.length} of ${maxNewTokens} token(s)`);
+  expect(r.finishReason, t.name).toBe("abort");
   // Aborted server-side: nothing runs, and the request stopped short of the tokens it would have
   // generated had it run to its end (ignore_eos: exactly maxNewTokens). Counted in tokens rather
   // than in finished requests: the counters of the request before this one (an admission probe)
@@ -196,6 +171,7 @@ describe("the real vLLM server, and the fake held to it", () => {
         apiKey: KEY,
         maxModelLen: MAX_MODEL_LEN,
         extraArgs: ["--hf-overrides", JSON.stringify({ max_position_embeddings: MAX_MODEL_LEN })],
+        stepPaceMs: 5,
       }),
       h.fake(["--model", MODEL, "--api-key", KEY, "--max-model-len", String(MAX_MODEL_LEN), "--token-delay-ms", "3", "--stop-prob", "0.03"]),
     ]);
@@ -409,24 +385,19 @@ describe("the real vLLM server, and the fake held to it", () => {
       };
       const p = h.pool([tapped], { healthTimeoutMs: 10_000 });
       await p.awaitReady(60_000);
-      let r: GenerateResult | null = null;
-      for (let seed = 1; r === null && seed <= CUT_DELAYS_MS.length + 1; seed++) {
-        r = await cutMidStream(
-          t,
-          seed,
-          (id) => {
-            streaming = null;
-            const result = p.generate(request(id, { inputIds: longPrompt(16), stopTokenIds: [], maxNewTokens: MAX_MODEL_LEN - 16, seed, ignoreEos: true }));
-            return { result, tokens: () => streaming?.tokenIds.length ?? 0 };
-          },
-          (id) => p.abort([id]),
-          MAX_MODEL_LEN - 16,
-        );
-      }
-      expect(r, `${t.name}: every try finished before the cut`).not.toBeNull();
-      // What streamed before the cut is what rlq keeps (a cut may land before the first token).
-      expect(r?.tokenIds, t.name).toEqual((streaming as PartialOutput | null)?.tokenIds ?? []);
-      checkTokens(r as GenerateResult);
+      const r = await cutMidStream(
+        t,
+        (id) => {
+          streaming = null;
+          const result = p.generate(request(id, { inputIds: longPrompt(16), stopTokenIds: [], maxNewTokens: MAX_MODEL_LEN - 16, seed: 1, ignoreEos: true }));
+          return { result, tokens: () => streaming?.tokenIds.length ?? 0 };
+        },
+        (id) => p.abort([id]),
+        MAX_MODEL_LEN - 16,
+      );
+      // What streamed before the cut is what rlq keeps.
+      expect(r.tokenIds, t.name).toEqual((streaming as PartialOutput | null)?.tokenIds ?? []);
+      checkTokens(r);
     }
   });
 
@@ -438,23 +409,18 @@ describe("the real vLLM server, and the fake held to it", () => {
     const e = engine(t);
     await e.checkServer();
     expect(e.canAbortById).toBe(true);
-    let r: GenerateResult | null = null;
-    for (let seed = 1; r === null && seed <= CUT_DELAYS_MS.length + 1; seed++) {
-      r = await cutMidStream(
-        t,
-        seed,
-        (id) => {
-          const partial = emptyPartial();
-          const result = e.generateWith(request(id, { inputIds: longPrompt(16), stopTokenIds: [], maxNewTokens: MAX_MODEL_LEN - 16, seed, ignoreEos: true }), {
-            partial,
-          });
-          return { result, tokens: () => partial.tokenIds.length };
-        },
-        (id) => e.abort([id]),
-        MAX_MODEL_LEN - 16,
-      );
-    }
-    expect(r, "vllm: every try finished before the cut").not.toBeNull();
+    await cutMidStream(
+      t,
+      (id) => {
+        const partial = emptyPartial();
+        const result = e.generateWith(request(id, { inputIds: longPrompt(16), stopTokenIds: [], maxNewTokens: MAX_MODEL_LEN - 16, seed: 1, ignoreEos: true }), {
+          partial,
+        });
+        return { result, tokens: () => partial.tokenIds.length };
+      },
+      (id) => e.abort([id]),
+      MAX_MODEL_LEN - 16,
+    );
     // The default server (the fake stands for it) has neither route: the pool closes the connection instead.
     const fake = targets[1] as Target;
     expect((await raw(fake, "/abort_requests", { request_ids: ["x"] }, {})).status).toBe(404);

@@ -48,25 +48,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# What a rank prints when the C++ runtime aborts it because a std::thread was destroyed still running.
+# Seen once in CI on rank 1 of the Llama TP=2 + SP run on a loaded 2-core box, in torch's own teardown
+# (tp_train.py waits at a barrier and destroys the process group before it returns; the same run
+# passes alone and in every other CI run). Such a run goes once more, saying so; any other failure,
+# or this one twice, fails the test.
+THREAD_ABORT = "terminate called without an active exception"
+
+
 def torchrun(n: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            str(n),
-            "-m",
-            "rlq_torch.tp_train",
-            *args,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": ROOT},
-    )
+    for attempt in (1, 2):
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                str(n),
+                "-m",
+                "rlq_torch.tp_train",
+                *args,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "PYTHONPATH": ROOT},
+        )
+        if r.returncode == 0 or THREAD_ABORT not in r.stderr or attempt == 2:
+            break
+        print(
+            f"torchrun {n} ranks {args}: a rank aborted ({THREAD_ABORT}); running it once more",
+            file=sys.stderr,
+        )
     if check and r.returncode != 0:
         raise AssertionError(f"torchrun {n} ranks {args} failed:\n{r.stderr[-6000:]}")
     return r
