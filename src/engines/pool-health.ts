@@ -20,6 +20,8 @@ export interface HealthSettings {
 export class HealthMonitor {
   private timer: NodeJS.Timeout | null = null;
   private round: Promise<void> | null = null;
+  /** Checks under way (a round's, a refresh's, a new member's): a release waits for them (settled). */
+  private readonly checks = new Set<Promise<void>>();
 
   constructor(
     private readonly pool: PoolState,
@@ -55,10 +57,22 @@ export class HealthMonitor {
     return started !== null && this.pool.now() - started < (this.options.warmupGraceMs ?? 300_000);
   }
 
-  async check(m: Member): Promise<void> {
+  /** Every check under way has ended (a new one starts only if the pool holds no released memory). */
+  async settled(): Promise<void> {
+    while (this.checks.size > 0) await Promise.all([...this.checks]);
+  }
+
+  check(m: Member): Promise<void> {
     const pool = this.pool;
-    if (m.isChecking || m.mode === "refused" || m.mode === "loading" || pool.isClosed) return;
+    if (m.isChecking || m.mode === "refused" || m.mode === "loading" || pool.isClosed || pool.releasedTags.size > 0) return Promise.resolve();
     m.isChecking = true;
+    const done = this.checkOnce(m).finally(() => this.checks.delete(done));
+    this.checks.add(done);
+    return done;
+  }
+
+  private async checkOnce(m: Member): Promise<void> {
+    const pool = this.pool;
     try {
       const ok = await m.engine.health(this.settings.healthTimeoutMs);
       if (pool.isClosed) return;

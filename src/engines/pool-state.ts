@@ -11,6 +11,7 @@ import { EngineMetrics } from "./metrics.ts";
 import { AffinityMap } from "./pool-routing.ts";
 import type { Member, PoolLog, Waiter } from "./pool-types.ts";
 import type { RemoteEngine } from "./remote.ts";
+import type { MemoryTag } from "../core/decisions.ts";
 import { initialRouter, nextEngineMode, nextRouterMode, type EngineEvent, type RouterEvent, type RouterMode } from "../core/weight-sync.ts";
 import { RlqError } from "../lib/errors.ts";
 
@@ -69,6 +70,12 @@ export class PoolState {
   /** When the health monitor started (null: not yet); warm-up grace counts from here. */
   startedAtMs: number | null = null;
   isClosed = false;
+  /**
+   * Colocated mode: the memory this pool released on its engines and has not resumed. While any is
+   * released the health monitor sends nothing (a /health_generate or a log-prob probe is a
+   * generation, and the engine holds no weights or cache to run it with).
+   */
+  readonly releasedTags = new Set<MemoryTag>();
 
   constructor(
     readonly log: PoolLog,

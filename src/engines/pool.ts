@@ -74,8 +74,8 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     },
     currentVersion: () => state.current,
     abortAll: () => abortAll(state),
-    releaseMemory: (tags) => onEveryLiveEngine(state, "release", tags),
-    resumeMemory: (tags) => onEveryLiveEngine(state, "resume", tags),
+    releaseMemory: (tags) => onEveryLiveEngine(state, health, "release", tags),
+    resumeMemory: (tags) => onEveryLiveEngine(state, health, "resume", tags),
     pauseAdmission: () => void state.moveRouter({ kind: "hold", until: null }),
     resumeAdmission: () => void state.moveRouter({ kind: "resume" }),
     route: (event) => state.moveRouter(event),
@@ -135,8 +135,11 @@ async function abortAll(state: PoolState): Promise<void> {
 /**
  * Colocated mode: release or resume `tags` on every live engine, all at once. Any failure fails the
  * call (the controller tries again next tick): a run whose engines hold the GPUs must not train.
+ * A release first stops this pool's health checks and waits for those under way: a check admitting
+ * an engine ends in a log-prob probe (three generations), which must not reach a released engine.
+ * They start again once every tag is resumed.
  */
-async function onEveryLiveEngine(state: PoolState, action: "release" | "resume", tags: readonly MemoryTag[]): Promise<void> {
+async function onEveryLiveEngine(state: PoolState, health: HealthMonitor, action: "release" | "resume", tags: readonly MemoryTag[]): Promise<void> {
   const live = state.members.filter((m) => isLive(m.mode));
   const cannot = live.filter((m) => !canReleaseMemory(m.engine)).map((m) => m.engine.id);
   if (cannot.length > 0)
@@ -148,12 +151,17 @@ async function onEveryLiveEngine(state: PoolState, action: "release" | "resume",
       },
     );
   if (live.length === 0) throw new RlqError("engine_unavailable", `colocate: no live engine to ${action} ${tags.join(", ")}`, { isRetriable: true });
+  if (action === "release") {
+    for (const t of tags) state.releasedTags.add(t);
+    await health.settled();
+  }
   await Promise.all(
     live.map((m) => {
       const e = m.engine as RemoteEngine & MemoryRelease;
       return action === "release" ? e.releaseMemory(tags) : e.resumeMemory(tags);
     }),
   );
+  if (action === "resume") for (const t of tags) state.releasedTags.delete(t);
 }
 
 /** Engines found later (an SGLang router's refreshed worker list); ones already here are ignored. */

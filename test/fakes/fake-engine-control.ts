@@ -56,6 +56,11 @@ export interface FakeSglangStats {
   bytesSent: number;
   tokensGenerated: number;
   healthBusy: number;
+  healthChecks: number;
+  releases: number;
+  resumes: number;
+  generateWhileReleased: number;
+  generateWhileReleasedRids: string[];
   pauses: number;
   flushes: number;
   seedsSeen: number[];

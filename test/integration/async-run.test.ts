@@ -31,7 +31,10 @@ describe("asynchronous mode", () => {
       num_rollout: 4,
       rollout_max_response_len: 40,
       dynamic_sampling_filter_path: null,
-      engine: { kind: "sglang", urls: [await w.freshEngine()] },
+      // Samples of up to 40 tokens × 60 ms: the groups drawn at a sync are still generating at the
+      // next one, however slowly a loaded machine runs the train step and the commits between (at
+      // 20 ms a token, a CI run under load once had every request finished before every sync).
+      engine: { kind: "sglang", urls: [await w.freshEngine(["--token-delay-ms", "60", "--stop-prob", "0.02"])] },
     });
     const up = spawnRlq(["up", "--run", runId, "--exit-when-done"], w.env);
     expect(await up.exited, up.output()).toBe(0);

@@ -78,10 +78,13 @@ describe("colocated mode", () => {
       resumes: number;
       memoryFaults: string[];
       generateWhileReleased: number;
+      generateWhileReleasedRids: string[];
       loadWhileReleased: number;
     };
     expect(stats.memoryFaults).toEqual([]);
-    expect([stats.generateWhileReleased, stats.loadWhileReleased]).toEqual([0, 0]);
+    expect([stats.generateWhileReleased, stats.loadWhileReleased], `generate rids while released: ${stats.generateWhileReleasedRids.join(", ")}`).toEqual([
+      0, 0,
+    ]);
     // One release per step, plus the one re-sent by the controller killed before recording it, plus
     // one before each first resume of a restarted controller (controller/engine-admin.ts).
     expect(stats.releases).toBeGreaterThanOrEqual(numRollout + 1);

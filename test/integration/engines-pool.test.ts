@@ -256,6 +256,27 @@ describe("engine pool", () => {
     expect((await p.generate(request("push-after"))).weightVersion).toBe(1);
   });
 
+  it("colocate: a release waits for an admission under way (its log-prob probe generates), and the pool sends nothing to the engine until it resumes", async () => {
+    // Slow tokens: the probe's generations are in flight when the release is asked for.
+    const f = await fake(["--token-delay-ms", "300"]);
+    const p = pool([f.url]);
+    const admitted = p.checkHealth();
+    await waitFor("the admission's probe generating", async () => (await fakeStats(f.url)).live > 0, 10_000, 5);
+    await p.releaseMemory(["weights", "kv_cache"]);
+    await admitted;
+    const released = await fakeStats(f.url);
+    expect([released.releases, released.generateWhileReleased], released.generateWhileReleasedRids.join(", ")).toEqual([1, 0]);
+    // Released: health rounds send nothing (a /health_generate is a generation too).
+    await p.checkHealth();
+    await p.checkHealth();
+    expect((await fakeStats(f.url)).healthChecks).toBe(released.healthChecks);
+    await p.resumeMemory(["weights", "kv_cache"]);
+    await p.checkHealth();
+    expect((await fakeStats(f.url)).healthChecks).toBeGreaterThan(released.healthChecks);
+    expect((await p.generate(request("after-resume", { maxNewTokens: 2 }))).tokenIds.length).toBeGreaterThan(0);
+    expect((await fakeStats(f.url)).generateWhileReleased).toBe(0);
+  });
+
   it("every engine dead: requests fail as retriable after the wait, and succeed again once one is back", async () => {
     const f = await fake();
     const p = pool([f.url], { noEngineWaitMs: 600 });

@@ -386,6 +386,7 @@ export async function generate(b: Record<string, unknown>, res: ServerResponse):
   if (isMemoryReleased()) {
     // rlq must send no request while the engines are released; the fake counts and refuses any.
     stats.generateWhileReleased++;
+    stats.generateWhileReleasedRids.push(JSON.stringify(b.rid ?? null));
     return send(res, 500, { error: { message: "memory released (release_memory_occupation): no weights or KV cache to generate with" } });
   }
   const ids = b.input_ids as number[];

@@ -94,6 +94,8 @@ export const stats = {
   /** Tokens decoded so far, all requests: tests wait on it instead of sleeping. */
   tokensGenerated: 0,
   healthBusy: 0,
+  /** /health_generate calls received. */
+  healthChecks: 0,
   pauses: 0,
   flushes: 0,
   /** The last update_weights_from_distributed body's names, dtypes and shapes. */
@@ -120,6 +122,8 @@ export const stats = {
   memoryFaults: [] as string[],
   /** Generate requests and loads that came while memory they need was released (rlq must send none). */
   generateWhileReleased: 0,
+  /** The rid of each generate request that came while released (its origin: a probe, a rollout, ...). */
+  generateWhileReleasedRids: [] as string[],
   loadWhileReleased: 0,
   /** The model_path of each update_weights_from_disk that loaded, in order. */
   loadedPaths: [] as string[],

@@ -140,6 +140,7 @@ export function updateFromTensor(b: Record<string, unknown>, res: ServerResponse
  * SGLANG_HEALTH_CHECK_TIMEOUT. While a load runs or generation is st.paused nothing comes out.
  */
 export async function healthGenerate(res: ServerResponse): Promise<void> {
+  stats.healthChecks++;
   if (isHanging()) return hangWhileFaulted().then(() => void res.writeHead(200).end());
   // Released memory: the real health_generate would send a generation to a scheduler holding no
   // weights or cache; the fake answers 503 at once, which rlq reads as busy (as during a load).
