@@ -421,6 +421,9 @@ async function once(engines: number, mode: Mode, p: SimParams, steps: number, re
       mode,
       arm,
       rep,
+      // The farm draws each sample's length from `${runId}-${groupId}-${sampleIndex}` (engine-farm.ts
+      // runOne): policy-sim.ts replays this run's own lengths with the run id as its key prefix.
+      run_id: runId,
       rollout_batch_size: rbs,
       samples_per_step: rbs * n,
       window_s: windowS,
@@ -554,6 +557,16 @@ for (const e of values.engines.split(",").map(Number)) {
       const armPolicy = syncArmPolicy(arm, e);
       const policy = simulatePolicy(p, e, { ...benchModePolicies[m], ...armPolicy }, Math.max(1, Math.round((e * p.maxRunning) / 8)), 8, steps);
       const policySps = policy.samplesPerS * p.timeScale;
+      // The same policy on each run's own draw of the response lengths: over a window of a few steps
+      // the draw moves the policy ideal by up to ±25 % at 8 engines (bench/policy-ideal.ts), and the
+      // single draw above is one of them, so a run is compared with its own.
+      const sameDraw = rs.map((r) => {
+        const x = simulatePolicy(p, e, { ...benchModePolicies[m], ...armPolicy }, Math.max(1, Math.round((e * p.maxRunning) / 8)), 8, steps, r.run_id);
+        return { policySps: x.samplesPerS * p.timeScale, ratio: r.samples_per_s / (x.samplesPerS * p.timeScale) };
+      });
+      process.stderr.write(
+        `${e} engines ${m} ${arm}: vs the policy ideal on each run's own lengths ${sameDraw.map((x) => x.ratio.toFixed(2)).join(", ")} (on the fixed draw ${(med("samples_per_s") / policySps).toFixed(2)})\n`,
+      );
       // The same, with rlq's pool cap and its batch /generate holding a finished request's slot until
       // its batch-mates finish (src/engines/pool.ts runOn, src/engines/sglang-batcher.ts SglangBatcher).
       const serverConcurrency = values["server-concurrency"] ? Number(values["server-concurrency"]) : p.maxRunning;
@@ -574,6 +587,10 @@ for (const e of values.engines.split(",").map(Number)) {
         policy_ideal_engine_decode_utilization: policy.engineDecodeUtilization,
         policy_ideal_ratio_vs_pipeline_ideal: policySps / (ideal.pipelined.samplesPerS * p.timeScale),
         ratio_samples_vs_policy_ideal: med("samples_per_s") / policySps,
+        policy_ideal_same_draw_samples_per_s: sameDraw.map((x) => x.policySps),
+        policy_ideal_same_draw_ratio_vs_pipeline_ideal: median(sameDraw.map((x) => x.policySps)) / (ideal.pipelined.samplesPerS * p.timeScale),
+        ratio_samples_vs_policy_ideal_same_draw: median(sameDraw.map((x) => x.ratio)),
+        ratio_samples_vs_policy_ideal_same_draw_per_rep: sameDraw.map((x) => x.ratio),
         policy_ideal_batch_coupled_samples_per_s: coupled.samplesPerS * p.timeScale,
         ratio_samples_vs_policy_ideal_batch_coupled: med("samples_per_s") / (coupled.samplesPerS * p.timeScale),
         samples_per_s: med("samples_per_s"),
@@ -643,7 +660,8 @@ for (const e of values.engines.split(",").map(Number)) {
     bench: "cluster-sim",
     note:
       "medians over reps; steady state (step 0's commit to the last steady step's); ideal = model.ts idealPipeline (a fluid perfect pipeline, same engine and trainer model); " +
-      "policy_ideal = policy-sim.ts (rlq's scheduling policy with zero overhead, same model); absolute rates are at time_scale (sim ms per wall ms)",
+      "policy_ideal = policy-sim.ts (rlq's scheduling policy with zero overhead, same model) on one fixed draw of the response lengths (`sim`); " +
+      "policy_ideal_same_draw = the same on each run's own lengths (its run id), ratio_samples_vs_policy_ideal_same_draw the median of the runs' own ratios; absolute rates are at time_scale (sim ms per wall ms)",
     param_sources: paramSources,
     results,
     runs: allRuns,

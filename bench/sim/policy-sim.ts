@@ -158,8 +158,17 @@ interface Group {
   isComplete: boolean;
 }
 
-/** Simulate `steps` steps; the result is in sim ms, over the same window as the bench (commit 0 to the last steady step). */
-export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMode, rbs: number, n: number, steps: number) {
+/**
+ * Simulate `steps` steps; the result is in sim ms, over the same window as the bench (commit 0 to the last steady step).
+ *
+ * `keyPrefix` picks the response lengths (the draw): sample i of group g is `${keyPrefix}-${g}-${i}`,
+ * the key the engine farm reads from rlq's rid (engine-farm.ts runOne), so a run's id as the prefix
+ * replays that run's own lengths. Over a short window the draw moves the result a lot (the few long
+ * samples, up to 16x the median length, and where they land decide when a step's last group ends):
+ * at 8 engines, async k=2, 6 steps, the ratio to the pipeline ideal spans 0.56-0.92 over 31 draws
+ * (bench/policy-ideal.ts).
+ */
+export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMode, rbs: number, n: number, steps: number, keyPrefix = "sim") {
   const clock = virtualClock();
   const engines = Array.from({ length: engineCount }, () => new SimEngine(p, clock));
   const cap = Math.ceil(p.lenCap / p.tokenScale);
@@ -178,8 +187,8 @@ export function simulatePolicy(p: SimParams, engineCount: number, mode: PolicyMo
       id,
       isComplete: false,
       samples: Array.from({ length: n + extra }, (_, i) => ({
-        key: `sim-${id}-${i}`,
-        total: Math.ceil(responseLength(`sim-${id}-${i}`, p) / p.tokenScale),
+        key: `${keyPrefix}-${id}-${i}`,
+        total: Math.ceil(responseLength(`${keyPrefix}-${id}-${i}`, p) / p.tokenScale),
         done: 0,
         isDone: false,
         seg: 0,

@@ -9,7 +9,7 @@ import {
   type SimClock,
   type SimParams,
 } from "../../bench/sim/model.ts";
-import { benchModePolicies, simulatePolicy } from "../../bench/sim/policy-sim.ts";
+import { benchModePolicies, simulatePolicy, syncArmPolicy } from "../../bench/sim/policy-sim.ts";
 
 /** A virtual clock: timers run in time order when `run()` is called; nothing waits on the wall clock. */
 function virtualClock(): SimClock & { run(until?: number): void } {
@@ -224,5 +224,20 @@ describe("simulatePolicy (the bench's zero-overhead policy ideal)", () => {
     expect(syncOff).toBeLessThan(k1);
     expect(k1).toBeLessThan(k2);
     expect(k2).toBeLessThan(k4);
+  });
+
+  it("replays a run's own response lengths, and over the bench's short window the draw moves it more than in place does", () => {
+    // cluster-sim.ts at 8 engines: async k=2, 6 steps, so a steady window of 2 steps of 128 samples.
+    const run = (arm: "abort" | "in_place", keyPrefix?: string) =>
+      simulatePolicy(p, 8, { ...benchModePolicies.async_k2, ...syncArmPolicy(arm, 8) }, rbs, 8, 6, keyPrefix).samplesPerS;
+    // The default draw is the one the bench has always compared against.
+    expect(run("abort", "sim")).toBe(run("abort"));
+    const draws = ["draw0", "draw1", "draw2", "draw3", "draw4", "draw5"];
+    const abort = draws.map((d) => run("abort", d));
+    const inPlace = draws.map((d) => run("in_place", d));
+    // In place keeps a request through the load instead of re-prefilling it: within a few % of abort on the same lengths.
+    for (const [i, x] of inPlace.entries()) expect(Math.abs(x / (abort[i] as number) - 1)).toBeLessThan(0.06);
+    // Another draw of the lengths moves the same policy by far more (these six: 0.66-0.78 of the pipeline ideal).
+    expect(Math.max(...abort) / Math.min(...abort)).toBeGreaterThan(1.15);
   });
 });
