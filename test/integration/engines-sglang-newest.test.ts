@@ -1,7 +1,7 @@
 import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { engineHarness } from "../helpers/engine-harness.ts";
+import { engineHarness, expectKeptAcrossLoad } from "../helpers/engine-harness.ts";
 import { repoRoot, waitFor } from "../helpers/processes.ts";
 import { requirePythonModules } from "../helpers/python.ts";
 import { createSglangServer } from "../../src/engines/sglang.ts";
@@ -194,23 +194,10 @@ describe("incremental streaming across an in-place update (tokenizer_manager.py 
     const pending = e.generate(request("inc-span", { maxNewTokens: 300, stopTokenIds: [], seed: 9 }));
     await waitFor("tokens flowing", async () => (await fakeStats(f.url)).tokensGenerated >= 10);
     await pushInPlace(f.url, 5);
-    const r = await pending;
     // The delta events' spans apply to the whole output held so far: the request ran to its length,
-    // the tokens before the push labelled 0 and the ones after it 5 (never the delta's newest version for all).
-    expect(r).toMatchObject({ finishReason: "length", weightVersion: 0 });
-    expect(r.tokenIds.length).toBe(300);
-    const cut = r.versionSpans?.[0]?.end as number;
-    expect(r.versionSpans).toEqual([
-      { version: 0, start: 0, end: cut },
-      { version: 5, start: cut, end: 300 },
-    ]);
-    expect(cut).toBeGreaterThanOrEqual(10);
-    // The version-0 tokens are version 0's: the same seed on a server that never moved gives the same tokens.
-    const g = await h.fake(["--stop-prob", "0"]);
-    const ref = await createSglangServer({ url: g.url, requestTimeoutMs: 10_000 }).generate(
-      request("inc-ref", { maxNewTokens: cut, stopTokenIds: [], seed: 9 }),
-    );
-    expect(ref.tokenIds).toEqual(r.tokenIds.slice(0, cut));
+    // the tokens before the push labelled 0 and the ones after it 5 (never the delta's newest version
+    // for all); the version-0 tokens are those of a server that never moved, same seed.
+    await expectKeptAcrossLoad(await pending, { length: 300, pushed: 5, seed: 9, minCut: 10, reference: await h.fake(["--stop-prob", "0"]) });
     // Nothing was aborted: the request ended by itself on the server.
     await waitFor("the request ended on the server", async () => (await fakeStats(f.url)).live === 0);
     expect((await fakeStats(f.url)).abortRequests).toBe(0);
