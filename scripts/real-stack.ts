@@ -111,6 +111,12 @@ export interface VllmOptions {
    * otherwise see its tokens only once it has ended.
    */
   stepPaceMs?: number;
+  /**
+   * Take pushed weights over rlq's gloo weight transfer backend (workers/trainer-torch/rlq_torch/vllm_gloo.py):
+   * the server runs as `python -m rlq_torch.vllm_serve`, which registers the backend in vLLM's processes,
+   * with --weight-transfer-config '{"backend": "gloo"}'. The trainer pushes with --push-via vllm-gloo.
+   */
+  isGlooPushTarget?: boolean;
 }
 
 /**
@@ -121,7 +127,9 @@ export interface VllmOptions {
  */
 export async function startVllm(o: VllmOptions): Promise<Server> {
   const port = o.port ?? (await freePort());
-  const args = ["-m", "vllm.entrypoints.openai.api_server", "--model", o.model, "--host", "127.0.0.1", "--port", String(port)];
+  const entry = o.isGlooPushTarget ? "rlq_torch.vllm_serve" : "vllm.entrypoints.openai.api_server";
+  const args = ["-m", entry, "--model", o.model, "--host", "127.0.0.1", "--port", String(port)];
+  if (o.isGlooPushTarget) args.push("--weight-transfer-config", JSON.stringify({ backend: "gloo" }));
   args.push("--dtype", "float32", "--max-model-len", String(o.maxModelLen ?? 128), "--seed", "0");
   if (o.servedModelName) args.push("--served-model-name", o.servedModelName);
   if (o.apiKey) args.push("--api-key", o.apiKey);
@@ -132,12 +140,19 @@ export async function startVllm(o: VllmOptions): Promise<Server> {
     const path = [join(repoRoot, "test/helpers"), process.env.PYTHONPATH].filter((x) => x !== undefined && x !== "").join(":");
     Object.assign(pace, { PYTHONPATH: path, RLQ_VLLM_STEP_PACE_MS: String(o.stepPaceMs) });
   }
+  const gloo: Record<string, string> = {};
+  if (o.isGlooPushTarget) {
+    // rlq_torch lives in the trainer's folder; a step pace's PYTHONPATH keeps its own entry.
+    const path = [join(repoRoot, "workers/trainer-torch"), pace.PYTHONPATH ?? process.env.PYTHONPATH].filter((x) => x !== undefined && x !== "").join(":");
+    gloo.PYTHONPATH = path;
+  }
   const p = spawnGroup(o.python, args, {
     VLLM_CPU_KVCACHE_SPACE: "1",
     VLLM_SERVER_DEV_MODE: "1",
     HF_HUB_OFFLINE: "1",
     VLLM_NO_USAGE_STATS: "1",
     ...pace,
+    ...gloo,
     ...o.env,
   });
   const url = `http://127.0.0.1:${port}`;

@@ -55,9 +55,10 @@ describe("rlq config check: keys that change nothing for this trainer, engine an
     });
     expect(inert({ ...vllm, weight_sync_timeout_s: 60 })).toEqual({
       weight_sync_timeout_s: expect.stringMatching(
-        /trainer_push needs SGLang \(engine.kind is openai, vLLM\); it takes effect with weight_sync: trainer_push with engine.kind sglang/,
+        /only trainer_push waits for the engines to report a version, and weight_sync is disk; it takes effect with weight_sync: trainer_push$/,
       ),
     });
+    expect(inert({ ...vllm, weight_sync: "trainer_push", weight_sync_timeout_s: 60 })).toEqual({});
     expect(inert({ ...remote, weight_sync: "trainer_push", weight_sync_timeout_s: 60 })).toEqual({});
     expect(inert({ ...remote, weight_sync: "none", update_weights_interval: 2 })).toEqual({
       update_weights_interval: expect.stringMatching(/weight_sync is none: the engines keep their starting weights/),

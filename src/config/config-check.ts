@@ -96,11 +96,8 @@ const rules: Rule[] = [
   {
     keys: ["weight_sync_timeout_s"],
     isInert: (c) => c.weight_sync !== "trainer_push",
-    why: (c) =>
-      c.engine.kind === "openai"
-        ? "only trainer_push waits for the engines to report a version, and trainer_push needs SGLang (engine.kind is openai, vLLM)"
-        : `only trainer_push waits for the engines to report a version, and weight_sync is ${c.weight_sync}`,
-    matters: "weight_sync: trainer_push with engine.kind sglang",
+    why: (c) => `only trainer_push waits for the engines to report a version, and weight_sync is ${c.weight_sync}`,
+    matters: "weight_sync: trainer_push",
   },
   {
     keys: ["weight_update_mode"],

@@ -32,10 +32,8 @@ describe("weight_sync with a vLLM engine", () => {
     expect(parseRunConfig(vllm, "run.yaml", "user").weight_sync).toBe("disk");
   });
 
-  it("trainer_push is refused, naming disk and none", () => {
-    expect(refusal({ ...vllm, weight_sync: "trainer_push" })).toMatch(
-      /weight_sync.*trainer_push: rlq does not push weights into vLLM yet; set weight_sync: disk.*VLLM_SERVER_DEV_MODE=1.*or weight_sync: none/,
-    );
+  it("trainer_push is accepted: the trainer pushes through vLLM's weight transfer (gloo on CPU, nccl on GPUs)", () => {
+    expect(parseRunConfig({ ...vllm, weight_sync: "trainer_push" }, "run.yaml", "user").weight_sync).toBe("trainer_push");
   });
 
   it("none is refused in async mode and with a staleness bound, saying why", () => {

@@ -237,20 +237,6 @@ export const runConfigSchema = z
     refineSft(c, ctx);
     refineDebug(c, ctx);
     refineColocate(c, ctx);
-    if (c.engine.kind === "openai" && c.weight_sync === "trainer_push") {
-      ctx.addIssue({
-        code: "custom",
-        path: ["weight_sync"],
-        message:
-          "engine.kind openai (vLLM) with weight_sync: trainer_push: rlq does not push weights into vLLM yet; " +
-          "set weight_sync: disk (rlq loads each checkpoint through vLLM's RL endpoints: start vLLM with VLLM_SERVER_DEV_MODE=1 " +
-          "on a filesystem it shares with the trainer) or weight_sync: none (the engines keep their initial weights, version 0). " +
-          "vLLM 0.32.0 takes pushed weights only through its weight transfer (/init_weight_transfer_engine, /update_weights), whose " +
-          "backends (nccl, sparse_nccl, nccl_m2n, ipc, sharded_rdt, modelexpress: vllm/distributed/weight_transfer/factory.py) all need " +
-          "CUDA, so a CPU vLLM cannot take a push; on GPUs the nccl path is the torch trainer's VllmNcclPusher " +
-          "(workers/trainer-torch/rlq_torch/weight_push.py), which the trainer server does not start for a run yet",
-      });
-    }
     refineInPlace(c, ctx);
     refineEarlyAndStaggered(c, ctx);
     if (c.weight_sync === "none" && c.train_async) {
@@ -511,7 +497,9 @@ function refineInPlace(
     openai:
       "vLLM is loaded in place only with weight_sync disk (engines/vllm-in-place.ts); with weight_sync " +
       c.weight_sync +
-      (c.weight_sync === "none" ? " nothing is loaded" : " rlq loads nothing into vLLM itself (its weight transfer needs CUDA)"),
+      (c.weight_sync === "none"
+        ? " nothing is loaded"
+        : " the trainer's push (rlq_torch/weight_push.py VllmPusher) pauses vLLM with mode=abort around its weight transfer, not in place"),
     embedded: "the embedded engine has no pause that keeps its requests",
   };
   ctx.addIssue({

@@ -78,18 +78,6 @@ export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: 
     members = urls.map(make);
     if (routerUrl !== null && engine.router_refresh_s > 0) refresh = async () => (await list(routerUrl)).map(make);
   } else {
-    if (keys.weight_sync === "trainer_push") {
-      // run-config refuses it first (its message names the fix); this guards callers that build a
-      // pool from parts. vLLM 0.32.0's weight transfer backends all need CUDA
-      // (vllm/distributed/weight_transfer/factory.py); the GPU path is weight_push.py VllmNcclPusher.
-      throw new RlqError(
-        "config_invalid",
-        "weight_sync: trainer_push with engine.kind 'openai' (vLLM): vLLM 0.32.0's weight transfer (/init_weight_transfer_engine, /update_weights) " +
-          "has no backend that runs on CPU (nccl, ipc and the others need CUDA), and the trainer server does not start the GPU pusher " +
-          "(rlq_torch/weight_push.py VllmNcclPusher) for a run yet. Use weight_sync: disk (rlq loads each checkpoint through vLLM's RL endpoints) or none",
-        { isRetriable: false },
-      );
-    }
     const apiKey = readOptionalSecret(engine.api_key, "engine.api_key", env);
     // weight_update_mode in_place (run-config.ts allows it with weight_sync disk only): the adapter that
     // pauses keeping the requests and reads each token's version (vllm-in-place.ts).
@@ -100,9 +88,11 @@ export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: 
         model: engine.model,
         requestTimeoutMs: timeoutMs,
         logprobsMode: engine.logprobs_mode,
-        // weight_sync disk: vLLM reports its own version (/weight_info); otherwise rlq's record is the fence.
-        versionSource: keys.weight_sync === "disk" ? undefined : deps.fencedVersion,
+        // weight_sync disk and trainer_push: vLLM reports its own version (/weight_info); with none rlq's record is the fence.
+        versionSource: keys.weight_sync === "none" ? deps.fencedVersion : undefined,
         loadsWeights: keys.weight_sync === "disk",
+        // The trainer pushes through vLLM's weight transfer (rlq_torch/weight_push.py VllmPusher); rlq reads the version back.
+        isPushed: keys.weight_sync === "trainer_push",
         loraSync: keys.lora_sync,
         apiKey,
         hasImages: keys.multimodal_keys != null,

@@ -130,6 +130,12 @@ export interface OpenAiCompatOptions {
   /** weight_sync disk: rlq loads checkpoints through vLLM's RL endpoints and reads versions from /weight_info. */
   loadsWeights?: boolean;
   /**
+   * weight_sync trainer_push: the trainer pushes each version through vLLM's weight transfer
+   * (workers/trainer-torch/rlq_torch/weight_push.py VllmPusher: /finish_weight_update names the
+   * version) and rlq only reads it back from /weight_info, as with `loadsWeights`. rlq loads nothing.
+   */
+  isPushed?: boolean;
+  /**
    * With `loadsWeights`: merged (default) reloads the whole model from the checkpoint; adapter loads
    * the checkpoint's peft adapter (adapter/) alone, by name per version (run config lora_sync).
    */
@@ -178,6 +184,8 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
   readonly canLoadWeights: boolean;
   /** Loads are peft adapters named per version, and each request names its version's adapter. */
   private readonly isAdapterSync: boolean;
+  /** The server knows rlq's versions (/weight_info): rlq loads them (disk) or the trainer pushes them (trainer_push). */
+  private readonly readsServerVersion: boolean;
   protected readonly adminMs: number;
   private readonly adminWaitMs: number;
   private readonly logprobsMode: VllmLogprobsMode;
@@ -192,6 +200,7 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
     this.url = options.url.replace(/\/+$/, "").replace(/\/v1$/, "");
     this.id = this.url;
     this.canLoadWeights = options.loadsWeights === true;
+    this.readsServerVersion = this.canLoadWeights || options.isPushed === true;
     this.isAdapterSync = this.canLoadWeights && options.loraSync === "adapter";
     this.adminMs = options.adminTimeoutMs ?? 10_000;
     this.adminWaitMs = options.adminWaitMs ?? 120_000;
@@ -264,7 +273,7 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
         isRetriable: true,
       });
     }
-    if (this.options.loadsWeights && !this.isAdapterSync && (await this.serverVersion()) !== v) {
+    if (this.readsServerVersion && !this.isAdapterSync && (await this.serverVersion()) !== v) {
       // A load ran between the two reads: which weights made these tokens is unknown.
       hooks.partial.tokenIds.length = 0;
       hooks.partial.logProbs.length = 0;
@@ -316,9 +325,9 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
     }
   }
 
-  /** The version of record: /weight_info where rlq loads weights, else `versionSource`, else the value `setVersion` gave. */
+  /** The version of record: /weight_info where the server knows rlq's versions, else `versionSource`, else the value `setVersion` gave. */
   async weightVersion(): Promise<number> {
-    if (this.options.loadsWeights) return this.serverVersion();
+    if (this.readsServerVersion) return this.serverVersion();
     return this.options.versionSource ? this.options.versionSource() : this.version;
   }
 
@@ -344,7 +353,9 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
     if (!this.options.loadsWeights)
       throw new RlqError(
         "engine_cannot_load",
-        `${this.url}: rlq does not load weights into this server (weight_sync none keeps version ${this.version}); asked for version ${v}`,
+        this.readsServerVersion
+          ? `${this.url}: rlq does not load weights into this server (weight_sync trainer_push: the trainer pushes them); asked for version ${v}`
+          : `${this.url}: rlq does not load weights into this server (weight_sync none keeps version ${this.version}); asked for version ${v}`,
         { isRetriable: false },
       );
     return uri.startsWith("file://") ? decodeURIComponent(new URL(uri).pathname) : uri;
@@ -451,14 +462,17 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
         if (!(e instanceof EngineHttpError && e.status === 400)) throw e;
       }
     }
-    if (this.options.loadsWeights) {
+    if (this.readsServerVersion) {
       try {
         await this.patiently("GET /weight_info", () => this.serverVersion());
       } catch (e) {
         if (e instanceof EngineHttpError && e.status === 404)
           throw new RlqError(
             "engine_cannot_load",
-            `vLLM ${url} has no /weight_info: weight_sync disk loads weights through vLLM's RL endpoints, which it serves only when started with VLLM_SERVER_DEV_MODE=1 (or use weight_sync: none)`,
+            this.canLoadWeights
+              ? `vLLM ${url} has no /weight_info: weight_sync disk loads weights through vLLM's RL endpoints, which it serves only when started with VLLM_SERVER_DEV_MODE=1 (or use weight_sync: none)`
+              : `vLLM ${url} has no /weight_info: weight_sync trainer_push pushes weights through vLLM's weight transfer routes, which it serves only when started with ` +
+                  `VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config (docs/engines.md "trainer_push into vLLM"), or use weight_sync: disk`,
             { cause: e, isRetriable: false },
           );
         throw e;

@@ -6,7 +6,8 @@
  *   weight_version = v) and resolves once each reports v. Engines that fail
  *   leave the rotation; the pool reloads them with v when they come back.
  * trainer_push: the trainer pushes the weights itself (e.g. NCCL
- *   update_weights_from_distributed carrying weight_version = v). rlq does not
+ *   update_weights_from_distributed carrying weight_version = v into SGLang, or vLLM's weight
+ *   transfer ending with /finish_weight_update {weight_version: v}). rlq does not
  *   send weights: it waits until every live engine reports v, then routes to v
  *   only. Fenced engines (OpenAI-compatible servers that do not know versions)
  *   take v as recorded when the trainer or operator reports it.

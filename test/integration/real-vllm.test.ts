@@ -6,7 +6,7 @@ import { createVllmInPlaceEngine } from "../../src/engines/vllm-in-place.ts";
 import type { GenerateResult } from "../../src/engines/engine.ts";
 import { emptyPartial, type PartialOutput } from "../../src/engines/remote.ts";
 import { engineHarness } from "../helpers/engine-harness.ts";
-import { waitFor } from "../helpers/processes.ts";
+import { repoRoot, runCommand, waitFor } from "../helpers/processes.ts";
 import { requirePythonModules } from "../helpers/python.ts";
 import { request } from "../fakes/fake-engine-control.ts";
 
@@ -493,16 +493,38 @@ describe("the real vLLM server, and the fake held to it", () => {
     expect(after.weightVersion).toBe(7);
   });
 
-  it("trainer_push has no way in on the CPU build: /init_weight_transfer_engine answers that no weight transfer is configured", async () => {
+  it("trainer_push: a server started without a weight transfer backend refuses the push, and the trainer's error names the flag to add", async () => {
     // The dev route exists (entrypoints/rl/online/api_router.py), but the worker builds a transfer
     // engine only with --weight-transfer-config (v1/worker/gpu_worker.py load_model,
-    // _check_weight_transfer_engine), and every backend that flag can name needs CUDA
-    // (distributed/weight_transfer/factory.py): docs/engines.md, rlq_torch/weight_push.py VLLM_CPU_REFUSAL.
+    // _check_weight_transfer_engine). This server has none; a push into one that has the gloo
+    // backend is test_weight_push_vllm.py and real-stack-push.test.ts.
     const t = targets.find((x) => x.name === "vllm") as Target;
     const init = await raw(t, "/init_weight_transfer_engine", { init_info: { master_address: "127.0.0.1", master_port: 1, rank_offset: 1, world_size: 2 } });
     expect(init.status, init.text).toBeGreaterThanOrEqual(400);
     expect(init.text).toMatch(/Weight transfer not configured|Internal Server Error/);
-    // The server goes on serving.
+    // The trainer's pusher (rlq_torch/weight_push.py VllmPusher, --push-via vllm-gloo) against it.
+    const script = [
+      "import sys, socket, torch",
+      "sys.path.insert(0, 'workers/trainer-torch')",
+      "from rlq_torch.weight_push import PushError, VllmPusher",
+      "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; s.close()",
+      `p = VllmPusher([${JSON.stringify(t.url)}], backend='gloo', master_address='127.0.0.1', master_port=port, api_key=${JSON.stringify(KEY)}, timeout_s=60)`,
+      "try:",
+      "    p.push([('w', torch.ones(2))], 1)",
+      "except PushError as e:",
+      "    print(e)",
+    ].join("\n");
+    const r = await runCommand(python, ["-c", script], { cwd: repoRoot, timeoutMs: 120_000 });
+    expect(r.status, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(
+      /\/init_weight_transfer_engine: HTTP 5\d\d.*the engine did not open its weight transfer.*--weight-transfer-config '\{"backend": "gloo"\}'/,
+    );
+    expect(r.stdout).toMatch(/python -m rlq_torch\.vllm_serve/);
+    // The server goes on serving, at the version it had: an adapter of a trainer_push run reads it from /weight_info.
     expect((await engine(t).generate(request("after-init", { inputIds: t.prompt, stopTokenIds: [], seed: 3 }))).tokenIds.length).toBeGreaterThan(0);
+    const pushed = createOpenAiCompatEngine({ url: t.url, model: MODEL, requestTimeoutMs: 60_000, apiKey: KEY, isPushed: true });
+    await pushed.checkServer();
+    const info = (await raw(t, "/weight_info", undefined, {})).json as { weight_version: string };
+    expect(await pushed.weightVersion()).toBe(info.weight_version === "default" ? 0 : Number(info.weight_version));
   });
 });

@@ -19,8 +19,8 @@
  * (vLLM's API server stopped with SIGSTOP, the symptom of a loaded box) is waited for, and refused
  * with a clear error once the wait is spent.
  *
- * weight_sync trainer_push is not run here: vLLM takes pushed weights only through a weight
- * transfer engine, and every backend vLLM 0.32 registers needs CUDA (docs/engines.md).
+ * weight_sync trainer_push is not run here: a restarted server loses the trainer's transfer group
+ * (docs/engines.md); real-stack-push.test.ts runs trainer_push into vLLM over the gloo backend.
  */
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { createServer, request as httpRequest, type Server as HttpServer } from "node:http";

@@ -529,7 +529,7 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--push-engines",
         default="",
-        help="weight_sync trainer_push: SGLang URLs to push each trained version to (comma-separated)",
+        help="weight_sync trainer_push: engine URLs (SGLang, or vLLM with --push-via vllm-*) to push each trained version to (comma-separated)",
     )
     ap.add_argument(
         "--push-master-address",
@@ -550,9 +550,9 @@ def main(argv=None) -> None:
     )
     ap.add_argument(
         "--push-via",
-        choices=["distributed", "tensor", "vllm-nccl"],
+        choices=["distributed", "tensor", "vllm-nccl", "vllm-gloo"],
         default="distributed",
-        help="distributed: update_weights_from_distributed over a process group; tensor: update_weights_from_tensor (engines on this host); vllm-nccl: vLLM's weight transfer engine over NCCL (GPU)",
+        help='distributed: update_weights_from_distributed over a process group; tensor: update_weights_from_tensor (engines on this host); vllm-nccl: vLLM\'s weight transfer engine over NCCL (GPU); vllm-gloo: over gloo (CPU; vLLM started through rlq_torch.vllm_serve with --weight-transfer-config \'{"backend": "gloo"}\')',
     )
     ap.add_argument(
         "--push-tp-size",

@@ -108,7 +108,9 @@ def main(argv=None) -> int:
     ap.add_argument("--push-api-key-env", default=None)
     ap.add_argument("--push-admin-api-key-env", default=None)
     ap.add_argument(
-        "--push-via", choices=["distributed", "tensor"], default="distributed"
+        "--push-via",
+        choices=["distributed", "tensor", "vllm-nccl", "vllm-gloo"],
+        default="distributed",
     )
     ap.add_argument("--push-tp-size", type=int, default=1)
     args = ap.parse_args(argv)

@@ -1,5 +1,5 @@
-"""Push trained weights into SGLang servers (rlq's weight_sync: trainer_push), and into vLLM on GPUs
-(VllmNcclPusher below: vLLM 0.32.0's weight transfer has no backend that runs on CPU, VLLM_CPU_REFUSAL).
+"""Push trained weights into SGLang servers (rlq's weight_sync: trainer_push), and into vLLM through its
+weight transfer (VllmPusher below: vLLM's nccl backend on GPUs, rlq's gloo backend, vllm_gloo.py, on CPU).
 
 What SGLang expects, read from its http_server.py and io_struct.py
 (InitWeightsUpdateGroupReqInput, UpdateWeightsFromDistributedReqInput,
@@ -101,7 +101,9 @@ def post(
     conn = conn_type(u.hostname, u.port, timeout=timeout_s)
     try:
         try:
-            conn.request("POST", u.path or "/", body=data, headers=headers)
+            # The query stays: vLLM's /pause takes its mode there (?mode=abort).
+            target = f"{u.path or '/'}?{u.query}" if u.query else u.path or "/"
+            conn.request("POST", target, body=data, headers=headers)
         finally:
             if sent is not None:
                 sent.set()
@@ -491,18 +493,31 @@ class TensorPusher:
 
 
 # vLLM 0.32.0 (vllm/distributed/weight_transfer/factory.py): the weight transfer backends it
-# registers, and why none of them runs where no GPU is: nccl, sparse_nccl and nccl_m2n broadcast
-# through PyNcclCommunicator (CUDA), ipc passes CUDA IPC handles, sharded_rdt pulls over Ray RDT with
-# NIXL-registered memory, modelexpress goes through an external service. The workers build the
-# engine only when vLLM is started with --weight-transfer-config (v1/worker/gpu_worker.py
+# registers need CUDA: nccl, sparse_nccl and nccl_m2n broadcast through PyNcclCommunicator, ipc passes
+# CUDA IPC handles, sharded_rdt pulls over Ray RDT with NIXL-registered memory, modelexpress goes
+# through an external service. rlq adds "gloo" (vllm_gloo.py), which runs on CPU. The workers build
+# the engine only when vLLM is started with --weight-transfer-config (v1/worker/gpu_worker.py
 # load_model), which the CPU worker inherits.
 VLLM_CPU_REFUSAL = (
-    "vLLM 0.32.0 has no weight transfer backend that runs on CPU: its backends are nccl, sparse_nccl, nccl_m2n "
-    "(PyNcclCommunicator, CUDA), ipc (CUDA IPC handles), sharded_rdt (Ray RDT + NIXL) and modelexpress "
-    "(vllm/distributed/weight_transfer/factory.py), so /init_weight_transfer_engine and /update_weights cannot "
-    "move weights between CPU processes; on GPUs start vLLM with VLLM_SERVER_DEV_MODE=1 and "
-    '--weight-transfer-config \'{"backend": "nccl"}\' and push with VllmNcclPusher, or use weight_sync: disk'
+    "--push-via vllm-nccl needs CUDA in the trainer and in vLLM: vLLM 0.32.0's nccl backend broadcasts through "
+    "PyNcclCommunicator (vllm/distributed/weight_transfer/nccl_engine.py), and this trainer has no CUDA device; "
+    "without GPUs push with --push-via vllm-gloo into a vLLM started as `python -m rlq_torch.vllm_serve ... "
+    '--weight-transfer-config \'{"backend": "gloo"}\'` (docs/engines.md), or use weight_sync: disk'
 )
+
+# --push-via -> the weight transfer backend it names in vLLM (--weight-transfer-config's "backend").
+VLLM_BACKENDS = {"vllm-nccl": "nccl", "vllm-gloo": "gloo"}
+
+
+def how_to_start(backend: str) -> str:
+    """The vLLM command line that takes pushes of `backend`, for error messages."""
+    config = f'--weight-transfer-config \'{{"backend": "{backend}"}}\''
+    if backend == "gloo":
+        return (
+            f"PYTHONPATH=workers/trainer-torch VLLM_SERVER_DEV_MODE=1 python -m rlq_torch.vllm_serve --model M ... {config} "
+            "(rlq_torch/vllm_serve.py registers the gloo backend in vLLM's processes)"
+        )
+    return f"VLLM_SERVER_DEV_MODE=1 vllm serve M ... {config}"
 
 
 class VllmSyncClient:
@@ -566,22 +581,24 @@ def get_json(url: str, api_key: str | None, timeout_s: float) -> dict[str, Any]:
     return json.loads(text)
 
 
-class VllmNcclPusher:
-    """trainer_push into vLLM 0.32.0 on GPUs, through vLLM's own trainer-side NCCL engine
-    (vllm/distributed/weight_transfer/nccl_engine.py NCCLTrainerWeightTransferEngine): one NCCL group
-    per engine, this process its rank 0 and the engine's workers ranks 1..N (N from GET
+class VllmPusher:
+    """trainer_push into vLLM 0.32.0 through its weight transfer (vllm/distributed/weight_transfer/): one
+    transfer group per engine, this process its rank 0 and the engine's workers ranks 1..N (N from GET
     /get_world_size). Per version and engine: POST /pause?mode=abort (in-flight requests end with
     their tokens, which rlq continues; new ones wait), /start_weight_update, /update_weights while
-    this process broadcasts (packed buffers), /finish_weight_update {weight_version}, POST /resume
-    (always), then GET /weight_info must read the version back.
+    this process broadcasts, /finish_weight_update {weight_version}, POST /resume (always), then GET
+    /weight_info must read the version back.
 
-    Needs CUDA here and on the engines (VLLM_CPU_REFUSAL says why); not exercised on the CPU-only
-    machines this project tests on: run test_weight_push_vllm.py on a GPU box with vLLM's CUDA build."""
+    `backend` picks the transport, nothing else: "nccl" is vLLM's own NCCLTrainerWeightTransferEngine
+    (CUDA on both sides, VLLM_CPU_REFUSAL; not run in this project's CPU-only tests), "gloo" is rlq's
+    GlooTrainerWeightTransferEngine (vllm_gloo.py), which needs the engines started with the gloo
+    backend registered (how_to_start)."""
 
     def __init__(
         self,
         engines: Sequence[str],
         *,
+        backend: str,
         master_address: str,
         master_port: int,
         api_key: str | None = None,
@@ -589,6 +606,11 @@ class VllmNcclPusher:
     ) -> None:
         if not engines:
             raise PushError("no engine to push to")
+        if backend not in VLLM_BACKENDS.values():
+            raise PushError(
+                f"vLLM weight transfer backend {backend!r}: rlq pushes with {sorted(VLLM_BACKENDS.values())}"
+            )
+        self.backend = backend
         self.clients = [VllmSyncClient(u, api_key, timeout_s) for u in engines]
         self.master_address = master_address
         self.master_port = master_port
@@ -596,35 +618,65 @@ class VllmNcclPusher:
         self.timeout_s = timeout_s
         self.transfers: list[Any] = []
 
+    def _init_info(self, port: int, world_size: int) -> Any:
+        """The trainer init info of `backend` (vLLM dispatches on its class's `backend`)."""
+        if self.backend == "gloo":
+            from rlq_torch.vllm_gloo import GlooTrainerInitInfo, register
+
+            register()
+            return GlooTrainerInitInfo(
+                master_address=self.master_address,
+                master_port=port,
+                world_size=world_size,
+                timeout_s=self.timeout_s,
+                rank=0,
+            )
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        return NCCLTrainerInitInfo(
+            master_address=self.master_address,
+            master_port=port,
+            world_size=world_size,
+            rank=0,
+        )
+
     def connect(self, source: Any) -> None:
-        if not torch.cuda.is_available():
+        # Before any call, so that nothing on the engines changes.
+        if self.backend == "nccl" and not torch.cuda.is_available():
             raise PushError(VLLM_CPU_REFUSAL)
         try:
             from vllm.distributed.weight_transfer.factory import (
                 WeightTransferTrainerFactory,
             )
-            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
         except ImportError as e:
             raise PushError(
-                f"trainer_push into vLLM uses vLLM's trainer-side weight transfer: install vLLM's CUDA build in the trainer's environment ({e})"
+                f"trainer_push into vLLM uses vLLM's trainer-side weight transfer: install vLLM in the trainer's environment ({e})"
             ) from e
+        # Kept only once every engine has joined: a push after a failed connect connects them all again.
+        transfers = []
         for i, client in enumerate(self.clients):
             workers = int(
                 get_json(f"{client.url}/get_world_size", self.api_key, self.timeout_s)[
                     "world_size"
                 ]
             )
-            info = NCCLTrainerInitInfo(
-                master_address=self.master_address,
-                master_port=self.master_port + i,
-                world_size=1 + workers,
-                rank=0,
-            )
-            self.transfers.append(
-                WeightTransferTrainerFactory.trainer_init(
+            info = self._init_info(self.master_port + i, 1 + workers)
+            try:
+                transfer = WeightTransferTrainerFactory.trainer_init(
                     info, client=client, source=source
                 )
-            )
+            except PushError as e:
+                if e.status is None:
+                    raise
+                # vLLM answers 500 with no reason in the body ("Weight transfer not configured" or
+                # "Invalid weight transfer backend" is in its log, v1/worker/gpu_worker.py).
+                raise PushError(
+                    f"{e}: the engine did not open its weight transfer; a vLLM server takes pushed weights only when started "
+                    f"with a weight transfer backend, here: {how_to_start(self.backend)}",
+                    e.status,
+                ) from e
+            transfers.append(transfer)
+        self.transfers = transfers
 
     def push(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
@@ -652,7 +704,7 @@ class VllmNcclPusher:
             "version": version,
             "tensors": len(items),
             "engines": [c.url for c in self.clients],
-            "via": "vllm-nccl",
+            "via": f"vllm-{self.backend}",
         }
 
     def close(self) -> None:
@@ -693,13 +745,14 @@ def push_api_key(args: Any, environ: Mapping[str, str]) -> str | None:
 def pusher_from_args(args: Any, api_key: str | None) -> Any | None:
     """The trainer server's --push-* flags; None when no engine is named. --push-via tensor: the
     engines share this host (update_weights_from_tensor); distributed (default): a process group;
-    vllm-nccl: vLLM servers on GPUs (VllmNcclPusher)."""
+    vllm-nccl, vllm-gloo: vLLM servers through their weight transfer, over NCCL (GPUs) or gloo (VllmPusher)."""
     engines = [u for u in (getattr(args, "push_engines", None) or "").split(",") if u]
     if not engines:
         return None
-    if getattr(args, "push_via", "distributed") == "vllm-nccl":
-        return VllmNcclPusher(
+    if getattr(args, "push_via", "distributed") in VLLM_BACKENDS:
+        return VllmPusher(
             engines,
+            backend=VLLM_BACKENDS[args.push_via],
             master_address=args.push_master_address,
             master_port=args.push_master_port,
             api_key=api_key,

@@ -1,24 +1,237 @@
-"""trainer_push into vLLM (rlq_torch/weight_push.py VllmNcclPusher): on a machine without CUDA the
-pusher refuses before any call, naming the weight transfer backends vLLM 0.32.0 registers and why
-none runs on CPU; with CUDA it goes past that gate to the engine's /get_world_size, the first call
-of vLLM's NCCL handshake (here to an address nothing listens on, so the call itself fails by name).
-The transfer end to end needs vLLM's CUDA build and a GPU server: this file is the gate both ways."""
+"""trainer_push into vLLM (rlq_torch/weight_push.py VllmPusher).
 
+gloo (rlq_torch/vllm_gloo.py), end to end: a real vLLM CPU server started through rlq_torch.vllm_serve
+with --weight-transfer-config '{"backend": "gloo"}' takes the fixture model's weights, perturbed, as
+version 5 through vLLM's own routes (pause, start, update while the trainer broadcasts, finish with
+the version, resume); /weight_info then reads "5", and the server's prompt log-probs equal those it
+computes after loading the same perturbed weights from disk (reload_weights), so every tensor landed
+where its name says.
+
+nccl: the orchestration is the same; on a machine without CUDA the pusher refuses before any call,
+naming the gloo way; with CUDA it goes past that gate to the engine's /get_world_size (here an
+address nothing listens on, so the call itself fails by name). The transfer end to end needs vLLM's
+CUDA build and a GPU server, which this project's machines do not have.
+"""
+
+import json
+import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
+import time
 import unittest
+import urllib.error
+import urllib.request
 from types import SimpleNamespace
 
-from helpers import require
+from helpers import ROOT, require
 
-require("torch")
+require("torch", "safetensors", "vllm")
 
 import torch
 from rlq_torch.weight_push import (
     VLLM_CPU_REFUSAL,
     PushError,
-    VllmNcclPusher,
+    VllmPusher,
     pusher_from_args,
 )
+from safetensors.torch import load_file, save_file
+
+REPO = os.path.dirname(os.path.dirname(ROOT))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(method: str, url: str, body=None, timeout_s: float = 300):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout_s) as res:
+        return json.loads(res.read().decode() or "{}")
+
+
+def fixture_model() -> str:
+    out = subprocess.run(
+        [sys.executable, os.path.join(REPO, "scripts/build-fixture-model.py")],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+class VllmGlooServer:
+    """vLLM's OpenAI server on the CPU with the gloo weight transfer backend, as scripts/real-stack.ts
+    startVllm starts it (dev mode, 1 GiB of KV cache, float32)."""
+
+    def __init__(self, model: str, *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.TemporaryFile()
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [ROOT]
+                + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+            ),
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+        }
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rlq_torch.vllm_serve",
+                "--model",
+                model,
+                "--served-model-name",
+                "fixture",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--dtype",
+                "float32",
+                "--max-model-len",
+                "128",
+                "--seed",
+                "0",
+                *extra,
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 600
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM exited ({self.proc.returncode}) before it was healthy:\n{self.tail()}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass  # not listening yet
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(
+                    f"vLLM did not answer /health in 600 s:\n{self.tail()}"
+                )
+            time.sleep(1)
+
+    def tail(self, n: int = 6000) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-n:]
+
+    def prompt_logprobs(self, ids: list[int]) -> list[float]:
+        """vLLM's log-prob of each prompt token after the first, given those before it."""
+        out = call(
+            "POST",
+            f"{self.url}/v1/completions",
+            {
+                "model": "fixture",
+                "prompt": ids,
+                "max_tokens": 1,
+                "temperature": 0,
+                "prompt_logprobs": 0,
+            },
+        )
+        entries = out["choices"][0]["prompt_logprobs"][1:]
+        return [float(e[str(t)]["logprob"]) for e, t in zip(entries, ids[1:])]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+        self.log.close()
+
+
+class VllmGlooPushTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.model = fixture_model()
+        cls.server = VllmGlooServer(
+            cls.model, "--weight-transfer-config", '{"backend": "gloo"}'
+        )
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.server.close()
+
+    def test_a_push_lands_every_tensor_under_its_version(self) -> None:
+        server = self.server
+        ids = [2, 40, 51, 60, 77, 90, 101, 120, 150, 200, 250, 14]
+        before = server.prompt_logprobs(ids)
+        self.assertEqual(
+            call("GET", f"{server.url}/weight_info")["weight_version"], "default"
+        )
+
+        weights = load_file(os.path.join(self.model, "weights.safetensors"))
+        gen = torch.Generator().manual_seed(0)
+        perturbed = {
+            n: (t + 0.05 * t.std() * torch.randn(t.shape, generator=gen)).contiguous()
+            for n, t in weights.items()
+        }
+        pusher = VllmPusher(
+            [server.url],
+            backend="gloo",
+            master_address="127.0.0.1",
+            master_port=free_port(),
+            timeout_s=300,
+        )
+        try:
+            out = pusher.push(sorted(perturbed.items()), 5)
+        except PushError as e:
+            raise AssertionError(f"{e}\n--- vLLM ---\n{server.tail()}") from e
+        finally:
+            pusher.close()
+        self.assertEqual(out["via"], "vllm-gloo")
+        self.assertEqual(out["tensors"], len(perturbed))
+        self.assertEqual(
+            call("GET", f"{server.url}/weight_info")["weight_version"], "5"
+        )
+        pushed = server.prompt_logprobs(ids)
+        self.assertGreater(
+            max(abs(a - b) for a, b in zip(pushed, before)),
+            1e-3,
+            "the push changed nothing vLLM computes",
+        )
+
+        # The same weights from disk, on the same server: what the push must have produced.
+        with tempfile.TemporaryDirectory() as d:
+            for f in os.listdir(self.model):
+                if f != "weights.safetensors":
+                    shutil.copy(os.path.join(self.model, f), d)
+            save_file(perturbed, os.path.join(d, "weights.safetensors"))
+            call("POST", f"{server.url}/pause?mode=wait", {})
+            try:
+                call(
+                    "POST",
+                    f"{server.url}/collective_rpc",
+                    {"method": "reload_weights", "kwargs": {"weights_path": d}},
+                )
+            finally:
+                call("POST", f"{server.url}/resume", {})
+        loaded = server.prompt_logprobs(ids)
+        diff = max(abs(a - b) for a, b in zip(pushed, loaded))
+        self.assertLess(diff, 1e-5, f"pushed {pushed}\nloaded {loaded}")
 
 
 def closed_port() -> int:
@@ -28,10 +241,14 @@ def closed_port() -> int:
 
 
 class VllmPushGateTest(unittest.TestCase):
-    def test_the_gate(self) -> None:
+    def test_the_nccl_gate(self) -> None:
         url = f"http://127.0.0.1:{closed_port()}"
-        pusher = VllmNcclPusher(
-            [url], master_address="127.0.0.1", master_port=closed_port(), api_key="k"
+        pusher = VllmPusher(
+            [url],
+            backend="nccl",
+            master_address="127.0.0.1",
+            master_port=closed_port(),
+            api_key="k",
         )
         with self.assertRaises(PushError) as caught:
             pusher.push([("w", torch.ones(2, 2))], 3)
@@ -39,34 +256,38 @@ class VllmPushGateTest(unittest.TestCase):
             self.assertIn(f"GET {url}/get_world_size", str(caught.exception))
         else:
             self.assertEqual(str(caught.exception), VLLM_CPU_REFUSAL)
-            for backend in (
-                "nccl",
-                "sparse_nccl",
-                "nccl_m2n",
-                "ipc",
-                "sharded_rdt",
-                "modelexpress",
-            ):
-                self.assertIn(backend, VLLM_CPU_REFUSAL)
+            self.assertIn("--push-via vllm-gloo", VLLM_CPU_REFUSAL)
+            self.assertIn('{"backend": "gloo"}', VLLM_CPU_REFUSAL)
             self.assertIn("weight_sync: disk", VLLM_CPU_REFUSAL)
 
-    def test_the_server_flags_pick_it(self) -> None:
-        args = SimpleNamespace(
-            push_engines="http://127.0.0.1:1,http://127.0.0.1:2",
-            push_via="vllm-nccl",
-            push_master_address="127.0.0.1",
-            push_master_port=29700,
-        )
-        pusher = pusher_from_args(args, "k")
-        self.assertIsInstance(pusher, VllmNcclPusher)
-        self.assertEqual(
-            [c.url for c in pusher.clients],
-            ["http://127.0.0.1:1", "http://127.0.0.1:2"],
-        )
+    def test_the_server_flags_pick_the_backend(self) -> None:
+        for via, backend in (("vllm-nccl", "nccl"), ("vllm-gloo", "gloo")):
+            args = SimpleNamespace(
+                push_engines="http://127.0.0.1:1,http://127.0.0.1:2",
+                push_via=via,
+                push_master_address="127.0.0.1",
+                push_master_port=29700,
+            )
+            pusher = pusher_from_args(args, "k")
+            self.assertIsInstance(pusher, VllmPusher)
+            self.assertEqual(pusher.backend, backend)
+            self.assertEqual(
+                [c.url for c in pusher.clients],
+                ["http://127.0.0.1:1", "http://127.0.0.1:2"],
+            )
 
-    def test_no_engine(self) -> None:
+    def test_no_engine_and_an_unknown_backend(self) -> None:
         with self.assertRaises(PushError):
-            VllmNcclPusher([], master_address="127.0.0.1", master_port=1)
+            VllmPusher([], backend="gloo", master_address="127.0.0.1", master_port=1)
+        with self.assertRaisesRegex(
+            PushError, r"'ipc': rlq pushes with \['gloo', 'nccl'\]"
+        ):
+            VllmPusher(
+                ["http://127.0.0.1:1"],
+                backend="ipc",
+                master_address="127.0.0.1",
+                master_port=1,
+            )
 
 
 if __name__ == "__main__":
