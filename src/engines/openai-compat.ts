@@ -68,7 +68,12 @@
  * prefix-cache blocks its old weights computed (serving.py warns of it), a fresh one gets a new
  * lora_int_id, so no cached block is reused.
  *
- * Without `loadsWeights` versions are fenced by rlq: the server does not know
+ * Pushed weights (`isPushed`, weight_sync: trainer_push): the trainer pushes each version through
+ * vLLM's weight transfer (workers/trainer-torch/rlq_torch/weight_push.py VllmPusher, which pauses
+ * with mode=abort and names the version on /finish_weight_update); rlq loads nothing and reads
+ * versions from /weight_info as for disk loads, dropping the tokens of a request a push crossed.
+ *
+ * Otherwise versions are fenced by rlq: the server does not know
  * rlq's weight versions; `versionSource` reads the version of record (the run's
  * synced version in Postgres; with weight_sync none it stays 0), and
  * `setVersion` records it in-process.
@@ -472,7 +477,7 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
             this.canLoadWeights
               ? `vLLM ${url} has no /weight_info: weight_sync disk loads weights through vLLM's RL endpoints, which it serves only when started with VLLM_SERVER_DEV_MODE=1 (or use weight_sync: none)`
               : `vLLM ${url} has no /weight_info: weight_sync trainer_push pushes weights through vLLM's weight transfer routes, which it serves only when started with ` +
-                  `VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config (docs/engines.md "trainer_push into vLLM"), or use weight_sync: disk`,
+                  `VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config (docs/engines.md, vLLM's trainer_push), or use weight_sync: disk`,
             { cause: e, isRetriable: false },
           );
         throw e;
