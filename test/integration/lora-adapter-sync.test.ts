@@ -80,9 +80,9 @@ describe("lora_sync adapter: vLLM (CPU) loads each version's peft adapter by nam
         ref_load: model,
         // A bit of a hash of the response text (test/fixtures/reward-text-hash.mjs): distinct responses
         // score 0 or 1 independently, so nearly every group has a spread and trains. Under the math
-        // reward this model's groups are often all right or all wrong, and in one CI run steps 0 and 1
-        // trained nothing (version 2's adapter scored exactly as the base); under byte-length parity
-        // no group has a spread (8 one-byte tokens).
+        // reward this model's groups are often all right or all wrong, so steps 0 and 1 can both
+        // train nothing and version 2's adapter score exactly as the base (failing the adapter-vs-base
+        // gap below); under byte-length parity no group has a spread (8 one-byte tokens).
         custom_rm_path: join(repoRoot, "test/fixtures/reward-text-hash.mjs"),
         rollout_batch_size: 8,
         n_samples_per_prompt: 4,
