@@ -31,6 +31,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from rlq_torch.tp_launch import run_tp_train  # noqa: E402
+
 ATOL = 1e-5
 EXC = re.compile(r"\b\w+(Error|Exception): ")
 
@@ -40,24 +44,8 @@ def torchrun(n: int, args: list[str], timeout_s: float) -> tuple[dict | None, st
 
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.pt")
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            str(n),
-        ]
-        cmd += ["-m", "rlq_torch.tp_train", *args, "--out", out]
         try:
-            r = subprocess.run(
-                cmd,
-                cwd=HERE,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                env={**os.environ, "PYTHONPATH": HERE},
-            )
+            r = run_tp_train(n, [*args, "--out", out], timeout_s)
         except subprocess.TimeoutExpired:
             return None, f"timed out after {timeout_s:.0f} s"
         if r.returncode != 0:

@@ -24,7 +24,6 @@ import unittest
 import urllib.request
 
 from helpers import (
-    ROOT,
     TINY_MODEL,
     BatchServer,
     TrainerProcess,
@@ -36,6 +35,7 @@ from helpers import (
 require("torch", "transformers", "safetensors")
 
 import torch  # noqa: E402
+from rlq_torch.tp_launch import run_tp_train  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ATOL = 1e-5
@@ -48,40 +48,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# What a rank prints when the C++ runtime aborts it because a std::thread was destroyed still running.
-# Seen once in CI on rank 1 of the Llama TP=2 + SP run on a loaded 2-core box, in torch's own teardown
-# (tp_train.py waits at a barrier and destroys the process group before it returns; the same run
-# passes alone and in every other CI run). Such a run goes once more, saying so; any other failure,
-# or this one twice, fails the test.
-THREAD_ABORT = "terminate called without an active exception"
-
-
 def torchrun(n: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    for attempt in (1, 2):
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc_per_node",
-                str(n),
-                "-m",
-                "rlq_torch.tp_train",
-                *args,
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env={**os.environ, "PYTHONPATH": ROOT},
-        )
-        if r.returncode == 0 or THREAD_ABORT not in r.stderr or attempt == 2:
-            break
-        print(
-            f"torchrun {n} ranks {args}: a rank aborted ({THREAD_ABORT}); running it once more",
-            file=sys.stderr,
-        )
+    r = run_tp_train(n, args, timeout_s=600)
     if check and r.returncode != 0:
         raise AssertionError(f"torchrun {n} ranks {args} failed:\n{r.stderr[-6000:]}")
     return r
