@@ -1,22 +1,22 @@
 import { spawnSync } from "node:child_process";
-import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createWorld, type World } from "../helpers/run-fixture.ts";
 import { repoRoot } from "../helpers/processes.ts";
-import { visionChatTokenizerDir } from "../helpers/chat-tokenizer.ts";
-import { solidPng } from "../helpers/png.ts";
+import {
+  RED_PNG,
+  engineImagesBySegment,
+  expectBatchImages,
+  imageObservationConfig,
+  segmentsBySample,
+  type SegmentRow,
+  writeRedImagePrompts,
+} from "../helpers/image-observation.ts";
 import { requirePythonModules } from "../helpers/python.ts";
 import { SLIME_PLUGINS } from "../helpers/slime-plugins.ts";
-import { fakeStats } from "../fakes/fake-engine-control.ts";
 import { sha256Hex } from "../../src/lib/hash.ts";
 import { runUntilDone } from "../../src/index.ts";
 import { closePythonHosts } from "../../src/plugins/python.ts";
-import { loadTrainBatch } from "../../src/jobs/train-batch.ts";
-import { decodeBatch, encodeBatch } from "../../src/trainer/batch-codec.ts";
-import { loadRunRow } from "../../src/store/run-facts.ts";
-import { decodeRecordedConfig } from "../../src/config/recorded-config.ts";
-import type { RunContext } from "../../src/runtime/run-context.ts";
 
 /**
  * A slime VLM multi-turn generate function (test/fixtures/slime/plugins/my_vlm_agent.py, written
@@ -31,17 +31,14 @@ const VLM_AGENT = `py:${SLIME_PLUGINS}/my_vlm_agent.py`;
 let w: World;
 let python: string;
 let dir: string;
-const red = solidPng([255, 0, 0]);
-const redSha = sha256Hex(red);
+let promptData: string;
+const redSha = sha256Hex(RED_PNG);
 
 beforeAll(async () => {
   python = requirePythonModules(["PIL"]);
   w = await createWorld("pyimgobs");
   dir = join(w.home, "data");
-  mkdirSync(dir, { recursive: true });
-  writeFileSync(join(dir, "red.png"), red);
-  const rows = Array.from({ length: 2 }, (_, i) => ({ input: `Q${i}: what colour?`, label: "green", images: ["red.png"] }));
-  writeFileSync(join(dir, "d.jsonl"), rows.map((r) => JSON.stringify(r)).join("\n"));
+  promptData = writeRedImagePrompts(dir, 2);
   process.env.RLQ_HOME = w.home;
   process.env.RLQ_PLUGIN_PYTHON = python;
 });
@@ -54,41 +51,10 @@ afterAll(async () => {
 async function run(fn: string) {
   const engineUrl = await w.freshEngine();
   const result = await runUntilDone(
-    w.baseConfig({
-      prompt_data: join(dir, "d.jsonl"),
-      multimodal_keys: { image: "images" },
-      apply_chat_template: true,
-      hf_checkpoint: visionChatTokenizerDir(),
-      custom_generate_function_path: `${VLM_AGENT}:${fn}`,
-      engine: { kind: "sglang", urls: [engineUrl] },
-      num_rollout: 1,
-      rollout_batch_size: 2,
-      n_samples_per_prompt: 2,
-      over_sampling_batch_size: null,
-      dynamic_sampling_filter_path: null,
-      rollout_max_response_len: 128,
-    }),
+    w.baseConfig({ ...imageObservationConfig(promptData, `${VLM_AGENT}:${fn}`), engine: { kind: "sglang", urls: [engineUrl] } }),
     { env: { ...w.env, RLQ_HOME: w.home, RLQ_PLUGIN_PYTHON: python }, baseDir: repoRoot },
   );
   return { ...result, engineUrl };
-}
-
-interface SegmentRow {
-  group_id: string;
-  sample_index: number;
-  segment_index: number;
-  images: Array<Record<string, unknown>> | null;
-  loss_mask: number[];
-}
-
-async function segmentsOf(runId: string): Promise<Map<string, SegmentRow[]>> {
-  const segs = await w.db.pool.query<SegmentRow>(
-    "SELECT group_id, sample_index, segment_index, images, loss_mask FROM sample_segments WHERE run_id = $1 ORDER BY group_id, sample_index, segment_index",
-    [runId],
-  );
-  const samples = new Map<string, SegmentRow[]>();
-  for (const r of segs.rows) samples.set(`${r.group_id}-${r.sample_index}`, [...(samples.get(`${r.group_id}-${r.sample_index}`) ?? []), r]);
-  return samples;
 }
 
 /** Pillow's own reading of a stored image: its mode, size and top-left pixel. */
@@ -98,16 +64,6 @@ function pixelOf(path: string): string {
   });
   if (r.status !== 0) throw new Error(r.stderr);
   return r.stdout.trim();
-}
-
-/** The step's batch as served to the trainer: every sample carries these images, bytes included. */
-async function expectBatchImages(runId: string, shas: readonly string[]): Promise<void> {
-  const ctx = { runId, config: decodeRecordedConfig((await loadRunRow(w.db, runId))?.config, `run ${runId} config`) } as RunContext;
-  const { batch } = await loadTrainBatch(w.db, ctx, 0);
-  expect(batch.samples).toHaveLength(4);
-  for (const s of batch.samples) expect(s.images?.map((i) => i.sha256)).toEqual(shas);
-  const decoded = decodeBatch(encodeBatch({ ...batch, runId: "" }));
-  for (const s of decoded.samples) expect(s.images?.map((i) => sha256Hex(i.bytes as Uint8Array))).toEqual(shas);
 }
 
 function expectScreenshot(image: Record<string, unknown> | undefined): string {
@@ -120,11 +76,9 @@ describe("a slime VLM generate function (py:) with an image observation", () => 
   it("the engine sees [prompt image] then [prompt image, screenshot]; the segment records the screenshot; the batch carries both", async () => {
     const { runId, outcome, status, engineUrl } = await run("generate");
     expect(outcome, status.lastError ?? "").toBe("completed");
-    const samples = await segmentsOf(runId);
+    const samples = await segmentsBySample(w.db, runId);
     expect(samples.size).toBe(4);
-    const seen = (await fakeStats(engineUrl)).imagesSeen;
-    const imagesOf = (g: string, s: number, segment: number) =>
-      Object.entries(seen).find(([rid]) => rid.startsWith(`${runId}-${g}-${s}-${segment}.`) || rid === `${runId}-${g}-${s}-${segment}`)?.[1];
+    const imagesOf = await engineImagesBySegment(engineUrl, runId);
     const screenshots = new Set<string>();
     for (const [key, list] of samples) {
       expect(
@@ -143,13 +97,13 @@ describe("a slime VLM generate function (py:) with an image observation", () => 
       expect(imagesOf(g, s, 1), key).toEqual([redSha, shot]);
     }
     expect(screenshots.size).toBe(1); // Pillow encodes the same screenshot to the same bytes
-    await expectBatchImages(runId, [redSha, ...screenshots]);
+    await expectBatchImages(w.db, runId, [redSha, ...screenshots]);
   });
 
   it("an observation after the last request: its image is read back from sample.multimodal_inputs['images'] onto the final tool turn", async () => {
     const { runId, outcome, status } = await run("generate_observation_last");
     expect(outcome, status.lastError ?? "").toBe("completed");
-    const samples = await segmentsOf(runId);
+    const samples = await segmentsBySample(w.db, runId);
     expect(samples.size).toBe(4);
     const screenshots = new Set<string>();
     for (const [key, list] of samples) {
@@ -161,7 +115,7 @@ describe("a slime VLM generate function (py:) with an image observation", () => 
       screenshots.add(expectScreenshot(list[0]?.images?.[0]));
     }
     expect(screenshots.size).toBe(1);
-    await expectBatchImages(runId, [redSha, ...screenshots]);
+    await expectBatchImages(w.db, runId, [redSha, ...screenshots]);
   });
 
   it("without Pillow the host hands the images' file paths, and the shim's encode_image_for_rollout_engine sends their bytes as base64", () => {
@@ -176,7 +130,7 @@ describe("a slime VLM generate function (py:) with an image observation", () => 
     ].join("\n");
     const r = spawnSync(python, ["-c", script, join(dir, "red.png")], { encoding: "utf8" });
     expect(r.status, r.stderr).toBe(0);
-    expect(JSON.parse(r.stdout)).toEqual({ images: [join(dir, "red.png")], encoded: [red.toString("base64")] });
+    expect(JSON.parse(r.stdout)).toEqual({ images: [join(dir, "red.png")], encoded: [RED_PNG.toString("base64")] });
   });
 
   it("tokens holding an image placeholder whose image is never posted pause the run, naming image_data", async () => {
