@@ -203,6 +203,42 @@ class TrainerProcess:
         self.proc.stdout.close()
 
 
+def step_in_process(
+    trainer,
+    batch: Batch,
+    config: dict,
+    out_dir: str,
+    *,
+    step: int = 0,
+    checkpoint_uri: str | None = None,
+    defaults: dict | None = None,
+    progress=None,
+) -> dict:
+    """One ``TorchTrainer.train_step`` called in this process with the request the server hands it
+    (run_id from the batch, weight_version_in = step, no batch_url: the batch is passed in), so a
+    test exercises the step without the HTTP protocol. ``defaults`` is the trainer's config
+    defaults (parse_train_config's second argument); ``progress`` gets (done, total, phase)."""
+    from rlq_torch.trainer import parse_algorithm, parse_train_config
+
+    req = {
+        "run_id": batch.run_id,
+        "step": step,
+        "attempt": "0",
+        "weight_version_in": step,
+        "checkpoint_uri_in": checkpoint_uri,
+        "output_dir": out_dir,
+        "config": config,
+    }
+    return trainer.train_step(
+        req,
+        batch,
+        parse_train_config(config, defaults or {}),
+        parse_algorithm(config),
+        progress or (lambda done, total, phase: None),
+        lambda: None,
+    )
+
+
 def request(
     run_id, step, attempt, out_dir, batch_url, config=None, v_in=None, uri=None
 ):

@@ -7,7 +7,7 @@ import tempfile
 import unittest
 
 import numpy as np
-from helpers import make_batch, require
+from helpers import make_batch, require, step_in_process
 
 require("torch", "transformers")
 
@@ -18,7 +18,7 @@ class OldLogProbsTest(unittest.TestCase):
     def test_result_old_log_probs_match_a_transformers_forward_in_request_order(self):
         import torch
         from rlq_torch.batch import Batch
-        from rlq_torch.trainer import TorchTrainer, parse_algorithm, parse_train_config
+        from rlq_torch.trainer import TorchTrainer
         from transformers import AutoModelForCausalLM
 
         with tempfile.TemporaryDirectory() as d:
@@ -27,23 +27,12 @@ class OldLogProbsTest(unittest.TestCase):
             made = make_batch("old", 0, groups=2, per_group=3, seed=3)
             # Not in (group, sample) order: the result must follow the request, not the step's sort.
             batch = Batch(made.run_id, made.step, list(reversed(made.samples)))
-            cfg = {"lr": 1e-3}
-            req = {
-                "run_id": "old",
-                "step": 0,
-                "attempt": "0",
-                "weight_version_in": 0,
-                "checkpoint_uri_in": "file://" + base,
-                "output_dir": os.path.join(d, "v1"),
-                "config": cfg,
-            }
-            res = TorchTrainer("cpu").train_step(
-                req,
+            res = step_in_process(
+                TorchTrainer("cpu"),
                 batch,
-                parse_train_config(cfg, {}),
-                parse_algorithm(cfg),
-                lambda done, total, phase: None,
-                lambda: None,
+                {"lr": 1e-3},
+                os.path.join(d, "v1"),
+                checkpoint_uri="file://" + base,
             )
             got = res["old_log_probs"]
             self.assertEqual(len(got), len(batch.samples))

@@ -152,8 +152,8 @@ class OpdTorchStep(unittest.TestCase):
     def step(self, teacher_shift, **config):
         import tempfile
 
-        from helpers import TINY_MODEL, make_batch
-        from rlq_torch.trainer import TorchTrainer, parse_algorithm, parse_train_config
+        from helpers import TINY_MODEL, make_batch, step_in_process
+        from rlq_torch.trainer import TorchTrainer
 
         require("torch")
         b = make_batch("r", 0, seed=3)
@@ -171,22 +171,7 @@ class OpdTorchStep(unittest.TestCase):
         }
         trainer = TorchTrainer("cpu")
         with tempfile.TemporaryDirectory() as out:
-            r = {
-                "run_id": "r",
-                "step": 0,
-                "attempt": "0",
-                "weight_version_in": 0,
-                "checkpoint_uri_in": None,
-            }
-            r |= {"output_dir": out, "batch_url": "http://unused", "config": c}
-            return trainer.train_step(
-                r,
-                b,
-                parse_train_config(c, trainer.defaults),
-                parse_algorithm(c),
-                lambda *a: None,
-                lambda: None,
-            )
+            return step_in_process(trainer, b, c, out, defaults=trainer.defaults)
 
     def test_zero_reward_trains_only_through_the_teacher(self):
         # use_rollout_logprobs: the student's log-probs are the rollout's. Teacher = student: every advantage is 0.

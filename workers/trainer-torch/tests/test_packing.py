@@ -5,7 +5,7 @@ import tempfile
 import unittest
 
 import numpy as np
-from helpers import TINY_MODEL, make_batch, require
+from helpers import TINY_MODEL, make_batch, require, step_in_process
 
 require("torch")
 
@@ -137,7 +137,7 @@ class PackingTest(unittest.TestCase):
     def test_a_train_step_with_packing_on_and_off(self):
         import torch
         from rlq_torch.safetensors_io import read_safetensors
-        from rlq_torch.trainer import TorchTrainer, parse_algorithm, parse_train_config
+        from rlq_torch.trainer import TorchTrainer
 
         b = make_batch("r", 0, groups=4, per_group=4, seed=8)
         results = {}
@@ -151,25 +151,13 @@ class PackingTest(unittest.TestCase):
                     "use_dynamic_batch_size": packed,
                     "entropy_coef": 0.01,
                 }
-                r = {
-                    "run_id": "r",
-                    "step": 0,
-                    "attempt": "0",
-                    "weight_version_in": 0,
-                    "checkpoint_uri_in": None,
-                    "output_dir": os.path.join(tmp, str(packed)),
-                    "batch_url": "http://unused",
-                    "config": c,
-                }
-                tr = TorchTrainer("cpu")
                 phases = []
-                res = tr.train_step(
-                    r,
+                res = step_in_process(
+                    TorchTrainer("cpu"),
                     b,
-                    parse_train_config(c, {}),
-                    parse_algorithm(c),
-                    lambda d, t, p, phases=phases: phases.append(p),
-                    lambda: None,
+                    c,
+                    os.path.join(tmp, str(packed)),
+                    progress=lambda d, t, p, phases=phases: phases.append(p),
                 )
                 results[packed] = (
                     res,
@@ -195,7 +183,7 @@ class PackingTest(unittest.TestCase):
 
     def test_gradient_checkpointing_changes_memory_not_the_step(self):
         """Recomputing each block in the backward gives the same gradients, so the same files byte for byte (CPU)."""
-        from rlq_torch.trainer import TorchTrainer, parse_algorithm, parse_train_config
+        from rlq_torch.trainer import TorchTrainer
 
         b = make_batch("r", 0, groups=2, per_group=4, seed=6)
         files = {}
@@ -210,24 +198,7 @@ class PackingTest(unittest.TestCase):
                     "use_dynamic_batch_size": True,
                 }
                 out = os.path.join(tmp, str(ckpt))
-                r = {
-                    "run_id": "r",
-                    "step": 0,
-                    "attempt": "0",
-                    "weight_version_in": 0,
-                    "checkpoint_uri_in": None,
-                    "output_dir": out,
-                    "batch_url": "http://unused",
-                    "config": c,
-                }
-                TorchTrainer("cpu").train_step(
-                    r,
-                    b,
-                    parse_train_config(c, {}),
-                    parse_algorithm(c),
-                    lambda *a: None,
-                    lambda: None,
-                )
+                step_in_process(TorchTrainer("cpu"), b, c, out)
                 with open(os.path.join(out, "weights.safetensors"), "rb") as f:
                     files[ckpt] = f.read()
         self.assertEqual(files[False], files[True])

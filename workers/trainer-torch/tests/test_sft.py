@@ -9,7 +9,7 @@ import tempfile
 import unittest
 
 import numpy as np
-from helpers import make_batch, require
+from helpers import make_batch, require, step_in_process
 
 require("torch", "transformers")
 
@@ -64,25 +64,9 @@ def hand_loss(model_dir: str, samples, per_token: bool) -> float:
 
 
 def sft_step(trainer, model_uri: str, out: str, batch, step: int, **config):
-    from rlq_torch.trainer import parse_algorithm, parse_train_config
-
     cfg = {"lr": 1e-3, "loss_type": "sft_loss", **config}
-    req = {
-        "run_id": "sft",
-        "step": step,
-        "attempt": "0",
-        "weight_version_in": step,
-        "checkpoint_uri_in": model_uri,
-        "output_dir": out,
-        "config": cfg,
-    }
-    return trainer.train_step(
-        req,
-        batch,
-        parse_train_config(cfg, {}),
-        parse_algorithm(cfg),
-        lambda done, total, phase: None,
-        lambda: None,
+    return step_in_process(
+        trainer, batch, cfg, out, step=step, checkpoint_uri=model_uri
     )
 
 

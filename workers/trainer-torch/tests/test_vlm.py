@@ -12,7 +12,7 @@ import tempfile
 import unittest
 
 import numpy as np
-from helpers import ROOT, require
+from helpers import ROOT, require, step_in_process
 
 require("torch", "transformers", "PIL")
 
@@ -223,33 +223,30 @@ class TestProcessor(VisionCase):
 
 class TestTrainStep(VisionCase):
     def run_step(self, batch, out, **config):
-        from rlq_torch.trainer import TorchTrainer, parse_algorithm, parse_train_config
+        from rlq_torch.trainer import TorchTrainer
 
         cfg = {"lr": 1e-2, "hf_checkpoint": self.base, **config}
-        req = {
-            "run_id": "vlm",
-            "step": 0,
-            "attempt": "0",
-            "weight_version_in": 0,
-            "checkpoint_uri_in": None,
-            "output_dir": out,
-            "config": cfg,
-        }
-        return TorchTrainer("cpu").train_step(
-            req,
-            batch,
-            parse_train_config(cfg, {}),
-            parse_algorithm(cfg),
-            lambda done, total, phase: None,
-            lambda: None,
-        )
+        return step_in_process(TorchTrainer("cpu"), batch, cfg, out)
+
+    def step_dir(self, name: str) -> str:
+        """A new directory under this class's temp dir for one step's output."""
+        out = os.path.join(self.tmp.name, name)
+        os.makedirs(out)
+        return out
+
+    def run_pair_step(self, s: Sample, name: str) -> dict:
+        """One step on a group of two: ``s`` and a copy scored 0, so the group has a reward spread and
+        trains, sent through the RLQB codec as the server receives it."""
+        other = copy.deepcopy(s)
+        other.sample_index, other.reward = 1, 0.0
+        batch = decode_batch(encode_batch(Batch("vlm", 0, [s, other])))
+        return self.run_step(batch, self.step_dir(name))
 
     def test_a_train_step_on_the_tiny_vlm_is_finite_and_moves_the_weights(self):
         from rlq_torch.models import load_policy
 
         b = self.batch()
-        out = os.path.join(self.tmp.name, "step1")
-        os.makedirs(out)
+        out = self.step_dir("step1")
         res = self.run_step(b, out)
         m = res["metrics"]
         for k in ("pg_loss", "grad_norm", "entropy_loss"):
@@ -326,13 +323,7 @@ class TestTrainStep(VisionCase):
         self.assertEqual(len(back), s.response_length)
         self.assertEqual(back, lp.double().numpy()[x.response_index].tolist())
         # Through a whole step: the loss counts the batch's masked-in response tokens, no vision token.
-        out = os.path.join(self.tmp.name, "multiturn")
-        os.makedirs(out)
-        other = copy.deepcopy(s)
-        other.sample_index, other.reward = 1, 0.0
-        res = self.run_step(
-            decode_batch(encode_batch(Batch("vlm", 0, [s, other]))), out
-        )
+        res = self.run_pair_step(s, "multiturn")
         self.assertEqual(res["num_tokens"], 2 * int(s.loss_mask.sum()))
         self.assertEqual(
             [len(v) for v in res["old_log_probs"]], [s.response_length] * 2
@@ -362,24 +353,19 @@ class TestTrainStep(VisionCase):
         )  # the batch's sample is left as it came
         lp, _ = TorchTrainer("cpu").token_stats(policy, [x], 1.0, grad=False)
         self.assertTrue(torch.isfinite(lp).all())
-        out = os.path.join(self.tmp.name, "sampled-pad")
-        os.makedirs(out)
-        other = copy.deepcopy(s)
-        other.sample_index, other.reward = 1, 0.0
-        res = self.run_step(
-            decode_batch(encode_batch(Batch("vlm", 0, [s, other]))), out
-        )
+        res = self.run_pair_step(s, "sampled-pad")
         self.assertEqual(res["num_tokens"], 2 * 2)
         self.assertTrue(np.isfinite(res["metrics"]["pg_loss"]))
 
     def test_packed_rows_are_refused_with_the_reason(self):
         from rlq_torch.trainer import StepError
 
-        out = os.path.join(self.tmp.name, "packed")
-        os.makedirs(out)
         with self.assertRaises(StepError) as e:
             self.run_step(
-                self.batch(), out, use_dynamic_batch_size=True, max_tokens_per_gpu=4096
+                self.batch(),
+                self.step_dir("packed"),
+                use_dynamic_batch_size=True,
+                max_tokens_per_gpu=4096,
             )
         self.assertIn("mrope", str(e.exception))
 
