@@ -112,6 +112,12 @@ async function loadInPlace(engine: RemoteEngine & InPlacePause, version: number,
 export async function awaitVersion(pool: PoolState, version: number, timeoutMs: number, pollMs: number): Promise<{ engines: string[] }> {
   const deadline = pool.now() + timeoutMs;
   for (const m of pool.members) m.engine.setVersion?.(version);
+  // Awaited: the engines in the rotation when the sync began. One already behind (`stale`: a server
+  // restarted at its launch weights, or one a push missed) may have been out of the trainer's reach
+  // for this push (down when it was sent, or without the trainer's transfer group yet), and
+  // waiting on it would hold the run until the timeout with nothing left to send it the version; it
+  // joins once a push reaches it and it reports the pool's version, as any behind engine does.
+  const inRotation = new Set(pool.members.filter((m) => isLive(m.mode) && m.mode !== "stale"));
   for (;;) {
     await Promise.all(
       pool.members.map(async (m) => {
@@ -124,11 +130,12 @@ export async function awaitVersion(pool: PoolState, version: number, timeoutMs: 
       }),
     );
     const live = pool.members.filter((m) => isLive(m.mode));
-    if (live.length > 0 && live.every((m) => m.version === version)) {
+    const awaited = live.some((m) => inRotation.has(m)) ? live.filter((m) => inRotation.has(m)) : live;
+    if (awaited.length > 0 && awaited.every((m) => m.version === version)) {
       pool.moveRouter({ kind: "pinned", version });
-      for (const m of live) pool.setEngineMode(m, { kind: "reported" });
+      for (const m of live) if (m.version === version) pool.setEngineMode(m, { kind: "reported" });
       pool.queue.wakeAll();
-      return { engines: live.map((m) => m.engine.id) };
+      return { engines: live.filter((m) => m.version === version).map((m) => m.engine.id) };
     }
     if (pool.now() > deadline) {
       const states = pool.members.map((m) => `${m.engine.id}=${m.mode}@v${m.version ?? "?"}`).join(", ");

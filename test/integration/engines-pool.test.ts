@@ -256,6 +256,41 @@ describe("engine pool", () => {
     expect((await p.generate(request("push-after"))).weightVersion).toBe(1);
   });
 
+  it("trainer_push: an engine that came back behind (restarted at its launch weights) is not waited for; it joins once a push reaches it", async () => {
+    const a = await fake();
+    const b = await fake();
+    const p = pool([a.url, b.url]);
+    await p.awaitReady(10_000);
+    await p.checkHealth();
+    const sync = createWeightSync(p, { mode: "trainer_push", pushTimeoutMs: 15_000 });
+    const push = (url: string, v: number) =>
+      fetch(`${url}/update_weights_from_disk`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model_path: `/pushed-${v}`, weight_version: String(v) }),
+      });
+    sync.beginPush();
+    const first = sync.sync(1, null);
+    await Promise.all([push(a.url, 1), push(b.url, 1)]);
+    await first;
+    // b dies and comes back on its port at version 0, without anything the trainer had set up on it.
+    b.kill("SIGKILL");
+    await waitFor("b out of the rotation", () => p.engineStates()[b.url] === "dead");
+    h.track(await restartFake("sglang", b.port));
+    await waitFor("b answering, behind", () => p.snapshot().engines.find((e) => e.engineId === b.url)?.state === "stale", 20_000);
+    // The trainer's next push reaches a alone: the sync resolves on a, b absent, well inside the timeout.
+    sync.beginPush();
+    const second = sync.sync(2, null);
+    await push(a.url, 2);
+    const report = await second;
+    expect(report).toMatchObject({ version: 2, engines: [a.url], absent: [b.url] });
+    expect(report.durationMs).toBeLessThan(15_000);
+    for (let k = 0; k < 4; k++) expect(await p.generate(request(`behind-${k}`, { seed: k }))).toMatchObject({ engineId: a.url, weightVersion: 2 });
+    // A later push reaches b too: it reports the pool's version and takes requests again.
+    await push(b.url, 2);
+    await waitFor("b admitted at version 2", () => p.engineStates()[b.url] === "healthy", 20_000);
+  });
+
   it("colocate: a release waits for an admission under way (its log-prob probe generates), and the pool sends nothing to the engine until it resumes", async () => {
     // Slow tokens: the probe's generations are in flight when the release is asked for.
     const f = await fake(["--token-delay-ms", "300"]);

@@ -539,7 +539,21 @@ class VllmSyncClient:
         self._post("/init_weight_transfer_engine", {"init_info": init_info})
 
     def start_weight_update(self) -> None:
-        self._post("/start_weight_update", {})
+        """POST /start_weight_update, ending first a session a killed trainer left open: vLLM refuses a
+        start while one is active ("already active. Call finish_weight_update first", gpu_worker.py
+        _start_weight_update), answered as a bare HTTP 500. That session is closed without a version
+        (async_llm.py finish_weight_update sets one only when given), so the engine keeps its label,
+        and the push that follows writes every tensor again."""
+        try:
+            self._post("/start_weight_update", {})
+        except PushError as e:
+            if e.status != 500:
+                raise
+            try:
+                self._post("/finish_weight_update", {"weight_version": None})
+            except PushError:
+                raise e from None  # no session was open: the start failed for its own reason
+            self._post("/start_weight_update", {})
 
     def update_weights(self, update_info: Any) -> None:
         self._post("/update_weights", {"update_info": update_info})
@@ -616,7 +630,9 @@ class VllmPusher:
         self.master_port = master_port
         self.api_key = api_key
         self.timeout_s = timeout_s
-        self.transfers: list[Any] = []
+        # Per engine: its transfer group, and the version this process last pushed into it.
+        self.transfers: list[Any | None] = [None] * len(engines)
+        self.pushed: list[str | None] = [None] * len(engines)
 
     def _init_info(self, port: int, world_size: int) -> Any:
         """The trainer init info of `backend` (vLLM dispatches on its class's `backend`)."""
@@ -640,77 +656,120 @@ class VllmPusher:
             rank=0,
         )
 
-    def connect(self, source: Any) -> None:
-        # Before any call, so that nothing on the engines changes.
-        if self.backend == "nccl" and not torch.cuda.is_available():
-            raise PushError(VLLM_CPU_REFUSAL)
+    def _join(self, i: int, source: Any) -> Any:
+        """Open engine i's transfer group (this process rank 0, the engine's workers after it)."""
+        from vllm.distributed.weight_transfer.factory import (
+            WeightTransferTrainerFactory,
+        )
+
+        client = self.clients[i]
+        workers = int(
+            get_json(f"{client.url}/get_world_size", self.api_key, self.timeout_s)[
+                "world_size"
+            ]
+        )
+        info = self._init_info(self.master_port + i, 1 + workers)
         try:
-            from vllm.distributed.weight_transfer.factory import (
-                WeightTransferTrainerFactory,
+            return WeightTransferTrainerFactory.trainer_init(
+                info, client=client, source=source
             )
-        except ImportError as e:
+        except PushError as e:
+            if e.status is None:
+                raise
+            # vLLM answers 500 with no reason in the body ("Weight transfer not configured" or
+            # "Invalid weight transfer backend" is in its log, v1/worker/gpu_worker.py).
             raise PushError(
-                f"trainer_push into vLLM uses vLLM's trainer-side weight transfer: install vLLM in the trainer's environment ({e})"
+                f"{e}: the engine did not open its weight transfer; a vLLM server takes pushed weights only when started "
+                f"with a weight transfer backend, here: {how_to_start(self.backend)}",
+                e.status,
             ) from e
-        # Kept only once every engine has joined: a push after a failed connect connects them all again.
-        transfers = []
-        for i, client in enumerate(self.clients):
-            workers = int(
-                get_json(f"{client.url}/get_world_size", self.api_key, self.timeout_s)[
-                    "world_size"
-                ]
+
+    def _drop(self, i: int) -> None:
+        transfer, self.transfers[i] = self.transfers[i], None
+        if transfer is not None:
+            transfer.shutdown()
+
+    def _transfer(self, i: int, source: Any) -> Any:
+        """Engine i's transfer, joined again where the engine no longer holds the version this process
+        last pushed into it: a server restarted since comes back at its launch weights ("default") and
+        without the group, and a broadcast into the old group would reach no one. The new trainer_init
+        replaces whatever group the engine's workers held (gpu_worker.py init_weight_transfer_engine
+        calls the engine's init_transfer_engine again), so a trainer restarted against engines that
+        still hold its predecessor's group joins them too."""
+        transfer = self.transfers[i]
+        if transfer is not None:
+            client = self.clients[i]
+            now = get_json(
+                f"{client.url}/weight_info", self.api_key, self.timeout_s
+            ).get("weight_version")
+            if now != self.pushed[i]:
+                self._drop(i)
+                transfer = None
+        if transfer is None:
+            transfer = self._join(i, source)
+            self.transfers[i] = transfer
+        return transfer
+
+    def _push_one(self, i: int, source: Any, version: int) -> None:
+        client = self.clients[i]
+        client.version = str(version)
+        transfer = self._transfer(i, source)
+        transfer.source = source
+        post(f"{client.url}/pause?mode=abort", {}, self.api_key, self.timeout_s)
+        try:
+            transfer.send_weights()
+        finally:
+            post(f"{client.url}/resume", {}, self.api_key, self.timeout_s)
+        now = get_json(f"{client.url}/weight_info", self.api_key, self.timeout_s).get(
+            "weight_version"
+        )
+        if now != str(version):
+            raise PushError(
+                f"{client.url}: pushed version {version} but /weight_info reports {now!r}"
             )
-            info = self._init_info(self.master_port + i, 1 + workers)
-            try:
-                transfer = WeightTransferTrainerFactory.trainer_init(
-                    info, client=client, source=source
-                )
-            except PushError as e:
-                if e.status is None:
-                    raise
-                # vLLM answers 500 with no reason in the body ("Weight transfer not configured" or
-                # "Invalid weight transfer backend" is in its log, v1/worker/gpu_worker.py).
-                raise PushError(
-                    f"{e}: the engine did not open its weight transfer; a vLLM server takes pushed weights only when started "
-                    f"with a weight transfer backend, here: {how_to_start(self.backend)}",
-                    e.status,
-                ) from e
-            transfers.append(transfer)
-        self.transfers = transfers
+        self.pushed[i] = str(version)
 
     def push(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
     ) -> dict[str, Any]:
+        """Push `version` into every engine, each on its own: an engine that is down or fails does not
+        keep the others from the version (rlq admits each engine once it reports the run's version).
+        Its group is dropped, to be joined again at the next push; the failures are raised together
+        once every engine has been tried."""
+        # Before any call, so that nothing on the engines changes.
+        if self.backend == "nccl" and not torch.cuda.is_available():
+            raise PushError(VLLM_CPU_REFUSAL)
+        try:
+            import vllm.distributed.weight_transfer.factory  # noqa: F401
+        except ImportError as e:
+            raise PushError(
+                f"trainer_push into vLLM uses vLLM's trainer-side weight transfer: install vLLM in the trainer's environment ({e})"
+            ) from e
         items = [(n, t.detach().contiguous()) for n, t in named_tensors]
         source = _named_source(items)
-        if not self.transfers:
-            self.connect(source)
-        for client, transfer in zip(self.clients, self.transfers):
-            client.version = str(version)
-            transfer.source = source
-            post(f"{client.url}/pause?mode=abort", {}, self.api_key, self.timeout_s)
+        failed: list[str] = []
+        for i, client in enumerate(self.clients):
             try:
-                transfer.send_weights()
-            finally:
-                post(f"{client.url}/resume", {}, self.api_key, self.timeout_s)
-            now = get_json(
-                f"{client.url}/weight_info", self.api_key, self.timeout_s
-            ).get("weight_version")
-            if now != str(version):
-                raise PushError(
-                    f"{client.url}: pushed version {version} but /weight_info reports {now!r}"
-                )
+                self._push_one(i, source, version)
+            except (PushError, RuntimeError, ValueError) as e:
+                self._drop(i)
+                failed.append(f"{client.url}: {e}")
+        pushed = [c.url for c, v in zip(self.clients, self.pushed) if v == str(version)]
+        if failed:
+            raise PushError(
+                f"version {version} reached {pushed or 'no engine'}; not "
+                + "; ".join(failed)
+            )
         return {
             "version": version,
             "tensors": len(items),
-            "engines": [c.url for c in self.clients],
+            "engines": pushed,
             "via": f"vllm-{self.backend}",
         }
 
     def close(self) -> None:
-        for transfer in self.transfers:
-            transfer.shutdown()
-        self.transfers = []
+        for i in range(len(self.transfers)):
+            self._drop(i)
 
 
 def _named_source(items: Sequence[tuple[str, torch.Tensor]]) -> Any:

@@ -72,8 +72,10 @@ class VllmGlooServer:
     """vLLM's OpenAI server on the CPU with the gloo weight transfer backend, as scripts/real-stack.ts
     startVllm starts it (dev mode, 1 GiB of KV cache, float32)."""
 
-    def __init__(self, model: str, *extra: str) -> None:
-        self.port = free_port()
+    def __init__(self, model: str, *extra: str, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.model = model
+        self.extra = extra
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()
         env = {
@@ -152,6 +154,14 @@ class VllmGlooServer:
         entries = out["choices"][0]["prompt_logprobs"][1:]
         return [float(e[str(t)]["logprob"]) for e, t in zip(entries, ids[1:])]
 
+    def restart(self) -> "VllmGlooServer":
+        """SIGKILL the whole server (API server and engine core, as a crash would) and start a new one
+        on the same port."""
+        os.killpg(self.proc.pid, 9)
+        self.proc.wait()
+        self.log.close()
+        return VllmGlooServer(self.model, *self.extra, port=self.port)
+
     def close(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, 15)
@@ -161,6 +171,16 @@ class VllmGlooServer:
                 os.killpg(self.proc.pid, 9)
                 self.proc.wait()
         self.log.close()
+
+
+def perturbed_weights(model: str, seed: int) -> list[tuple[str, torch.Tensor]]:
+    """The fixture model's weights, each moved by 5% of its spread: a version vLLM can tell apart."""
+    weights = load_file(os.path.join(model, "weights.safetensors"))
+    gen = torch.Generator().manual_seed(seed)
+    return sorted(
+        (n, (t + 0.05 * t.std() * torch.randn(t.shape, generator=gen)).contiguous())
+        for n, t in weights.items()
+    )
 
 
 class VllmGlooPushTest(unittest.TestCase):
@@ -183,12 +203,7 @@ class VllmGlooPushTest(unittest.TestCase):
             call("GET", f"{server.url}/weight_info")["weight_version"], "default"
         )
 
-        weights = load_file(os.path.join(self.model, "weights.safetensors"))
-        gen = torch.Generator().manual_seed(0)
-        perturbed = {
-            n: (t + 0.05 * t.std() * torch.randn(t.shape, generator=gen)).contiguous()
-            for n, t in weights.items()
-        }
+        perturbed = dict(perturbed_weights(self.model, 0))
         pusher = VllmPusher(
             [server.url],
             backend="gloo",
@@ -232,6 +247,77 @@ class VllmGlooPushTest(unittest.TestCase):
         loaded = server.prompt_logprobs(ids)
         diff = max(abs(a - b) for a, b in zip(pushed, loaded))
         self.assertLess(diff, 1e-5, f"pushed {pushed}\nloaded {loaded}")
+
+    def pusher(self, urls: list[str], master_port: int | None = None) -> VllmPusher:
+        return VllmPusher(
+            urls,
+            backend="gloo",
+            master_address="127.0.0.1",
+            master_port=master_port or free_port(),
+            timeout_s=300,
+        )
+
+    def version(self) -> str:
+        return call("GET", f"{self.server.url}/weight_info")["weight_version"]
+
+    def test_b_an_engine_down_keeps_no_other_from_the_version(self) -> None:
+        down = f"http://127.0.0.1:{closed_port()}"
+        pusher = self.pusher([down, self.server.url])
+        try:
+            with self.assertRaises(PushError) as caught:
+                pusher.push(perturbed_weights(self.model, 1), 6)
+        finally:
+            pusher.close()
+        message = str(caught.exception)
+        self.assertIn(f"version 6 reached ['{self.server.url}']", message)
+        self.assertIn(f"not {down}: GET {down}/get_world_size", message)
+        self.assertEqual(self.version(), "6")
+
+    def test_c_a_session_a_killed_trainer_left_open_is_closed(self) -> None:
+        # A trainer killed between /start_weight_update and /finish_weight_update leaves the session
+        # open; vLLM refuses the next start until it is finished.
+        call("POST", f"{self.server.url}/start_weight_update", {})
+        pusher = self.pusher([self.server.url])
+        try:
+            out = pusher.push(perturbed_weights(self.model, 2), 7)
+        except PushError as e:
+            raise AssertionError(f"{e}\n--- vLLM ---\n{self.server.tail()}") from e
+        finally:
+            pusher.close()
+        self.assertEqual((out["engines"], self.version()), ([self.server.url], "7"))
+
+    def test_d_a_restarted_server_and_a_restarted_trainer_join_again(self) -> None:
+        ids = [2, 40, 51, 60, 77, 90, 101, 120, 150, 200, 250, 14]
+        port = free_port()
+        first = self.pusher([self.server.url], port)
+        try:
+            first.push(perturbed_weights(self.model, 3), 8)
+            self.assertEqual(self.version(), "8")
+            # The server dies and comes back at its launch weights, without the trainer's group.
+            type(self).server = self.server.restart()
+            self.assertEqual(self.version(), "default")
+            # The same trainer, on its same store port: it sees the engine lost version 8 and joins it again.
+            weights = perturbed_weights(self.model, 4)
+            first.push(weights, 9)
+            self.assertEqual(self.version(), "9")
+            after_rejoin = self.server.prompt_logprobs(ids)
+        except PushError as e:
+            raise AssertionError(f"{e}\n--- vLLM ---\n{self.server.tail()}") from e
+        finally:
+            first.close()
+        # A trainer restarted (a new process's pusher) against a server that still holds its
+        # predecessor's group: its own trainer_init replaces it.
+        second = self.pusher([self.server.url], port)
+        try:
+            second.push(weights, 10)
+        except PushError as e:
+            raise AssertionError(f"{e}\n--- vLLM ---\n{self.server.tail()}") from e
+        finally:
+            second.close()
+        self.assertEqual(self.version(), "10")
+        # The same weights pushed twice: what vLLM computes is the same, so version 9 had landed whole.
+        again = self.server.prompt_logprobs(ids)
+        self.assertLess(max(abs(a - b) for a, b in zip(after_rejoin, again)), 1e-6)
 
 
 def closed_port() -> int:
