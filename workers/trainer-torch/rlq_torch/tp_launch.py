@@ -13,10 +13,10 @@ from collections.abc import Sequence
 TRAINER_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # What a rank prints when the C++ runtime aborts it because a std::thread was destroyed still running.
-# Seen once in CI on rank 1 of the Llama TP=2 + SP run on a loaded 2-core box, in torch's own teardown
-# (tp_train.py waits at a barrier and destroys the process group before it returns; the same run
-# passes alone and in every other CI run). Such a run goes once more, saying so; any other failure,
-# or this one twice, is the caller's to report.
+# torch's own teardown can do that to a rank on a loaded machine after the work is done (tp_train.py
+# waits at a barrier and destroys the process group before it returns, so no rlq thread is left),
+# which says nothing about the result. Such a run goes once more, saying so; any other failure, or
+# this one twice, is the caller's to report.
 THREAD_ABORT = "terminate called without an active exception"
 
 
