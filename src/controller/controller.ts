@@ -235,7 +235,7 @@ class RunController implements ControllerHost {
     }
     const uri = s.weightVersion === 0 ? (s.config.ref_load ? pathToFileURL(s.config.ref_load).href : null) : s.checkpointUri;
     if (uri) {
-      await this.engines.loadWeights(s.weightVersion, uri);
+      await this.engines.restoreVersion(s.weightVersion, uri);
       return;
     }
     // Version 0 with nothing to load: the engines must still serve their base weights. An engine

@@ -36,6 +36,14 @@ export interface EngineAdmin {
    * `loadWeights` of it send nothing.
    */
   resumeLoad(version: number, checkpointUri: string): Promise<void>;
+  /**
+   * A controller starting or restarting: bring the engines to the run's committed `version`
+   * (`checkpointUri` holds it). weight_sync disk: `loadWeights`. trainer_push: the trainer pushes a
+   * version once, after its step, and nothing will push this one again, so the engines that do not
+   * report it (another run's weights, a server restarted while the controller was down) load it
+   * from disk; where every live engine reports it, nothing is sent.
+   */
+  restoreVersion(version: number, checkpointUri: string): Promise<void>;
   /** Colocated mode (core/colocate.ts): every live engine releases `tags` of the shared GPUs. */
   releaseMemory(tags: readonly MemoryTag[]): Promise<void>;
   /**
@@ -64,6 +72,7 @@ export function createEngineAdmin(config: RunConfig, hooks: EngineAdminHooks = {
       beginLoad: () => undefined,
       loadWeights: async () => undefined,
       resumeLoad: async () => undefined,
+      restoreVersion: async () => undefined,
       reportedVersions: async () => [],
       releaseMemory: () => refuseColocate("the embedded engine"),
       resumeMemory: () => refuseColocate("the embedded engine"),
@@ -106,6 +115,8 @@ export function createEngineAdmin(config: RunConfig, hooks: EngineAdminHooks = {
 class Loader implements EngineAdmin {
   readonly isEarlyDispatch: boolean;
   private readonly isEarlyLoad: boolean;
+  /** weight_sync trainer_push: the trainer brings the engines to each new version, rlq only waits for it. */
+  private readonly isPushed: boolean;
   private readonly isAbortAll: boolean;
   private mode: LoaderMode = initialLoader;
   /** The load in flight while `mode` is `loading` (its failure is reported by `loadWeights`). */
@@ -123,6 +134,7 @@ class Loader implements EngineAdmin {
     // in_place: nothing to wait for, each engine pauses keeping its requests for its load.
     this.isEarlyLoad = config.weight_sync === "disk" && config.weight_update_mode !== "drain";
     const isAbort = config.weight_update_mode === "abort";
+    this.isPushed = config.weight_sync === "trainer_push";
     this.isAbortAll = this.isEarlyLoad && isAbort && e.kind === "sglang" && e.exclusive;
     this.isEarlyDispatch = this.isEarlyLoad && isAbort && e.kind === "sglang";
   }
@@ -168,15 +180,29 @@ class Loader implements EngineAdmin {
   }
 
   async resumeLoad(version: number, uri: string): Promise<void> {
+    if (!(await this.isFound(version))) await this.loadWeights(version, uri);
+  }
+
+  async restoreVersion(version: number, uri: string): Promise<void> {
+    if (!this.isPushed) return this.loadWeights(version, uri);
+    if (await this.isFound(version)) return;
+    const { pool } = await this.get();
+    // The pool's own load (core/weight-sync.ts engine modes), not the sync: in trainer_push mode
+    // the sync waits for a push, and none will come for this version.
+    await pool.loadWeights(version, uri);
+    pool.setCurrentVersion(version);
+    this.move({ kind: "found", version });
+  }
+
+  /** Every live engine reports `version` already: route to it, and record it as loaded. */
+  private async isFound(version: number): Promise<boolean> {
     const { pool } = await this.get();
     await pool.checkHealth();
     const live = pool.snapshot().engines.filter((m) => m.state !== "dead" && m.state !== "refused");
-    if (live.length > 0 && live.every((m) => m.weightVersion === version)) {
-      pool.setCurrentVersion(version);
-      this.move({ kind: "found", version });
-      return;
-    }
-    await this.loadWeights(version, uri);
+    if (!(live.length > 0 && live.every((m) => m.weightVersion === version))) return false;
+    pool.setCurrentVersion(version);
+    this.move({ kind: "found", version });
+    return true;
   }
 
   async releaseMemory(tags: readonly MemoryTag[]): Promise<void> {
@@ -230,6 +256,7 @@ function frozenEngineAdmin(get: () => Promise<{ pool: LoaderPool }>, isStarted: 
     beginLoad: () => undefined,
     loadWeights: atZero,
     resumeLoad: atZero,
+    restoreVersion: atZero,
     releaseMemory: () => refuseColocate("weight_sync: none"),
     resumeMemory: () => refuseColocate("weight_sync: none"),
     async reportedVersions() {

@@ -137,7 +137,10 @@ export interface OpenAiCompatOptions {
   /**
    * weight_sync trainer_push: the trainer pushes each version through vLLM's weight transfer
    * (workers/trainer-torch/rlq_torch/weight_push.py VllmPusher: /finish_weight_update names the
-   * version) and rlq only reads it back from /weight_info, as with `loadsWeights`. rlq loads nothing.
+   * version) and rlq reads it back from /weight_info, as with `loadsWeights`. rlq loads a version
+   * from disk only where nothing will push it again: when a controller starts or restarts and the
+   * server does not report the run's version (controller/engine-admin.ts `restoreVersion`), through
+   * the same routes as `loadsWeights`.
    */
   isPushed?: boolean;
   /**
@@ -204,9 +207,9 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
   constructor(protected readonly options: OpenAiCompatOptions) {
     this.url = options.url.replace(/\/+$/, "").replace(/\/v1$/, "");
     this.id = this.url;
-    this.canLoadWeights = options.loadsWeights === true;
-    this.readsServerVersion = this.canLoadWeights || options.isPushed === true;
-    this.isAdapterSync = this.canLoadWeights && options.loraSync === "adapter";
+    this.canLoadWeights = options.loadsWeights === true || options.isPushed === true;
+    this.readsServerVersion = this.canLoadWeights;
+    this.isAdapterSync = options.loadsWeights === true && options.loraSync === "adapter";
     this.adminMs = options.adminTimeoutMs ?? 10_000;
     this.adminWaitMs = options.adminWaitMs ?? 120_000;
     this.logprobsMode = options.logprobsMode ?? "raw_logprobs";
@@ -474,7 +477,7 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
         if (e instanceof EngineHttpError && e.status === 404)
           throw new RlqError(
             "engine_cannot_load",
-            this.canLoadWeights
+            this.options.isPushed !== true
               ? `vLLM ${url} has no /weight_info: weight_sync disk loads weights through vLLM's RL endpoints, which it serves only when started with VLLM_SERVER_DEV_MODE=1 (or use weight_sync: none)`
               : `vLLM ${url} has no /weight_info: weight_sync trainer_push pushes weights through vLLM's weight transfer routes, which it serves only when started with ` +
                   `VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config (docs/engines.md, vLLM's trainer_push), or use weight_sync: disk`,

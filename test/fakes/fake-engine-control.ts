@@ -61,6 +61,8 @@ export interface FakeSglangStats {
   resumes: number;
   generateWhileReleased: number;
   generateWhileReleasedRids: string[];
+  /** The model_path of each update_weights_from_disk that loaded, in order. */
+  loadedPaths: string[];
   pauses: number;
   flushes: number;
   seedsSeen: number[];
