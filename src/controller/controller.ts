@@ -222,7 +222,9 @@ class RunController implements ControllerHost {
     // A train-only run (debug_rollouts_from) generates nothing: its engines, if any are configured, are never used.
     if (isReplayRun(s.config)) return;
     // Colocated engines released (or about to be) take no load now: the step loads the trained
-    // version itself once their weights resume (core/colocate.ts).
+    // version itself once their weights resume (core/colocate.ts). Nor any health check while the
+    // log says their memory is released: this process's pool learns it here, before its first use.
+    if (s.config.colocate && s.engineMemory !== "resident") await this.engines.adoptLoggedMemory(s.engineMemory);
     if (s.config.colocate && !shouldLoadOnStart(s)) return;
     // A sync that dispatched at its version before it ended (async-pipeline.ts continueDuringSync):
     // requests may be running on it already, so the engines get that version, not the last synced one.

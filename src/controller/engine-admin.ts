@@ -5,6 +5,7 @@ import type { LoaderPool } from "../engines/pool-types.ts";
 import { initialLoader, nextLoaderMode, shouldSendLoad, type LoaderEvent, type LoaderMode } from "../core/weight-sync.ts";
 import { RlqError, errorMessage } from "../lib/errors.ts";
 import type { MemoryTag } from "../core/decisions.ts";
+import { releasedMemoryTags, type EngineMemory } from "../core/colocate.ts";
 import { createLogger } from "../observability/logger.ts";
 
 const log = createLogger("info", "rlq-engine-admin");
@@ -51,6 +52,12 @@ export interface EngineAdmin {
    * release of the same tags: see `Loader.resumeMemory`.
    */
   resumeMemory(tags: readonly MemoryTag[]): Promise<void>;
+  /**
+   * Colocated mode, a restarted controller: the engines' memory as the log says it is
+   * (core/colocate.ts `EngineMemory`). The pool sends the engines no check while any of it is
+   * released, as it would had this process released it (`LoaderPool.markReleased`).
+   */
+  adoptLoggedMemory(memory: EngineMemory): Promise<void>;
   /** The weight versions the live engines report now (empty for the embedded engine). */
   reportedVersions(): Promise<number[]>;
   close(): Promise<void>;
@@ -76,6 +83,7 @@ export function createEngineAdmin(config: RunConfig, hooks: EngineAdminHooks = {
       reportedVersions: async () => [],
       releaseMemory: () => refuseColocate("the embedded engine"),
       resumeMemory: () => refuseColocate("the embedded engine"),
+      adoptLoggedMemory: () => refuseColocate("the embedded engine"),
       close: async () => undefined,
     };
   let state: Promise<{ pool: LoaderPool; sync: WeightSync }> | null = null;
@@ -226,6 +234,11 @@ class Loader implements EngineAdmin {
     this.hasResumed = true;
   }
 
+  async adoptLoggedMemory(memory: EngineMemory): Promise<void> {
+    const { pool } = await this.get();
+    pool.markReleased(releasedMemoryTags(memory));
+  }
+
   async reportedVersions(): Promise<number[]> {
     const { pool } = await this.get();
     await pool.checkHealth();
@@ -259,6 +272,7 @@ function frozenEngineAdmin(get: () => Promise<{ pool: LoaderPool }>, isStarted: 
     restoreVersion: atZero,
     releaseMemory: () => refuseColocate("weight_sync: none"),
     resumeMemory: () => refuseColocate("weight_sync: none"),
+    adoptLoggedMemory: () => refuseColocate("weight_sync: none"),
     async reportedVersions() {
       const { pool } = await get();
       await pool.checkHealth();

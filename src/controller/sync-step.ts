@@ -21,6 +21,7 @@ import { sealDecision, shouldDrawMore } from "../core/decide-groups.ts";
 import { groupLoad } from "../core/group-load.ts";
 import { nextColocateAction } from "../core/colocate.ts";
 import { memoryTags } from "../core/decisions.ts";
+import { holdForRelease } from "../store/colocate-turn.ts";
 import type { ControllerHost } from "./host.ts";
 import type { RolloutFunctionDriver } from "./rollout-function.ts";
 import { decideReady, dispatchRounds, drawAndDispatch, inflightRounds, landedRounds } from "./groups.ts";
@@ -147,7 +148,10 @@ async function tickColocated(h: ControllerHost): Promise<boolean | null> {
     case "drain":
       return drain(h);
     case "release":
-      await h.engines.releaseMemory(memoryTags);
+      // Not while a rollout worker's health check or admission probe is under way: their pools
+      // send none once the log says the step is sealed, and the release waits for those that
+      // started before (store/colocate-turn.ts).
+      await holdForRelease(h.deps.db, s.runId, () => h.engines.releaseMemory(memoryTags));
       h.deps.crashPoint("controller.before_release_decision");
       await h.commit([{ kind: "engines.released", payload: { step: s.step } }]);
       h.deps.crashPoint("controller.after_release");

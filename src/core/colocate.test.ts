@@ -1,6 +1,16 @@
 import { describe, expect, it } from "vitest";
 import type { LoggedDecision } from "./decisions.ts";
-import { initialEngineMemory, nextColocateAction, nextEngineMemory, shouldLoadOnStart, type ColocateView, type EngineMemory } from "./colocate.ts";
+import {
+  foldColocateTurn,
+  initialEngineMemory,
+  nextColocateAction,
+  nextColocateTurn,
+  nextEngineMemory,
+  shouldLoadOnStart,
+  type ColocateTurn,
+  type ColocateView,
+  type EngineMemory,
+} from "./colocate.ts";
 
 const d = (seq: number, kind: LoggedDecision["kind"], payload: object) => ({ seq, kind, payload }) as LoggedDecision;
 const released = d(0, "engines.released", { step: 0 });
@@ -60,5 +70,34 @@ describe("the colocated step's next action", () => {
     expect(shouldLoadOnStart({ phase: "train", engineMemory: "released" })).toBe(false);
     expect(shouldLoadOnStart({ phase: "sync", engineMemory: "released" })).toBe(false);
     expect(shouldLoadOnStart({ phase: "sync", engineMemory: "weights" })).toBe(false);
+  });
+});
+
+describe("whose turn it is on the shared GPUs, as a rollout worker reads the log", () => {
+  const sealed = d(0, "step.sealed", { step: 0, kept: [], aborted: [] });
+  const started = d(5, "step.started", { step: 1, weightVersion: 1 });
+
+  it("engines → release_due at the seal → released → weights → engines at the KV cache's resume; a new step starts in the engines' turn", () => {
+    const turns: ColocateTurn[] = [];
+    let t: ColocateTurn = "engines";
+    for (const x of [sealed, released, d(2, "train.dispatched", { step: 0, weightVersionIn: 0 }), resumedWeights, resumedKv, started]) {
+      t = nextColocateTurn(t, x);
+      turns.push(t);
+    }
+    expect(turns).toEqual(["release_due", "released", "released", "weights", "engines", "engines"]);
+  });
+
+  it("a sealed step that trains nothing (its engines never released) gives the turn back at the next step", () => {
+    expect(foldColocateTurn([sealed, started])).toBe("engines");
+  });
+
+  const corrupt: Array<[string, ColocateTurn, LoggedDecision, RegExp]> = [
+    ["a step started while released", "released", started, /a step started while the engines are released/],
+    ["a step started with only the weights resumed", "weights", started, /a step started while the engines are weights/],
+    ["released twice", "released", released, /engines are released, not resident/],
+    ["the KV cache resumed before the weights", "release_due", resumedKv, /KV cache resumed while the engines are resident/],
+  ];
+  it.each(corrupt)("a transition the controller never writes is a corrupt log: %s", (_name, turn, decision, message) => {
+    expect(() => nextColocateTurn(turn, decision)).toThrow(message);
   });
 });

@@ -19,10 +19,14 @@
  * Each endpoint call comes before its decision: a controller killed between the two finds the log
  * one transition behind the engines and sends it again (controller/engine-admin.ts says how a
  * repeated resume stays valid for SGLang, whose resume of a tag not released raises).
+ *
+ * The rollout workers read the same log for whose turn it is (`ColocateTurn`, one writer:
+ * `nextColocateTurn`): their pools send the engines no health check or probe outside the engines'
+ * turn (store/colocate-turn.ts, docs/engines.md "Colocated mode").
  */
 
 import { RlqError } from "../lib/errors.ts";
-import type { LoggedDecision } from "./decisions.ts";
+import type { LoggedDecision, MemoryTag } from "./decisions.ts";
 
 /**
  * - `resident`: the engines hold their weights and KV cache and may generate (the rollout).
@@ -52,6 +56,18 @@ export function nextEngineMemory(mode: EngineMemory, d: LoggedDecision): EngineM
       return "resident";
     default:
       return mode;
+  }
+}
+
+/** The memory tags released on the engines in `memory` (what a resume has still to take back). */
+export function releasedMemoryTags(memory: EngineMemory): MemoryTag[] {
+  switch (memory) {
+    case "resident":
+      return [];
+    case "released":
+      return ["weights", "kv_cache"];
+    case "weights":
+      return ["kv_cache"];
   }
 }
 
@@ -105,3 +121,60 @@ export function nextColocateAction(v: ColocateView): ColocateAction {
 export function shouldLoadOnStart(v: Pick<ColocateView, "phase" | "engineMemory">): boolean {
   return v.engineMemory === "resident" && v.phase !== "drain" && v.phase !== "train";
 }
+
+/**
+ * Whose turn on the shared GPUs it is, as a process that does not release the engines reads the
+ * log: a rollout worker's pool, which sends generations of its own (`/health_generate` and the
+ * log-prob probe of an admission) that no drain of the run's rounds waits for.
+ * - `engines`: the engines hold their memory and no release is due before the log advances;
+ * - `release_due`: a step is sealed; the controller releases the engines once its aborted rounds
+ *   have landed, and may be doing so now (the release's endpoint call comes before
+ *   `engines.released`);
+ * - `released`, `weights`: the engines' memory (`EngineMemory`) while it is not resident.
+ *
+ * ```
+ * engines ──step.sealed──▶ release_due ──engines.released──▶ released ──engines.resumed(weights)──▶ weights
+ *    ▲                        │                                                                       │
+ *    └──────step.started──────┘ (a sealed step that trains nothing)    engines.resumed(kv_cache) ─────┘ ──▶ engines
+ * ```
+ */
+export type ColocateTurn = "engines" | "release_due" | "released" | "weights";
+
+export const initialColocateTurn: ColocateTurn = "engines";
+
+/**
+ * The turn after one decision: the one writer of `ColocateTurn`. The memory's part goes through
+ * `nextEngineMemory`, so a worker and the controller read the same transitions (and the same corrupt
+ * logs) from the same decisions.
+ */
+export function nextColocateTurn(turn: ColocateTurn, d: LoggedDecision): ColocateTurn {
+  switch (d.kind) {
+    case "step.sealed":
+      return turn === "engines" ? "release_due" : turn;
+    case "step.started":
+      if (turn === "released" || turn === "weights") corrupt(d, `a step started while the engines are ${turn}`);
+      return "engines";
+    case "engines.released":
+    case "engines.resumed": {
+      const memory = nextEngineMemory(turn === "engines" || turn === "release_due" ? "resident" : turn, d);
+      return memory === "resident" ? "engines" : memory;
+    }
+    default:
+      return turn;
+  }
+}
+
+/**
+ * The turn after `tail`: the run's `step.started`, `step.sealed`, `engines.released` and
+ * `engines.resumed` decisions from its last `step.started` on (all of them when there is none), in
+ * order. A colocated step starts with the engines resident (its predecessor resumed their KV cache
+ * before `step.started`), so the fold may begin there instead of at the start of the log.
+ */
+export function foldColocateTurn(tail: Iterable<LoggedDecision>): ColocateTurn {
+  let turn = initialColocateTurn;
+  for (const d of tail) turn = nextColocateTurn(turn, d);
+  return turn;
+}
+
+/** The decision kinds `foldColocateTurn` reads (store/colocate-turn.ts loads these). */
+export const colocateTurnKinds = ["step.started", "step.sealed", "engines.released", "engines.resumed"] as const;

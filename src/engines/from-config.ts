@@ -8,6 +8,7 @@
 
 import type { RemoteEngineConfig, EngineRuntimeKeys } from "./config-schema.ts";
 import { createEnginePool, type EnginePool, type PoolLog } from "./pool.ts";
+import type { TurnGate } from "./pool-types.ts";
 import { createSglangServer } from "./sglang.ts";
 import { listRouterWorkers } from "./sglang-router.ts";
 import { createOpenAiCompatEngine } from "./openai-compat.ts";
@@ -24,6 +25,8 @@ export interface EnginesFromConfigDeps {
   fencedVersion?: () => Promise<number>;
   /** Where env secrets are read; default the process environment. */
   envSource?: Readonly<Record<string, string | undefined>>;
+  /** Colocated mode, a rollout worker's pool: its health checks wait for the engines' turn (pool-types.ts `turnGate`). */
+  turnGate?: TurnGate;
 }
 
 let defaultLog: PoolLog | null = null;
@@ -108,6 +111,7 @@ export async function createEnginesFromConfig(engine: RemoteEngineConfig, keys: 
     warmupGraceMs: keys.rollout_health_check_first_wait * 1000,
     logprobCheck: engine.logprob_check,
     isExclusive: engine.kind === "sglang" && engine.exclusive,
+    ...(deps.turnGate === undefined ? {} : { turnGate: deps.turnGate }),
     log,
   });
   if (refresh !== null && engine.kind === "sglang") {

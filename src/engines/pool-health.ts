@@ -46,10 +46,38 @@ export class HealthMonitor {
 
   /** One health round over every member; a round already running is joined, not doubled. */
   runRound(): Promise<void> {
-    this.round ??= Promise.all(this.pool.members.map((m) => this.check(m))).then(() => {
+    this.round ??= this.inEnginesTurn(() => Promise.all(this.pool.members.map((m) => this.checkInTurn(m)))).then(() => {
       this.round = null;
     });
     return this.round;
+  }
+
+  /**
+   * Colocated mode, in a process that does not release the engines (`turnGate`, a rollout
+   * worker's pool): `checks` run inside one hold on the engines' turn, so the controller's release
+   * waits for them, and not at all when the log says the engines are released or about to be
+   * (store/colocate-turn.ts says why the hold is a lock). Without a gate they run at once, as in
+   * the controller's pool, which holds its own checks around its release (`releasedTags`).
+   */
+  private inEnginesTurn(checks: () => Promise<unknown>): Promise<void> {
+    const gate = this.options.turnGate;
+    if (gate === undefined) return checks().then(() => undefined);
+    return (async () => {
+      let hold: { leave(): Promise<void> } | null;
+      try {
+        hold = await gate.enter();
+      } catch (e) {
+        // Nothing sent: whose turn it is could not be read, so this check is skipped; the next round asks again.
+        this.pool.log.warn({ err: errorMessage(e) }, "engine pool: could not read whose turn it is on the shared GPUs; health check skipped");
+        return;
+      }
+      if (hold === null) return;
+      try {
+        await checks();
+      } finally {
+        await hold.leave();
+      }
+    })();
   }
 
   private isInGrace(): boolean {
@@ -62,7 +90,12 @@ export class HealthMonitor {
     while (this.checks.size > 0) await Promise.all([...this.checks]);
   }
 
+  /** One member's check, in its own hold on the engines' turn (see `inEnginesTurn`). */
   check(m: Member): Promise<void> {
+    return this.inEnginesTurn(() => this.checkInTurn(m));
+  }
+
+  private checkInTurn(m: Member): Promise<void> {
     const pool = this.pool;
     if (m.isChecking || m.mode === "refused" || m.mode === "loading" || pool.isClosed || pool.releasedTags.size > 0) return Promise.resolve();
     m.isChecking = true;

@@ -71,7 +71,8 @@ export class PoolState {
   startedAtMs: number | null = null;
   isClosed = false;
   /**
-   * Colocated mode: the memory this pool released on its engines and has not resumed. While any is
+   * Colocated mode: the memory released on the engines (by this pool, or by a controller before it
+   * as the log says: pool.ts `markReleased`) and not resumed by this pool. While any is
    * released the health monitor sends nothing (a /health_generate or a log-prob probe is a
    * generation, and the engine holds no weights or cache to run it with).
    */

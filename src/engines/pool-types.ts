@@ -43,8 +43,24 @@ export interface EnginePoolOptions {
   logprobCheck?: "probe" | "off";
   /** Input for the probe; any valid token ids of the model. Default [1..8]. */
   probeInputIds?: readonly number[];
+  /**
+   * Colocated mode, in a process that does not release the engines itself (a rollout worker): each
+   * batch of health checks (a check may admit an engine, and an admission's log-prob probe
+   * generates) asks it first and sends nothing unless it answers a hold. Unset: checks run freely
+   * (the controller's pool, which holds them around its own release).
+   */
+  turnGate?: TurnGate;
   log?: PoolLog;
   now?: () => number;
+}
+
+/**
+ * Whose turn it is on shared GPUs (store/colocate-turn.ts `enterEnginesTurn` behind it): a hold
+ * while the run's log says the engines may generate, which the releasing controller waits for;
+ * null when it says they are released or about to be.
+ */
+export interface TurnGate {
+  enter(): Promise<{ leave(): Promise<void> } | null>;
 }
 
 export interface PoolSnapshot {
@@ -84,6 +100,11 @@ export interface LoaderPool {
   releaseMemory(tags: readonly MemoryTag[]): Promise<void>;
   /** Colocated mode: every live engine resumes `tags`. */
   resumeMemory(tags: readonly MemoryTag[]): Promise<void>;
+  /**
+   * Colocated mode, a restarted controller: the log says `tags` are released (by the controller
+   * before it), so this pool sends the engines no check until it resumes them. Calls no endpoint.
+   */
+  markReleased(tags: readonly MemoryTag[]): void;
   /** Run one health round now (tests and the controller use it; the monitor runs them on its own). */
   checkHealth(): Promise<void>;
   snapshot(): PoolSnapshot;

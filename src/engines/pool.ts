@@ -76,6 +76,9 @@ export function createEnginePool(options: EnginePoolOptions): EnginePool {
     abortAll: () => abortAll(state),
     releaseMemory: (tags) => onEveryLiveEngine(state, health, "release", tags),
     resumeMemory: (tags) => onEveryLiveEngine(state, health, "resume", tags),
+    markReleased(tags) {
+      for (const t of tags) state.releasedTags.add(t);
+    },
     pauseAdmission: () => void state.moveRouter({ kind: "hold", until: null }),
     resumeAdmission: () => void state.moveRouter({ kind: "resume" }),
     route: (event) => state.moveRouter(event),
@@ -137,7 +140,9 @@ async function abortAll(state: PoolState): Promise<void> {
  * call (the controller tries again next tick): a run whose engines hold the GPUs must not train.
  * A release first stops this pool's health checks and waits for those under way: a check admitting
  * an engine ends in a log-prob probe (three generations), which must not reach a released engine.
- * They start again once every tag is resumed.
+ * They start again once every tag is resumed. A restarted controller learns the tags released
+ * before it from the log (`markReleased`): without them its checks reach engines whose KV cache
+ * is still released while it resumes their weights and loads.
  */
 async function onEveryLiveEngine(state: PoolState, health: HealthMonitor, action: "release" | "resume", tags: readonly MemoryTag[]): Promise<void> {
   const live = state.members.filter((m) => isLive(m.mode));

@@ -2,6 +2,7 @@ import { pathToFileURL } from "node:url";
 import type { Db } from "../store/db.ts";
 import { loadTrainStep } from "../store/train-facts.ts";
 import { loadAbortingSyncTarget, loadRunWeightVersion } from "../store/run-facts.ts";
+import { enterEnginesTurn } from "../store/colocate-turn.ts";
 import type { Engine } from "../engines/engine.ts";
 import { createEnginesFromConfig } from "../engines/from-config.ts";
 import type { RequestPool } from "../engines/pool-types.ts";
@@ -179,7 +180,13 @@ export class EngineProvider {
   private async createPool(ctx: RunContext): Promise<Engine> {
     const e = ctx.config.engine;
     if (e.kind === "embedded") throw new RlqError("config_invalid", "engine.kind 'embedded' has no pool");
-    const pool = await createEnginesFromConfig(e, ctx.config, { fencedVersion: async () => this.routers.get(ctx.runId)?.pool.currentVersion() ?? 0 });
+    const pool = await createEnginesFromConfig(e, ctx.config, {
+      fencedVersion: async () => this.routers.get(ctx.runId)?.pool.currentVersion() ?? 0,
+      // Colocated: the controller releases these engines between rollouts. This process's checks
+      // and admission probes go out only in the engines' turn, and the release waits for those
+      // under way (store/colocate-turn.ts).
+      ...(ctx.config.colocate ? { turnGate: { enter: () => enterEnginesTurn(this.db, ctx.runId) } } : {}),
+    });
     const router = new RunRouter(this.db, ctx.runId, pool, this.log);
     this.routers.set(ctx.runId, router);
     const onHint = () =>

@@ -63,6 +63,8 @@ export interface FakeSglangStats {
   generateWhileReleasedRids: string[];
   /** The model_path of each update_weights_from_disk that loaded, in order. */
   loadedPaths: string[];
+  healthWhileReleased: number;
+  memoryFaults: string[];
   pauses: number;
   flushes: number;
   seedsSeen: number[];

@@ -166,13 +166,14 @@ describe("colocated mode on the real PyTorch trainer (FSDP2, 2 ranks)", () => {
       resumes: number;
       memoryFaults: string[];
       generateWhileReleased: number;
+      healthWhileReleased: number;
       loadWhileReleased: number;
       abortAlls: number;
       unauthorized: number;
       loadedPaths: string[];
     };
     expect(stats.memoryFaults).toEqual([]);
-    expect([stats.generateWhileReleased, stats.loadWhileReleased, stats.abortAlls, stats.unauthorized]).toEqual([0, 0, 0, 0]);
+    expect([stats.generateWhileReleased, stats.healthWhileReleased, stats.loadWhileReleased, stats.abortAlls, stats.unauthorized]).toEqual([0, 0, 0, 0, 0]);
     expect(stats.releases).toBeGreaterThanOrEqual(NUM_ROLLOUT + 1);
     expect(stats.resumes).toBe(2 * NUM_ROLLOUT + 1);
     // The engine loaded the trainer's committed checkpoints, each step's once (a restarted controller

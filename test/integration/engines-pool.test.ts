@@ -312,6 +312,30 @@ describe("engine pool", () => {
     expect((await fakeStats(f.url)).generateWhileReleased).toBe(0);
   });
 
+  it("colocate, a restarted controller's pool: memory the log says released holds its checks through the weights' resume and the load, until the KV cache resumes", async () => {
+    const f = await fake();
+    // The controller before this one released both tags, then died.
+    const release = await fetch(`${f.url}/release_memory_occupation`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ tags: ["weights", "kv_cache"] }),
+    });
+    expect(release.ok).toBe(true);
+    const p = pool([f.url]);
+    p.markReleased(["weights", "kv_cache"]);
+    // controller/engine-admin.ts `resumeMemory` after a restart: a release of the tag first, then its resume; then the step's load.
+    await p.releaseMemory(["weights"]);
+    await p.resumeMemory(["weights"]);
+    await p.loadWeights(1, "file:///tmp/rlq-ckpt/step-0");
+    await p.checkHealth();
+    const loaded = await fakeStats(f.url);
+    expect([loaded.healthChecks, loaded.healthWhileReleased, loaded.generateWhileReleased, loaded.memoryFaults]).toEqual([0, 0, 0, []]);
+    await p.resumeMemory(["kv_cache"]);
+    await p.checkHealth();
+    expect((await fakeStats(f.url)).healthChecks).toBeGreaterThan(0);
+    expect((await p.generate(request("after-resume", { maxNewTokens: 2 }))).weightVersion).toBe(1);
+  });
+
   it("every engine dead: requests fail as retriable after the wait, and succeed again once one is back", async () => {
     const f = await fake();
     const p = pool([f.url], { noEngineWaitMs: 600 });

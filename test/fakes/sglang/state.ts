@@ -125,6 +125,8 @@ export const stats = {
   /** The rid of each generate request that came while released (its origin: a probe, a rollout, ...). */
   generateWhileReleasedRids: [] as string[],
   loadWhileReleased: 0,
+  /** /health_generate calls while released: each is a generation in the real server (rlq must send none). */
+  healthWhileReleased: 0,
   /** The model_path of each update_weights_from_disk that loaded, in order. */
   loadedPaths: [] as string[],
   /** Per weight version, when (epoch ms) the first request started generating on it. */

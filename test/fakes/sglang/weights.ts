@@ -145,6 +145,7 @@ export async function healthGenerate(res: ServerResponse): Promise<void> {
   // Released memory: the real health_generate would send a generation to a scheduler holding no
   // weights or cache; the fake answers 503 at once, which rlq reads as busy (as during a load).
   if (isMemoryReleased()) {
+    stats.healthWhileReleased++;
     stats.healthBusy++;
     return void res.writeHead(503).end();
   }
