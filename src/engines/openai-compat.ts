@@ -358,12 +358,10 @@ export class OpenAiCompatServer implements OpenAiCompatEngine {
 
   /** The checkpoint directory a load of `v` reads; refuses where rlq does not load this server's weights. */
   protected checkpointPath(v: number, uri: string): string {
-    if (!this.options.loadsWeights)
+    if (!this.canLoadWeights)
       throw new RlqError(
         "engine_cannot_load",
-        this.readsServerVersion
-          ? `${this.url}: rlq does not load weights into this server (weight_sync trainer_push: the trainer pushes them); asked for version ${v}`
-          : `${this.url}: rlq does not load weights into this server (weight_sync none keeps version ${this.version}); asked for version ${v}`,
+        `${this.url}: rlq does not load weights into this server (weight_sync none keeps version ${this.version}); asked for version ${v}`,
         { isRetriable: false },
       );
     return uri.startsWith("file://") ? decodeURIComponent(new URL(uri).pathname) : uri;
