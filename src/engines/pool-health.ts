@@ -163,8 +163,11 @@ export class HealthMonitor {
       return;
     }
     pool.setEngineMode(m, { kind: "behind" });
+    // Only an engine behind the pool's version gets it loaded (a restarted server, at its launch
+    // weights). One ahead holds a version this pool has not moved to yet: a trainer's push (or
+    // another process's load) that the sync under way is about to read, never to be loaded over.
     const reload = pool.lastLoad;
-    if (reload !== null && reload.version === current && m.engine.canLoadWeights) await this.reload(m, reload);
+    if (reload !== null && reload.version === current && v < current && m.engine.canLoadWeights) await this.reload(m, reload);
   }
 
   /** The log-prob probe; false: the engine is refused (its semantics do not match the run's). */

@@ -256,6 +256,28 @@ describe("engine pool", () => {
     expect((await p.generate(request("push-after"))).weightVersion).toBe(1);
   });
 
+  it("trainer_push: a version pushed after the pool loaded one itself (a controller's restore) is never loaded back over by a health check", async () => {
+    const a = await fake();
+    const b = await fake();
+    const p = pool([a.url, b.url]);
+    await p.awaitReady(10_000);
+    // A starting controller loaded the run's version 0 from disk (controller/engine-admin.ts restoreVersion).
+    await p.loadWeights(0, "file:///base-model");
+    const sync = createWeightSync(p, { mode: "trainer_push", pushTimeoutMs: 10_000 });
+    sync.beginPush();
+    for (const url of [a.url, b.url])
+      await fetch(`${url}/update_weights_from_disk`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model_path: "/pushed-1", weight_version: "1" }),
+      });
+    // A health round between the push and the sync's read: both engines are ahead of the pool's version 0.
+    await p.checkHealth();
+    expect([(await fakeStats(a.url)).weightVersion, (await fakeStats(b.url)).weightVersion]).toEqual([1, 1]);
+    expect((await sync.sync(1, null)).engines.sort()).toEqual([a.url, b.url].sort());
+    expect((await fakeStats(a.url)).loadedPaths).toEqual(["/base-model", "/pushed-1"]);
+  });
+
   it("trainer_push: an engine that came back behind (restarted at its launch weights) is not waited for; it joins once a push reaches it", async () => {
     const a = await fake();
     const b = await fake();

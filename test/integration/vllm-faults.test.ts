@@ -101,6 +101,15 @@ async function runningRequests(url: string): Promise<number> {
   }
 }
 
+/** The trainer's lines about its pushes (the last 40): what a failed trainer_push run needs beside its tail. */
+function pushLines(log: string): string {
+  return log
+    .split("\n")
+    .filter((l) => /push|gloo|weight transfer|weight_info/i.test(l))
+    .slice(-40)
+    .join("\n");
+}
+
 /** A port p with p + 1 free too: a trainer pushing to two vLLM servers hosts one store per server, on p and p + 1. */
 async function freePortPair(): Promise<number> {
   for (;;) {
@@ -275,7 +284,8 @@ describe("two real vLLM servers and the PyTorch trainer, with a vLLM server and 
     const committed = async () => (await q<{ n: number }>("SELECT count(*)::int AS n FROM train_steps WHERE run_id = $1"))[0]?.n ?? 0;
     let upCode: number | string | null = null;
     void up.exited.then((c) => (upCode = c));
-    const logs = () => `${up.output().slice(-6000)}\n--- trainer (first) ---\n${first.log().slice(-3000)}\n--- vllm B ---\n${b?.log().slice(-3000)}`;
+    const logs = () =>
+      `${up.output().slice(-6000)}\n--- trainer (first) ---\n${first.log().slice(-3000)}\n--- trainer (first), its push lines ---\n${pushLines(first.log())}\n--- vllm A ---\n${a?.log().slice(-3000)}\n--- vllm B ---\n${b?.log().slice(-3000)}`;
     const running = (what: string) => {
       if (upCode !== null) throw new Error(`rlq up exited (${upCode}) before ${what}:\n${logs()}`);
     };
