@@ -14,12 +14,12 @@ import { waitFor } from "../helpers/processes.ts";
  */
 const h = engineHarness("sglang");
 const fake = (args: string[] = []) => h.fake(args);
-/** Another process (the controller) loads version 1 into the engine at `url`. */
-const load = (url: string) =>
+/** Another process (the controller, or a trainer's push) brings the engine at `url` to `version` from `path`. */
+const load = (url: string, version = 1, path = "/step-0") =>
   fetch(`${url}/update_weights_from_disk`, {
     method: "POST",
     headers: { "content-type": "application/json" },
-    body: JSON.stringify({ model_path: "/step-0", weight_version: "1" }),
+    body: JSON.stringify({ model_path: path, weight_version: String(version) }),
   });
 function pool(urls: string[], extra: Partial<Parameters<typeof createEnginePool>[0]> = {}): EnginePool {
   return h.pool(
@@ -239,12 +239,7 @@ describe("engine pool", () => {
     let isDone = false;
     void syncing.then(() => (isDone = true));
     // The "trainer" pushes to one engine, then the other (here through the disk endpoint; NCCL in production).
-    const push = (url: string) =>
-      fetch(`${url}/update_weights_from_disk`, {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body: JSON.stringify({ model_path: "/pushed", weight_version: "1" }),
-      });
+    const push = (url: string) => load(url, 1, "/pushed");
     await push(a.url);
     // The sync has seen engine a on version 1 (its poll read it) and still waits for b.
     await waitFor("the sync saw engine a on version 1", () => p.snapshot().engines.find((e) => e.engineId === a.url)?.weightVersion === 1);
@@ -265,12 +260,7 @@ describe("engine pool", () => {
     await p.loadWeights(0, "file:///base-model");
     const sync = createWeightSync(p, { mode: "trainer_push", pushTimeoutMs: 10_000 });
     sync.beginPush();
-    for (const url of [a.url, b.url])
-      await fetch(`${url}/update_weights_from_disk`, {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body: JSON.stringify({ model_path: "/pushed-1", weight_version: "1" }),
-      });
+    for (const url of [a.url, b.url]) await load(url, 1, "/pushed-1");
     // A health round between the push and the sync's read: both engines are ahead of the pool's version 0.
     await p.checkHealth();
     expect([(await fakeStats(a.url)).weightVersion, (await fakeStats(b.url)).weightVersion]).toEqual([1, 1]);
@@ -285,12 +275,7 @@ describe("engine pool", () => {
     await p.awaitReady(10_000);
     await p.checkHealth();
     const sync = createWeightSync(p, { mode: "trainer_push", pushTimeoutMs: 15_000 });
-    const push = (url: string, v: number) =>
-      fetch(`${url}/update_weights_from_disk`, {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body: JSON.stringify({ model_path: `/pushed-${v}`, weight_version: String(v) }),
-      });
+    const push = (url: string, v: number) => load(url, v, `/pushed-${v}`);
     sync.beginPush();
     const first = sync.sync(1, null);
     await Promise.all([push(a.url, 1), push(b.url, 1)]);
